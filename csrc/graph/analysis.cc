@@ -1,0 +1,485 @@
+// Graph algorithms over the IR: stable topological order, critical path, aliasing, block detection,
+// liveness-based peak memory and a two-stream (compute + comm) list-schedule timeline.
+#include "analysis.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <functional>
+#include <queue>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "graph_internal.h"
+
+namespace ce_overlap {
+namespace detail {
+
+std::string node_label(const Graph& g, int id) {
+  if (id < 0 || id >= static_cast<int>(g.nodes.size())) return "node " + std::to_string(id);
+  return "node " + std::to_string(id) + " (\"" + g.nodes[id].name + "\")";
+}
+
+bool stable_topological_order(const Graph& g, std::vector<int>& order, std::vector<int>& cycle) {
+  const int n = static_cast<int>(g.nodes.size());
+  // Users in CSR form: one allocation instead of a vector per node.
+  std::vector<int> user_offsets(n + 1, 0);
+  std::vector<int> in_degree(n, 0);
+  for (int v = 0; v < n; ++v) {
+    for (int input : g.nodes[v].inputs) ++user_offsets[input + 1];
+    in_degree[v] = static_cast<int>(g.nodes[v].inputs.size());
+  }
+  for (int i = 0; i < n; ++i) user_offsets[i + 1] += user_offsets[i];
+  std::vector<int> users(user_offsets[n]);
+  std::vector<int> fill(user_offsets.begin(), user_offsets.end() - 1);
+  for (int v = 0; v < n; ++v) {
+    for (int input : g.nodes[v].inputs) users[fill[input]++] = v;
+  }
+
+  std::priority_queue<int, std::vector<int>, std::greater<int>> ready;
+  for (int v = 0; v < n; ++v) {
+    if (in_degree[v] == 0) ready.push(v);
+  }
+  order.clear();
+  order.reserve(n);
+  while (!ready.empty()) {
+    const int v = ready.top();
+    ready.pop();
+    order.push_back(v);
+    for (int k = user_offsets[v]; k < user_offsets[v + 1]; ++k) {
+      if (--in_degree[users[k]] == 0) ready.push(users[k]);
+    }
+  }
+  if (static_cast<int>(order.size()) == n) return true;
+
+  // Every node Kahn left behind still has an input that was left behind, so walking such inputs
+  // from any of them must revisit a node; the revisited stretch is a real cycle.
+  std::vector<char> done(n, 0);
+  for (int v : order) done[v] = 1;
+  int start = 0;
+  while (done[start]) ++start;
+  std::vector<int> seen_at(n, -1);
+  std::vector<int> walk;
+  int cur = start;
+  while (seen_at[cur] < 0) {
+    seen_at[cur] = static_cast<int>(walk.size());
+    walk.push_back(cur);
+    for (int input : g.nodes[cur].inputs) {
+      if (!done[input]) {
+        cur = input;
+        break;
+      }
+    }
+  }
+  cycle.assign(walk.begin() + seen_at[cur], walk.end());
+  std::reverse(cycle.begin(), cycle.end());  // the walk went user -> input; report data flow
+  std::rotate(cycle.begin(), std::min_element(cycle.begin(), cycle.end()), cycle.end());
+  return false;
+}
+
+std::string describe_cycle(const Graph& g, const std::vector<int>& cycle) {
+  constexpr size_t kMaxShown = 24;
+  std::string out;
+  for (size_t i = 0; i < cycle.size(); ++i) {
+    if (cycle.size() > kMaxShown && i == kMaxShown / 2) {
+      out += " -> ... (" + std::to_string(cycle.size() - kMaxShown) + " more)";
+      i = cycle.size() - kMaxShown / 2;
+    }
+    if (!out.empty()) out += " -> ";
+    out += g.nodes[cycle[i]].name;
+  }
+  if (!cycle.empty()) out += " -> " + g.nodes[cycle[0]].name;
+  return out;
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::node_label;
+
+std::string graph_label(const Graph& g) { return "graph \"" + g.name + "\""; }
+
+// Analysis entry points accept graphs that were never validated; bad ids must not index out of bounds.
+void check_inputs_in_range(const Graph& g) {
+  const int n = static_cast<int>(g.nodes.size());
+  for (int v = 0; v < n; ++v) {
+    const Node& node = g.nodes[v];
+    if (node.id != v) {
+      throw IrError(graph_label(g) + ": nodes[" + std::to_string(v) + "] has id " + std::to_string(node.id) +
+                    ", expected its position " + std::to_string(v));
+    }
+    for (int input : node.inputs) {
+      if (input < 0 || input >= n) {
+        throw IrError(graph_label(g) + ": " + node_label(g, v) + " has input " + std::to_string(input) +
+                      " out of range [0, " + std::to_string(n) + ")");
+      }
+    }
+  }
+}
+
+void check_durations(const Graph& g, const std::vector<double>& durations) {
+  if (durations.size() != g.nodes.size()) {
+    throw IrError("durations: expected " + std::to_string(g.nodes.size()) + " entries (one per node of " +
+                  graph_label(g) + "), got " + std::to_string(durations.size()));
+  }
+  for (size_t i = 0; i < durations.size(); ++i) {
+    if (!std::isfinite(durations[i]) || durations[i] < 0) {
+      throw IrError("durations[" + std::to_string(i) + "]: expected a finite non-negative time, got " +
+                    std::to_string(durations[i]));
+    }
+  }
+}
+
+bool aliases_input(const Node& node) {
+  return (node.kind == NodeKind::View || node.kind == NodeKind::Wait) && !node.inputs.empty();
+}
+
+// Splits a path into digit and non-digit runs and compares digit runs by value, so that
+// layers.2 < layers.10; equal-valued runs (07 vs 7) fall back to plain order for a total order.
+bool natural_less(const std::string& a, const std::string& b) {
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    const bool da = std::isdigit(static_cast<unsigned char>(a[i])) != 0;
+    const bool db = std::isdigit(static_cast<unsigned char>(b[j])) != 0;
+    if (da && db) {
+      size_t ie = i, je = j;
+      while (ie < a.size() && std::isdigit(static_cast<unsigned char>(a[ie]))) ++ie;
+      while (je < b.size() && std::isdigit(static_cast<unsigned char>(b[je]))) ++je;
+      size_t is = i, js = j;
+      while (is + 1 < ie && a[is] == '0') ++is;
+      while (js + 1 < je && b[js] == '0') ++js;
+      const std::string_view ra(a.data() + is, ie - is), rb(b.data() + js, je - js);
+      if (ra.size() != rb.size()) return ra.size() < rb.size();
+      if (ra != rb) return ra < rb;
+      i = ie;
+      j = je;
+      continue;
+    }
+    if (a[i] != b[j]) return static_cast<unsigned char>(a[i]) < static_cast<unsigned char>(b[j]);
+    ++i;
+    ++j;
+  }
+  if ((a.size() - i) != (b.size() - j)) return (a.size() - i) < (b.size() - j);
+  return a < b;
+}
+
+}  // namespace
+
+std::vector<int> topological_order(const Graph& g) {
+  check_inputs_in_range(g);
+  std::vector<int> order, cycle;
+  if (!detail::stable_topological_order(g, order, cycle)) {
+    throw IrError(graph_label(g) + ": dependency cycle through nodes " + detail::describe_cycle(g, cycle));
+  }
+  return order;
+}
+
+void check_order(const Graph& g, const std::vector<int>& order) {
+  check_inputs_in_range(g);
+  const int n = static_cast<int>(g.nodes.size());
+  if (order.size() != g.nodes.size()) {
+    throw IrError("order: expected " + std::to_string(n) + " node ids (every node of " + graph_label(g) +
+                  " once), got " + std::to_string(order.size()));
+  }
+  std::vector<int> position(n, -1);
+  for (int i = 0; i < n; ++i) {
+    const int v = order[i];
+    if (v < 0 || v >= n) {
+      throw IrError("order[" + std::to_string(i) + "]: node id " + std::to_string(v) + " out of range [0, " +
+                    std::to_string(n) + ")");
+    }
+    if (position[v] >= 0) {
+      throw IrError("order[" + std::to_string(i) + "]: " + node_label(g, v) + " appears twice (also order[" +
+                    std::to_string(position[v]) + "])");
+    }
+    position[v] = i;
+  }
+  for (int i = 0; i < n; ++i) {
+    const int v = order[i];
+    for (int input : g.nodes[v].inputs) {
+      if (position[input] > i) {
+        throw IrError("order[" + std::to_string(i) + "]: " + node_label(g, v) + " runs before its input " +
+                      node_label(g, input) + " at order[" + std::to_string(position[input]) + "]");
+      }
+    }
+  }
+}
+
+CriticalPath critical_path(const Graph& g, const std::vector<double>& durations) {
+  check_durations(g, durations);
+  const std::vector<int> order = topological_order(g);
+  const int n = static_cast<int>(g.nodes.size());
+  std::vector<double> finish(n, 0);
+  std::vector<int> via(n, -1);  // the input on the longest path into each node
+  int last = -1;
+  for (int v : order) {
+    double best_input = 0;
+    for (int input : g.nodes[v].inputs) {
+      if (via[v] < 0 || finish[input] > best_input) {
+        best_input = finish[input];
+        via[v] = input;
+      }
+    }
+    finish[v] = best_input + durations[v];
+    if (last < 0 || finish[v] > finish[last] || (finish[v] == finish[last] && v < last)) last = v;
+  }
+  CriticalPath result;
+  if (last < 0) return result;
+  result.length = finish[last];
+  for (int v = last; v >= 0; v = via[v]) result.nodes.push_back(v);
+  std::reverse(result.nodes.begin(), result.nodes.end());
+  return result;
+}
+
+int storage_owner(const Graph& g, int node_id) {
+  const int n = static_cast<int>(g.nodes.size());
+  if (node_id < 0 || node_id >= n) {
+    throw IrError(graph_label(g) + ": node id " + std::to_string(node_id) + " out of range [0, " +
+                  std::to_string(n) + ")");
+  }
+  int cur = node_id;
+  // A chain longer than the graph can only be a cycle; stop rather than spin.
+  for (int steps = 0; aliases_input(g.nodes[cur]); ++steps) {
+    const int next = g.nodes[cur].inputs[0];
+    if (steps >= n || next < 0 || next >= n) {
+      throw IrError(graph_label(g) + ": alias chain from " + node_label(g, node_id) + " is broken or cyclic");
+    }
+    cur = next;
+  }
+  return cur;
+}
+
+int waited_collective(const Graph& g, int node_id) {
+  const int n = static_cast<int>(g.nodes.size());
+  if (node_id < 0 || node_id >= n) {
+    throw IrError(graph_label(g) + ": node id " + std::to_string(node_id) + " out of range [0, " +
+                  std::to_string(n) + ")");
+  }
+  const Node& wait = g.nodes[node_id];
+  if (wait.kind != NodeKind::Wait || wait.inputs.empty()) return -1;
+  int cur = wait.inputs[0];
+  for (int steps = 0; cur >= 0 && cur < n && steps <= n; ++steps) {
+    const Node& node = g.nodes[cur];
+    if (node.kind == NodeKind::Collective) return cur;
+    if (node.kind != NodeKind::View || node.inputs.empty()) return -1;
+    cur = node.inputs[0];
+  }
+  return -1;
+}
+
+void detect_blocks(Document& doc) {
+  // Intern module types and paths: stacks repeat the same few hundred strings across 10k+ nodes.
+  std::unordered_map<std::string_view, int> type_ids, path_ids;
+  std::vector<const std::string*> type_names, path_names;
+  auto intern = [](std::unordered_map<std::string_view, int>& ids, std::vector<const std::string*>& names,
+                   const std::string& s) {
+    auto [it, inserted] = ids.emplace(s, static_cast<int>(names.size()));
+    if (inserted) names.push_back(&s);
+    return it->second;
+  };
+  // Consecutive nodes nearly always share a stack; intern each run of equal stacks once.
+  struct StackRun {
+    std::vector<std::pair<int, int>> entries;  // (type id, path id), outermost first
+    int64_t num_nodes = 0;
+  };
+  std::vector<StackRun> runs;
+  std::vector<int> run_of_node;  // per node, all graphs in order
+  std::vector<std::vector<int>> type_paths;  // per type: distinct instance paths
+  std::unordered_set<int64_t> seen_instances;
+  const std::vector<std::pair<std::string, std::string>>* previous_stack = nullptr;
+  for (const Graph& g : doc.graphs) {
+    for (const Node& node : g.nodes) {
+      if (previous_stack == nullptr || *previous_stack != node.module_stack) {
+        StackRun run;
+        for (const auto& [path, type] : node.module_stack) {
+          const int t = intern(type_ids, type_names, type);
+          const int p = intern(path_ids, path_names, path);
+          if (t >= static_cast<int>(type_paths.size())) type_paths.resize(t + 1);
+          if (seen_instances.insert((static_cast<int64_t>(t) << 32) | p).second) type_paths[t].push_back(p);
+          run.entries.emplace_back(t, p);
+        }
+        runs.push_back(std::move(run));
+        previous_stack = &node.module_stack;
+      }
+      ++runs.back().num_nodes;
+      run_of_node.push_back(static_cast<int>(runs.size()) - 1);
+    }
+  }
+  // Coverage counts a node once per type even if its stack holds that type twice.
+  std::vector<int64_t> coverage(type_paths.size(), 0);
+  std::vector<int> last_counted_run(type_paths.size(), -1);
+  for (int r = 0; r < static_cast<int>(runs.size()); ++r) {
+    for (const auto& [t, p] : runs[r].entries) {
+      if (last_counted_run[t] == r) continue;
+      last_counted_run[t] = r;
+      coverage[t] += runs[r].num_nodes;
+    }
+  }
+
+  int best = -1;
+  for (int t = 0; t < static_cast<int>(type_paths.size()); ++t) {
+    const auto& paths = type_paths[t];
+    if (paths.size() < 2) continue;
+    // Nested instances of one type (a Sequential inside a Sequential) are not a flat block list.
+    std::unordered_set<std::string_view> own_paths;
+    for (int p : paths) own_paths.insert(*path_names[p]);
+    bool nested = own_paths.count(std::string_view()) > 0;
+    for (size_t k = 0; k < paths.size() && !nested; ++k) {
+      const std::string& q = *path_names[paths[k]];
+      for (size_t dot = q.find('.'); dot != std::string::npos && !nested; dot = q.find('.', dot + 1)) {
+        nested = own_paths.count(std::string_view(q.data(), dot)) > 0;
+      }
+    }
+    if (nested) continue;
+    if (best < 0 || coverage[t] > coverage[best] ||
+        (coverage[t] == coverage[best] &&
+         (paths.size() < type_paths[best].size() ||
+          (paths.size() == type_paths[best].size() && *type_names[t] < *type_names[best])))) {
+      best = t;
+    }
+  }
+
+  doc.blocks.clear();
+  std::vector<int> block_of_path(path_names.size(), -1);
+  if (best >= 0) {
+    std::vector<int> paths = type_paths[best];
+    std::sort(paths.begin(), paths.end(),
+              [&](int a, int b) { return natural_less(*path_names[a], *path_names[b]); });
+    for (int p : paths) {
+      block_of_path[p] = static_cast<int>(doc.blocks.size());
+      Block block;
+      block.id = static_cast<int>(doc.blocks.size());
+      block.path = *path_names[p];
+      block.type = *type_names[best];
+      doc.blocks.push_back(std::move(block));
+    }
+  }
+  // The outermost chosen instance on a stack names the node's block.
+  std::vector<int> block_of_run(runs.size(), -1);
+  for (size_t r = 0; r < runs.size() && best >= 0; ++r) {
+    for (const auto& [t, p] : runs[r].entries) {
+      if (t != best) continue;
+      block_of_run[r] = block_of_path[p];
+      break;
+    }
+  }
+  size_t node_index = 0;
+  for (Graph& g : doc.graphs) {
+    for (Node& node : g.nodes) node.block = block_of_run[run_of_node[node_index++]];
+  }
+}
+
+MemoryEstimate peak_memory(const Graph& g, const std::vector<int>& order) {
+  check_order(g, order);
+  const int n = static_cast<int>(g.nodes.size());
+  std::vector<int> position(n);
+  for (int i = 0; i < n; ++i) position[order[i]] = i;
+
+  // Owners are resolved in order, so a view's input already knows its owner.
+  std::vector<int> owner(n);
+  for (int v : order) {
+    const Node& node = g.nodes[v];
+    owner[v] = aliases_input(node) ? owner[node.inputs[0]] : v;
+  }
+
+  const int kLiveToEnd = n;  // past the last position: never freed
+  std::vector<int> last_use(n);
+  for (int v = 0; v < n; ++v) last_use[v] = position[v];  // unused outputs die right after their node
+  for (const Node& node : g.nodes) {
+    const bool is_output = node.op == "output";
+    for (int input : node.inputs) {
+      int& last = last_use[owner[input]];
+      last = is_output ? kLiveToEnd : std::max(last, position[node.id]);
+    }
+  }
+
+  MemoryEstimate result;
+  std::vector<int64_t> allocated_bytes(n, 0);
+  std::vector<int64_t> freed_bytes_at(n, 0);  // per position
+  for (const Node& node : g.nodes) {
+    if (node.op == "placeholder") {
+      result.input_bytes += node.output_bytes();
+      continue;
+    }
+    if (aliases_input(node) || node.op == "output") continue;  // no new memory
+    allocated_bytes[node.id] = node.output_bytes();
+    if (last_use[node.id] != kLiveToEnd) freed_bytes_at[last_use[node.id]] += allocated_bytes[node.id];
+  }
+
+  result.live_bytes_after.resize(n);
+  int64_t live_bytes = 0;
+  for (int i = 0; i < n; ++i) {
+    const int v = order[i];
+    // While a node runs its inputs are still held and its outputs already exist.
+    const int64_t running_bytes = live_bytes + allocated_bytes[v];
+    if (result.peak_node < 0 || running_bytes > result.peak_bytes) {
+      result.peak_bytes = running_bytes;
+      result.peak_node = v;
+    }
+    live_bytes = running_bytes - freed_bytes_at[i];
+    result.live_bytes_after[i] = live_bytes;
+  }
+  return result;
+}
+
+Timeline simulate(const Graph& g, const std::vector<int>& order, const std::vector<double>& durations_us) {
+  check_order(g, order);
+  check_durations(g, durations_us);
+  const int n = static_cast<int>(g.nodes.size());
+
+  // A view of a collective's output that no wait has released yet (getitem of a coalesced
+  // collective) is pure bookkeeping: it must not hold the compute stream until the collective ends,
+  // only its data does. `pending` marks such views; their readiness passes on to the wait.
+  std::vector<char> pending(n, 0);
+  auto carries_collective = [&](int v) { return g.nodes[v].kind == NodeKind::Collective || pending[v]; };
+  for (int v : order) {
+    const Node& node = g.nodes[v];
+    pending[v] = node.kind == NodeKind::View && !node.inputs.empty() && carries_collective(node.inputs[0]);
+  }
+
+  Timeline timeline;
+  timeline.exposed_us_by_collective.assign(n, 0.0);
+  std::vector<double> ready_us(n, 0.0);  // when each node's output can be used
+  double compute_free_us = 0, comm_free_us = 0;
+  for (int v : order) {
+    const Node& node = g.nodes[v];
+    const double duration_us = durations_us[v];
+    if (node.kind == NodeKind::Collective) {
+      double start_us = comm_free_us;
+      for (int input : node.inputs) start_us = std::max(start_us, ready_us[input]);
+      const double end_us = start_us + duration_us;
+      comm_free_us = end_us;
+      ready_us[v] = end_us;
+      timeline.comm_busy_us += duration_us;
+      timeline.events.push_back({v, Stream::Comm, start_us, end_us});
+      continue;
+    }
+    const bool gates_on_collective = node.kind == NodeKind::Wait || pending[v];
+    double unblocked_us = compute_free_us;  // when the stream could start it, collectives aside
+    double collective_ready_us = 0;
+    for (int input : node.inputs) {
+      if (gates_on_collective && carries_collective(input)) {
+        collective_ready_us = std::max(collective_ready_us, ready_us[input]);
+      } else {
+        unblocked_us = std::max(unblocked_us, ready_us[input]);
+      }
+    }
+    double start_us = unblocked_us;
+    if (node.kind == NodeKind::Wait) {
+      start_us = std::max(unblocked_us, collective_ready_us);
+      const int collective = waited_collective(g, v);
+      if (collective >= 0) timeline.exposed_us_by_collective[collective] += start_us - unblocked_us;
+    }
+    const double end_us = start_us + duration_us;
+    compute_free_us = end_us;
+    ready_us[v] = pending[v] ? std::max(end_us, collective_ready_us) : end_us;
+    timeline.compute_busy_us += duration_us;
+    if (duration_us > 0) timeline.events.push_back({v, Stream::Compute, start_us, end_us});
+  }
+  timeline.makespan_us = std::max(compute_free_us, comm_free_us);
+  return timeline;
+}
+
+}  // namespace ce_overlap

@@ -1,0 +1,69 @@
+// Graph algorithms over the IR: order, critical path, blocks, liveness, a two-stream timeline.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ir.h"
+
+namespace ce_overlap {
+
+// Kahn's algorithm; among ready nodes the smallest id goes first, so an already topological
+// graph keeps its order. Throws IrError naming the nodes on a cycle.
+std::vector<int> topological_order(const Graph& g);
+
+// Throws IrError unless `order` is a permutation of the node ids in which every input precedes its user.
+void check_order(const Graph& g, const std::vector<int>& order);
+
+struct CriticalPath {
+  double length = 0;       // sum of durations along the path
+  std::vector<int> nodes;  // node ids, first to last
+};
+// Longest path where each node weighs durations[id]; durations.size() must equal the node count.
+CriticalPath critical_path(const Graph& g, const std::vector<double>& durations);
+
+// For a view or wait node, the node whose memory it aliases (following view/wait chains);
+// for any other node, itself.
+int storage_owner(const Graph& g, int node_id);
+// For a wait node, the collective it waits on (through view chains); -1 for other nodes.
+int waited_collective(const Graph& g, int node_id);
+
+// Detects transformer-like blocks from module_stack (rule in docs/ir.md), fills doc.blocks and
+// every node's `block` in every graph. Nodes outside any instance get -1.
+void detect_blocks(Document& doc);
+
+struct MemoryEstimate {
+  int64_t peak_bytes = 0;      // intermediate tensors alive at the worst point (placeholders excluded)
+  int peak_node = -1;          // node at which the peak is reached
+  int64_t input_bytes = 0;     // bytes of placeholders (held by the caller, alive throughout)
+  std::vector<int64_t> live_bytes_after;  // per position in the order: live intermediate bytes after that node ran
+};
+// Liveness over `order` (checked with check_order): outputs allocated when a node runs, freed after
+// the last use of the node or of any view/wait aliasing it; graph outputs stay live to the end.
+MemoryEstimate peak_memory(const Graph& g, const std::vector<int>& order);
+
+enum class Stream { Compute = 0, Comm = 1 };
+
+struct TimelineEvent {
+  int node = -1;
+  Stream stream = Stream::Compute;
+  double start_us = 0;
+  double end_us = 0;
+};
+
+struct Timeline {
+  std::vector<TimelineEvent> events;   // one per node with a duration > 0 or a collective, in issue order
+  double makespan_us = 0;
+  double compute_busy_us = 0;
+  double comm_busy_us = 0;
+  // Time the compute stream sat blocked in a wait, per collective node id (index = node id, 0 if none).
+  std::vector<double> exposed_us_by_collective;
+};
+// Two-stream list schedule in the given order: collectives run on the comm stream in order, one at a
+// time, once their inputs are ready; every other node runs on the compute stream in order, after its
+// inputs are ready; a wait blocks the compute stream until its collective ends. Views/other take
+// their duration (normally 0) on the compute stream.
+Timeline simulate(const Graph& g, const std::vector<int>& order, const std::vector<double>& durations_us);
+
+}  // namespace ce_overlap

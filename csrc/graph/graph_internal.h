@@ -1,0 +1,40 @@
+// Helpers shared by the validator (ir.cc) and the algorithms (analysis.cc); not part of the API.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ir.h"
+
+namespace ce_overlap::detail {
+
+// A JSON path such as graphs[0].nodes[3].outputs[0].bytes, assembled only when an error needs it:
+// almost every field passes, and 20k nodes x a dozen eager strings would dominate load time.
+class JsonPath {
+ public:
+  JsonPath() = default;  // the document root
+  JsonPath(const JsonPath& parent, const char* key) : parent_(&parent), key_(key) {}
+  JsonPath(const JsonPath& parent, size_t index) : parent_(&parent), index_(index) {}
+  std::string str() const;
+
+ private:
+  const JsonPath* parent_ = nullptr;
+  const char* key_ = nullptr;
+  size_t index_ = 0;
+};
+
+// Throws IrError("<path>: <message>").
+[[noreturn]] void fail_at(const JsonPath& path, const std::string& message);
+
+// Inputs must already be in range. Fills `order` (stable Kahn, smallest id first) and returns true,
+// or returns false with `cycle` holding node ids of one real cycle in data-flow order (each feeds
+// the next, the last feeds the first), starting at its smallest id.
+bool stable_topological_order(const Graph& g, std::vector<int>& order, std::vector<int>& cycle);
+
+// "a -> b -> a" from node names; long cycles are elided in the middle so messages stay readable.
+std::string describe_cycle(const Graph& g, const std::vector<int>& cycle);
+
+// `name` quoted for messages, e.g. node 3 ("mm_1").
+std::string node_label(const Graph& g, int id);
+
+}  // namespace ce_overlap::detail

@@ -1,0 +1,90 @@
+// The IR: one DAG of nodes per captured graph (forward, backward), free of torch.
+// Schema and rules: docs/ir.md. Loading validates everything and throws IrError naming the field.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ce_overlap {
+
+inline constexpr const char* kIrSchema = "ce_overlap.ir/1";
+
+// Every rejected input (IR, profile, plan, order) throws this; what() names the field or node.
+class IrError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class NodeKind { Compute, Collective, Wait, View, Other };
+enum class CollectiveType { AllGather, ReduceScatter, AllReduce, AllToAll, Broadcast, Send, Recv };
+
+const char* to_string(NodeKind kind);
+const char* to_string(CollectiveType type);
+NodeKind node_kind_from_string(const std::string& s);            // throws IrError listing the accepted names
+CollectiveType collective_type_from_string(const std::string& s);  // throws IrError listing the accepted names
+// Bytes per element of a dtype name from docs/ir.md; throws IrError listing the accepted names.
+int64_t dtype_itemsize(const std::string& dtype);
+
+struct TensorInfo {
+  std::vector<int64_t> shape;
+  std::string dtype;
+  int64_t bytes = 0;
+};
+
+struct CollectiveInfo {
+  CollectiveType type = CollectiveType::AllGather;
+  std::string group;
+  int group_size = 1;
+  std::optional<std::string> reduce_op;
+  int64_t bytes = 0;  // bytes this rank contributes (all-gather: its shard; reduce-scatter: its full input)
+};
+
+struct Node {
+  int id = 0;
+  std::string name;
+  NodeKind kind = NodeKind::Other;
+  std::string op;
+  std::vector<int> inputs;
+  std::vector<TensorInfo> outputs;
+  int64_t flops = 0;
+  int64_t bytes_accessed = 0;
+  std::vector<std::pair<std::string, std::string>> module_stack;  // (path, type), outermost first
+  int block = -1;
+  std::optional<CollectiveInfo> collective;
+
+  int64_t output_bytes() const;
+};
+
+struct Graph {
+  std::string name;
+  std::vector<Node> nodes;
+};
+
+struct Block {
+  int id = 0;
+  std::string path;
+  std::string type;
+};
+
+struct Document {
+  nlohmann::json meta = nlohmann::json::object();
+  std::vector<Block> blocks;
+  std::vector<Graph> graphs;
+};
+
+// Parse and validate; throws IrError("graphs[0].nodes[3].outputs[0].bytes: ...") on the first problem.
+Document load_ir(const std::string& json_text);
+Document ir_from_json(const nlohmann::json& j);
+// Canonical text: load_ir(save_ir(d)) == d and save_ir(load_ir(s)) == s for any s that save_ir wrote.
+std::string save_ir(const Document& doc);
+nlohmann::json ir_to_json(const Document& doc);
+// Re-checks a document built in memory (same rules as the loader); throws IrError.
+void validate(const Document& doc);
+
+}  // namespace ce_overlap

@@ -1,0 +1,208 @@
+"""`ce-overlap`: capture a compiled training graph and explain it, no GPU needed.
+
+Bad input ends with exit code 2 and one line naming the problem, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+
+from .errors import CeOverlapError
+
+DEFAULT_MODEL = "llama3-8b"
+DEFAULT_PROFILE = "h100-sxm"
+DEFAULT_WORLD_SIZE = 8
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (exit 2), like every other rejection."""
+
+    def error(self, message: str):
+        self.exit(2, f"ce-overlap: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(what: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be an integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{what} must be >= 1, got {value}")
+        return value
+    return parse
+
+
+def _add_capture_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--world-size", type=_positive_int("--world-size"), default=DEFAULT_WORLD_SIZE,
+                   help=f"FSDP ranks to capture for (default {DEFAULT_WORLD_SIZE})")
+    p.add_argument("--seq-len", type=_positive_int("--seq-len"), default=None,
+                   help="sequence length for zoo models (default: the model's)")
+    p.add_argument("--batch", type=_positive_int("--batch"), default=1, help="batch per rank for zoo models")
+    p.add_argument("--param-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                   help="dtype parameters are all-gathered in (default bfloat16)")
+    p.add_argument("--no-reshard", action="store_true",
+                   help="keep gathered parameters for the backward instead of re-gathering them")
+    p.add_argument("--no-fsdp", action="store_true", help="capture the model as is, without in-graph FSDP")
+    p.add_argument("--no-cache", action="store_true", help="capture again even if a cached capture exists")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ce-overlap", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    cap = sub.add_parser("capture", help="capture a model's compiled forward/backward graphs as IR JSON")
+    cap.add_argument("target", help="zoo model name or path/to/file.py:build")
+    cap.add_argument("-o", "--output", required=True, help="IR JSON file to write")
+    _add_capture_options(cap)
+
+    ana = sub.add_parser("analyze", help="per-block collectives, compute and estimated exposed communication")
+    ana.add_argument("target", nargs="?", default=DEFAULT_MODEL,
+                     help=f"IR JSON file, zoo model name, or path/to/file.py:build (default {DEFAULT_MODEL})")
+    ana.add_argument("--profile", default=DEFAULT_PROFILE,
+                     help=f"built-in hardware profile name or profile JSON file (default {DEFAULT_PROFILE})")
+    ana.add_argument("--json", action="store_true", help="print the report as JSON (docs/analysis.md)")
+    ana.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the estimated timeline")
+    ana.add_argument("--save-ir", metavar="FILE", help="also write the captured IR JSON")
+    ana.add_argument("--all-blocks", action="store_true", help="print every block (default: first and last few)")
+    _add_capture_options(ana)
+
+    sub.add_parser("list", help="list zoo models and built-in profiles")
+    return parser
+
+
+def _source_fingerprint() -> str:
+    """Hash of the capture code, so a cached capture never outlives the code that made it."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for sub in ("fx", "models"):
+        folder = os.path.join(root, sub)
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), "rb") as f:
+                    h.update(name.encode() + f.read())
+    return h.hexdigest()[:16]
+
+
+def _cache_path(args, target: str) -> str | None:
+    if args.no_cache:
+        return None
+    import torch
+
+    from . import models
+
+    key = {"target": target, "world_size": args.world_size, "seq_len": args.seq_len, "batch": args.batch,
+           "param_dtype": args.param_dtype, "reshard": not args.no_reshard, "fsdp": not args.no_fsdp,
+           "torch": torch.__version__, "code": _source_fingerprint()}
+    if models.is_build_target(target):
+        path = target.rpartition(":")[0]
+        with open(path, "rb") as f:
+            key["file"] = hashlib.sha256(f.read()).hexdigest()
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    folder = os.environ.get("CE_OVERLAP_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ce_overlap"))
+    return os.path.join(folder, f"ir-{digest}.json")
+
+
+def _capture_target(args, target: str):
+    from . import models
+    from .ir import Ir, capture
+
+    cache = _cache_path(args, target)
+    if cache and os.path.exists(cache):
+        try:
+            return Ir.load(cache), True
+        except CeOverlapError:
+            pass  # a damaged cache entry is recaptured and overwritten
+    if models.is_build_target(target):
+        built = models.build_from_file(target)
+        if args.seq_len is not None:
+            raise CeOverlapError("--seq-len applies to zoo models; a build() target sets its own inputs")
+    else:
+        built = models.build_named(target, seq_len=args.seq_len, batch=args.batch)
+    meta = {}
+    if not models.is_build_target(target):
+        tokens = built.example_inputs[0]
+        meta = {"batch": int(tokens.shape[0]), "seq_len": int(tokens.shape[1])}
+    ir = capture(built.module, built.example_inputs, world_size=args.world_size, fsdp=not args.no_fsdp,
+                 param_dtype=args.param_dtype, reshard_after_forward=not args.no_reshard, name=built.name,
+                 meta=meta)
+    if cache:
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        tmp = f"{cache}.{os.getpid()}.tmp"
+        ir.save(tmp)
+        os.replace(tmp, cache)  # atomic: a concurrent reader never sees half a file
+    return ir, False
+
+
+def _load_or_capture(args):
+    from .ir import Ir
+
+    target = args.target
+    if target.endswith(".json") or (os.path.isfile(target) and not target.endswith(".py")):
+        return Ir.load(target), False
+    return _capture_target(args, target)
+
+
+def _cmd_capture(args) -> int:
+    started = time.perf_counter()
+    ir, cached = _load_or_capture(args)
+    ir.save(args.output)
+    nodes = ", ".join(f"{g} {ir.num_nodes(g)} nodes" for g in ir.graph_names)
+    print(f"wrote {args.output}: {nodes}, {len(ir.blocks)} blocks"
+          f" ({'cached capture' if cached else f'captured in {time.perf_counter() - started:.1f} s'})")
+    return 0
+
+
+def _cmd_analyze(args) -> int:
+    from . import profiles, report
+    from .ir import analyze
+
+    profiles.read_text(args.profile)  # reject a bad profile before a long capture
+    ir, cached = _load_or_capture(args)
+    if args.save_ir:
+        ir.save(args.save_ir)
+    result = analyze(ir, args.profile)
+    if args.trace:
+        report.write_trace(result, args.trace)
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    print(report.format_summary(result))
+    print()
+    print(report.format_table(result, max_rows=None if args.all_blocks else 8))
+    if cached:
+        print("\n(capture from cache; --no-cache to capture again)")
+    if args.trace:
+        print(f"trace written to {args.trace} (open in ui.perfetto.dev or chrome://tracing)")
+    return 0
+
+
+def _cmd_list(args) -> int:
+    from . import models, profiles
+
+    print("models:   " + ", ".join(models.names()) + "  (or path/to/file.py:build)")
+    print("profiles: " + ", ".join(profiles.names()) + "  (or path/to/profile.json)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handler = {"capture": _cmd_capture, "analyze": _cmd_analyze, "list": _cmd_list}[args.command]
+    try:
+        return handler(args)
+    except CeOverlapError as e:
+        print(f"ce-overlap: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"ce-overlap: error: {e.filename or ''}: {e.strerror}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

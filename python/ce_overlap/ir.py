@@ -1,0 +1,98 @@
+"""Python face of the IR: capture a model into it, load/save it, analyze it."""
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from . import _core
+from .errors import CeOverlapError
+
+
+class Ir:
+    """A validated IR document (docs/ir.md), held by the C++ core."""
+
+    def __init__(self, doc: "_core.IrDocument"):
+        self._doc = doc
+
+    @classmethod
+    def from_json(cls, text: str) -> "Ir":
+        return cls(_core.IrDocument.from_json(text))
+
+    @classmethod
+    def load(cls, path: str) -> "Ir":
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise CeOverlapError(f"cannot read IR file {path!r}: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise CeOverlapError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        try:
+            return cls.from_json(text)
+        except CeOverlapError as e:
+            raise CeOverlapError(f"{path}: {e}") from None
+
+    def to_json(self) -> str:
+        return self._doc.to_json()
+
+    def save(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.to_json())
+
+    def to_dict(self) -> dict:
+        return json.loads(self.to_json())
+
+    @property
+    def blocks(self) -> list[dict]:
+        return self._doc.blocks
+
+    @property
+    def meta(self) -> dict:
+        return json.loads(self._doc.meta_json)
+
+    @property
+    def graph_names(self) -> list[str]:
+        return self._doc.graph_names
+
+    def num_nodes(self, graph: str) -> int:
+        return self._doc.num_nodes(graph)
+
+
+def capture(model, example_inputs: Sequence[Any], *, world_size: int, rank: int = 0, fsdp: bool = True,
+            param_dtype="bfloat16", reshard_after_forward: bool = True,
+            inductor_config: dict | None = None, name: str | None = None, meta: dict | None = None) -> Ir:
+    """Capture one training step of `model` as Inductor's post-grad graphs, as IR.
+
+    Runs on any machine (fake process group, fake tensors): build the model on the meta device to
+    capture large configurations without memory. With `fsdp` the model is wrapped in in-graph FSDP
+    over `world_size` ranks (modified in place). The forward's output is the loss if it is a scalar,
+    else its sum. Raises CeOverlapError for bad arguments or a model that does not compile to one graph.
+    """
+    import torch
+
+    from .fx.capture import CaptureOptions, capture_ir
+    from .fx.to_ir import CaptureError
+
+    if not isinstance(world_size, int) or world_size < 1:
+        raise CeOverlapError(f"world_size must be an integer >= 1, got {world_size!r}")
+    dtype = None
+    if param_dtype is not None:
+        dtype = param_dtype if isinstance(param_dtype, torch.dtype) else getattr(torch, str(param_dtype), None)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise CeOverlapError(f"param_dtype must be a floating torch dtype or its name, got {param_dtype!r}")
+    options = CaptureOptions(world_size=world_size, rank=rank, fsdp=fsdp, param_dtype=dtype,
+                             reshard_after_forward=reshard_after_forward, inductor_config=dict(inductor_config or {}))
+    try:
+        doc = capture_ir(model, example_inputs, options, {"model": name or type(model).__name__, **(meta or {})})
+    except CaptureError as e:
+        raise CeOverlapError(str(e)) from None
+    ir = _core.IrDocument.from_json(json.dumps(doc))
+    ir.detect_blocks()
+    return Ir(ir)
+
+
+def analyze(ir: Ir, profile: str = "h100-sxm") -> dict:
+    """The analysis report (docs/analysis.md) of `ir` under a built-in profile name or a profile file."""
+    from . import profiles
+
+    return json.loads(_core.analyze(ir._doc, profiles.load(profile)))

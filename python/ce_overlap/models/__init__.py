@@ -1,0 +1,83 @@
+"""Models to capture: the built-in zoo by name, or a user's `file.py:build`."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from typing import Any
+
+from ..errors import CeOverlapError
+
+
+@dataclasses.dataclass
+class BuiltModel:
+    module: Any               # torch.nn.Module
+    example_inputs: tuple     # positional inputs of one training step
+    name: str
+
+
+def names() -> list[str]:
+    from .llama import LLAMA_CONFIGS
+
+    return list(LLAMA_CONFIGS)
+
+
+def build_named(name: str, *, seq_len: int | None = None, batch: int = 1) -> BuiltModel:
+    """A zoo model on the meta device (no memory), with token/label inputs of (batch, seq_len)."""
+    import torch
+
+    from .llama import LLAMA_CONFIGS, Llama
+
+    if name not in LLAMA_CONFIGS:
+        raise CeOverlapError(f"unknown model {name!r} (known: {', '.join(names())}; or path/to/file.py:build)")
+    cfg = LLAMA_CONFIGS[name]
+    seq = cfg.seq_len if seq_len is None else seq_len
+    if seq < 1 or batch < 1:
+        raise CeOverlapError(f"sequence length and batch must be >= 1, got seq_len={seq}, batch={batch}")
+    if seq > cfg.seq_len:
+        cfg = dataclasses.replace(cfg, seq_len=seq)
+    with torch.device("meta"):
+        module = Llama(cfg)
+    tokens = torch.zeros((batch, seq), dtype=torch.long, device="meta")
+    return BuiltModel(module, (tokens, tokens), name)
+
+
+def is_build_target(target: str) -> bool:
+    path, sep, _ = target.rpartition(":")
+    return bool(sep) and path.endswith(".py")
+
+
+def build_from_file(target: str) -> BuiltModel:
+    """`path/to/file.py:fn`: import the file and call fn(), which returns (module, example_inputs)."""
+    path, _, fn_name = target.rpartition(":")
+    if not os.path.isfile(path):
+        raise CeOverlapError(f"{target}: no such file {path!r}")
+    spec = importlib.util.spec_from_file_location(f"ce_overlap_user_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # the user's file: report, never crash
+        raise CeOverlapError(f"{target}: importing {path} raised {type(e).__name__}: {e}") from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise CeOverlapError(f"{target}: {path} has no callable {fn_name!r}")
+    try:
+        result = fn()
+    except Exception as e:
+        raise CeOverlapError(f"{target}: {fn_name}() raised {type(e).__name__}: {e}") from None
+    return _check_built(result, target)
+
+
+def _check_built(result, target: str) -> BuiltModel:
+    import torch
+
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise CeOverlapError(f"{target}: expected build() to return (module, example_inputs), got {type(result).__name__}")
+    module, inputs = result
+    if not isinstance(module, torch.nn.Module):
+        raise CeOverlapError(f"{target}: build()[0] must be a torch.nn.Module, got {type(module).__name__}")
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    if not isinstance(inputs, (tuple, list)):
+        raise CeOverlapError(f"{target}: build()[1] must be a tensor or a tuple of inputs, got {type(inputs).__name__}")
+    return BuiltModel(module, tuple(inputs), target)

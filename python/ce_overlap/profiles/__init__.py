@@ -1,0 +1,31 @@
+"""Built-in hardware profiles (schema ce_overlap.profile/1), one JSON file each in this folder."""
+from __future__ import annotations
+
+import os
+from importlib import resources
+
+from ..errors import CeOverlapError
+
+
+def names() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files(__name__).iterdir() if p.name.endswith(".json"))
+
+
+def read_text(name_or_path: str) -> str:
+    """The JSON text of a built-in profile (by name) or of a profile file (by path)."""
+    if name_or_path in names():
+        return resources.files(__name__).joinpath(f"{name_or_path}.json").read_text()
+    if os.path.sep in name_or_path or name_or_path.endswith(".json"):
+        try:
+            with open(name_or_path, encoding="utf-8") as f:
+                return f.read()
+        except OSError as e:
+            raise CeOverlapError(f"cannot read profile file {name_or_path!r}: {e.strerror}") from None
+    raise CeOverlapError(f"unknown profile {name_or_path!r} (built-in: {', '.join(names())}; or a path to a .json file)")
+
+
+def load(name_or_path: str):
+    """A validated _core.Profile."""
+    from .. import _core
+
+    return _core.Profile.from_json(read_text(name_or_path))

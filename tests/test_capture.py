@@ -1,0 +1,184 @@
+"""Capture of real torch.compile graphs (fake process group, fake tensors) into IR."""
+from __future__ import annotations
+
+import collections
+import os
+
+import pytest
+import torch
+
+import ce_overlap
+from ce_overlap import models
+from ce_overlap.models.llama import LLAMA_CONFIGS
+
+from conftest import DATA
+
+
+def _nodes(ir, graph):
+    return next(g for g in ir.to_dict()["graphs"] if g["name"] == graph)["nodes"]
+
+
+def _block_param_numel(cfg) -> int:
+    kv = cfg.n_kv_heads * cfg.head_dim
+    return 2 * cfg.dim * cfg.dim + 2 * cfg.dim * kv + 3 * cfg.dim * cfg.ffn_dim + 2 * cfg.dim
+
+
+def _collective_bytes_by_block(nodes, ctype):
+    """all-gather: gathered (output) bytes; reduce-scatter: reduced (input) bytes."""
+    out = collections.Counter()
+    for n in nodes:
+        if n["kind"] == "collective" and n["collective"]["type"] == ctype:
+            out[n["block"]] += n["outputs"][0]["bytes"] if ctype == "all_gather" else n["collective"]["bytes"]
+    return out
+
+
+def test_zoo_parameter_counts_match_the_built_modules():
+    assert LLAMA_CONFIGS["llama3-8b"].num_params() == 8_030_261_248
+    for name in models.names():
+        built = models.build_named(name)
+        assert sum(p.numel() for p in built.module.parameters()) == LLAMA_CONFIGS[name].num_params(), name
+
+
+def test_tiny_capture_has_forward_and_backward_with_fsdp_collectives(tiny_ir):
+    assert tiny_ir.graph_names == ["forward", "backward"]
+    cfg = LLAMA_CONFIGS["llama3-tiny"]
+    assert [b["path"] for b in tiny_ir.blocks] == [f"layers.{i}" for i in range(cfg.n_layers)]
+    assert {b["type"] for b in tiny_ir.blocks} == {"TransformerBlock"}
+    fwd, bwd = _nodes(tiny_ir, "forward"), _nodes(tiny_ir, "backward")
+    kinds = lambda nodes: collections.Counter(  # noqa: E731
+        n["collective"]["type"] for n in nodes if n["kind"] == "collective")
+    # 9 parameters per block + embedding + final norm + output projection.
+    n_params = 9 * cfg.n_layers + 3
+    assert kinds(fwd) == {"all_gather": n_params}
+    # The backward re-gathers every parameter but the embedding (its backward needs no weight)
+    # and reduce-scatters every gradient.
+    assert kinds(bwd) == {"all_gather": n_params - 1, "reduce_scatter": n_params}
+    for n in fwd + bwd:
+        if n["kind"] == "collective":
+            assert n["collective"]["group_size"] == 8
+            assert (n["collective"]["reduce_op"] == "sum") == (n["collective"]["type"] == "reduce_scatter")
+        if n["kind"] == "wait":
+            assert len(n["inputs"]) == 1
+
+
+def test_tiny_block_bytes_equal_parameter_bytes(tiny_ir):
+    cfg = LLAMA_CONFIGS["llama3-tiny"]
+    per_block = _block_param_numel(cfg) * 2  # bf16
+    ag = _collective_bytes_by_block(_nodes(tiny_ir, "forward"), "all_gather")
+    rs = _collective_bytes_by_block(_nodes(tiny_ir, "backward"), "reduce_scatter")
+    for i in range(cfg.n_layers):
+        assert ag[i] == per_block
+        assert rs[i] == per_block
+    assert sum(ag.values()) == sum(rs.values()) == cfg.num_params() * 2
+
+
+def test_tiny_flops_match_the_closed_form(tiny_ir):
+    cfg = LLAMA_CONFIGS["llama3-tiny"]
+    tokens, heads, hd, seq = cfg.seq_len, cfg.n_heads, cfg.head_dim, cfg.seq_len
+    kv = cfg.n_kv_heads * hd
+    linear = cfg.n_layers * (2 * cfg.dim * cfg.dim + 2 * cfg.dim * kv + 3 * cfg.dim * cfg.ffn_dim) \
+        + cfg.vocab_size * cfg.dim
+    attention_fwd = cfg.n_layers * 4 * heads * seq * seq * hd  # GQA: K/V heads broadcast to query heads
+    fwd = sum(n["flops"] for n in _nodes(tiny_ir, "forward"))
+    bwd = sum(n["flops"] for n in _nodes(tiny_ir, "backward"))
+    assert fwd == 2 * tokens * linear + attention_fwd
+    assert bwd == 4 * tokens * linear + attention_fwd * 5 // 2
+
+
+def test_shapes_dtypes_and_bytes_come_from_fake_tensors(tiny_ir):
+    cfg = LLAMA_CONFIGS["llama3-tiny"]
+    fwd = _nodes(tiny_ir, "forward")
+    mms = [n for n in fwd if n["op"] == "aten.mm.default"]
+    assert mms and all(n["outputs"][0]["dtype"] == "bfloat16" for n in mms)
+    first_ag = next(n for n in fwd if n["kind"] == "collective")
+    shard = fwd[first_ag["inputs"][0]]
+    assert shard["outputs"][0]["bytes"] * 8 == first_ag["outputs"][0]["bytes"] == first_ag["collective"]["bytes"] * 8
+    # the embedding is gathered first: (vocab, dim) in bf16
+    assert first_ag["outputs"][0]["shape"] == [cfg.vocab_size, cfg.dim]
+    for n in fwd:
+        for o in n["outputs"]:
+            numel = 1
+            for d in o["shape"]:
+                numel *= d
+            assert o["bytes"] == numel * {"bfloat16": 2, "float32": 4, "int64": 8, "bool": 1}[o["dtype"]]
+
+
+def test_without_reshard_the_backward_does_not_regather(capture_zoo):
+    ir = capture_zoo("llama3-tiny", 2, reshard=False)
+    bwd = _nodes(ir, "backward")
+    assert not [n for n in bwd if n["kind"] == "collective" and n["collective"]["type"] == "all_gather"]
+
+
+def test_world_size_one_and_uneven_sharding(capture_zoo):
+    # world size 3 does not divide the tiny model's dims: shards are padded, gathered then trimmed.
+    ir = capture_zoo("llama3-tiny", 3)
+    cfg = LLAMA_CONFIGS["llama3-tiny"]
+    fwd = _nodes(ir, "forward")
+    first_ag = next(n for n in fwd if n["kind"] == "collective")
+    assert first_ag["outputs"][0]["shape"] == [3 * -(-cfg.vocab_size // 3), cfg.dim]
+    single = capture_zoo("llama3-tiny", 1)
+    assert all(n["collective"]["group_size"] == 1 for n in _nodes(single, "forward") if n["kind"] == "collective")
+
+
+def test_user_model_without_layers_list_gets_its_blocks():
+    built = models.build_from_file(os.path.join(DATA, "resnetish.py") + ":build")
+    ir = ce_overlap.capture(built.module, built.example_inputs, world_size=4, name="resnetish")
+    assert [(b["path"], b["type"]) for b in ir.blocks] == [("stage_a", "Stage"), ("stage_b", "Stage"),
+                                                           ("stage_c", "Stage")]
+    fwd = _nodes(ir, "forward")
+    ag = _collective_bytes_by_block(fwd, "all_gather")
+    stage_params = 64 * 256 + 256 + 256 * 64 + 64 + 2 * 64
+    assert [ag[i] for i in range(3)] == [stage_params * 2] * 3
+    # stem and head sit outside blocks; the head's 10 rows are padded to 12 to shard over 4 ranks
+    assert ag[-1] == (64 * 32 + 64 + 12 * 64 + 12) * 2
+
+
+def test_capture_without_fsdp_has_no_collectives():
+    built = models.build_from_file(os.path.join(DATA, "resnetish.py") + ":build")
+    ir = ce_overlap.capture(built.module, built.example_inputs, world_size=2, fsdp=False)
+    assert all(n["kind"] != "collective" for g in ir.graph_names for n in _nodes(ir, g))
+    mms = [n for n in _nodes(ir, "forward") if n["op"] == "aten.addmm.default"]
+    assert mms and mms[0]["outputs"][0]["dtype"] == "float32"
+
+
+def test_capture_rejects_bad_arguments():
+    built = models.build_named("llama3-tiny")
+    with pytest.raises(ce_overlap.CeOverlapError, match="world_size"):
+        ce_overlap.capture(built.module, built.example_inputs, world_size=0)
+    with pytest.raises(ce_overlap.CeOverlapError, match="param_dtype"):
+        ce_overlap.capture(built.module, built.example_inputs, world_size=2, param_dtype="int8")
+
+
+def test_a_model_that_does_not_compile_is_a_clear_error():
+    class Breaks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            torch._dynamo.graph_break()
+            return self.lin(x).sum()
+
+    with pytest.raises(ce_overlap.CeOverlapError, match="torch.compile of the model failed"):
+        ce_overlap.capture(Breaks(), (torch.randn(2, 4),), world_size=2)
+
+
+@pytest.mark.slow
+def test_llama3_8b_world_size_8_blocks_and_bytes(capture_zoo):
+    """The acceptance check: 32 blocks; per-block all-gather/reduce-scatter bytes are the block's
+    parameter bytes in bf16; totals are 8,030,261,248 x 2."""
+    ir = capture_zoo("llama3-8b", 8)
+    cfg = LLAMA_CONFIGS["llama3-8b"]
+    assert len(ir.blocks) == 32
+    assert [b["path"] for b in ir.blocks] == [f"layers.{i}" for i in range(32)]
+    per_block = _block_param_numel(cfg) * 2
+    ag = _collective_bytes_by_block(_nodes(ir, "forward"), "all_gather")
+    rs = _collective_bytes_by_block(_nodes(ir, "backward"), "reduce_scatter")
+    assert [ag[i] for i in range(32)] == [per_block] * 32
+    assert [rs[i] for i in range(32)] == [per_block] * 32
+    assert sum(ag.values()) == sum(rs.values()) == 8_030_261_248 * 2
+    report = ce_overlap.analyze(ir, "h100-sxm")
+    assert [b["forward_all_gather_bytes"] for b in report["blocks"]] == [per_block] * 32
+    assert [b["reduce_scatter_bytes"] for b in report["blocks"]] == [per_block] * 32
+    assert report["totals"]["forward_all_gather_bytes"] == 8_030_261_248 * 2
+    assert report["totals"]["reduce_scatter_bytes"] == 8_030_261_248 * 2

@@ -1,0 +1,118 @@
+"""The `ce-overlap` CLI end to end (subprocesses), including every bad-input path: exit 2, one line."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import DATA
+
+
+def _assert_clean_error(proc, *fragments):
+    assert proc.returncode == 2, proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stderr          # one line, no traceback
+    assert "Traceback" not in proc.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+def test_analyze_tiny_prints_the_block_table(cli):
+    proc = cli("analyze", "llama3-tiny", "--world-size", "8")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "blocks: 2 x TransformerBlock (layers.0 .. layers.1)" in out
+    assert "exposed ms" in out and "layers.1" in out and "(outside blocks)" in out
+    assert out.strip().splitlines()[-1].startswith("total")
+
+
+def test_analyze_json_and_trace(cli, tmp_path):
+    trace = tmp_path / "trace.json"
+    proc = cli("analyze", "llama3-tiny", "--world-size", "2", "--profile", "h200-sxm", "--json", "--trace", str(trace))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["schema"] == "ce_overlap.analysis/1"
+    assert report["profile"] == "h200-sxm"
+    events = json.loads(trace.read_text())["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert len(spans) == len(report["timeline"]) > 0
+    assert {e["tid"] for e in spans} == {0, 1}
+
+
+def test_capture_then_analyze_the_file_gives_the_same_report(cli, tmp_path):
+    ir = tmp_path / "tiny.json"
+    proc = cli("capture", "llama3-tiny", "-o", str(ir), "--world-size", "4")
+    assert proc.returncode == 0, proc.stderr
+    assert "forward" in proc.stdout and "2 blocks" in proc.stdout
+    direct = json.loads(cli("analyze", "llama3-tiny", "--world-size", "4", "--json").stdout)
+    from_file = json.loads(cli("analyze", str(ir), "--json").stdout)
+    assert direct == from_file
+
+
+def test_user_build_target(cli):
+    proc = cli("analyze", os.path.join(DATA, "resnetish.py") + ":build", "--world-size", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "blocks: 3 x Stage (stage_a .. stage_c)" in proc.stdout
+
+
+def _write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+@pytest.fixture(scope="module")
+def tiny_doc(tiny_ir):
+    return tiny_ir.to_dict()
+
+
+def _variant(tmp_path, tiny_doc, name, mutate):
+    doc = json.loads(json.dumps(tiny_doc))
+    mutate(doc)
+    return _write(tmp_path, name, json.dumps(doc))
+
+
+def test_bad_inputs_exit_2_with_one_line(cli, tmp_path, tiny_doc):
+    cases = [
+        (["analyze", _write(tmp_path, "bad.json", "{not json")], ["malformed JSON"]),
+        (["analyze", _variant(tmp_path, tiny_doc, "v2.json", lambda d: d.update(schema="ce_overlap.ir/2"))],
+         ["schema", "ce_overlap.ir/2"]),
+        (["analyze", _variant(tmp_path, tiny_doc, "kind.json",
+                              lambda d: d["graphs"][1]["nodes"][4].update(kind="kernel"))], ["kind", "kernel"]),
+        (["analyze", _variant(tmp_path, tiny_doc, "neg.json",
+                              lambda d: d["graphs"][0]["nodes"][0]["outputs"][0]["shape"].__setitem__(0, -1))],
+         ["graphs[0].nodes[0].outputs[0].shape"]),
+        (["analyze", _variant(tmp_path, tiny_doc, "huge.json",
+                              lambda d: d["graphs"][0]["nodes"][7].update(flops=10**19))], ["flops"]),
+        (["analyze", "llama9-70b"], ["unknown model", "llama3-8b"]),
+        (["analyze", "llama3-tiny", "--profile", "tpu-v9"], ["unknown profile", "h100-sxm"]),
+        (["analyze", "llama3-tiny", "--world-size", "0"], ["--world-size must be >= 1"]),
+        (["analyze", os.path.join(DATA, "raises.py") + ":build"], ["build() raised RuntimeError", "checkpoint not found"]),
+        (["analyze", os.path.join(DATA, "resnetish.py") + ":nothing"], ["no callable"]),
+        (["analyze", str(tmp_path / "absent.json")], ["absent.json"]),
+    ]
+    for args, fragments in cases:
+        _assert_clean_error(cli(*args), *fragments)
+
+
+def test_cycle_exits_2(cli, tmp_path, tiny_doc):
+    def cycle(d):
+        nodes = d["graphs"][0]["nodes"]
+        user = next(n for n in nodes if n["inputs"])
+        nodes[user["inputs"][0]]["inputs"].append(user["id"])
+    _assert_clean_error(cli("analyze", _variant(tmp_path, tiny_doc, "cycle.json", cycle)), "cycle")
+
+
+def test_bad_profile_file_exits_2(cli, tmp_path, tiny_doc):
+    ir = _write(tmp_path, "ok.json", json.dumps(tiny_doc))
+    from ce_overlap import profiles
+    prof = json.loads(profiles.read_text("h100-sxm"))
+    prof["gpu"]["hbm_gbps"] = -1
+    _assert_clean_error(cli("analyze", ir, "--profile", _write(tmp_path, "p.json", json.dumps(prof))), "gpu.hbm_gbps")
+
+
+def test_list(cli):
+    proc = cli("list")
+    assert proc.returncode == 0
+    assert "llama3-8b" in proc.stdout and "h200-sxm" in proc.stdout
