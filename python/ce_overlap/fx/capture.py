@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import logging
 import time
 from typing import Any, Callable, Sequence
@@ -143,6 +144,10 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
     sac_log = logging.getLogger("torch._higher_order_ops.wrap")
     sac_level = sac_log.level
     sac_log.setLevel(logging.ERROR)
+    # Tracing allocates millions of short-lived objects; the cyclic collector's passes over them cost
+    # ~20% of an 8B capture and free nothing that matters before the capture ends.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
     try:
         with fake_process_group(options.world_size, options.rank) as group, \
                 torch._inductor.config.patch(patches), \
@@ -164,6 +169,8 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
     finally:
         sac_log.setLevel(sac_level)
         torch._dynamo.reset()
+        if gc_was_enabled:
+            gc.enable()
     meta = {
         "capture_seconds": round(time.perf_counter() - started, 3),
         "world_size": options.world_size,

@@ -1,0 +1,1 @@
+"""The torch-facing layer: the only Python code that knows torch.compile / FX internals."""
