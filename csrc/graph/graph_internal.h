@@ -34,6 +34,11 @@ bool stable_topological_order(const Graph& g, std::vector<int>& order, std::vect
 // "a -> b -> a" from node names; long cycles are elided in the middle so messages stay readable.
 std::string describe_cycle(const Graph& g, const std::vector<int>& cycle);
 
+// Length (2..4) of the well-formed multi-byte UTF-8 sequence at p, whose first byte is >= 0x80, or 0 if it
+// is ill-formed (Unicode Table 3-7: no overlongs, surrogates or code points past U+10FFFF).
+// `available` counts the bytes from p to the end of the text.
+size_t utf8_sequence_length(const unsigned char* p, size_t available);
+
 // `name` quoted for messages, e.g. node 3 ("mm_1").
 std::string node_label(const Graph& g, int id);
 

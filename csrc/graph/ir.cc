@@ -63,27 +63,9 @@ bool valid_utf8(const std::string& s) {
       ++i;
       continue;
     }
-    size_t extra;
-    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) {
-      extra = 1;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      extra = 2;
-      if (c == 0xE0) lo = 0xA0;  // overlong
-      if (c == 0xED) hi = 0x9F;  // surrogates
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      extra = 3;
-      if (c == 0xF0) lo = 0x90;  // overlong
-      if (c == 0xF4) hi = 0x8F;  // beyond U+10FFFF
-    } else {
-      return false;
-    }
-    if (i + extra >= n) return false;
-    if (p[i + 1] < lo || p[i + 1] > hi) return false;
-    for (size_t k = 2; k <= extra; ++k) {
-      if (p[i + k] < 0x80 || p[i + k] > 0xBF) return false;
-    }
-    i += extra + 1;
+    const size_t len = detail::utf8_sequence_length(p + i, n - i);
+    if (len == 0) return false;
+    i += len;
   }
   return true;
 }

@@ -2,6 +2,8 @@
 // (RFC 8259, UTF-8 checked, no comments, a leading BOM skipped) but builds nothing it is not asked for.
 #include "json_lexer.h"
 
+#include "graph_internal.h"
+
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -67,7 +69,13 @@ void JsonLexer::literal(const char* word) {
 
 // Validates one multi-byte UTF-8 sequence at p_ (Unicode Table 3-7) and steps over it.
 void JsonLexer::skip_utf8_sequence() {
-  const auto c = static_cast<unsigned char>(*p_);
+  const size_t len = utf8_sequence_length(reinterpret_cast<const unsigned char*>(p_), static_cast<size_t>(end_ - p_));
+  if (len == 0) fail("invalid UTF-8 in a string");
+  p_ += len;
+}
+
+size_t utf8_sequence_length(const unsigned char* p, size_t available) {
+  const unsigned char c = p[0];
   size_t extra;
   unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
   if (c >= 0xC2 && c <= 0xDF) {
@@ -81,16 +89,14 @@ void JsonLexer::skip_utf8_sequence() {
     if (c == 0xF0) lo = 0x90;  // overlong
     if (c == 0xF4) hi = 0x8F;  // beyond U+10FFFF
   } else {
-    fail("invalid UTF-8 in a string");
+    return 0;
   }
-  if (static_cast<size_t>(end_ - p_) <= extra) fail("invalid UTF-8 in a string");
-  const auto b1 = static_cast<unsigned char>(p_[1]);
-  if (b1 < lo || b1 > hi) fail("invalid UTF-8 in a string");
+  if (available <= extra) return 0;
+  if (p[1] < lo || p[1] > hi) return 0;
   for (size_t k = 2; k <= extra; ++k) {
-    const auto bk = static_cast<unsigned char>(p_[k]);
-    if (bk < 0x80 || bk > 0xBF) fail("invalid UTF-8 in a string");
+    if (p[k] < 0x80 || p[k] > 0xBF) return 0;
   }
-  p_ += extra + 1;
+  return extra + 1;
 }
 
 unsigned JsonLexer::read_hex4() {
