@@ -1,0 +1,220 @@
+"""Shared by the torchrun benchmarks in bench/: process setup, the all-gather variants compared side by side, CUDA
+event timing, and the run header (versions, GPU). Not a benchmark itself."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Callable
+
+# Multicast (NVLS) must stay off on the lent machines; set before torch/NCCL read them.
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+VARIANTS = ["nccl", "ce_staged", "ce_symmetric", "ce_symm_inplace", "symm_mem_lc"]
+VARIANT_HELP = {
+    "nccl": "dist.all_gather_into_tensor (NCCL kernels)",
+    "ce_staged": "ce_overlap, input in ordinary memory (one local copy into the pool, then pulls)",
+    "ce_symmetric": "ce_overlap, input from empty_symmetric (zero-copy: peers pull it in place)",
+    "ce_symm_inplace": "ce_overlap, output from empty_symmetric and input = its own shard (no self copy)",
+    "symm_mem_lc": "torch symm_mem _low_contention_all_gather, symmetric input",
+}
+
+
+def log0(msg: str = "") -> None:
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(msg, flush=True)
+
+
+def size_pool_env(max_bytes_per_rank: int, world_size: int) -> None:
+    """The pool must hold the largest in-place output (world * size) in its user region plus one staging round of
+    the largest input. Only defaults: explicit CE_OVERLAP_* settings win."""
+    size_mb = -(-max_bytes_per_rank // (1 << 20))
+    os.environ.setdefault("CE_OVERLAP_STAGING_MB", str(size_mb))
+    os.environ.setdefault("CE_OVERLAP_POOL_MB", str((world_size + 1) * size_mb + 64))
+    os.environ.setdefault("CE_OVERLAP_TIMEOUT_S", "30")
+
+
+def init() -> tuple[int, int, int]:
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank), timeout=timedelta(seconds=300))
+    return dist.get_rank(), dist.get_world_size(), local_rank
+
+
+def header(title: str) -> dict:
+    import ce_overlap.runtime as rt
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    try:
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:  # noqa: BLE001
+        nccl = "unknown"
+    info = {
+        "gpu": props.name, "sms": props.multi_processor_count, "world_size": dist.get_world_size(),
+        "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl, "host": platform.node(),
+        "ce_runtime": rt.available().reason,
+        "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "CE_OVERLAP_POOL_MB",
+                                               "CE_OVERLAP_STAGING_MB", "CE_OVERLAP_TIMEOUT_S")},
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    log0(f"# {title}")
+    log0(f"# {info['world_size']} x {info['gpu']} ({info['sms']} SMs), torch {info['torch']}, CUDA {info['cuda']}, "
+         f"NCCL {nccl}, host {info['host']}")
+    log0(f"# ce_overlap runtime: {info['ce_runtime']}")
+    log0(f"# env: {info['env']}")
+    return info
+
+
+@dataclass
+class Variant:
+    """One all-gather implementation set up for one size: `run()` enqueues one op on the current stream."""
+
+    name: str
+    run: Callable[[], None] | None = None
+    output: Callable[[], torch.Tensor] | None = None
+    na_reason: str = ""
+    keep: list = field(default_factory=list)  # tensors that must outlive the benchmark of this variant
+    is_ce: bool = False
+
+
+def _enable_symm_mem(group) -> None:
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    if hasattr(symm_mem, "enable_symm_mem_for_group"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            symm_mem.enable_symm_mem_for_group(group.group_name)
+
+
+def make_variant(name: str, inp: torch.Tensor, group) -> Variant:
+    """Sets up `name` for the all-gather of `inp` (contiguous, 1-D). Never raises: failures become na_reason."""
+    import ce_overlap.runtime as rt
+
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    count = inp.numel()
+    try:
+        if name == "nccl":
+            out = torch.empty(world * count, dtype=inp.dtype, device=inp.device)
+            return Variant(name, lambda: dist.all_gather_into_tensor(out, inp, group=group), lambda: out)
+        if name.startswith("ce_"):
+            ok, reason = rt.available()
+            if not ok:
+                return Variant(name, na_reason=reason)
+            rt.rendezvous(group)
+            if name == "ce_staged":
+                out = torch.empty(world * count, dtype=inp.dtype, device=inp.device)
+                return Variant(name, lambda: rt.all_gather_into_tensor(out, inp, group), lambda: out, is_ce=True)
+            if name == "ce_symmetric":
+                sym = rt.empty_symmetric((count,), inp.dtype, group)
+                sym.copy_(inp)
+                out = torch.empty(world * count, dtype=inp.dtype, device=inp.device)
+                return Variant(name, lambda: rt.all_gather_into_tensor(out, sym, group), lambda: out, keep=[sym],
+                               is_ce=True)
+            if name == "ce_symm_inplace":
+                sym_out = rt.empty_symmetric((world * count,), inp.dtype, group)
+                shard = sym_out.view(world, count)[rank]
+                shard.copy_(inp)
+                return Variant(name, lambda: rt.all_gather_into_tensor(sym_out, shard, group), lambda: sym_out,
+                               is_ce=True)
+        if name == "symm_mem_lc":
+            from torch.distributed import _symmetric_memory as symm_mem
+
+            _enable_symm_mem(group)
+            sym = symm_mem.empty(count, dtype=inp.dtype, device=inp.device)
+            symm_mem.rendezvous(sym, group)
+            sym.copy_(inp)
+            holder: list[torch.Tensor] = []
+
+            def run():
+                holder[:] = [torch.ops.symm_mem._low_contention_all_gather(sym, group.group_name)]
+
+            return Variant(name, run, lambda: holder[0], keep=[sym])
+        return Variant(name, na_reason=f"unknown variant {name!r}")
+    except Exception as e:  # noqa: BLE001 (a variant that cannot run is reported, the others go on)
+        return Variant(name, na_reason=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+
+
+def settle(v: Variant, group) -> None:
+    """Waits for the variant's work; CE ops go through ce_overlap's synchronize so a stuck op raises its timeout
+    error here instead of hanging in a CUDA call."""
+    if v.is_ce:
+        import ce_overlap.runtime as rt
+
+        rt.synchronize(group)
+    torch.cuda.synchronize()
+
+
+def time_op_ms(fn: Callable[[], None], iters: int, warmup: int, settle: Callable[[], None]) -> list[float]:
+    """Per-iteration times on the current stream (CUDA events around each op), ms. `settle` waits for the work
+    (and raises a CE timeout instead of blocking in a CUDA call)."""
+    for _ in range(warmup):
+        fn()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    settle()
+    return [start.elapsed_time(end) for start, end in events]
+
+
+def max_over_ranks(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def sum_over_ranks(value: int) -> int:
+    t = torch.tensor([value], dtype=torch.int64, device="cuda")
+    dist.all_reduce(t)
+    return int(t.item())
+
+
+def count_wrong(got: torch.Tensor, want: torch.Tensor) -> int:
+    itype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[got.element_size()]
+    return int((got.reshape(-1).view(itype) != want.reshape(-1).view(itype)).sum().item())
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def write_json(path: str | None, payload: dict) -> None:
+    if not path or dist.get_rank() != 0:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+    log0(f"# wrote {path}")
+
+
+def ce_state(group) -> str:
+    """ce_overlap's one-line group state (pool sizes, epochs, local-copy mode), or why there is none."""
+    try:
+        import ce_overlap.runtime as rt
+
+        if not torch.ops.ce_overlap._has_group(group.group_name):
+            return "no ce_overlap pool for this group"
+        return rt.describe(group)
+    except Exception as e:  # noqa: BLE001
+        return format_exc_line(e)
+
+
+def format_exc_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+
+
+def print_exc_rank() -> None:
+    print(f"[rank {dist.get_rank()}] " + traceback.format_exc(), flush=True)

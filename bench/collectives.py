@@ -1,0 +1,165 @@
+"""All-gather, nccl-tests style, NCCL vs ce_overlap (staged, zero-copy symmetric, in-place) vs torch symm_mem's
+low-contention all-gather, 64 KiB .. 1 GiB per rank. Prints one table per variant (size, count, type, time, algbw,
+busbw, #wrong vs NCCL, bit-exact) and a side-by-side busbw summary; --out writes the numbers as JSON.
+
+    torchrun --nproc-per-node 2 bench/collectives.py --out bench/results/collectives.json
+
+time = median over --iters ops of the per-op CUDA-event time on the caller's stream, max over ranks.
+algbw = world * bytes_per_rank / time; busbw = algbw * (world - 1) / world (nccl-tests' all-gather factor).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402  (sets the multicast-off environment before torch loads NCCL)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int32": torch.int32,
+          "uint8": torch.uint8}
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if text and text[-1] in mult:
+        return int(float(text[:-1]) * mult[text[-1]])
+    return int(text)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--min", default="64K", help="smallest size per rank (bytes, K/M/G suffix)")
+    p.add_argument("--max", default="1G", help="largest size per rank")
+    p.add_argument("--factor", type=int, default=4, help="size multiplier between rows")
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--variants", default=",".join(C.VARIANTS), help=f"comma list of {C.VARIANTS}")
+    p.add_argument("--out", help="JSON result path (written by rank 0)")
+    args = p.parse_args()
+
+    sizes = []
+    s = parse_size(args.min)
+    while s <= parse_size(args.max):
+        sizes.append(s)
+        s *= args.factor
+    world_env = int(os.environ.get("WORLD_SIZE", "1"))
+    C.size_pool_env(max(sizes), world_env)
+    rank, world, _ = C.init()
+    group = dist.group.WORLD
+    dtype = DTYPES[args.dtype]
+    elem = torch.empty((), dtype=dtype).element_size()
+    variants = [v for v in args.variants.split(",") if v]
+    info = C.header(f"all-gather, {world} ranks, {args.dtype}, median of {args.iters} ops after {args.warmup} warmup")
+    for v in variants:
+        C.log0(f"#   {v:<16} {C.VARIANT_HELP.get(v, '')}")
+
+    results = []
+    na: dict[str, str] = {}
+    failed_ce = ""
+    for nbytes in sizes:
+        count = nbytes // elem
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(1000 + rank)
+        inp = torch.randint(0, 256, (count * elem,), dtype=torch.uint8, device="cuda", generator=gen).view(dtype)
+        ref = torch.empty(world * count, dtype=dtype, device="cuda")
+        dist.all_gather_into_tensor(ref, inp, group=group)
+        torch.cuda.synchronize()
+        for name in variants:
+            row = {"variant": name, "bytes_per_rank": nbytes, "count_per_rank": count, "dtype": args.dtype}
+            if name in na:
+                results.append({**row, "na": na[name]})
+                continue
+            if name.startswith("ce_") and failed_ce:
+                results.append({**row, "na": failed_ce})
+                continue
+            v = C.make_variant(name, inp, group)
+            # Every rank must agree on running it (a variant set up on one rank only would deadlock).
+            if C.sum_over_ranks(0 if v.run else 1):
+                reason = v.na_reason or "not available on every rank"
+                na[name] = reason
+                results.append({**row, "na": reason})
+                C.log0(f"# {name}: n/a ({reason})")
+                continue
+            try:
+                dist.barrier()
+                times = C.time_op_ms(v.run, args.iters, args.warmup, lambda: C.settle(v, group))
+                t_ms = C.max_over_ranks(C.median(times))
+                wrong = C.sum_over_ranks(C.count_wrong(v.output(), ref))
+            except Exception as e:  # noqa: BLE001 (report and go on with the other variants)
+                C.print_exc_rank()
+                reason = C.format_exc_line(e)
+                if name.startswith("ce_"):
+                    failed_ce = f"skipped after an earlier ce_overlap failure: {reason}"
+                results.append({**row, "error": reason})
+                continue
+            finally:
+                del v
+            t_s = t_ms / 1e3
+            algbw = world * nbytes / t_s / 1e9
+            busbw = algbw * (world - 1) / world
+            results.append({**row, "time_us": t_ms * 1e3, "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": wrong})
+        del inp, ref
+        torch.cuda.empty_cache()
+
+    # One nccl-tests table per variant.
+    for name in variants:
+        rows = [r for r in results if r["variant"] == name]
+        C.log0()
+        C.log0(f"# variant: {name} -- {C.VARIANT_HELP.get(name, '')}")
+        C.log0(f"#{'size(B/rank)':>14} {'count':>12} {'type':>9} {'time(us)':>11} {'algbw(GB/s)':>12} "
+               f"{'busbw(GB/s)':>12} {'#wrong':>8}")
+        bws = []
+        for r in rows:
+            if "time_us" in r:
+                bws.append(r["busbw_gbps"])
+                C.log0(f"{r['bytes_per_rank']:>15} {r['count_per_rank']:>12} {r['dtype']:>9} {r['time_us']:>11.2f} "
+                       f"{r['algbw_gbps']:>12.2f} {r['busbw_gbps']:>12.2f} {r['wrong']:>8}")
+            else:
+                C.log0(f"{r['bytes_per_rank']:>15} {r['count_per_rank']:>12} {r['dtype']:>9} "
+                       f"{'n/a: ' + (r.get('na') or r.get('error', '')):>11}")
+        if bws:
+            C.log0(f"# Out of bounds values : {sum(r.get('wrong', 0) for r in rows if 'wrong' in r)} "
+                   f"{'OK' if all(r.get('wrong', 0) == 0 for r in rows) else 'FAILED'}")
+            C.log0(f"# Avg bus bandwidth    : {sum(bws) / len(bws):.2f}")
+
+    # Side by side.
+    C.log0()
+    C.log0("# busbw (GB/s) side by side; last column: best ce_overlap variant / nccl")
+    C.log0(f"{'size/rank':>12} " + " ".join(f"{n:>16}" for n in variants) + f" {'best_ce/nccl':>13}")
+    for nbytes in sizes:
+        cells, best_ce, nccl_bw = [], 0.0, None
+        for name in variants:
+            r = next(r for r in results if r["variant"] == name and r["bytes_per_rank"] == nbytes)
+            if "busbw_gbps" in r:
+                cells.append(f"{r['busbw_gbps']:>16.1f}")
+                if name.startswith("ce_"):
+                    best_ce = max(best_ce, r["busbw_gbps"])
+                if name == "nccl":
+                    nccl_bw = r["busbw_gbps"]
+            else:
+                cells.append(f"{'n/a':>16}")
+        ratio = f"{best_ce / nccl_bw:>13.2f}" if nccl_bw and best_ce else f"{'-':>13}"
+        C.log0(f"{nbytes:>12} " + " ".join(cells) + " " + ratio)
+    for name, reason in na.items():
+        C.log0(f"# {name}: n/a -- {reason}")
+
+    ce_state = C.ce_state(group)
+    C.log0(f"# ce_overlap group state (rank 0): {ce_state}")
+    info["ce_state_rank0"] = ce_state
+    C.write_json(args.out, {"schema": "ce_overlap.bench.collectives/1", "info": info, "args": vars(args),
+                            "results": results, "na": na})
+    wrong_total = sum(r.get("wrong", 0) for r in results)
+    rc = 0 if wrong_total == 0 and not any("error" in r for r in results) else 1
+    dist.barrier()
+    dist.destroy_process_group()
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""How much a collective running beside compute slows the compute: a bf16 8192^3 GEMM and a memory-bound elementwise
+add of 1 GiB tensors, timed alone and while each all-gather variant (256 MiB per rank) loops back to back on its
+own stream. Prints the slowdown (%) per pair; --out writes the numbers as JSON.
+
+    torchrun --nproc-per-node 2 bench/overlap.py --out bench/results/overlap.json
+
+The compute kernel is timed with CUDA events on the compute stream, median over --iters launches; the collective
+stream is kept busy for the whole window (two collectives are enqueued per compute launch, plus a lead-in), and its
+own achieved bus bandwidth beside the compute is reported too. Max over ranks.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+def make_compute(kind: str):
+    """Returns (label, fn, work description) for one compute kernel on the current stream."""
+    if kind == "gemm":
+        n = 8192
+        a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+        b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+        c = torch.empty(n, n, dtype=torch.bfloat16, device="cuda")
+        return "bf16 GEMM 8192^3", (lambda: torch.mm(a, b, out=c)), {"flops": 2 * n ** 3}
+    if kind == "membound":
+        numel = (1 << 30) // 2  # 1 GiB of bf16 per operand
+        x = torch.randn(numel, dtype=torch.bfloat16, device="cuda")
+        y = torch.randn(numel, dtype=torch.bfloat16, device="cuda")
+        z = torch.empty_like(x)
+        return "add of 1 GiB bf16 tensors", (lambda: torch.add(x, y, out=z)), {"bytes": 3 * numel * 2}
+    raise ValueError(kind)
+
+
+def time_compute_alone(fn, iters: int, warmup: int) -> float:
+    times = C.time_op_ms(fn, iters, warmup, torch.cuda.synchronize)
+    return C.max_over_ranks(C.median(times[2:] if len(times) > 4 else times))
+
+
+def time_compute_beside(fn, v: C.Variant, iters: int, warmup: int, group, per_launch: int, lead_in: int):
+    """Compute on the current stream, collective `v` on a side stream, launched interleaved so the side stream
+    always has queued work while the compute runs. Returns (median compute ms, mean collective ms beside)."""
+    compute = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    side.wait_stream(compute)
+    for _ in range(warmup):
+        fn()
+    c_events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    s_start, s_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    n_coll = 0
+    with torch.cuda.stream(side):
+        s_start.record()
+        for _ in range(lead_in):
+            v.run()
+            n_coll += 1
+    for start, end in c_events:
+        with torch.cuda.stream(side):
+            for _ in range(per_launch):
+                v.run()
+                n_coll += 1
+        start.record()
+        fn()
+        end.record()
+    with torch.cuda.stream(side):
+        s_end.record()
+    compute.wait_stream(side)
+    C.settle(v, group)
+    times = [s.elapsed_time(e) for s, e in c_events]
+    # The first launches may start before the side stream has ramped up; the median ignores them anyway.
+    return C.max_over_ranks(C.median(times[2:])), C.max_over_ranks(s_start.elapsed_time(s_end) / n_coll)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size-mib", type=int, default=256, help="all-gather size per rank, MiB")
+    p.add_argument("--iters", type=int, default=40, help="compute launches timed per measurement")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--per-launch", type=int, default=2, help="collectives enqueued per compute launch")
+    p.add_argument("--compute", default="gemm,membound")
+    p.add_argument("--variants", default=",".join(C.VARIANTS))
+    p.add_argument("--out", help="JSON result path (written by rank 0)")
+    args = p.parse_args()
+
+    nbytes = args.size_mib << 20
+    C.size_pool_env(nbytes, int(os.environ.get("WORLD_SIZE", "1")))
+    rank, world, _ = C.init()
+    group = dist.group.WORLD
+    info = C.header(f"compute slowdown beside all-gathers of {args.size_mib} MiB per rank, {world} ranks")
+    variants = [v for v in args.variants.split(",") if v]
+    computes = [c for c in args.compute.split(",") if c]
+
+    count = nbytes // 2
+    inp = torch.randn(count, dtype=torch.bfloat16, device="cuda")
+    results, na = [], {}
+    failed_ce = ""
+    # Collective alone, for reference.
+    coll_alone = {}
+    for name in variants:
+        v = C.make_variant(name, inp, group)
+        if C.sum_over_ranks(0 if v.run else 1):
+            na[name] = v.na_reason or "not available on every rank"
+            continue
+        try:
+            dist.barrier()
+            coll_alone[name] = C.max_over_ranks(C.median(C.time_op_ms(v.run, 20, 5, lambda: C.settle(v, group))))
+        except Exception as e:  # noqa: BLE001
+            C.print_exc_rank()
+            na[name] = C.format_exc_line(e)
+            if name.startswith("ce_"):
+                failed_ce = na[name]
+        del v
+
+    for kind in computes:
+        label, fn, work = make_compute(kind)
+        dist.barrier()
+        alone_ms = time_compute_alone(fn, args.iters, args.warmup)
+        row = {"compute": kind, "label": label, "variant": None, "compute_ms": alone_ms, "slowdown_pct": 0.0}
+        if "flops" in work:
+            row["tflops"] = work["flops"] / (alone_ms / 1e3) / 1e12
+        if "bytes" in work:
+            row["hbm_gbps"] = work["bytes"] / (alone_ms / 1e3) / 1e9
+        results.append(row)
+        for name in variants:
+            if name in na:
+                results.append({"compute": kind, "label": label, "variant": name, "na": na[name]})
+                continue
+            if name.startswith("ce_") and failed_ce:
+                results.append({"compute": kind, "label": label, "variant": name, "na": failed_ce})
+                continue
+            v = C.make_variant(name, inp, group)
+            if C.sum_over_ranks(0 if v.run else 1):
+                results.append({"compute": kind, "label": label, "variant": name, "na": v.na_reason})
+                continue
+            try:
+                dist.barrier()
+                beside_ms, coll_ms = time_compute_beside(fn, v, args.iters, args.warmup, group, args.per_launch,
+                                                         lead_in=3)
+            except Exception as e:  # noqa: BLE001
+                C.print_exc_rank()
+                reason = C.format_exc_line(e)
+                if name.startswith("ce_"):
+                    failed_ce = reason
+                results.append({"compute": kind, "label": label, "variant": name, "error": reason})
+                continue
+            finally:
+                del v
+            r = {"compute": kind, "label": label, "variant": name, "compute_ms": beside_ms,
+                 "slowdown_pct": (beside_ms / alone_ms - 1) * 100,
+                 "collective_ms_beside": coll_ms,
+                 "collective_busbw_beside_gbps": nbytes * (world - 1) / (coll_ms / 1e3) / 1e9,  # = algbw*(n-1)/n
+                 "collective_ms_alone": coll_alone.get(name)}
+            if "flops" in work:
+                r["tflops"] = work["flops"] / (beside_ms / 1e3) / 1e12
+            if "bytes" in work:
+                r["hbm_gbps"] = work["bytes"] / (beside_ms / 1e3) / 1e9
+            results.append(r)
+        del fn
+        torch.cuda.empty_cache()
+
+    C.log0()
+    C.log0(f"# collective alone (256 MiB per rank unless --size-mib): "
+           + ", ".join(f"{k} {v * 1e3:.0f} us" for k, v in coll_alone.items()))
+    C.log0(f"{'compute':<28} {'beside':<16} {'compute(us)':>12} {'slowdown%':>10} {'TFLOP/s|GB/s':>13} "
+           f"{'coll(us)':>10} {'coll busbw':>11}")
+    for r in results:
+        if "compute_ms" not in r:
+            C.log0(f"{r['label']:<28} {r['variant']:<16} n/a: {r.get('na') or r.get('error')}")
+            continue
+        rate = r.get("tflops", r.get("hbm_gbps", 0.0))
+        coll = r.get("collective_ms_beside")
+        C.log0(f"{r['label']:<28} {(r['variant'] or 'alone'):<16} {r['compute_ms'] * 1e3:>12.1f} "
+               f"{r['slowdown_pct']:>+10.1f} {rate:>13.1f} "
+               + (f"{coll * 1e3:>10.1f} {r['collective_busbw_beside_gbps']:>11.1f}" if coll else f"{'-':>10} {'-':>11}"))
+    for name, reason in na.items():
+        C.log0(f"# {name}: n/a -- {reason}")
+    ce_state = C.ce_state(group)
+    C.log0(f"# ce_overlap group state (rank 0): {ce_state}")
+    info["ce_state_rank0"] = ce_state
+    C.write_json(args.out, {"schema": "ce_overlap.bench.overlap/1", "info": info, "args": vars(args),
+                            "size_bytes_per_rank": nbytes, "collective_alone_ms": coll_alone, "results": results,
+                            "na": na})
+    rc = 0 if not any("error" in r for r in results) else 1
+    dist.barrier()
+    dist.destroy_process_group()
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""ce_overlap.runtime: copy-engine collectives from Python (the native library ce_overlap/_runtime.so).
+
+Importing this module never raises and never touches the GPU: `available()` says whether the runtime can
+run here, and why not. Everything else loads the library on first use and raises RuntimeError with the
+reason when it cannot.
+
+Ops (stream-ordered: the result is ready on the caller's current stream, no host wait):
+    torch.ops.ce_overlap.all_gather_into_tensor(input, group_size, group_name) -> Tensor
+    torch.ops.ce_overlap.all_gather_into_tensor_out(input, group_size, group_name, out=out) -> out
+    torch.ops.ce_overlap.wait_tensor(tensor) -> tensor   (raises if a CE collective timed out)
+
+Environment (read at rendezvous, must match on every rank):
+    CE_OVERLAP_POOL_MB      symmetric pool per group and rank, MiB (default 1024)
+    CE_OVERLAP_STAGING_MB   part of it used to stage inputs that are not in the pool (default min(256, pool/4))
+    CE_OVERLAP_TIMEOUT_S    an op that has not completed after this long raises (default 60)
+    CE_OVERLAP_RUNTIME_LIB  explicit path of _runtime.so (otherwise found next to the package)
+"""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import threading
+from datetime import timedelta
+from typing import NamedTuple
+
+import torch
+
+__all__ = [
+    "Availability", "available", "library_loaded", "load_library", "rendezvous", "all_gather_into_tensor",
+    "all_gather", "empty_symmetric", "is_symmetric", "synchronize", "wait_tensor", "describe",
+]
+
+
+class Availability(NamedTuple):
+    """`ok, reason = available()`; also usable as a bool (`if available(): ...`)."""
+
+    ok: bool
+    reason: str
+
+    def __bool__(self) -> bool:  # a plain tuple would always be truthy
+        return self.ok
+
+
+_lock = threading.Lock()
+_loaded_from: str | None = None
+_load_error: str | None = None
+_groups: dict[str, int] = {}  # rendezvoused group name -> world size
+
+
+def library_candidates() -> list[str]:
+    """Where the library is looked for, first match wins."""
+    found: list[str] = []
+    explicit = os.environ.get("CE_OVERLAP_RUNTIME_LIB")
+    if explicit:
+        return [explicit]
+    try:  # installed or editable (scikit-build-core's redirecting finder knows the built file)
+        spec = importlib.util.find_spec("ce_overlap._runtime")
+        if spec is not None and spec.origin:
+            found.append(spec.origin)
+    except (ImportError, ValueError):
+        pass
+    import ce_overlap
+
+    for pkg_dir in list(getattr(ce_overlap, "__path__", [])):
+        found += sorted(glob.glob(os.path.join(pkg_dir, "_runtime*.so")))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    found += sorted(glob.glob(os.path.join(repo, "build", "*", "csrc", "runtime", "_runtime.so")))
+    return list(dict.fromkeys(found))
+
+
+def _ops_registered() -> bool:
+    try:
+        torch.ops.ce_overlap._pool_blob_bytes  # noqa: B018 (attribute lookup raises when absent)
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def load_library() -> str:
+    """Loads _runtime.so once (registering torch.ops.ce_overlap.*); returns its path. RuntimeError if it cannot."""
+    global _loaded_from, _load_error
+    with _lock:
+        if _loaded_from is not None:
+            return _loaded_from
+        if _load_error is not None:
+            raise RuntimeError(_load_error)
+        if _ops_registered():  # loaded by someone else (e.g. torch.ops.load_library by hand)
+            _loaded_from = "(already registered)"
+            return _loaded_from
+        candidates = [p for p in library_candidates() if os.path.exists(p)]
+        if not candidates:
+            _load_error = ("ce_overlap runtime library (_runtime.so) not found: it is built only when a CUDA "
+                           "toolkit and a CUDA build of torch are present at install time (CE_OVERLAP_BUILD_RUNTIME); "
+                           f"looked at {library_candidates() or ['<package dir>']}")
+            raise RuntimeError(_load_error)
+        errors = []
+        for path in candidates:
+            try:
+                torch.ops.load_library(path)
+                _loaded_from = path
+                return path
+            except Exception as e:  # noqa: BLE001 (any loader failure is reported, never raised raw)
+                errors.append(f"{path}: {type(e).__name__}: {e}")
+        _load_error = "ce_overlap runtime library failed to load: " + "; ".join(errors)
+        raise RuntimeError(_load_error)
+
+
+def library_loaded() -> Availability:
+    """Whether the library loads (true on CPU-only machines too, where only the Meta kernels can run)."""
+    try:
+        return Availability(True, f"loaded from {load_library()}")
+    except RuntimeError as e:
+        return Availability(False, str(e))
+
+
+def available() -> Availability:
+    """Whether CE collectives can run in this process: library loaded and a CUDA device present."""
+    lib = library_loaded()
+    if not lib:
+        return lib
+    try:
+        if not torch.cuda.is_available():
+            return Availability(False, "torch.cuda.is_available() is False: no GPU or no CUDA driver on this machine")
+    except Exception as e:  # noqa: BLE001
+        return Availability(False, f"CUDA initialization failed: {e}")
+    return Availability(True, f"{lib.reason}; {torch.cuda.device_count()} CUDA device(s)")
+
+
+def _resolve_group(group):
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("ce_overlap.runtime needs torch.distributed initialized (init_process_group) first")
+    if group is None:
+        return dist.group.WORLD
+    if isinstance(group, str):
+        return dist.distributed_c10d._resolve_process_group(group)
+    return group
+
+
+def _timeout_s() -> float:
+    try:
+        return float(os.environ.get("CE_OVERLAP_TIMEOUT_S", "60"))
+    except ValueError:
+        return 60.0
+
+
+def rendezvous(group=None) -> str:
+    """Creates this rank's symmetric pool for `group` (default: WORLD) and maps every peer's. Collective: every
+    rank of the group must call it (the first CE collective on a group calls it implicitly). Outside CUDA graph
+    capture. Returns the group name. Refuses groups that are not fully P2P-connected or span hosts."""
+    import torch.distributed as dist
+
+    load_library()
+    group = _resolve_group(group)
+    name = group.group_name
+    if name in _groups:
+        return name
+    if torch.ops.ce_overlap._has_group(name):
+        _groups[name] = dist.get_world_size(group)
+        return name
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"ce_overlap.rendezvous of group '{name}' must happen outside CUDA graph capture")
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    device = torch.cuda.current_device()
+    store = dist.distributed_c10d._get_default_store()
+    prefix = f"ce_overlap/pool/{name}/"
+    keys = [f"{prefix}{r}" for r in range(world)]
+    blob = torch.ops.ce_overlap._pool_create(name, rank, world, device)
+    try:
+        store.set(keys[rank], blob.numpy().tobytes())
+        timeout = _timeout_s()
+        try:
+            store.wait(keys, timedelta(seconds=timeout))
+        except Exception as e:  # noqa: BLE001 (store timeouts have backend-specific types)
+            missing = [r for r in range(world) if not store.check([keys[r]])]
+            raise RuntimeError(
+                f"ce_overlap.rendezvous of group '{name}' (rank {rank} of {world}) timed out after {timeout} s: "
+                f"ranks {missing} never published their pool handle (did every rank of the group call "
+                f"ce_overlap.runtime.rendezvous or its first CE collective?). Store error: {e}") from None
+        raw = b"".join(store.get(k) for k in keys)
+        handles = torch.frombuffer(bytearray(raw), dtype=torch.uint8).reshape(world, -1)
+        torch.ops.ce_overlap._pool_open(name, handles)
+    except BaseException:
+        torch.ops.ce_overlap._pool_abort(name)
+        raise
+    _groups[name] = world
+    return name
+
+
+def _group_name_and_size(group) -> tuple[str, int]:
+    if isinstance(group, str) and group in _groups:
+        return group, _groups[group]
+    if group is not None and not isinstance(group, str):
+        name = group.group_name
+        if name in _groups:
+            return name, _groups[name]
+    name = rendezvous(group)
+    return name, _groups[name]
+
+
+def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group=None) -> None:
+    """Like torch.distributed.all_gather_into_tensor, over copy engines. `output` holds world_size * input.numel()
+    elements (any contiguous shape); shard r lands at output.flatten()[r * n:(r + 1) * n]. Stream-ordered on the
+    current stream. Zero-copy when `input` comes from empty_symmetric (on every rank, at the same offsets)."""
+    name, world = _group_name_and_size(group)
+    torch.ops.ce_overlap.all_gather_into_tensor_out(input, world, name, out=output)
+
+
+def all_gather(input: torch.Tensor, group=None) -> torch.Tensor:
+    """Functional form: returns a new tensor of shape [world_size * input.shape[0], *input.shape[1:]]."""
+    name, world = _group_name_and_size(group)
+    return torch.ops.ce_overlap.all_gather_into_tensor(input, world, name)
+
+
+def empty_symmetric(shape, dtype: torch.dtype, group=None) -> torch.Tensor:
+    """An uninitialized CUDA tensor inside the group's symmetric pool, so collectives read it in place. Allocate
+    collectively: the same shapes in the same order on every rank (offsets must match across ranks)."""
+    name, _ = _group_name_and_size(group)
+    if isinstance(shape, int):
+        shape = (shape,)
+    return torch.ops.ce_overlap._empty_symmetric([int(s) for s in shape], dtype, name)
+
+
+def is_symmetric(tensor: torch.Tensor, group=None) -> bool:
+    """Whether `tensor`'s bytes lie in the group's symmetric pool (the zero-copy path)."""
+    name, _ = _group_name_and_size(group)
+    return torch.ops.ce_overlap._symmetric_offset(tensor, name) >= 0
+
+
+def synchronize(group=None, timeout_s: float | None = None) -> None:
+    """Blocks the host until every CE op enqueued on `group` completed. Raises RuntimeError with the watchdog's
+    message if one timed out (CE_OVERLAP_TIMEOUT_S). Polls: never hangs in a CUDA call."""
+    name, _ = _group_name_and_size(group)
+    torch.ops.ce_overlap._synchronize(name, float(timeout_s or 0.0))
+
+
+def wait_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """Identity on the stream (ops are stream-ordered); raises if any CE group has failed."""
+    load_library()
+    return torch.ops.ce_overlap.wait_tensor(tensor)
+
+
+def describe(group=None) -> str:
+    """One line on the group's pool and state (rank, GPU, sizes, epochs, in-flight ops, failure)."""
+    name, _ = _group_name_and_size(group)
+    return torch.ops.ce_overlap._describe(name)
