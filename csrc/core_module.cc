@@ -4,6 +4,8 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cmath>
+#include <string>
 
 #include "cost_model/analyze.h"
 #include "cost_model/cost_model.h"
@@ -26,6 +28,47 @@ py::list blocks_to_list(const Document& doc) {
     out.append(d);
   }
   return out;
+}
+
+// Arguments of the cost-model functions, checked like any other input: IrError naming the argument.
+CollectiveInfo collective_arg(const std::string& type, int64_t bytes, int64_t group_size) {
+  CollectiveInfo c;
+  try {
+    c.type = collective_type_from_string(type);
+  } catch (const IrError& e) {
+    throw IrError(std::string("type: ") + e.what());
+  }
+  constexpr int64_t kMaxBytes = int64_t{1} << 50;  // the IR's bound (docs/ir.md)
+  if (bytes < 0 || bytes > kMaxBytes) {
+    throw IrError("bytes: expected an integer in 0..2^50, got " + std::to_string(bytes));
+  }
+  if (group_size < 1 || group_size > 65536) {
+    throw IrError("group_size: expected an integer in 1..65536, got " + std::to_string(group_size));
+  }
+  c.group = "0";
+  c.group_size = static_cast<int>(group_size);
+  c.bytes = bytes;
+  if (c.type == CollectiveType::ReduceScatter || c.type == CollectiveType::AllReduce) c.reduce_op = "sum";
+  return c;
+}
+
+double window_arg(double us, const char* name) {
+  if (!std::isfinite(us) || us < 0) {
+    throw IrError(std::string(name) + ": expected a non-negative number of microseconds, got " + std::to_string(us));
+  }
+  return us;
+}
+
+py::dict cost_to_dict(const BackendCost& b) {
+  py::dict d;
+  d["cost_us"] = b.cost_us;
+  d["comm_us"] = b.comm_us;
+  d["slowdown_us"] = b.slowdown_us;
+  d["exposed_us"] = b.exposed_us;
+  d["compute_bound_slowdown"] = b.slowdown.compute_bound;
+  d["memory_bound_slowdown"] = b.slowdown.memory_bound;
+  d["algorithm"] = b.estimate.algorithm;
+  return d;
 }
 
 }  // namespace
@@ -71,6 +114,59 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("doc"), py::arg("profile"), "The analysis report (docs/analysis.md) as JSON text.",
       py::call_guard<py::gil_scoped_release>());
+
+  m.def(
+      "estimate_collective",
+      [](const Profile& profile, const std::string& type, int64_t bytes, int64_t group_size,
+         const std::string& backend) {
+        Backend b;
+        try {
+          b = backend_from_string(backend);
+        } catch (const IrError& e) {
+          throw IrError(std::string("backend: ") + e.what());
+        }
+        return CostModel(profile).estimate(collective_arg(type, bytes, group_size), b).us;
+      },
+      py::arg("profile"), py::arg("type"), py::arg("bytes"), py::arg("group_size"), py::arg("backend") = "nccl",
+      "Predicted time in us of one collective alone (docs/cost_model.md). type: an IR collective type "
+      "(all_gather, ...); bytes as in the IR (all-gather: the shard; reduce-scatter: the full input); "
+      "backend: nccl or ce. Raises IrError when CE cannot serve the group (spans nodes, no P2P).");
+
+  m.def(
+      "decide",
+      [](const Profile& profile, const std::string& type, int64_t bytes, int64_t group_size,
+         double window_compute_bound_us, double window_memory_bound_us) {
+        const CollectiveInfo c = collective_arg(type, bytes, group_size);
+        const OverlapWindow w{window_arg(window_compute_bound_us, "window_compute_bound_us"),
+                              window_arg(window_memory_bound_us, "window_memory_bound_us")};
+        const Decision d = CostModel(profile).decide(c, w);
+        py::dict out;
+        out["choice"] = to_string(d.choice);
+        out["nccl_us"] = d.nccl.cost_us;
+        out["ce_us"] = d.ce ? py::cast(d.ce->cost_us) : py::none();
+        out["reason"] = d.reason;
+        out["nccl"] = cost_to_dict(d.nccl);
+        out["ce"] = d.ce ? py::object(cost_to_dict(*d.ce)) : py::none();
+        return out;
+      },
+      py::arg("profile"), py::arg("type"), py::arg("bytes"), py::arg("group_size"),
+      py::arg("window_compute_bound_us") = 0.0, py::arg("window_memory_bound_us") = 0.0,
+      "NCCL or CE for one collective with `window` compute beside it: dict(choice, nccl_us, ce_us, reason, "
+      "nccl, ce). nccl_us / ce_us: what the collective adds to the step (exposed time + slowdown of the "
+      "window); ce_us is None when CE cannot serve the group. docs/cost_model.md.");
+
+  m.def(
+      "check_topology",
+      [](const std::string& text) {
+        nlohmann::json j;
+        try {
+          j = nlohmann::json::parse(text);
+        } catch (const nlohmann::json::parse_error& e) {
+          throw IrError(std::string("malformed JSON: ") + e.what());
+        }
+        return topology_to_json(topology_from_json(j)).dump();
+      },
+      py::arg("text"), "Validate a profile's topology object (JSON text); returns it in canonical form.");
 
   m.def(
       "time_load_and_analyze",

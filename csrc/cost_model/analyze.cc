@@ -2,6 +2,7 @@
 // collectives, FLOPs and (exposed) time per block into the ce_overlap.analysis/1 report.
 #include "analyze.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <numeric>
@@ -52,6 +53,7 @@ struct Row {
   double compute_us = 0;
   double comm_us = 0;
   double exposed_comm_us = 0;
+  int64_t ce_candidates = 0;  // collectives CostModel::decide would give to the copy engines
 
   void add(const Row& o) {
     forward_all_gather_count += o.forward_all_gather_count;
@@ -67,11 +69,12 @@ struct Row {
     compute_us += o.compute_us;
     comm_us += o.comm_us;
     exposed_comm_us += o.exposed_comm_us;
+    ce_candidates += o.ce_candidates;
   }
 };
 
 ordered_json row_json(int block, const std::string& path, const std::string& type, const Row& r) {
-  ordered_json j = object_with_capacity(16);
+  ordered_json j = object_with_capacity(17);
   j["block"] = block;
   j["path"] = path;
   j["type"] = type;
@@ -88,10 +91,31 @@ ordered_json row_json(int block, const std::string& path, const std::string& typ
   j["compute_us"] = r.compute_us;
   j["comm_us"] = r.comm_us;
   j["exposed_comm_us"] = r.exposed_comm_us;
+  j["ce_candidates"] = r.ce_candidates;
   return j;
 }
 
 const char* stream_name(Stream s) { return s == Stream::Comm ? "comm" : "compute"; }
+
+// Per collective node id, the compute that ran beside it in the simulated timeline, by kernel class.
+// Both streams run their events back to back in time order, so one sweep pairs them.
+std::vector<OverlapWindow> windows_beside(const Graph& g, const Timeline& tl, const CostModel& model) {
+  std::vector<OverlapWindow> out(g.nodes.size());
+  std::vector<const TimelineEvent*> compute, comm;
+  for (const TimelineEvent& ev : tl.events) (ev.stream == Stream::Comm ? comm : compute).push_back(&ev);
+  size_t first = 0;
+  for (const TimelineEvent* c : comm) {
+    while (first < compute.size() && compute[first]->end_us <= c->start_us) ++first;
+    for (size_t k = first; k < compute.size() && compute[k]->start_us < c->end_us; ++k) {
+      const double overlap = std::min(c->end_us, compute[k]->end_us) - std::max(c->start_us, compute[k]->start_us);
+      if (overlap <= 0) continue;
+      OverlapWindow& w = out[static_cast<size_t>(c->node)];
+      const Node& node = g.nodes[static_cast<size_t>(compute[k]->node)];
+      (model.compute_bound(node) ? w.compute_bound_us : w.memory_bound_us) += overlap;
+    }
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -116,6 +140,7 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
     const Timeline tl = simulate(g, order, durations);
     const MemoryEstimate mem = peak_memory(g, order);
     const CriticalPath cp = critical_path(g, durations);
+    const std::vector<OverlapWindow> windows = windows_beside(g, tl, model);
 
     double compute_us = 0;
     double comm_us = 0;
@@ -141,6 +166,7 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
       exposed_us += exposed;
       row.comm_us += durations[i];
       row.exposed_comm_us += exposed;
+      if (model.decide(c, windows[i]).choice == Backend::Ce) ++row.ce_candidates;
       switch (c.type) {
         case CollectiveType::AllGather: {  // what it produces: every rank's shard
           int64_t& count = backward ? row.backward_all_gather_count : row.forward_all_gather_count;

@@ -1,14 +1,28 @@
-// Time estimates per IR node: a roofline for compute kernels, an alpha-beta ring model for NCCL
-// collectives. Units: microseconds; GB/s = 1e9 bytes/s, so bytes / (gbps * 1e3) is microseconds.
+// The cost model (docs/cost_model.md): a roofline with a GEMM efficiency ramp for compute, NCCL's own
+// line-per-protocol model for ring/tree collectives, per-peer copies for the copy engines, SM and HBM
+// contention kept apart, and the NCCL/CE decision. GB/s = 1e9 bytes/s, so bytes / (gbps * 1e3) is us.
 #include "cost_model.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <limits>
 #include <string>
 #include <utility>
 
 namespace ce_overlap {
 
 namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// Traffic is never charged more than this share of the achievable HBM bandwidth: the sharing
+// formula R / (H - R) would diverge at R = H.
+constexpr double kMaxHbmShare = 0.9;
+
+double us_for(double bytes, double gbps) { return bytes / (gbps * 1e3); }
+
+bool reduces(CollectiveType t) { return t == CollectiveType::ReduceScatter || t == CollectiveType::AllReduce; }
 
 // Ring algorithm: bytes each rank moves over its link, and the number of sequential steps.
 struct RingShape {
@@ -29,7 +43,8 @@ RingShape ring_shape(const CollectiveInfo& c) {
       return {2.0 * hops / n * bytes, 2 * hops};
     case CollectiveType::AllToAll:
       return {hops / n * bytes, hops};
-    case CollectiveType::Broadcast:
+    case CollectiveType::Broadcast:  // pipelined along the ring: every byte crosses each link once
+      return {bytes, hops};
     case CollectiveType::Send:
     case CollectiveType::Recv:
       return {bytes, 1};
@@ -37,16 +52,83 @@ RingShape ring_shape(const CollectiveInfo& c) {
   return {bytes, 1};
 }
 
+// HBM bytes per bus byte on one GPU: copies read what they send and write what they receive;
+// reductions also read the local operand.
+double nccl_hbm_per_bus_byte(CollectiveType t) {
+  switch (t) {
+    case CollectiveType::ReduceScatter:
+      return 3.0;
+    case CollectiveType::AllReduce:
+      return 2.5;
+    case CollectiveType::Send:
+    case CollectiveType::Recv:
+      return 1.0;
+    default:
+      return 2.0;
+  }
+}
+
+std::string fixed(const char* fmt, double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, x);
+  return buf;
+}
+
+std::string format_us(double us) { return us >= 100 ? fixed("%.2f ms", us / 1000) : fixed("%.1f us", us); }
+std::string format_pct(double fraction) { return fixed("%.0f%%", 100 * fraction); }
+
+bool starts_with_nvlink(const std::string& kind) {
+  std::string k = kind.substr(0, 6);
+  std::transform(k.begin(), k.end(), k.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  return k == "nvlink";
+}
+
+// Time at `bytes` on a calibrated curve: a power law between neighbouring points (linear in
+// log-log space, exact for purely latency- or bandwidth-bound segments), the first point's time
+// below the table, and the last segment's marginal rate above it.
+double curve_us(const Curve& curve, double bytes) {
+  const std::vector<CurvePoint>& p = curve.points;
+  if (bytes <= p.front().bytes) return p.front().us;
+  for (size_t i = 1; i < p.size(); ++i) {
+    if (bytes <= p[i].bytes) {
+      const double f = std::log(bytes / p[i - 1].bytes) / std::log(p[i].bytes / p[i - 1].bytes);
+      return p[i - 1].us * std::pow(p[i].us / p[i - 1].us, f);
+    }
+  }
+  const CurvePoint& a = p[p.size() - 2];
+  const CurvePoint& b = p.back();
+  return b.us + (bytes - b.bytes) * (b.us - a.us) / (b.bytes - a.bytes);
+}
+
 }  // namespace
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 5) {
+    bytes /= 1024;
+    ++u;
+  }
+  std::string s = fixed(u == 0 || bytes >= 100 ? "%.0f" : "%.1f", bytes);
+  if (s.size() > 2 && s.compare(s.size() - 2, 2, ".0") == 0) s.resize(s.size() - 2);
+  return s + " " + units[u];
+}
 
 CostModel::CostModel(Profile profile) : profile_(std::move(profile)) {
   // A profile built in memory gets the loader's checks too: a zero bandwidth must fail here, not
   // turn every estimate into infinity later.
   profile_from_json(profile_to_json(profile_));
+  const TopologySpec& t = profile_.topology;
+  ring_prefix_gbps_.assign(static_cast<size_t>(t.gpus_per_node), kInf);
+  for (int k = 1; k < t.gpus_per_node; ++k) {
+    ring_prefix_gbps_[k] = std::min(ring_prefix_gbps_[k - 1], t.link(k - 1, k).gbps_per_direction);
+  }
 }
 
-double CostModel::compute_us(const Node& node) const {
-  if (node.kind != NodeKind::Compute) return 0.0;
+// ---------------------------------------------------------------------------------------------
+// Compute
+
+CostModel::Roofline CostModel::roofline(const Node& node) const {
   const GpuSpec& gpu = profile_.gpu;
   const EfficiencySpec& eff = profile_.efficiency;
   // Half-precision types run on tensor cores; everything else is charged the fp32 (non-tensor-core) peak.
@@ -55,25 +137,364 @@ double CostModel::compute_us(const Node& node) const {
     const std::string& dtype = node.outputs.front().dtype;
     if (dtype == "bfloat16" || dtype == "float16") peak_tflops = gpu.peak_bf16_tflops;
   }
-  const double flops_us = static_cast<double>(node.flops) / (peak_tflops * 1e6 * eff.gemm);
-  const double memory_us = static_cast<double>(node.bytes_accessed) / (gpu.hbm_gbps * 1e3 * eff.memory);
-  return std::max({flops_us, memory_us, eff.kernel_launch_us});
+  // Efficiency gemm x F / (F + ramp): small GEMMs leave SMs idle (too few output tiles for one wave).
+  // Written as (F + ramp) / (peak x gemm) the time is monotone in F.
+  const double flops = static_cast<double>(node.flops);
+  Roofline r;
+  r.flops_us = flops > 0 ? (flops + eff.gemm_ramp_flops) / (peak_tflops * 1e6 * eff.gemm) : 0.0;
+  r.memory_us = static_cast<double>(node.bytes_accessed) / (gpu.hbm_gbps * 1e3 * eff.memory);
+  return r;
 }
 
-// Built-in NCCL parameters (h200-sxm, carried over to h100-sxm): a minimax fit of busbw to the measured
-// 2 x H200 all-gather (MEASURED.md). Two ranks take one ring step, so only base + per_step = 21.3 us is
-// fitted (split 19.3 + 2.0 by assumption) and bus_efficiency 0.526 (251 GB/s of the 478 GB/s link):
-//   MiB/rank    4      16     64     256
-//   measured    115    183    232    257   GB/s
-//   model       110.4  190.6  232.8  246.5 GB/s  (-4.0% +4.1% +0.4% -4.1%)
-double CostModel::collective_us(const CollectiveInfo& c) const {
-  if (c.group_size <= 1) return 0.0;  // nothing to exchange
-  const RingShape ring = ring_shape(c);
-  const LinkSpec& link =
-      c.group_size <= profile_.topology.gpus_per_node ? profile_.topology.intra_node : profile_.topology.inter_node;
+double CostModel::compute_us(const Node& node) const {
+  if (node.kind != NodeKind::Compute) return 0.0;
+  const Roofline r = roofline(node);
+  return std::max({r.flops_us, r.memory_us, profile_.efficiency.kernel_launch_us});
+}
+
+bool CostModel::compute_bound(const Node& node) const {
+  if (node.kind != NodeKind::Compute || node.flops <= 0) return false;
+  const Roofline r = roofline(node);  // without the launch floor, which would make tiny kernels ties
+  return r.flops_us >= r.memory_us;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Placement: a group of n ranks occupies GPUs 0..n-1, filling node 0 first.
+
+CostModel::Placement CostModel::place(int group_size) const {
+  const TopologySpec& t = profile_.topology;
+  const int g = t.gpus_per_node;
+  Placement p;
+  p.nodes = (group_size + g - 1) / g;
+  if (p.nodes == 1) {
+    p.ring_gbps = std::min(ring_prefix_gbps_[group_size - 1], t.link(group_size - 1, 0).gbps_per_direction);
+    return p;
+  }
+  if (!t.inter_node) {
+    throw IrError("a group of " + std::to_string(group_size) + " ranks spans " + std::to_string(p.nodes) +
+                  " nodes of " + std::to_string(g) + " GPUs, but the profile has no topology.inter_node link");
+  }
+  // The ring runs through node 0 (full) and leaves every node over the inter-node link.
+  p.ring_gbps = ring_prefix_gbps_[g - 1];
+  return p;
+}
+
+std::optional<std::string> CostModel::ce_blocker(int group_size) const {
+  if (group_size <= 1) return std::nullopt;
+  const TopologySpec& t = profile_.topology;
+  const int g = t.gpus_per_node;
+  const int nodes = (group_size + g - 1) / g;
+  if (nodes > 1) {
+    const bool nvlink = g >= 2 && starts_with_nvlink(t.link(0, 1).kind);
+    return "group spans " + std::to_string(nodes) + " nodes; CE needs one " + (nvlink ? "NVLink" : "P2P") + " domain";
+  }
+  for (int i = 0; i < group_size; ++i) {
+    for (int j = i + 1; j < group_size; ++j) {
+      const LinkSpec& l = t.link(i, j);
+      if (l.p2p) continue;
+      std::string why = "no P2P between ranks " + std::to_string(i) + " and " + std::to_string(j) + " (" + l.kind +
+                        " link";
+      if (t.numa_node[i] != t.numa_node[j]) {
+        why += ", NUMA nodes " + std::to_string(t.numa_node[i]) + " and " + std::to_string(t.numa_node[j]);
+      }
+      return why + ")";
+    }
+  }
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------------------
+// NCCL: for each protocol line, ring (and, across nodes, tree for all-reduce); NCCL runs the fastest.
+
+CollectiveEstimate CostModel::nccl_estimate(const CollectiveInfo& c) const {
+  CollectiveEstimate e;
+  e.backend = Backend::Nccl;
+  e.algorithm = "none";
+  if (c.group_size <= 1) return e;  // nothing to exchange
   const NcclSpec& nccl = profile_.nccl;
-  return nccl.base_latency_us + ring.steps * nccl.per_step_latency_us +
-         ring.bus_bytes / (link.gbps_per_direction * 1e3 * nccl.bus_efficiency);
+  const Placement pl = place(c.group_size);
+  const bool spans = pl.nodes > 1;
+  const RingShape ring = ring_shape(c);
+  const double red = reduces(c.type) ? nccl.reduction_bandwidth_factor : 1.0;
+  // As in NCCL's tuner, only the steps that cross nodes pay the inter-node latency.
+  const int inter_steps = !spans                                 ? 0
+                          : c.type == CollectiveType::AllReduce ? 2 * (pl.nodes - 1)
+                          : c.type == CollectiveType::Send || c.type == CollectiveType::Recv ? 1
+                                                                 : pl.nodes - 1;
+  const double extra_step_us = spans ? nccl.inter_node_step_latency_us : 0.0;
+
+  double best = kInf;
+  for (const NcclProtocol& proto : nccl.protocols) {
+    double gbps = pl.ring_gbps * proto.bus_efficiency;
+    if (spans) gbps = std::min(gbps, profile_.topology.inter_node->gbps_per_direction * nccl.inter_node_bus_efficiency);
+    gbps *= red;
+    const double step_us = proto.per_step_latency_us + extra_step_us;  // one inter-node step
+    const double ring_latency =
+        proto.base_latency_us + ring.steps * proto.per_step_latency_us + inter_steps * extra_step_us;
+    const double ring_us = ring_latency + us_for(ring.bus_bytes, gbps);
+    if (ring_us < best) {
+      best = ring_us;
+      e.latency_us = ring_latency;
+      e.algorithm = "ring/" + proto.name;
+    }
+    if (c.type == CollectiveType::AllReduce && spans) {
+      // Tree: a chain inside each node, a binary tree across nodes, up then down; every byte goes up
+      // and comes down, so 2 x bytes cross the bottleneck link (NCCL's tree bandwidth ratio 1/2).
+      const int in_node = std::min(c.group_size, profile_.topology.gpus_per_node);
+      const int depth = static_cast<int>(std::ceil(std::log2(static_cast<double>(pl.nodes))));
+      const double tree_latency = proto.base_latency_us + 2.0 * (in_node - 1) * proto.per_step_latency_us +
+                                  2.0 * depth * step_us;
+      const double tree_us = tree_latency + us_for(2.0 * static_cast<double>(c.bytes), gbps);
+      if (tree_us < best) {
+        best = tree_us;
+        e.latency_us = tree_latency;
+        e.algorithm = "tree/" + proto.name;
+      }
+    }
+  }
+  e.us = best;
+  e.phases.push_back({best, nccl.channels, nccl_hbm_per_bus_byte(c.type) * ring.bus_bytes});
+  return e;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Copy engines: every rank pulls from its peers' mapped memory; a rank's copies share its engines
+// (copy_engines at a time) and its link port (switched fabric: the fastest of its pairs).
+
+CollectiveEstimate CostModel::ce_estimate(const CollectiveInfo& c) const {
+  if (auto blocker = ce_blocker(c.group_size)) throw IrError("ce: " + *blocker);
+  CollectiveEstimate e;
+  e.backend = Backend::Ce;
+  e.algorithm = "none";
+  const int n = c.group_size;
+  if (n <= 1) return e;
+  const CeSpec& ce = profile_.ce;
+  const TopologySpec& t = profile_.topology;
+  const double bytes = static_cast<double>(c.bytes);
+
+  // Slowest port and slowest pair in the group.
+  double port_gbps = kInf, pair_gbps = kInf;
+  for (int i = 0; i < n; ++i) {
+    double port_i = 0;
+    for (int j = 0; j < n; ++j) {
+      if (i == j) continue;
+      const double g = t.link(i, j).gbps_per_direction;
+      port_i = std::max(port_i, g);
+      pair_gbps = std::min(pair_gbps, g);
+    }
+    port_gbps = std::min(port_gbps, port_i);
+  }
+
+  // n - 1 pulls of `chunk` bytes per rank, every rank at once (both directions of each link busy).
+  auto pull_all = [&](double chunk) {
+    const int copies = n - 1;
+    const int engines = std::min(copies, profile_.gpu.copy_engines);
+    const int waves = (copies + engines - 1) / engines;
+    const double eff = ce.bidirectional_efficiency;
+    const double rank_gbps = std::min(port_gbps * eff, engines * ce.engine_gbps);
+    const double bw_us = std::max(us_for(copies * chunk, rank_gbps),
+                                  us_for(chunk, std::min(pair_gbps * eff, ce.engine_gbps)));
+    const double latency = ce.signal_latency_us + waves * ce.copy_latency_us;
+    return std::make_pair(latency, CollectivePhase{latency + bw_us, 0, 2.0 * copies * chunk});
+  };
+  // Reduction of n chunks of `chunk` bytes (own + staged) into one, on reduce_sms SMs.
+  auto reduce = [&](double chunk) {
+    const double hbm = (n + 1) * chunk;
+    const double gbps =
+        std::min(profile_.gpu.hbm_gbps * profile_.efficiency.memory, ce.reduce_sms * ce.reduce_gbps_per_sm);
+    const double latency = profile_.efficiency.kernel_launch_us;
+    return std::make_pair(latency, CollectivePhase{latency + us_for(hbm, gbps), ce.reduce_sms, hbm});
+  };
+  auto add = [&](std::pair<double, CollectivePhase> part) {
+    e.latency_us += part.first;
+    e.us += part.second.us;
+    e.phases.push_back(part.second);
+  };
+
+  switch (c.type) {
+    case CollectiveType::AllGather:
+      e.algorithm = "ce/pull";
+      add(pull_all(bytes));
+      break;
+    case CollectiveType::AllToAll:
+      e.algorithm = "ce/pull";
+      add(pull_all(bytes / n));
+      break;
+    case CollectiveType::ReduceScatter:
+      e.algorithm = "ce/a2a+reduce";
+      add(pull_all(bytes / n));
+      add(reduce(bytes / n));
+      break;
+    case CollectiveType::AllReduce:
+      e.algorithm = "ce/a2a+reduce+pull";
+      add(pull_all(bytes / n));
+      add(reduce(bytes / n));
+      add(pull_all(bytes / n));
+      break;
+    case CollectiveType::Broadcast: {
+      // Every peer pulls the root's buffer with its own engine; the root's port carries n - 1 copies.
+      e.algorithm = "ce/pull";
+      const double eff = ce.one_way_efficiency;
+      const double bw_us = std::max(us_for((n - 1) * bytes, port_gbps * eff),
+                                    us_for(bytes, std::min(pair_gbps * eff, ce.engine_gbps)));
+      const double latency = ce.signal_latency_us + ce.copy_latency_us;
+      add({latency, CollectivePhase{latency + bw_us, 0, (n - 1) * bytes}});
+      break;
+    }
+    case CollectiveType::Send:
+    case CollectiveType::Recv: {
+      e.algorithm = "ce/copy";
+      const double latency = ce.signal_latency_us + ce.copy_latency_us;
+      const double gbps = std::min(t.link(0, 1).gbps_per_direction * ce.one_way_efficiency, ce.engine_gbps);
+      const double bw_us = us_for(bytes, gbps);
+      add({latency, CollectivePhase{latency + bw_us, 0, bytes}});
+      break;
+    }
+  }
+  return e;
+}
+
+const Curve* CostModel::find_curve(const CollectiveInfo& c, Backend backend) const {
+  for (const Curve& curve : profile_.curves) {
+    if (curve.collective == c.type && curve.backend == backend && curve.group_size == c.group_size) return &curve;
+  }
+  return nullptr;
+}
+
+CollectiveEstimate CostModel::estimate(const CollectiveInfo& c, Backend backend) const {
+  CollectiveEstimate e = backend == Backend::Nccl ? nccl_estimate(c) : ce_estimate(c);
+  const Curve* curve = c.group_size > 1 ? find_curve(c, backend) : nullptr;
+  if (curve == nullptr || e.us <= 0) return e;
+  // Measured time replaces the model's; the model still says which resources the phases hold.
+  const double measured = curve_us(*curve, static_cast<double>(c.bytes));
+  const double scale = measured / e.us;
+  for (CollectivePhase& ph : e.phases) ph.us *= scale;
+  e.latency_us = std::min(e.latency_us, measured);
+  e.us = measured;
+  e.algorithm = "curve (" + e.algorithm + ")";
+  return e;
+}
+
+double CostModel::collective_us(const CollectiveInfo& c) const { return estimate(c, Backend::Nccl).us; }
+
+// ---------------------------------------------------------------------------------------------
+// Contention
+
+Slowdown CostModel::slowdown_beside(const CollectivePhase& phase) const {
+  if (phase.us <= 0) return {};
+  const double sms = profile_.gpu.sms;
+  const double sm_term = phase.sms / (sms - phase.sms);  // validation keeps phase.sms < sms
+  const double hbm = profile_.gpu.hbm_gbps * profile_.efficiency.memory;
+  const double rate_gbps = std::min(phase.hbm_bytes / phase.us / 1e3, kMaxHbmShare * hbm);
+  const double hbm_term = rate_gbps / (hbm - rate_gbps);
+  const ContentionSpec& con = profile_.contention;
+  return {con.compute_bound.sm_sensitivity * sm_term + con.compute_bound.hbm_sensitivity * hbm_term,
+          con.memory_bound.sm_sensitivity * sm_term + con.memory_bound.hbm_sensitivity * hbm_term};
+}
+
+BackendCost CostModel::cost(const CollectiveInfo& c, Backend backend, const OverlapWindow& window) const {
+  BackendCost out;
+  out.estimate = estimate(c, backend);
+  const double window_us = std::max(0.0, window.compute_bound_us) + std::max(0.0, window.memory_bound_us);
+  const double cb_share = window_us > 0 ? std::max(0.0, window.compute_bound_us) / window_us : 0.0;
+  const double t_alone = out.estimate.us;
+
+  // The collective's own slowdown while the window runs beside it.
+  const CollectiveSensitivity& own =
+      backend == Backend::Nccl ? profile_.contention.nccl_beside_compute : profile_.contention.ce_beside_compute;
+  const double own_slowdown = cb_share * own.compute_bound + (1 - cb_share) * own.memory_bound;
+  out.comm_us = t_alone + std::min(t_alone, window_us) * own_slowdown;
+  const double stretch = t_alone > 0 ? out.comm_us / t_alone : 1.0;
+
+  // The window starts with the collective; during each phase its kernels run 1 + s times slower.
+  double remaining_us = window_us;
+  double weighted_cb = 0, weighted_mb = 0;
+  for (const CollectivePhase& alone : out.estimate.phases) {
+    CollectivePhase ph = alone;
+    ph.us *= stretch;
+    const Slowdown s = slowdown_beside(ph);
+    weighted_cb += s.compute_bound * ph.us;
+    weighted_mb += s.memory_bound * ph.us;
+    if (remaining_us <= 0) continue;
+    const double mix = cb_share * s.compute_bound + (1 - cb_share) * s.memory_bound;
+    const double work_us = ph.us / (1 + mix);  // window time (alone) this phase gets through
+    if (remaining_us <= work_us) {
+      out.slowdown_us += remaining_us * mix;
+      remaining_us = 0;
+    } else {
+      out.slowdown_us += ph.us - work_us;
+      remaining_us -= work_us;
+    }
+  }
+  if (out.comm_us > 0) out.slowdown = {weighted_cb / out.comm_us, weighted_mb / out.comm_us};
+  out.exposed_us = std::max(0.0, out.comm_us - (window_us + out.slowdown_us));
+  out.cost_us = out.exposed_us + out.slowdown_us;
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decision
+
+Decision CostModel::decide(const CollectiveInfo& c, const OverlapWindow& window) const {
+  Decision d;
+  d.nccl = cost(c, Backend::Nccl, window);
+  if (c.group_size <= 1) {
+    d.reason = "nccl: a group of 1 moves no data";
+    return d;
+  }
+  if (auto blocker = ce_blocker(c.group_size)) {
+    d.reason = "nccl: " + *blocker;
+    return d;
+  }
+  d.ce = cost(c, Backend::Ce, window);
+  const BackendCost& nccl = d.nccl;
+  const BackendCost& ce = *d.ce;
+  const double saved = std::abs(nccl.cost_us - ce.cost_us);
+  const std::string size = format_bytes(static_cast<double>(c.bytes));
+  const double window_us = std::max(0.0, window.compute_bound_us) + std::max(0.0, window.memory_bound_us);
+  const double cb_share = window_us > 0 ? std::max(0.0, window.compute_bound_us) / window_us : 0.0;
+
+  // "slows 1.9 ms of GEMMs by 22%": the window's kernels that ran beside the collective.
+  auto slows = [&](const BackendCost& b) {
+    const double overlapped = std::min(window_us, b.comm_us);
+    if (cb_share >= 0.5) {
+      return "slows " + format_us(overlapped * cb_share) + " of GEMMs by " + format_pct(b.slowdown.compute_bound);
+    }
+    return "slows " + format_us(overlapped * (1 - cb_share)) + " of memory-bound kernels by " +
+           format_pct(b.slowdown.memory_bound);
+  };
+
+  // Ties (to rounding) stay on NCCL, the backend the graph already uses.
+  if (ce.cost_us < nccl.cost_us - 1e-9 * std::max(1.0, nccl.cost_us)) {
+    d.choice = Backend::Ce;
+    const double slowdown_gain = nccl.slowdown_us - ce.slowdown_us;
+    const double exposed_gain = nccl.exposed_us - ce.exposed_us;
+    if (slowdown_gain > 0 && slowdown_gain >= exposed_gain) {
+      d.reason = "ce: saves " + format_us(saved) + " (NCCL " + slows(nccl) + ")";
+    } else {
+      d.reason = "ce: saves " + format_us(saved) + " (" + size + " in " + format_us(ce.comm_us) + " vs " +
+                 format_us(nccl.comm_us) + " on NCCL)";
+    }
+    return d;
+  }
+
+  d.choice = Backend::Nccl;
+  const CollectiveEstimate& ce_est = ce.estimate;
+  if (ce_est.latency_us >= 0.5 * ce_est.us) {
+    d.reason = "nccl: " + size + " is latency-bound; CE per-copy latency loses";
+  } else if (reduces(c.type) && ce_est.phases.size() >= 2 && ce_est.phases[1].us >= saved) {
+    std::string type = to_string(c.type);
+    std::replace(type.begin(), type.end(), '_', '-');
+    d.reason = "nccl: saves " + format_us(saved) + " (CE " + type + " adds a " +
+               std::to_string(profile_.ce.reduce_sms) + "-SM reduction kernel of " + format_us(ce_est.phases[1].us) +
+               ")";
+  } else if (ce.slowdown_us - nccl.slowdown_us > nccl.exposed_us - ce.exposed_us && ce.slowdown_us > nccl.slowdown_us) {
+    d.reason = "nccl: saves " + format_us(saved) + " (CE traffic " + slows(ce) + ")";
+  } else {
+    d.reason = "nccl: saves " + format_us(saved) + " (" + size + " in " + format_us(nccl.comm_us) + " vs " +
+               format_us(ce.comm_us) + " on CE)";
+  }
+  return d;
 }
 
 double CostModel::node_us(const Node& node) const {

@@ -1,7 +1,10 @@
-// Time estimates for IR nodes. This is the interface the analyzer and planner use; issue-level
-// upgrades (calibrated curves, CE transfers, contention) change the implementation, not the callers.
+// Time estimates for IR nodes and collectives under NCCL or the copy engines, contention between a
+// collective and the compute beside it, and the per-collective NCCL/CE decision. The model and its
+// fit to measurements: docs/cost_model.md. Units: microseconds, bytes, GB/s = 1e9 bytes/s.
 #pragma once
 
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "../graph/ir.h"
@@ -9,24 +12,105 @@
 
 namespace ce_overlap {
 
+// A stretch of a collective with steady resource use: a CE reduce-scatter is a copy phase (no SMs)
+// followed by a reduction kernel (reduce_sms SMs).
+struct CollectivePhase {
+  double us = 0;
+  int sms = 0;           // SMs it holds
+  double hbm_bytes = 0;  // bytes it moves through this GPU's HBM (reads + writes)
+};
+
+struct CollectiveEstimate {
+  Backend backend = Backend::Nccl;
+  double us = 0;          // time alone
+  double latency_us = 0;  // the part that does not scale with bytes
+  std::string algorithm;  // "ring/ll128", "tree/simple", "ce/pull", "ce/a2a+reduce", ... ("curve" when calibrated)
+  std::vector<CollectivePhase> phases;  // durations sum to us
+};
+
+// Fractional slowdowns (0.22 = 22% longer) of the two kernel classes beside some traffic.
+struct Slowdown {
+  double compute_bound = 0;
+  double memory_bound = 0;
+};
+
+// The compute that runs beside a collective: kernel time alone, by class (CostModel::compute_bound).
+struct OverlapWindow {
+  double compute_bound_us = 0;
+  double memory_bound_us = 0;
+};
+
+struct BackendCost {
+  double comm_us = 0;      // collective time, including its own slowdown beside the window
+  double slowdown_us = 0;  // extra time the window's kernels take because the collective runs beside them
+  double exposed_us = 0;   // part of comm_us not hidden by the (slowed) window
+  double cost_us = 0;      // exposed_us + slowdown_us: what the collective adds to the step
+  Slowdown slowdown;       // time-weighted over the collective's phases
+  CollectiveEstimate estimate;
+};
+
+struct Decision {
+  Backend choice = Backend::Nccl;
+  BackendCost nccl;
+  std::optional<BackendCost> ce;  // absent when CE cannot serve the group (ce_blocker)
+  std::string reason;             // one line, "ce: ..." or "nccl: ..."
+};
+
 class CostModel {
  public:
   explicit CostModel(Profile profile);
 
   const Profile& profile() const { return profile_; }
 
-  // Roofline: max(flops / (peak(dtype) * gemm eff), bytes_accessed / (hbm * memory eff)), at least
-  // the launch floor. Only compute nodes cost time; view/other/wait nodes cost 0.
+  // Roofline: max(flops / (peak(dtype) x GEMM efficiency(flops)), bytes_accessed / (hbm x memory eff)),
+  // at least the launch floor. GEMM efficiency = gemm x flops / (flops + gemm_ramp_flops).
+  // Only compute nodes cost time; view/other/wait nodes cost 0.
   double compute_us(const Node& node) const;
-  // Alpha-beta NCCL time for one collective (ring algorithm; the inter-node link once the group
-  // spans more than one node).
+  // True when the FLOP side of the roofline (floor aside) dominates: SM contention slows it most.
+  bool compute_bound(const Node& node) const;
+
+  // NCCL time of one collective: what the captured graph runs and what the analyzer reports.
   double collective_us(const CollectiveInfo& c) const;
+  // Either backend. Groups are placed on GPUs 0..n-1 (nodes filled in order). Throws IrError with
+  // the blocker when backend is CE and the group cannot use it.
+  CollectiveEstimate estimate(const CollectiveInfo& c, Backend backend) const;
+  // Why CE cannot serve a group of this size ("group spans 2 nodes; ..."), or nullopt if it can.
+  std::optional<std::string> ce_blocker(int group_size) const;
+
+  // Slowdown of kernels beside one phase of a collective (SM and HBM contention, kept apart).
+  Slowdown slowdown_beside(const CollectivePhase& phase) const;
+  // The collective's cost when `window` runs beside it.
+  BackendCost cost(const CollectiveInfo& c, Backend backend, const OverlapWindow& window) const;
+  // Predicted cost under NCCL and under CE, the cheaper one, and why. A group that spans nodes or
+  // lacks P2P between any two of its GPUs always gets NCCL.
+  Decision decide(const CollectiveInfo& c, const OverlapWindow& window) const;
+
   // compute_us for compute nodes, collective_us for collectives, 0 otherwise.
   double node_us(const Node& node) const;
   std::vector<double> durations_us(const Graph& g) const;
 
  private:
+  struct Roofline {
+    double flops_us = 0;   // FLOP side, with the GEMM ramp
+    double memory_us = 0;  // HBM side
+  };
+  Roofline roofline(const Node& node) const;
+
+  struct Placement {
+    int nodes = 1;         // nodes the group spans
+    double ring_gbps = 0;  // slowest intra-node link on the ring 0 -> 1 -> ... -> n-1 (-> 0 in one node)
+  };
+  Placement place(int group_size) const;
+  CollectiveEstimate nccl_estimate(const CollectiveInfo& c) const;
+  CollectiveEstimate ce_estimate(const CollectiveInfo& c) const;
+  const Curve* find_curve(const CollectiveInfo& c, Backend backend) const;
+
   Profile profile_;
+  // ring_prefix_gbps_[k]: slowest link among pairs (i, i+1), i < k, within one node (k = 0: +inf).
+  std::vector<double> ring_prefix_gbps_;
 };
+
+// "64 KiB", "1.5 MiB", "2 GiB": sizes in reasons and tables.
+std::string format_bytes(double bytes);
 
 }  // namespace ce_overlap

@@ -1,8 +1,10 @@
-// Hardware profiles (schema ce_overlap.profile/1): the one place hardware numbers live.
-// Built-in profiles are JSON files in python/ce_overlap/profiles/; `ce-overlap calibrate` will write more.
+// Hardware profiles (schema ce_overlap.profile/2, docs/profiles.md): the one place hardware numbers live.
+// Built-in profiles are JSON files in python/ce_overlap/profiles/; `ce-overlap topo --json` writes a topology.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -10,7 +12,8 @@
 
 namespace ce_overlap {
 
-inline constexpr const char* kProfileSchema = "ce_overlap.profile/1";
+inline constexpr const char* kProfileSchema = "ce_overlap.profile/2";
+inline constexpr int kMaxGpusPerNode = 1024;
 
 struct GpuSpec {
   std::string name;
@@ -18,34 +21,109 @@ struct GpuSpec {
   double peak_bf16_tflops = 0;  // dense tensor-core peak, also used for fp16
   double peak_fp32_tflops = 0;  // non-tensor-core fp32 peak
   double hbm_gbps = 0;          // GB/s (1e9 bytes/s)
-  int copy_engines = 0;
+  int copy_engines = 0;         // async copy engines (cudaDeviceProp::asyncEngineCount)
   double memory_gib = 0;
 };
 
 struct LinkSpec {
-  std::string kind;                // "nvlink4", "pcie5", "ib-ndr", ...
-  double gbps_per_direction = 0;   // GB/s one way, per GPU
-  bool p2p = false;                // peers can map each other's memory
+  std::string kind;                // "nvlink4", "pcie5", "sys", "ib-ndr", ...
+  double gbps_per_direction = 0;   // GB/s one way; links are symmetric
+  bool p2p = false;                // the two GPUs can map each other's memory (what CE needs)
 };
 
+// A per-pair exception to the default intra-node link (compact form). gpus are local indices, a < b.
+struct PairLink {
+  int a = 0;
+  int b = 0;
+  LinkSpec link;
+};
+
+// GPUs are numbered globally; GPU g sits on node g / gpus_per_node at local index g % gpus_per_node.
+// Within a node, exactly one of two forms describes every pair: `intra_node` (a default) with optional
+// `pairs` overrides, or `matrix` (all gpus_per_node^2 entries, row-major, diagonal unused).
 struct TopologySpec {
   int gpus_per_node = 1;
-  LinkSpec intra_node;
-  LinkSpec inter_node;
+  std::vector<int> numa_node;          // per local GPU
+  std::optional<LinkSpec> intra_node;  // compact form
+  std::vector<PairLink> pairs;         // compact form overrides
+  std::vector<LinkSpec> matrix;        // per-pair form
+  std::optional<LinkSpec> inter_node;  // between nodes; absent: groups must fit one node
+
+  // The link between local GPUs a != b of one node.
+  const LinkSpec& link(int a, int b) const;
 };
 
 // What fraction of peak real kernels reach, and fixed costs.
 struct EfficiencySpec {
   double gemm = 0;             // of peak tensor-core FLOP/s, large GEMMs
+  double gemm_ramp_flops = 0;  // FLOPs at which a GEMM reaches half of `gemm` (0: no ramp)
   double memory = 0;           // of HBM bandwidth, memory-bound kernels
   double kernel_launch_us = 0; // floor per compute kernel
 };
 
-// Alpha-beta NCCL model: time = base_latency + (steps) * per_step_latency + bus_bytes / (link * bus_efficiency).
-struct NcclSpec {
+// One line of NCCL's cost model: time = base + steps x per_step + bus_bytes / (link x bus_efficiency).
+// NCCL runs the fastest line for a size, as its tuner picks a protocol.
+struct NcclProtocol {
+  std::string name;  // "ll", "ll128", "simple"
   double base_latency_us = 0;
   double per_step_latency_us = 0;
-  double bus_efficiency = 0;   // busbw / link bandwidth for large messages
+  double bus_efficiency = 0;  // busbw / link GB/s at large sizes, within one node
+};
+
+struct NcclSpec {
+  int channels = 0;  // CTAs NCCL keeps resident while a collective runs = SMs it takes
+  std::vector<NcclProtocol> protocols;
+  double reduction_bandwidth_factor = 1;  // reduce-scatter / all-reduce bus bandwidth relative to copies
+  double inter_node_step_latency_us = 0;  // added to every ring/tree step of a group that spans nodes
+  double inter_node_bus_efficiency = 0;   // busbw / inter-node link GB/s
+};
+
+// Copy-engine collectives (csrc/runtime): per-peer pulls over P2P mappings, flags for signalling.
+struct CeSpec {
+  double copy_latency_us = 0;           // per cudaMemcpyAsync, back to back on one engine
+  double signal_latency_us = 0;         // per collective: ready/done flags between ranks
+  double one_way_efficiency = 0;        // of link GB/s, traffic in one direction only
+  double bidirectional_efficiency = 0;  // of link GB/s per direction, both directions busy
+  double engine_gbps = 0;               // one copy engine's ceiling
+  int reduce_sms = 0;                   // SMs of the reduce-scatter's reduction kernel
+  double reduce_gbps_per_sm = 0;        // HBM GB/s one SM of that kernel moves
+};
+
+// Slowdown of a kernel class beside traffic that takes c SMs and R GB/s of HBM:
+//   sm_sensitivity x c / (sms - c) + hbm_sensitivity x R / (hbm x memory efficiency - R).
+struct KernelSensitivity {
+  double sm_sensitivity = 0;
+  double hbm_sensitivity = 0;
+};
+
+// Fractional slowdown of a collective while compute-bound / memory-bound kernels run beside it.
+struct CollectiveSensitivity {
+  double compute_bound = 0;
+  double memory_bound = 0;
+};
+
+struct ContentionSpec {
+  KernelSensitivity compute_bound;
+  KernelSensitivity memory_bound;
+  CollectiveSensitivity nccl_beside_compute;
+  CollectiveSensitivity ce_beside_compute;
+};
+
+enum class Backend { Nccl, Ce };
+const char* to_string(Backend b);
+Backend backend_from_string(const std::string& s);  // throws IrError listing the accepted names
+
+// Measured time vs bytes for one (collective, backend, group size); used instead of the analytic model.
+// bytes follow CollectiveInfo::bytes (all-gather: the shard; reduce-scatter: the full input).
+struct CurvePoint {
+  double bytes = 0;
+  double us = 0;
+};
+struct Curve {
+  CollectiveType collective = CollectiveType::AllGather;
+  Backend backend = Backend::Nccl;
+  int group_size = 2;
+  std::vector<CurvePoint> points;  // bytes strictly increasing, us non-decreasing, at least 2
 };
 
 struct Profile {
@@ -55,11 +133,17 @@ struct Profile {
   TopologySpec topology;
   EfficiencySpec efficiency;
   NcclSpec nccl;
+  CeSpec ce;
+  ContentionSpec contention;
+  std::vector<Curve> curves;
 };
 
 // Parse and validate; throws IrError naming the field ("gpu.hbm_gbps: expected a positive number, got -1").
 Profile load_profile(const std::string& json_text);
 Profile profile_from_json(const nlohmann::json& j);
 nlohmann::json profile_to_json(const Profile& p);
+// The topology object alone, validated against gpus_per_node rules (what `ce-overlap topo --json` emits).
+TopologySpec topology_from_json(const nlohmann::json& j, const std::string& path = "topology");
+nlohmann::json topology_to_json(const TopologySpec& t);
 
 }  // namespace ce_overlap

@@ -72,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_capture_options(ana)
 
     sub.add_parser("list", help="list zoo models and built-in profiles")
+
+    topo = sub.add_parser("topo", help="detect the local GPU topology (P2P, links, NUMA) and print it")
+    topo.add_argument("--json", action="store_true", help="print it as a profile's topology (docs/profiles.md)")
     return parser
 
 
@@ -189,9 +192,15 @@ def _cmd_list(args) -> int:
     return 0
 
 
+def _cmd_topo(args) -> int:
+    from . import topo
+
+    return topo.main(json_output=args.json)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = {"capture": _cmd_capture, "analyze": _cmd_analyze, "list": _cmd_list}[args.command]
+    handler = {"capture": _cmd_capture, "analyze": _cmd_analyze, "list": _cmd_list, "topo": _cmd_topo}[args.command]
     try:
         return handler(args)
     except CeOverlapError as e:

@@ -186,7 +186,7 @@ TEST(Analyze, TwoBlockDocument) {
                                       "backward_all_gather_bytes",
                                       "reduce_scatter_count", "reduce_scatter_bytes", "other_collective_count",
                                       "other_collective_bytes", "forward_flops", "backward_flops", "compute_us",
-                                      "comm_us", "exposed_comm_us"}));
+                                      "comm_us", "exposed_comm_us", "ce_candidates"}));
 
   // Timeline: forward AG, relu, mm; backward (shifted by the forward makespan) mm, RS, AR.
   const ordered_json& t = r["timeline"];
@@ -238,6 +238,43 @@ TEST(Analyze, EmptyBlocksStillReported) {
   ordered_json r = analyze(doc, CostModel(round_profile()));
   ASSERT_EQ(r["blocks"].size(), 3u);
   expect_row(r["blocks"][2], 2, "layers.2", 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0);
+}
+
+TEST(Analyze, CeCandidatesCountWhatDecideGivesToCe) {
+  // Block 0: an all-gather of 2 ranks beside a 1 ms GEMM: NCCL's SMs slow the GEMM, CE's copies do not.
+  // Block 1: the same beside a GEMM, but 16 ranks span two nodes: NCCL only. Outside: a 4 KiB all-gather
+  // with nothing beside it is latency-bound: NCCL.
+  Document doc;
+  doc.blocks = {{0, "layers.0", "TransformerBlock"}, {1, "layers.1", "TransformerBlock"}};
+  Graph g;
+  g.name = "forward";
+  const std::string bf16 = "bfloat16";
+  const int64_t gemm_flops = int64_t{100} * 1000 * 1000 * 1000;  // 1000 us at 100 TFLOP/s
+  add(g, "w", NodeKind::Other, "placeholder", {}, {{512, 1024}}, bf16, -1);
+  add(g, "x", NodeKind::Other, "placeholder", {}, {{1024, 1024}}, bf16, -1);
+  for (int b = 0; b < 2; ++b) {
+    const int ag = static_cast<int>(g.nodes.size());
+    add(g, "ag" + std::to_string(b), NodeKind::Collective, "_c10d_functional.all_gather_into_tensor.default", {0},
+        {{1024, 1024}}, bf16, b)
+        .collective = coll(CollectiveType::AllGather, b == 0 ? 2 : 16, 1 * kMiB);
+    add(g, "mm" + std::to_string(b), NodeKind::Compute, "aten.mm.default", {1}, {{1024, 1024}}, bf16, b, gemm_flops,
+        6 * kMiB);
+    add(g, "wait" + std::to_string(b), NodeKind::Wait, "_c10d_functional.wait_tensor.default", {ag}, {{1024, 1024}},
+        bf16, b);
+  }
+  add(g, "ag_small", NodeKind::Collective, "_c10d_functional.all_gather_into_tensor.default", {0}, {{2048}}, bf16, -1)
+      .collective = coll(CollectiveType::AllGather, 2, 4096);
+  add(g, "wait_small", NodeKind::Wait, "_c10d_functional.wait_tensor.default", {8}, {{2048}}, bf16, -1);
+  add(g, "output", NodeKind::Other, "output", {4, 7, 9}, {}, bf16, -1);
+  doc.graphs = {g};
+  ordered_json r = analyze(doc, CostModel(round_profile()));
+  EXPECT_EQ(r["blocks"][0]["ce_candidates"], 1);
+  EXPECT_EQ(r["blocks"][1]["ce_candidates"], 0);
+  EXPECT_EQ(r["outside_blocks"]["ce_candidates"], 0);
+  EXPECT_EQ(r["totals"]["ce_candidates"], 1);
+  // The hand-built document: its all-gather outlasts the relu beside it under either backend, so both
+  // cost the same (a tie stays on NCCL); nothing else overlaps compute.
+  EXPECT_EQ(analyze(two_block_doc(), CostModel(round_profile()))["totals"]["ce_candidates"], 0);
 }
 
 TEST(Analyze, RejectsInvalidDocument) {

@@ -14,6 +14,8 @@ using nlohmann::json;
 using testing::builtin_profile;
 using testing::round_profile;
 
+const char* kBuiltins[] = {"h100-sxm", "h200-sxm", "a100-sxm", "b200", "h100-pcie"};
+
 // The message of the IrError that profile_from_json throws for j, or "" if it accepts j.
 std::string error_of(const json& j) {
   try {
@@ -25,22 +27,62 @@ std::string error_of(const json& j) {
 }
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A two-GPU node in the per-pair (matrix) form, as `ce-overlap topo --json` writes it.
+json matrix_topology() {
+  return json::parse(R"({
+    "gpus_per_node": 2,
+    "numa_node": [0, 0],
+    "matrix": {
+      "kind": [["X", "nvlink4"], ["nvlink4", "X"]],
+      "gbps_per_direction": [[0, 478.0], [478.0, 0]],
+      "p2p": [[true, true], [true, true]]
+    }
+  })");
+}
+
+json with_topology(const json& topology) {
+  json j = profile_to_json(round_profile());
+  j["topology"] = topology;
+  return j;
+}
 
 TEST(Profile, BuiltinFilesLoad) {
-  for (const char* name : {"h100-sxm", "h200-sxm"}) {
+  for (const char* name : kBuiltins) {
     SCOPED_TRACE(name);
     Profile p = builtin_profile(name);
     EXPECT_EQ(p.name, name);
-    EXPECT_EQ(p.gpu.sms, 132);
-    EXPECT_DOUBLE_EQ(p.gpu.peak_bf16_tflops, 989.0);
     EXPECT_EQ(p.topology.gpus_per_node, 8);
-    EXPECT_TRUE(p.topology.intra_node.p2p);
-    EXPECT_FALSE(p.topology.inter_node.p2p);
-    EXPECT_GT(p.topology.intra_node.gbps_per_direction, p.topology.inter_node.gbps_per_direction);
+    ASSERT_TRUE(p.topology.intra_node.has_value());
+    ASSERT_TRUE(p.topology.inter_node.has_value());
+    EXPECT_FALSE(p.topology.inter_node->p2p);
+    EXPECT_TRUE(p.curves.empty());  // built-ins use the analytic model
+    // Every description says what is measured or from specs, and what is assumed.
+    EXPECT_TRUE(contains(p.description, "PUBLIC SPECS")) << p.description;
+    EXPECT_TRUE(contains(p.description, "ASSUMED")) << p.description;
+    CostModel m(p);  // and passes the model's own checks
   }
+  Profile h200 = builtin_profile("h200-sxm");
+  EXPECT_EQ(h200.gpu.sms, 132);
+  EXPECT_DOUBLE_EQ(h200.gpu.hbm_gbps, 4800.0);
+  EXPECT_EQ(h200.gpu.copy_engines, 3);
+  EXPECT_DOUBLE_EQ(h200.topology.intra_node->gbps_per_direction, 478.0);
+  EXPECT_TRUE(contains(h200.description, "MEASURED"));
   EXPECT_DOUBLE_EQ(builtin_profile("h100-sxm").gpu.hbm_gbps, 3350.0);
-  EXPECT_DOUBLE_EQ(builtin_profile("h200-sxm").gpu.hbm_gbps, 4800.0);
-  EXPECT_DOUBLE_EQ(builtin_profile("h200-sxm").topology.intra_node.gbps_per_direction, 478.0);
+  EXPECT_EQ(builtin_profile("a100-sxm").topology.intra_node->kind, "nvlink3");
+  EXPECT_EQ(builtin_profile("b200").topology.intra_node->kind, "nvlink5");
+
+  // The PCIe variant: no NVLink anywhere, P2P inside a socket only.
+  Profile pcie = builtin_profile("h100-pcie");
+  for (int a = 0; a < 8; ++a) {
+    for (int b = 0; b < 8; ++b) {
+      if (a == b) continue;
+      const LinkSpec& l = pcie.topology.link(a, b);
+      EXPECT_EQ(l.kind.find("nvlink"), std::string::npos);
+      EXPECT_EQ(l.p2p, pcie.topology.numa_node[a] == pcie.topology.numa_node[b]) << a << "-" << b;
+    }
+  }
 }
 
 TEST(Profile, RoundTrip) {
@@ -49,8 +91,12 @@ TEST(Profile, RoundTrip) {
   EXPECT_EQ(j["schema"], kProfileSchema);
   Profile q = profile_from_json(j);
   EXPECT_EQ(profile_to_json(q), j);
-  Profile h = builtin_profile("h200-sxm");
-  EXPECT_EQ(profile_to_json(load_profile(profile_to_json(h).dump())), profile_to_json(h));
+  for (const char* name : kBuiltins) {
+    Profile h = builtin_profile(name);
+    EXPECT_EQ(profile_to_json(load_profile(profile_to_json(h).dump())), profile_to_json(h)) << name;
+  }
+  json m = with_topology(matrix_topology());
+  EXPECT_EQ(profile_to_json(profile_from_json(m)), m);
 }
 
 TEST(Profile, NegativeBandwidthNamesField) {
@@ -61,15 +107,112 @@ TEST(Profile, NegativeBandwidthNamesField) {
   j["topology"]["inter_node"]["gbps_per_direction"] = 0;
   EXPECT_TRUE(starts_with(error_of(j), "topology.inter_node.gbps_per_direction: expected a positive number"))
       << error_of(j);
+  j = profile_to_json(round_profile());
+  j["topology"]["pairs"] = json::parse(R"([{"gpus": [0, 3], "kind": "pcie5", "gbps_per_direction": -5, "p2p": true}])");
+  EXPECT_EQ(error_of(j), "topology.pairs[0].gbps_per_direction: expected a positive number, got -5");
+  json t = matrix_topology();
+  t["matrix"]["gbps_per_direction"] = json::parse("[[0, -478], [-478, 0]]");
+  EXPECT_EQ(error_of(with_topology(t)),
+            "topology.matrix.gbps_per_direction[0][1]: expected a positive number, got -478");
+  j = profile_to_json(round_profile());
+  j["ce"]["engine_gbps"] = -400;
+  EXPECT_EQ(error_of(j), "ce.engine_gbps: expected a positive number, got -400");
+}
+
+TEST(Profile, MatrixMissingPairNamesIt) {
+  json t = matrix_topology();
+  t["matrix"]["gbps_per_direction"][0][1] = nullptr;
+  EXPECT_EQ(error_of(with_topology(t)), "topology.matrix.gbps_per_direction[0][1]: missing pair (0, 1)");
+  t = matrix_topology();
+  t["matrix"]["p2p"][0] = json::array({true});  // a short row
+  EXPECT_EQ(error_of(with_topology(t)), "topology.matrix.p2p[0][1]: missing pair (0, 1)");
+  t = matrix_topology();
+  t["matrix"]["kind"].erase(1);
+  EXPECT_EQ(error_of(with_topology(t)), "topology.matrix.kind[1][0]: missing pair (1, 0)");
+  t = matrix_topology();
+  t["gpus_per_node"] = 3;
+  t["numa_node"] = {0, 0, 0};
+  EXPECT_EQ(error_of(with_topology(t)), "topology.matrix.kind[0][2]: missing pair (0, 2)");
+  t = matrix_topology();
+  t["matrix"]["kind"].push_back(json::array({"X", "X"}));
+  EXPECT_EQ(error_of(with_topology(t)), "topology.matrix.kind: expected 2 rows (topology.gpus_per_node), got 3");
+}
+
+TEST(Profile, MatrixAsymmetryRejected) {
+  json t = matrix_topology();
+  t["matrix"]["gbps_per_direction"][1][0] = 450.0;
+  EXPECT_EQ(error_of(with_topology(t)),
+            "topology.matrix.gbps_per_direction[1][0]: 450.0 differs from [0][1] = 478.0 (links are symmetric: "
+            "the same GB/s each way)");
+  t = matrix_topology();
+  t["matrix"]["kind"][1][0] = "pcie5";
+  EXPECT_TRUE(starts_with(error_of(with_topology(t)), "topology.matrix.kind[1][0]: \"pcie5\" differs from [0][1]"))
+      << error_of(with_topology(t));
+  t = matrix_topology();
+  t["matrix"]["p2p"][1][0] = false;
+  EXPECT_TRUE(starts_with(error_of(with_topology(t)), "topology.matrix.p2p[1][0]: false differs from [0][1]"))
+      << error_of(with_topology(t));
+  t = matrix_topology();
+  t["matrix"]["kind"][0][0] = "nvlink4";
+  EXPECT_EQ(error_of(with_topology(t)), "topology.matrix.kind[0][0]: expected \"X\" on the diagonal, got \"nvlink4\"");
+}
+
+TEST(Profile, PairListedTwiceRejected) {
+  json j = profile_to_json(round_profile());
+  j["topology"]["pairs"] = json::parse(R"([
+      {"gpus": [0, 3], "kind": "pcie5", "gbps_per_direction": 50, "p2p": true},
+      {"gpus": [3, 0], "kind": "pcie5", "gbps_per_direction": 50, "p2p": false}])");
+  EXPECT_EQ(error_of(j), "topology.pairs[1].gpus: pair (0, 3) listed twice (also at topology.pairs[0])");
+  j["topology"]["pairs"][1]["gpus"] = {2, 8};
+  EXPECT_EQ(error_of(j),
+            "topology.pairs[1].gpus[1]: expected a local GPU index below topology.gpus_per_node = 8, got 8");
+  j["topology"]["pairs"][1]["gpus"] = {2, 2};
+  EXPECT_EQ(error_of(j), "topology.pairs[1].gpus: expected two different GPUs, got [2,2]");
+  j["topology"]["pairs"][1]["gpus"] = {1, 2};
+  EXPECT_EQ(error_of(j), "");
+  Profile p = profile_from_json(j);
+  EXPECT_FALSE(p.topology.link(2, 1).p2p);  // either order finds the override
+  EXPECT_TRUE(p.topology.link(1, 3).p2p);   // the default elsewhere
+}
+
+TEST(Profile, TopologyFormsAreExclusive) {
+  json t = matrix_topology();
+  t["intra_node"] = {{"kind", "nvlink4"}, {"gbps_per_direction", 478}, {"p2p", true}};
+  EXPECT_TRUE(starts_with(error_of(with_topology(t)),
+                          "topology.matrix: not allowed together with topology.intra_node"));
+  t = matrix_topology();
+  t.erase("matrix");
+  EXPECT_TRUE(starts_with(error_of(with_topology(t)), "topology.intra_node: missing")) << error_of(with_topology(t));
+  t = matrix_topology();
+  t["pairs"] = json::array();
+  EXPECT_TRUE(starts_with(error_of(with_topology(t)), "topology.pairs: not allowed with topology.matrix"));
+  t = matrix_topology();
+  t["numa_node"] = {0};
+  EXPECT_EQ(error_of(with_topology(t)),
+            "topology.numa_node: expected 2 entries (one per GPU of a node, topology.gpus_per_node), got 1");
+  t = matrix_topology();
+  t["gpus_per_node"] = 2048;
+  EXPECT_EQ(error_of(with_topology(t)), "topology.gpus_per_node: expected at most 1024, got 2048");
+  // The matrix form needs no inter_node link; topology_from_json reads it alone.
+  TopologySpec spec = topology_from_json(matrix_topology());
+  EXPECT_FALSE(spec.inter_node.has_value());
+  EXPECT_DOUBLE_EQ(spec.link(1, 0).gbps_per_direction, 478.0);
+  EXPECT_EQ(topology_to_json(spec), matrix_topology());
 }
 
 TEST(Profile, MissingFieldNamesField) {
   json j = profile_to_json(round_profile());
-  j["nccl"].erase("bus_efficiency");
-  EXPECT_TRUE(starts_with(error_of(j), "nccl.bus_efficiency: missing")) << error_of(j);
+  j["nccl"]["protocols"][0].erase("bus_efficiency");
+  EXPECT_TRUE(starts_with(error_of(j), "nccl.protocols[0].bus_efficiency: missing")) << error_of(j);
   j = profile_to_json(round_profile());
   j.erase("topology");
   EXPECT_TRUE(starts_with(error_of(j), "topology: missing")) << error_of(j);
+  j = profile_to_json(round_profile());
+  j.erase("ce");
+  EXPECT_TRUE(starts_with(error_of(j), "ce: missing")) << error_of(j);
+  j = profile_to_json(round_profile());
+  j["contention"]["memory_bound"].erase("hbm_sensitivity");
+  EXPECT_TRUE(starts_with(error_of(j), "contention.memory_bound.hbm_sensitivity: missing")) << error_of(j);
 }
 
 TEST(Profile, UnknownKeyNamesField) {
@@ -79,6 +222,9 @@ TEST(Profile, UnknownKeyNamesField) {
   j = profile_to_json(round_profile());
   j["extra"] = 1;
   EXPECT_TRUE(starts_with(error_of(j), "extra: unknown key")) << error_of(j);
+  j = profile_to_json(round_profile());
+  j["ce"]["latency_us"] = 1;
+  EXPECT_TRUE(starts_with(error_of(j), "ce.latency_us: unknown key")) << error_of(j);
 }
 
 TEST(Profile, EfficiencyMustBeFraction) {
@@ -88,10 +234,72 @@ TEST(Profile, EfficiencyMustBeFraction) {
     EXPECT_TRUE(starts_with(error_of(j), "efficiency.gemm: expected a number in (0, 1]")) << error_of(j);
   }
   json j = profile_to_json(round_profile());
-  j["nccl"]["bus_efficiency"] = 1.01;
-  EXPECT_TRUE(starts_with(error_of(j), "nccl.bus_efficiency: expected a number in (0, 1]")) << error_of(j);
-  j["nccl"]["bus_efficiency"] = 1.0;  // the bound itself is allowed
+  j["nccl"]["protocols"][0]["bus_efficiency"] = 1.01;
+  EXPECT_TRUE(starts_with(error_of(j), "nccl.protocols[0].bus_efficiency: expected a number in (0, 1]"))
+      << error_of(j);
+  j["nccl"]["protocols"][0]["bus_efficiency"] = 1.0;  // the bound itself is allowed
   EXPECT_EQ(error_of(j), "");
+  j["ce"]["bidirectional_efficiency"] = 0;
+  EXPECT_TRUE(starts_with(error_of(j), "ce.bidirectional_efficiency: expected a number in (0, 1]")) << error_of(j);
+}
+
+TEST(Profile, NcclAndCeSmsChecked) {
+  json j = profile_to_json(round_profile());
+  j["nccl"]["channels"] = 100;
+  EXPECT_EQ(error_of(j), "nccl.channels: expected fewer than gpu.sms = 100, got 100");
+  j = profile_to_json(round_profile());
+  j["ce"]["reduce_sms"] = 0;
+  EXPECT_EQ(error_of(j), "ce.reduce_sms: expected a positive integer, got 0");
+  j = profile_to_json(round_profile());
+  j["nccl"]["protocols"] = json::array();
+  EXPECT_EQ(error_of(j), "nccl.protocols: expected at least one protocol line, got []");
+  j = profile_to_json(round_profile());
+  j["nccl"]["protocols"].push_back(j["nccl"]["protocols"][0]);
+  EXPECT_EQ(error_of(j), "nccl.protocols[1].name: \"simple\" listed twice");
+}
+
+json with_curve(const json& curve) {
+  json j = profile_to_json(round_profile());
+  j["curves"] = json::array({curve});
+  return j;
+}
+
+json good_curve() {
+  return json::parse(R"({"collective": "all_gather", "backend": "ce", "group_size": 2,
+                         "points": [[1048576, 20.0], [4194304, 30.0], [16777216, 60.0]]})");
+}
+
+TEST(Profile, CurvesValidated) {
+  EXPECT_EQ(error_of(with_curve(good_curve())), "");
+  json c = good_curve();
+  c["points"][2][0] = 4194304;
+  EXPECT_EQ(error_of(with_curve(c)),
+            "curves[0].points[2][0]: bytes must increase from point to point, got 4194304.0 after 4194304.0");
+  c = good_curve();
+  c["points"][2][1] = 10.0;
+  EXPECT_EQ(error_of(with_curve(c)),
+            "curves[0].points[2][1]: time must not decrease with bytes, got 10.0 us after 30.0 us");
+  c = good_curve();
+  c["points"][1][1] = -1;
+  EXPECT_EQ(error_of(with_curve(c)), "curves[0].points[1][1]: expected a positive number, got -1");
+  c = good_curve();
+  c["points"] = json::array({json::array({1, 2})});
+  EXPECT_EQ(error_of(with_curve(c)), "curves[0].points: expected at least 2 [bytes, us] points, got 1");
+  c = good_curve();
+  c["collective"] = "allgather";
+  EXPECT_TRUE(starts_with(error_of(with_curve(c)), "curves[0].collective: ")) << error_of(with_curve(c));
+  EXPECT_TRUE(contains(error_of(with_curve(c)), "all_gather")) << error_of(with_curve(c));  // lists the names
+  c = good_curve();
+  c["backend"] = "nvshmem";
+  EXPECT_EQ(error_of(with_curve(c)), "curves[0].backend: unknown backend \"nvshmem\" (accepted: nccl, ce)");
+  c = good_curve();
+  c["group_size"] = 1;
+  EXPECT_TRUE(starts_with(error_of(with_curve(c)), "curves[0].group_size: expected at least 2"));
+  json j = with_curve(good_curve());
+  j["curves"].push_back(good_curve());
+  EXPECT_TRUE(
+      starts_with(error_of(j), "curves[1]: a second curve for all_gather on ce with 2 ranks (also at curves[0])"))
+      << error_of(j);
 }
 
 TEST(Profile, WrongTypesAndCounts) {
@@ -107,6 +315,9 @@ TEST(Profile, WrongTypesAndCounts) {
   j["topology"]["intra_node"]["p2p"] = 1;
   EXPECT_EQ(error_of(j), "topology.intra_node.p2p: expected a boolean, got 1");
   j = profile_to_json(round_profile());
+  j["topology"]["numa_node"][2] = -1;
+  EXPECT_EQ(error_of(j), "topology.numa_node[2]: expected a non-negative integer, got -1");
+  j = profile_to_json(round_profile());
   j["gpu"]["peak_bf16_tflops"] = true;
   EXPECT_EQ(error_of(j), "gpu.peak_bf16_tflops: expected a positive number, got true");
   j = profile_to_json(round_profile());
@@ -116,17 +327,20 @@ TEST(Profile, WrongTypesAndCounts) {
   j["efficiency"] = json::array();
   EXPECT_EQ(error_of(j), "efficiency: expected an object, got []");
   j = profile_to_json(round_profile());
-  j["nccl"]["base_latency_us"] = -3;
-  EXPECT_EQ(error_of(j), "nccl.base_latency_us: expected a non-negative number, got -3");
+  j["nccl"]["protocols"][0]["base_latency_us"] = -3;
+  EXPECT_EQ(error_of(j), "nccl.protocols[0].base_latency_us: expected a non-negative number, got -3");
   j = profile_to_json(round_profile());
-  j["schema"] = "ce_overlap.profile/2";
-  EXPECT_EQ(error_of(j), "schema: expected \"ce_overlap.profile/1\", got \"ce_overlap.profile/2\"");
+  j["schema"] = "ce_overlap.profile/3";
+  EXPECT_EQ(error_of(j), "schema: expected \"ce_overlap.profile/2\", got \"ce_overlap.profile/3\"");
+  j["schema"] = "ce_overlap.profile/1";  // the previous layout gets a pointer to what changed
+  EXPECT_TRUE(starts_with(error_of(j), "schema: expected \"ce_overlap.profile/2\", got \"ce_overlap.profile/1\" ("))
+      << error_of(j);
   EXPECT_TRUE(starts_with(error_of(json::array()), "profile: expected an object")) << error_of(json::array());
 }
 
 TEST(Profile, MalformedJson) {
   try {
-    load_profile("{\"schema\": \"ce_overlap.profile/1\", ");
+    load_profile("{\"schema\": \"ce_overlap.profile/2\", ");
     FAIL() << "accepted malformed JSON";
   } catch (const IrError& e) {
     EXPECT_TRUE(starts_with(e.what(), "malformed JSON: ")) << e.what();
@@ -136,6 +350,10 @@ TEST(Profile, MalformedJson) {
 TEST(Profile, CostModelRejectsInvalidProfileBuiltInMemory) {
   Profile p = round_profile();
   p.gpu.hbm_gbps = 0;
+  EXPECT_THROW(CostModel{p}, IrError);
+  p = round_profile();
+  p.topology.pairs.push_back({0, 1, {"pcie5", 10, true}});
+  p.topology.pairs.push_back({0, 1, {"pcie5", 10, true}});
   EXPECT_THROW(CostModel{p}, IrError);
 }
 

@@ -9,18 +9,29 @@
 
 namespace ce_overlap::testing {
 
-// Round numbers so expected times can be written by hand: 100 TFLOP/s at efficiency 1, 1000 GB/s HBM,
-// a 5 us launch floor, NCCL 10 us + 2 us/step over a 100 GB/s link at efficiency 0.5 (50 GB/s).
+// Round numbers so expected times can be written by hand: 100 TFLOP/s at efficiency 1 (no GEMM ramp),
+// 1000 GB/s HBM, a 5 us launch floor, one NCCL line of 10 us + 2 us/step over a 100 GB/s link at
+// efficiency 0.5 (50 GB/s), 10 GB/s x 0.5 between nodes; CE 10 us signalling + 2 us per copy.
 inline Profile round_profile() {
   Profile p;
   p.name = "test-round";
   p.description = "round numbers for hand-computed expectations";
   p.gpu = {"TestGPU", 100, 100.0, 10.0, 1000.0, 3, 80.0};
   p.topology.gpus_per_node = 8;
-  p.topology.intra_node = {"nvlink4", 100.0, true};
-  p.topology.inter_node = {"ib-ndr", 10.0, false};
-  p.efficiency = {1.0, 1.0, 5.0};
-  p.nccl = {10.0, 2.0, 0.5};
+  p.topology.numa_node = {0, 0, 0, 0, 1, 1, 1, 1};
+  p.topology.intra_node = LinkSpec{"nvlink4", 100.0, true};
+  p.topology.inter_node = LinkSpec{"ib-ndr", 10.0, false};
+  p.efficiency = {1.0, 0.0, 1.0, 5.0};
+  p.nccl.channels = 20;
+  p.nccl.protocols = {{"simple", 10.0, 2.0, 0.5}};
+  p.nccl.reduction_bandwidth_factor = 1.0;
+  p.nccl.inter_node_step_latency_us = 0.0;
+  p.nccl.inter_node_bus_efficiency = 0.5;
+  p.ce = {2.0, 10.0, 0.8, 0.5, 100.0, 10, 10.0};
+  p.contention.compute_bound = {1.0, 0.1};
+  p.contention.memory_bound = {0.2, 1.0};
+  p.contention.nccl_beside_compute = {0.05, 0.1};
+  p.contention.ce_beside_compute = {0.0, 0.1};
   return p;
 }
 

@@ -1,4 +1,4 @@
-"""Built-in hardware profiles (schema ce_overlap.profile/1), one JSON file each in this folder."""
+"""Built-in hardware profiles (schema ce_overlap.profile/2, docs/profiles.md), one JSON file each in this folder."""
 from __future__ import annotations
 
 import os
