@@ -17,6 +17,7 @@ namespace ce_overlap {
 namespace {
 
 using nlohmann::ordered_json;
+using testing::coll;
 using testing::round_profile;
 
 constexpr int64_t kMiB = int64_t{1} << 20;
@@ -41,16 +42,6 @@ Node& add(Graph& g, const std::string& name, NodeKind kind, const std::string& o
   n.block = block;
   g.nodes.push_back(std::move(n));
   return g.nodes.back();
-}
-
-CollectiveInfo coll(CollectiveType type, int group_size, int64_t bytes) {
-  CollectiveInfo c;
-  c.type = type;
-  c.group = "0";
-  c.group_size = group_size;
-  if (type == CollectiveType::ReduceScatter || type == CollectiveType::AllReduce) c.reduce_op = "sum";
-  c.bytes = bytes;
-  return c;
 }
 
 // Forward: all-gather a 1 MiB shard (block 0) while a relu (block 1) runs, wait, mm (block 0).

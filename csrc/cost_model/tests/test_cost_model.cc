@@ -15,6 +15,7 @@ namespace ce_overlap {
 namespace {
 
 using testing::builtin_profile;
+using testing::coll;
 using testing::round_profile;
 
 constexpr int64_t kKiB = int64_t{1} << 10;
@@ -22,16 +23,6 @@ constexpr int64_t kMiB = int64_t{1} << 20;
 constexpr int64_t kGiB = int64_t{1} << 30;
 
 const char* kBuiltins[] = {"h100-sxm", "h200-sxm", "a100-sxm", "b200", "h100-pcie"};
-
-CollectiveInfo coll(CollectiveType type, int group_size, int64_t bytes) {
-  CollectiveInfo c;
-  c.type = type;
-  c.group = "0";
-  c.group_size = group_size;
-  if (type == CollectiveType::ReduceScatter || type == CollectiveType::AllReduce) c.reduce_op = "sum";
-  c.bytes = bytes;
-  return c;
-}
 
 Node compute_node(const std::string& dtype, int64_t flops, int64_t bytes_accessed) {
   Node n;

@@ -35,6 +35,17 @@ inline Profile round_profile() {
   return p;
 }
 
+// A collective on group "0"; reductions sum.
+inline CollectiveInfo coll(CollectiveType type, int group_size, int64_t bytes) {
+  CollectiveInfo c;
+  c.type = type;
+  c.group = "0";
+  c.group_size = group_size;
+  if (type == CollectiveType::ReduceScatter || type == CollectiveType::AllReduce) c.reduce_op = "sum";
+  c.bytes = bytes;
+  return c;
+}
+
 inline std::string read_text(const std::string& path) {
   std::ifstream f(path);
   if (!f) throw std::runtime_error("cannot open " + path);
