@@ -92,7 +92,7 @@ stage gpu_tests 220 env CE_OVERLAP_REQUIRE_GPU_TESTS=1 "$PY" -m pytest tests/run
 stage collectives 150 torchrun2 bench/collectives.py --out "$OUT/collectives.json"
 stage overlap 150 torchrun2 bench/overlap.py --out "$OUT/overlap.json"
 
-# Keep a copy next to the code too (the lead copies $OUT into the repository's bench/results/).
+# Keep a copy next to the code too; copy $OUT into the repository's bench/results/ to record a run.
 mkdir -p "bench/results/device-$STAMP" && cp "$OUT"/*.json "$OUT"/*.log "bench/results/device-$STAMP/" 2>/dev/null
 
 {
