@@ -200,6 +200,16 @@ def write_json(path: str | None, payload: dict) -> None:
     log0(f"# wrote {path}")
 
 
+def finish(group, out: str | None, payload: dict, na: dict[str, str], info: dict) -> None:
+    """The common end of a benchmark: n/a reasons, ce_overlap's group state, the JSON (rank 0)."""
+    for name, reason in na.items():
+        log0(f"# {name}: n/a -- {reason}")
+    state = ce_state(group)
+    log0(f"# ce_overlap group state (rank 0): {state}")
+    info["ce_state_rank0"] = state
+    write_json(out, {**payload, "info": info, "na": na})
+
+
 def ce_state(group) -> str:
     """ce_overlap's one-line group state (pool sizes, epochs, local-copy mode), or why there is none."""
     try:

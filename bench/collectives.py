@@ -146,14 +146,8 @@ def main() -> int:
                 cells.append(f"{'n/a':>16}")
         ratio = f"{best_ce / nccl_bw:>13.2f}" if nccl_bw and best_ce else f"{'-':>13}"
         C.log0(f"{nbytes:>12} " + " ".join(cells) + " " + ratio)
-    for name, reason in na.items():
-        C.log0(f"# {name}: n/a -- {reason}")
-
-    ce_state = C.ce_state(group)
-    C.log0(f"# ce_overlap group state (rank 0): {ce_state}")
-    info["ce_state_rank0"] = ce_state
-    C.write_json(args.out, {"schema": "ce_overlap.bench.collectives/1", "info": info, "args": vars(args),
-                            "results": results, "na": na})
+    C.finish(group, args.out, {"schema": "ce_overlap.bench.collectives/1", "args": vars(args), "results": results},
+             na, info)
     wrong_total = sum(r.get("wrong", 0) for r in results)
     rc = 0 if wrong_total == 0 and not any("error" in r for r in results) else 1
     dist.barrier()

@@ -177,14 +177,9 @@ def main() -> int:
         C.log0(f"{r['label']:<28} {(r['variant'] or 'alone'):<16} {r['compute_ms'] * 1e3:>12.1f} "
                f"{r['slowdown_pct']:>+10.1f} {rate:>13.1f} "
                + (f"{coll * 1e3:>10.1f} {r['collective_busbw_beside_gbps']:>11.1f}" if coll else f"{'-':>10} {'-':>11}"))
-    for name, reason in na.items():
-        C.log0(f"# {name}: n/a -- {reason}")
-    ce_state = C.ce_state(group)
-    C.log0(f"# ce_overlap group state (rank 0): {ce_state}")
-    info["ce_state_rank0"] = ce_state
-    C.write_json(args.out, {"schema": "ce_overlap.bench.overlap/1", "info": info, "args": vars(args),
-                            "size_bytes_per_rank": nbytes, "collective_alone_ms": coll_alone, "results": results,
-                            "na": na})
+    C.finish(group, args.out, {"schema": "ce_overlap.bench.overlap/1", "args": vars(args),
+                               "size_bytes_per_rank": nbytes, "collective_alone_ms": coll_alone,
+                               "results": results}, na, info)
     rc = 0 if not any("error" in r for r in results) else 1
     dist.barrier()
     dist.destroy_process_group()

@@ -116,3 +116,9 @@ def test_list(cli):
     proc = cli("list")
     assert proc.returncode == 0
     assert "llama3-8b" in proc.stdout and "h200-sxm" in proc.stdout
+
+
+def test_bad_profile_is_rejected_before_capturing(cli, tmp_path):
+    bad = _write(tmp_path, "p.json", '{"schema": "ce_overlap.profile/2", "name": ')
+    _assert_clean_error(cli("analyze", "llama3-tiny", "--profile", bad), "malformed JSON")
+    assert not (tmp_path / "cache").exists()  # nothing was captured (a capture fills the cache)

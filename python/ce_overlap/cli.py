@@ -164,11 +164,11 @@ def _cmd_analyze(args) -> int:
     from . import profiles, report
     from .ir import analyze
 
-    profiles.read_text(args.profile)  # reject a bad profile before a long capture
+    profile = profiles.load(args.profile)  # a bad profile is rejected before a long capture
     ir, cached = _load_or_capture(args)
     if args.save_ir:
         ir.save(args.save_ir)
-    result = analyze(ir, args.profile)
+    result = analyze(ir, profile)
     if args.trace:
         report.write_trace(result, args.trace)
     if args.json:

@@ -91,8 +91,10 @@ def capture(model, example_inputs: Sequence[Any], *, world_size: int, rank: int 
     return Ir(ir)
 
 
-def analyze(ir: Ir, profile: str = "h100-sxm") -> dict:
-    """The analysis report (docs/analysis.md) of `ir` under a built-in profile name or a profile file."""
+def analyze(ir: Ir, profile="h100-sxm") -> dict:
+    """The analysis report (docs/analysis.md) of `ir` under a built-in profile name, a profile file,
+    or an already loaded `_core.Profile`."""
     from . import profiles
 
-    return json.loads(_core.analyze(ir._doc, profiles.load(profile)))
+    loaded = profile if isinstance(profile, _core.Profile) else profiles.load(profile)
+    return json.loads(_core.analyze(ir._doc, loaded))
