@@ -9,9 +9,11 @@
 
 #include "cost_model/analyze.h"
 #include "cost_model/cost_model.h"
+#include "cost_model/planner.h"
 #include "cost_model/profile.h"
 #include "graph/analysis.h"
 #include "graph/ir.h"
+#include "graph/plan.h"
 
 namespace py = pybind11;
 using namespace ce_overlap;
@@ -71,6 +73,44 @@ py::dict cost_to_dict(const BackendCost& b) {
   return d;
 }
 
+// A plan's config from Python: None, a dict (through json.dumps) or JSON text; errors name config.<key>.
+PlanConfig config_arg(const py::object& config) {
+  if (config.is_none()) return PlanConfig();
+  std::string text;
+  if (py::isinstance<py::str>(config)) {
+    text = config.cast<std::string>();
+  } else if (py::isinstance<py::dict>(config)) {
+    try {
+      text = py::module_::import("json").attr("dumps")(config, py::arg("allow_nan") = false).cast<std::string>();
+    } catch (const py::error_already_set& e) {
+      throw IrError(std::string("config: cannot be written as JSON: ") + e.what());
+    }
+  } else {
+    throw IrError("config: expected a dict, JSON text or None, got " +
+                  py::str(py::type::of(config).attr("__name__")).cast<std::string>());
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for huge numbers
+    throw IrError(std::string("config: malformed JSON: ") + e.what());
+  }
+  return plan_config_from_json(j);
+}
+
+// An IR argument: an IrDocument, or IR JSON text (loaded and validated).
+const Document& ir_arg(const py::object& ir, Document& storage) {
+  if (py::isinstance<Document>(ir)) return ir.cast<const Document&>();
+  if (py::isinstance<py::str>(ir)) {
+    const std::string text = ir.cast<std::string>();
+    py::gil_scoped_release release;
+    storage = load_ir(text);
+    return storage;
+  }
+  throw IrError("ir: expected an IrDocument or IR JSON text, got " +
+                py::str(py::type::of(ir).attr("__name__")).cast<std::string>());
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -82,6 +122,7 @@ PYBIND11_MODULE(_core, m) {
   m.attr("IR_SCHEMA") = kIrSchema;
   m.attr("PROFILE_SCHEMA") = kProfileSchema;
   m.attr("ANALYSIS_SCHEMA") = kAnalysisSchema;
+  m.attr("PLAN_SCHEMA") = kPlanSchema;
 
   py::class_<Document>(m, "IrDocument")
       .def_static("from_json", &load_ir, py::arg("text"), "Parse and validate IR JSON text.",
@@ -114,6 +155,39 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("doc"), py::arg("profile"), "The analysis report (docs/analysis.md) as JSON text.",
       py::call_guard<py::gil_scoped_release>());
+
+  m.def(
+      "plan",
+      [](const py::object& ir, const std::string& graph, const Profile& profile, const py::object& config) {
+        const PlanConfig cfg = config_arg(config);
+        Document storage;
+        const Document& doc = ir_arg(ir, storage);
+        py::gil_scoped_release release;
+        return save_plan(make_plan(doc, graph, CostModel(profile), cfg));
+      },
+      py::arg("ir"), py::arg("graph"), py::arg("profile"), py::arg("config") = py::none(),
+      "The Plan (docs/plan.md) of one graph as canonical JSON text. ir: an IrDocument or IR JSON text; "
+      "graph: its name (forward, backward); profile: a loaded Profile; config: a dict with any of "
+      "bucket_cap_bytes, memory_budget_bytes, ce (auto|on|off), min_ce_bytes, prefetch_blocks, "
+      "bucket_patterns (None: the defaults). Bad input raises IrError naming the field.");
+
+  m.def(
+      "load_plan",
+      [](const std::string& text) { return save_plan(load_plan(text)); },
+      py::arg("text"), "Parse and validate Plan JSON text (the rules that need no graph); returns it canonical.",
+      py::call_guard<py::gil_scoped_release>());
+
+  m.def(
+      "check_plan",
+      [](const py::object& ir, const std::string& text) {
+        Document storage;
+        const Document& doc = ir_arg(ir, storage);
+        py::gil_scoped_release release;
+        check_plan(doc, load_plan(text));
+      },
+      py::arg("ir"), py::arg("plan"),
+      "Check Plan JSON text against its graph in `ir` (every rule of docs/plan.md); raises IrError naming the "
+      "rule and the field.");
 
   m.def(
       "estimate_collective",
@@ -161,7 +235,7 @@ PYBIND11_MODULE(_core, m) {
         nlohmann::json j;
         try {
           j = nlohmann::json::parse(text);
-        } catch (const nlohmann::json::parse_error& e) {
+        } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for huge numbers
           throw IrError(std::string("malformed JSON: ") + e.what());
         }
         return topology_to_json(topology_from_json(j)).dump();

@@ -371,56 +371,70 @@ void detect_blocks(Document& doc) {
   }
 }
 
+namespace detail {
+
+void liveness_peak(const LivenessItems& items, MemoryEstimate& result) {
+  const int n = static_cast<int>(items.size());
+  const int kLiveToEnd = n;  // past the last position: never freed
+  std::vector<int> last_use(n);
+  for (int i = 0; i < n; ++i) last_use[i] = i;  // unused outputs die right after their item
+  for (int i = 0; i < n; ++i) {
+    const bool is_output = items.is_output[i] != 0;
+    for (int k = items.input_offsets[i]; k < items.input_offsets[i + 1]; ++k) {
+      int& last = last_use[items.owner[items.inputs[k]]];
+      last = is_output ? kLiveToEnd : std::max(last, i);
+    }
+  }
+  std::vector<int64_t> freed_bytes_at(n, 0);  // per position
+  for (int i = 0; i < n; ++i) {
+    if (items.alloc_bytes[i] != 0 && last_use[i] != kLiveToEnd) freed_bytes_at[last_use[i]] += items.alloc_bytes[i];
+  }
+  result.peak_bytes = 0;
+  result.peak_node = -1;
+  result.live_bytes_after.assign(n, 0);
+  int64_t live_bytes = 0;
+  for (int i = 0; i < n; ++i) {
+    // While an item runs its inputs are still held and its outputs already exist.
+    const int64_t running_bytes = live_bytes + items.alloc_bytes[i];
+    if (result.peak_node < 0 || running_bytes > result.peak_bytes) {
+      result.peak_bytes = running_bytes;
+      result.peak_node = i;
+    }
+    live_bytes = running_bytes - freed_bytes_at[i];
+    result.live_bytes_after[i] = live_bytes;
+  }
+}
+
+}  // namespace detail
+
 MemoryEstimate peak_memory(const Graph& g, const std::vector<int>& order) {
   check_order(g, order);
   const int n = static_cast<int>(g.nodes.size());
   std::vector<int> position(n);
   for (int i = 0; i < n; ++i) position[order[i]] = i;
 
-  // Owners are resolved in order, so a view's input already knows its owner.
-  std::vector<int> owner(n);
-  for (int v : order) {
-    const Node& node = g.nodes[v];
-    owner[v] = aliases_input(node) ? owner[node.inputs[0]] : v;
-  }
-
-  const int kLiveToEnd = n;  // past the last position: never freed
-  std::vector<int> last_use(n);
-  for (int v = 0; v < n; ++v) last_use[v] = position[v];  // unused outputs die right after their node
-  for (const Node& node : g.nodes) {
-    const bool is_output = node.op == "output";
-    for (int input : node.inputs) {
-      int& last = last_use[owner[input]];
-      last = is_output ? kLiveToEnd : std::max(last, position[node.id]);
-    }
-  }
-
   MemoryEstimate result;
-  std::vector<int64_t> allocated_bytes(n, 0);
-  std::vector<int64_t> freed_bytes_at(n, 0);  // per position
-  for (const Node& node : g.nodes) {
+  detail::LivenessItems items;
+  items.alloc_bytes.resize(n);
+  items.owner.resize(n);
+  items.is_output.resize(n);
+  items.input_offsets.reserve(n + 1);
+  // Owners are resolved in order, so a view's input already knows its owner.
+  for (int i = 0; i < n; ++i) {
+    const Node& node = g.nodes[order[i]];
+    const bool alias = aliases_input(node);
+    items.owner[i] = alias ? items.owner[position[node.inputs[0]]] : i;
+    items.is_output[i] = node.op == "output";
     if (node.op == "placeholder") {
       result.input_bytes += node.output_bytes();
-      continue;
+    } else if (!alias && !items.is_output[i]) {
+      items.alloc_bytes[i] = node.output_bytes();  // views, waits and the output take no new memory
     }
-    if (aliases_input(node) || node.op == "output") continue;  // no new memory
-    allocated_bytes[node.id] = node.output_bytes();
-    if (last_use[node.id] != kLiveToEnd) freed_bytes_at[last_use[node.id]] += allocated_bytes[node.id];
+    for (int input : node.inputs) items.inputs.push_back(position[input]);
+    items.input_offsets.push_back(static_cast<int>(items.inputs.size()));
   }
-
-  result.live_bytes_after.resize(n);
-  int64_t live_bytes = 0;
-  for (int i = 0; i < n; ++i) {
-    const int v = order[i];
-    // While a node runs its inputs are still held and its outputs already exist.
-    const int64_t running_bytes = live_bytes + allocated_bytes[v];
-    if (result.peak_node < 0 || running_bytes > result.peak_bytes) {
-      result.peak_bytes = running_bytes;
-      result.peak_node = v;
-    }
-    live_bytes = running_bytes - freed_bytes_at[i];
-    result.live_bytes_after[i] = live_bytes;
-  }
+  detail::liveness_peak(items, result);
+  if (result.peak_node >= 0) result.peak_node = order[result.peak_node];
   return result;
 }
 

@@ -1,9 +1,11 @@
 // Helpers shared by the validator (ir.cc) and the algorithms (analysis.cc); not part of the API.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "analysis.h"
 #include "ir.h"
 
 namespace ce_overlap::detail {
@@ -41,5 +43,24 @@ size_t utf8_sequence_length(const unsigned char* p, size_t available);
 
 // `name` quoted for messages, e.g. node 3 ("mm_1").
 std::string node_label(const Graph& g, int id);
+
+// Storage items in run order for the liveness estimate: item i allocates alloc_bytes[i] (0 for an
+// alias), lives in the storage of item owner[i] (owner[i] <= i; i itself when it allocates) and
+// reads the items inputs[input_offsets[i] .. input_offsets[i + 1]). An item with is_output set keeps
+// everything it reads live to the end. peak_memory builds one item per node; the planner adds the
+// bucket buffers (csrc/graph/schedule.cc).
+struct LivenessItems {
+  std::vector<int64_t> alloc_bytes;
+  std::vector<int> owner;
+  std::vector<int> input_offsets{0};
+  std::vector<int> inputs;
+  std::vector<char> is_output;
+
+  size_t size() const { return alloc_bytes.size(); }
+};
+
+// The liveness rule of peak_memory over items: fills peak_bytes, peak_node (an item index) and
+// live_bytes_after; leaves input_bytes alone.
+void liveness_peak(const LivenessItems& items, MemoryEstimate& result);
 
 }  // namespace ce_overlap::detail

@@ -98,3 +98,36 @@ def analyze(ir: Ir, profile="h100-sxm") -> dict:
 
     loaded = profile if isinstance(profile, _core.Profile) else profiles.load(profile)
     return json.loads(_core.analyze(ir._doc, loaded))
+
+
+def _profile_arg(profile):
+    from . import profiles
+
+    return profile if isinstance(profile, _core.Profile) else profiles.load(profile)
+
+
+def _ir_arg(ir):
+    if isinstance(ir, Ir):
+        return ir._doc
+    if isinstance(ir, (_core.IrDocument, str)):
+        return ir
+    raise CeOverlapError(f"ir: expected an Ir, an IrDocument or IR JSON text, got {type(ir).__name__}")
+
+
+def plan(ir, graph: str = "forward", profile="h100-sxm", config: dict | None = None) -> dict:
+    """The Plan (docs/plan.md, schema ce_overlap.plan/1) of graph `graph` of `ir` (an Ir, an IrDocument or
+    IR JSON text): buckets, NCCL/CE per bucket, the new order and a summary. `profile`: a built-in profile
+    name, a profile file or a loaded `_core.Profile`. `config`: any of bucket_cap_bytes,
+    memory_budget_bytes, ce ("auto" | "on" | "off"), min_ce_bytes, prefetch_blocks, bucket_patterns
+    (None: the defaults of docs/plan.md). Bad input raises CeOverlapError naming the field."""
+    return json.loads(_core.plan(_ir_arg(ir), graph, _profile_arg(profile), config))
+
+
+def load_plan(text: str) -> dict:
+    """Parse and validate Plan JSON text (every rule that needs no graph); raises CeOverlapError."""
+    return json.loads(_core.load_plan(text))
+
+
+def check_plan(ir, plan: dict | str) -> None:
+    """Check a Plan (dict or JSON text) against its graph in `ir`: every rule of docs/plan.md."""
+    _core.check_plan(_ir_arg(ir), plan if isinstance(plan, str) else json.dumps(plan))

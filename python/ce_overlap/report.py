@@ -64,6 +64,51 @@ def format_summary(report: dict) -> str:
     return "\n".join(lines)
 
 
+_PLAN_HEADER = ["id", "block", "type", "members", "MiB", "backend", "NCCL us", "CE us", "window us", "reason"]
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            text = f"{n:.0f}" if unit == "B" else f"{n:.2f}".rstrip("0").rstrip(".")
+            return f"{text} {unit}"
+        n /= 1024
+    return ""
+
+
+def format_plan(plan: dict, *, max_rows: int | None = None) -> str:
+    """A Plan (docs/plan.md) as a per-bucket table under a summary."""
+    c, s = plan["config"], plan["summary"]
+    prefetch = c["prefetch_blocks"]
+    lines = [
+        f"plan {plan['graph']} ({plan['profile']}; cap {_bytes(c['bucket_cap_bytes'])}, prefetch {prefetch} "
+        f"block{'' if prefetch == 1 else 's'}, ce {c['ce']}, memory budget {_bytes(c['memory_budget_bytes'])}): "
+        f"{s['buckets']} buckets of {s['collectives']} collectives, {s['ce_buckets']} on CE, planned in "
+        f"{s['plan_ms']:.0f} ms",
+        f"  exposed comm {_ms(s['exposed_comm_us_before'])} -> {_ms(s['exposed_comm_us_after'])} ms, peak memory "
+        f"{_bytes(s['peak_memory_bytes_before'])} -> {_bytes(s['peak_memory_bytes_after'])}",
+    ]
+    rows = []
+    for b in plan["buckets"]:
+        p = b["predicted"]
+        block = b["block_path"] if b["block_path"] is not None else ("-" if b["block"] is None else str(b["block"]))
+        rows.append([str(b["id"]), block, b["type"], str(len(b["members"])), f"{b['bytes'] / _MIB:.1f}",
+                     b["backend"], f"{p['nccl_us']:.1f}", "-" if p["ce_us"] is None else f"{p['ce_us']:.1f}",
+                     f"{p['window_us']:.1f}", b["reason"]])
+    if max_rows is not None and len(rows) > max_rows:
+        keep = max_rows // 2
+        rows = rows[:keep] + [["..."] + [""] * (len(_PLAN_HEADER) - 1)] + rows[-keep:]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(_PLAN_HEADER)]
+    widths[-1] = 0  # the reason runs to the end of the line
+
+    def line(cells):
+        return "  ".join(cell.ljust(w) if i in (1, 2, 5, 9) else cell.rjust(w)
+                         for i, (cell, w) in enumerate(zip(cells, widths))).rstrip()
+
+    lines += [line(_PLAN_HEADER), "-" * len(line(_PLAN_HEADER[:-1]) + "  reason"), *(line(r) for r in rows)]
+    return "\n".join(lines)
+
+
 def to_chrome_trace(report: dict) -> dict:
     """Chrome/Perfetto trace: one track for compute, one for communication, times in microseconds."""
     events = [

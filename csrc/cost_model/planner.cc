@@ -1,0 +1,167 @@
+// The planner: bucketing and scheduling from csrc/graph, backends from the cost model.
+#include "planner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+#include "../graph/analysis.h"
+#include "../graph/bucketing.h"
+#include "../graph/schedule.h"
+
+namespace ce_overlap {
+namespace {
+
+const Graph& find_graph(const Document& doc, const std::string& name) {
+  std::string names;
+  for (const Graph& g : doc.graphs) {
+    if (g.name == name) return g;
+    names += (names.empty() ? "" : ", ") + g.name;
+  }
+  throw IrError("graph: no graph named \"" + name + "\" in the IR (it has: " + names + ")");
+}
+
+struct Choice {
+  Backend backend = Backend::Nccl;
+  std::string reason;
+};
+
+Choice choose(const Bucket& bucket, const CollectiveInfo& c, const Decision& d, const CostModel& model,
+              const PlanConfig& config) {
+  if (!bucket.planned) return {Backend::Nccl, "nccl: " + bucket.kept_reason + "; kept where captured"};
+  if (config.ce == CeMode::Off) return {Backend::Nccl, "nccl: config.ce is off"};
+  if (c.group_size <= 1 || model.ce_blocker(c.group_size)) return {Backend::Nccl, d.reason};  // the blocker
+  if (c.bytes < config.min_ce_bytes) {
+    return {Backend::Nccl, "nccl: " + format_bytes(static_cast<double>(c.bytes)) + " is under min_ce_bytes (" +
+                               format_bytes(static_cast<double>(config.min_ce_bytes)) + ")"};
+  }
+  if (config.ce == CeMode::On && d.choice != Backend::Ce) {
+    return {Backend::Ce, "ce: config.ce is on (the cost model prefers " + d.reason + ")"};
+  }
+  return {d.choice, d.reason};
+}
+
+}  // namespace
+
+Plan make_plan(const Document& doc, const std::string& graph_name, const CostModel& model, const PlanConfig& config) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Graph& g = find_graph(doc, graph_name);
+  const int n = static_cast<int>(g.nodes.size());
+  for (const Node& node : g.nodes) {  // the scheduler relies on ids being a topological order
+    for (int input : node.inputs) {
+      if (input < 0 || input >= node.id) {
+        throw IrError("graph \"" + g.name + "\": node " + std::to_string(node.id) +
+                      " reads a later or unknown node; plan a validated IR (docs/ir.md)");
+      }
+    }
+  }
+
+  std::vector<Bucket> buckets = bucket_collectives(g, doc.blocks, config);
+  Schedule s = schedule_graph(g, std::move(buckets), config);
+  const std::vector<Bucket>& bs = s.buckets;
+
+  // Compute before each position of the new order, by kernel class (the windows).
+  const std::vector<double> durations = model.durations_us(g);
+  std::vector<double> cb_prefix(n + 1, 0), mb_prefix(n + 1, 0);
+  for (int i = 0; i < n; ++i) {
+    const Node& node = g.nodes[s.order[i]];
+    const bool compute = node.kind == NodeKind::Compute;
+    const bool cb = compute && model.compute_bound(node);
+    cb_prefix[i + 1] = cb_prefix[i] + (cb ? durations[node.id] : 0.0);
+    mb_prefix[i + 1] = mb_prefix[i] + (compute && !cb ? durations[node.id] : 0.0);
+  }
+  std::vector<int> position(n);
+  for (int i = 0; i < n; ++i) position[s.order[i]] = i;
+
+  Plan plan;
+  plan.graph = g.name;
+  plan.profile = model.profile().name;
+  plan.config = config;
+  std::vector<double> after = durations;  // collectives: the chosen backend, once per bucket
+  std::vector<size_t> by_issue(bs.size());
+  std::iota(by_issue.begin(), by_issue.end(), 0);
+  std::stable_sort(by_issue.begin(), by_issue.end(),
+                   [&](size_t a, size_t b) { return s.issue_position[a] < s.issue_position[b]; });
+  int64_t collectives = 0, ce_buckets = 0;
+  for (size_t b : by_issue) {
+    const Bucket& bucket = bs[b];
+    CollectiveInfo c;
+    c.type = bucket.type;
+    c.group = bucket.group;
+    c.group_size = bucket.group_size;
+    c.reduce_op = bucket.reduce_op;
+    c.bytes = bucket.bytes;
+    OverlapWindow w;
+    if (s.wait_position[b] > s.issue_position[b]) {
+      // Strictly between the last member collective and the first member wait.
+      const int from = s.issue_position[b] + static_cast<int>(bucket.members.size());
+      const int to = s.wait_position[b];
+      if (to > from) {
+        w.compute_bound_us = cb_prefix[to] - cb_prefix[from];
+        w.memory_bound_us = mb_prefix[to] - mb_prefix[from];
+      }
+    }
+    const Decision d = model.decide(c, w);
+    const Choice choice = choose(bucket, c, d, model, config);
+    const BackendCost& chosen = choice.backend == Backend::Ce ? *d.ce : d.nccl;
+
+    PlanBucket pb;
+    pb.id = static_cast<int>(plan.buckets.size());
+    pb.type = bucket.type;
+    if (bucket.block >= 0) pb.block = bucket.block;
+    if (bucket.scope != BucketScope::Outside) pb.block_path = bucket.key;
+    pb.group = bucket.group;
+    pb.group_size = bucket.group_size;
+    pb.dtype = bucket.dtype;
+    pb.reduce_op = bucket.reduce_op;
+    int last_member = bucket.members.front();
+    for (size_t k = 0; k < bucket.members.size(); ++k) {
+      const int m = bucket.members[k];
+      PlanMember member;
+      member.collective = g.nodes[m].name;
+      if (bucket.waits[k] >= 0) member.wait = g.nodes[bucket.waits[k]].name;
+      member.bytes = g.nodes[m].collective->bytes;
+      pb.members.push_back(std::move(member));
+      after[m] = 0;
+      if (position[m] > position[last_member]) last_member = m;
+    }
+    // The bucket starts when its last member's inputs are ready: it carries the whole time.
+    after[last_member] = chosen.estimate.us;
+    pb.bytes = bucket.bytes;
+    pb.backend = to_string(choice.backend);
+    pb.reason = choice.reason;
+    if (!s.notes[b].empty()) pb.reason += "; " + s.notes[b];
+    pb.predicted.nccl_us = d.nccl.comm_us;
+    pb.predicted.nccl_cost_us = d.nccl.cost_us;
+    if (d.ce) {
+      pb.predicted.ce_us = d.ce->comm_us;
+      pb.predicted.ce_cost_us = d.ce->cost_us;
+    }
+    pb.predicted.window_us = w.compute_bound_us + w.memory_bound_us;
+    pb.predicted.exposed_us = chosen.exposed_us;
+    collectives += static_cast<int64_t>(bucket.members.size());
+    if (choice.backend == Backend::Ce) ++ce_buckets;
+    plan.buckets.push_back(std::move(pb));
+  }
+  plan.order.reserve(n);
+  for (int v : s.order) plan.order.push_back(g.nodes[v].name);
+
+  std::vector<int> captured(n);
+  std::iota(captured.begin(), captured.end(), 0);
+  const Timeline before_tl = simulate(g, captured, durations);
+  const Timeline after_tl = simulate(g, s.order, after);
+  PlanSummary& sum = plan.summary;
+  sum.collectives = collectives;
+  sum.buckets = static_cast<int64_t>(plan.buckets.size());
+  sum.ce_buckets = ce_buckets;
+  for (double x : before_tl.exposed_us_by_collective) sum.exposed_comm_us_before += x;
+  for (double x : after_tl.exposed_us_by_collective) sum.exposed_comm_us_after += x;
+  sum.peak_memory_bytes_before = s.peak_bytes_before;
+  sum.peak_memory_bytes_after = s.peak_bytes_after;
+  sum.memory_budget_bytes = config.memory_budget_bytes;
+  check_plan(doc, plan);
+  sum.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return plan;
+}
+
+}  // namespace ce_overlap

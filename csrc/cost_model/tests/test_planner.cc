@@ -1,0 +1,152 @@
+// The planner with the cost model: backends per bucket under config.ce, min_ce_bytes and CE blockers,
+// windows in the new order, the summary, and a Plan that check_plan accepts and that round-trips.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "../../graph/tests/plan_builder.h"
+#include "cost_model/planner.h"
+#include "graph/plan.h"
+#include "test_util.h"
+
+namespace ce_overlap {
+namespace {
+
+using testing::builtin_profile;
+using testing::fsdp_doc;
+using testing::FsdpOptions;
+
+Document big_fsdp(bool backward) {
+  FsdpOptions o;
+  o.blocks = 4;
+  o.shard_rows = 8192;  // 4 MiB shards, 32 MiB gathered per parameter
+  o.matmuls_per_param = 4;
+  o.backward = backward;
+  return fsdp_doc(o);
+}
+
+TEST(Planner, AutoPlanHidesTheAllGathers) {
+  const Document doc = big_fsdp(false);
+  const CostModel model(builtin_profile("h200-sxm"));
+  const Plan plan = make_plan(doc, "forward", model, PlanConfig());
+  check_plan(doc, plan);
+  EXPECT_EQ(plan.graph, "forward");
+  EXPECT_EQ(plan.profile, "h200-sxm");
+  EXPECT_EQ(plan.summary.collectives, 4 * 3 + 2);
+  EXPECT_EQ(plan.summary.buckets, 6);
+  EXPECT_LT(plan.summary.exposed_comm_us_after, plan.summary.exposed_comm_us_before);
+  EXPECT_GT(plan.summary.plan_ms, 0);
+  for (const PlanBucket& b : plan.buckets) {
+    EXPECT_EQ(b.reason.rfind(b.backend + ": ", 0), 0u) << b.reason;
+    EXPECT_TRUE(b.predicted.ce_us.has_value());
+    if (b.block && *b.block >= 1) {
+      EXPECT_GT(b.predicted.window_us, 0) << b.id;  // prefetched under the previous block
+      EXPECT_EQ(b.block_path, std::optional<std::string>("layers." + std::to_string(*b.block)));
+    }
+  }
+  // Canonical text round-trips.
+  const std::string text = save_plan(plan);
+  EXPECT_EQ(save_plan(load_plan(text)), text);
+}
+
+TEST(Planner, CeModesMinBytesAndBlockers) {
+  const Document doc = big_fsdp(true);
+  const CostModel model(builtin_profile("h200-sxm"));
+  PlanConfig off;
+  off.ce = CeMode::Off;
+  for (const PlanBucket& b : make_plan(doc, "backward", model, off).buckets) {
+    EXPECT_EQ(b.backend, "nccl");
+    EXPECT_EQ(b.reason, "nccl: config.ce is off");
+  }
+  PlanConfig on;
+  on.ce = CeMode::On;
+  on.min_ce_bytes = 0;
+  const Plan forced = make_plan(doc, "backward", model, on);
+  EXPECT_EQ(forced.summary.ce_buckets, forced.summary.buckets);
+  for (const PlanBucket& b : forced.buckets) EXPECT_EQ(b.backend, "ce") << b.reason;
+
+  PlanConfig big_min;
+  big_min.min_ce_bytes = int64_t{1} << 40;
+  for (const PlanBucket& b : make_plan(doc, "backward", model, big_min).buckets) {
+    EXPECT_EQ(b.backend, "nccl");
+    EXPECT_NE(b.reason.find("is under min_ce_bytes (1 TiB)"), std::string::npos) << b.reason;
+  }
+
+  // A group of 16 spans two 8-GPU nodes: NCCL with the blocker, even with ce on.
+  Document wide = doc;
+  for (Node& n : wide.graphs[0].nodes) {
+    if (n.collective) n.collective->group_size = 16;
+  }
+  const Plan p = make_plan(wide, "backward", model, on);
+  check_plan(wide, p);
+  for (const PlanBucket& b : p.buckets) {
+    EXPECT_EQ(b.backend, "nccl");
+    EXPECT_EQ(b.reason, "nccl: group spans 2 nodes; CE needs one NVLink domain");
+    EXPECT_FALSE(b.predicted.ce_us.has_value());
+  }
+}
+
+TEST(Planner, DecisionUsesTheBucketAndItsWindow) {
+  const Document doc = big_fsdp(false);
+  const CostModel model(builtin_profile("h200-sxm"));
+  const Plan plan = make_plan(doc, "forward", model, PlanConfig());
+  const Graph& g = doc.graphs[0];
+  std::map<std::string, int> id;
+  for (const Node& n : g.nodes) id[n.name] = n.id;
+  std::map<std::string, size_t> pos;
+  for (size_t i = 0; i < plan.order.size(); ++i) pos[plan.order[i]] = i;
+  for (const PlanBucket& b : plan.buckets) {
+    // The window: compute strictly between the last member collective and the first member wait.
+    size_t last_c = 0, first_w = plan.order.size();
+    for (const PlanMember& m : b.members) {
+      last_c = std::max(last_c, pos[m.collective]);
+      first_w = std::min(first_w, pos[*m.wait]);
+    }
+    OverlapWindow w;
+    for (size_t i = last_c + 1; i < first_w; ++i) {
+      const Node& n = g.nodes[id[plan.order[i]]];
+      if (n.kind != NodeKind::Compute) continue;
+      (model.compute_bound(n) ? w.compute_bound_us : w.memory_bound_us) += model.compute_us(n);
+    }
+    EXPECT_NEAR(w.compute_bound_us + w.memory_bound_us, b.predicted.window_us, 1e-9 * (1 + b.predicted.window_us));
+    CollectiveInfo c;
+    c.type = b.type;
+    c.group = b.group;
+    c.group_size = b.group_size;
+    c.reduce_op = b.reduce_op;
+    c.bytes = b.bytes;
+    const Decision d = model.decide(c, w);
+    EXPECT_NEAR(d.nccl.cost_us, b.predicted.nccl_cost_us, 1e-6 * (1 + d.nccl.cost_us)) << b.id;
+    EXPECT_NEAR(d.ce->cost_us, *b.predicted.ce_cost_us, 1e-6 * (1 + d.ce->cost_us)) << b.id;
+    EXPECT_EQ(to_string(d.choice), b.backend);
+    EXPECT_EQ(d.reason, b.reason);
+  }
+}
+
+TEST(Planner, RejectsUnknownGraphAndBadConfig) {
+  const Document doc = big_fsdp(false);
+  const CostModel model(builtin_profile("h200-sxm"));
+  try {
+    make_plan(doc, "backward", model, PlanConfig());
+    FAIL();
+  } catch (const IrError& e) {
+    EXPECT_STREQ(e.what(), "graph: no graph named \"backward\" in the IR (it has: forward)");
+  }
+  try {
+    plan_config_from_json(nlohmann::json{{"prefetch_blocks", -1}});
+    FAIL();
+  } catch (const IrError& e) {
+    EXPECT_STREQ(e.what(), "config.prefetch_blocks: expected an integer in 0..1024, got -1");
+  }
+  const PlanConfig c = plan_config_from_json(nlohmann::json::object());
+  EXPECT_EQ(plan_config_to_json(c),
+            (nlohmann::json{{"bucket_cap_bytes", 536870912}, {"memory_budget_bytes", 4294967296},
+                            {"ce", "auto"}, {"min_ce_bytes", 1048576}, {"prefetch_blocks", 1},
+                            {"bucket_patterns", nlohmann::json::array()}}));
+}
+
+}  // namespace
+}  // namespace ce_overlap

@@ -1,0 +1,109 @@
+// The Plan (schema ce_overlap.plan/1, docs/plan.md): buckets of collectives, their backends and a new
+// order of one IR graph. The planner fills it (csrc/cost_model/planner.h); the FX rewriter applies it.
+// Loading validates every field and the rules that need no graph, naming the field by its JSON path
+// (like the IR loader); check_plan checks every rule of docs/plan.md against the graph.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ir.h"
+
+namespace ce_overlap {
+
+inline constexpr const char* kPlanSchema = "ce_overlap.plan/1";
+
+// config.ce: "auto" follows the cost model, "on" forces CE wherever CE can serve the group, "off" keeps NCCL.
+enum class CeMode { Auto, On, Off };
+const char* to_string(CeMode mode);
+
+struct PlanConfig {
+  int64_t bucket_cap_bytes = int64_t{512} << 20;    // per-rank input bytes of one bucket, >= 1
+  int64_t memory_budget_bytes = int64_t{4} << 30;   // peak-memory increase allowed over the captured order
+  CeMode ce = CeMode::Auto;
+  int64_t min_ce_bytes = int64_t{1} << 20;          // smaller buckets stay on NCCL
+  int prefetch_blocks = 1;                          // all-gather buckets are issued this many blocks early
+  std::vector<std::string> bucket_patterns;         // module-path regexes (ECMAScript) that key buckets
+};
+
+// A config object; every key is optional (the defaults above), unknown keys are rejected, and errors
+// name the field under `path` ("config.prefetch_blocks: expected an integer in 0..1024, got -1").
+// Patterns are compiled here, so a bad regex fails early.
+PlanConfig plan_config_from_json(const nlohmann::json& j, const std::string& path = "config");
+nlohmann::json plan_config_to_json(const PlanConfig& config);
+
+struct PlanMember {
+  std::string collective;           // FX node name
+  std::optional<std::string> wait;  // the wait_tensor that consumes it; null if none does
+  int64_t bytes = 0;                // per-rank input bytes (the IR's collective.bytes)
+};
+
+struct PlanPrediction {
+  double nccl_us = 0;                 // bucket time on NCCL beside its window (its own slowdown included)
+  std::optional<double> ce_us;        // same on CE; null when CE cannot serve the group
+  double window_us = 0;               // compute between the bucket collective and its wait, new order
+  double nccl_cost_us = 0;            // what it adds to the step on NCCL: exposed + slowdown of the window
+  std::optional<double> ce_cost_us;   // same on CE; null when CE cannot serve the group
+  double exposed_us = 0;              // part of the chosen backend's time the window does not hide
+};
+
+struct PlanBucket {
+  int id = 0;
+  CollectiveType type = CollectiveType::AllGather;
+  std::optional<int> block;               // the members' block; null outside blocks (or mixed, with patterns)
+  std::optional<std::string> block_path;  // the block's path, or the text a bucket pattern matched
+  std::string group;
+  int group_size = 1;
+  std::optional<std::string> dtype;       // of the collective's output; null only if it has no tensors
+  std::optional<std::string> reduce_op;
+  std::vector<PlanMember> members;        // bucket layout order
+  int64_t bytes = 0;                      // sum of the members' bytes
+  std::string backend;                    // "nccl" or "ce"
+  std::string reason;                     // one line starting with "<backend>: "
+  PlanPrediction predicted;
+};
+
+struct PlanSummary {
+  int64_t collectives = 0;
+  int64_t buckets = 0;
+  int64_t ce_buckets = 0;
+  double exposed_comm_us_before = 0;
+  double exposed_comm_us_after = 0;
+  int64_t peak_memory_bytes_before = 0;
+  int64_t peak_memory_bytes_after = 0;
+  int64_t memory_budget_bytes = 0;
+  double plan_ms = 0;
+};
+
+struct Plan {
+  std::string graph;
+  std::string profile;
+  PlanConfig config;
+  std::vector<PlanBucket> buckets;
+  std::vector<std::string> order;  // every node of the graph once, by name
+  PlanSummary summary;
+};
+
+// Parse and validate (structure, and every rule that needs no graph: ids, byte sums, the cap,
+// backends and reasons, `order` unique, bucket members and waits contiguous in `order`, summary
+// counts, the memory budget). Throws IrError("buckets[2].members[0].bytes: ...").
+Plan load_plan(const std::string& json_text);
+Plan plan_from_json(const nlohmann::json& j);
+// Canonical text (fixed key order, one bucket and one order entry per line): load_plan(save_plan(p))
+// == p, and save_plan(load_plan(s)) == s for any s that save_plan wrote. Validates first.
+std::string save_plan(const Plan& plan);
+nlohmann::ordered_json plan_to_json(const Plan& plan);
+// The loader's rules on a Plan built in memory; throws IrError.
+void validate_plan(const Plan& plan);
+
+// Every rule of docs/plan.md against the graph `plan.graph` of `doc`: names exist, `order` is a
+// topological order with placeholders first and `output` last, bucket fields match the member
+// nodes, every collective is in exactly one bucket with its own wait, inputs come before the first
+// member and wait users after the last member wait. Throws IrError naming the rule and the field.
+void check_plan(const Document& doc, const Plan& plan);
+
+}  // namespace ce_overlap
