@@ -537,8 +537,11 @@ Profile load_profile(const std::string& json_text) {
   json j;
   try {
     j = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    throw IrError(std::string("malformed JSON: ") + e.what());
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers beyond a double
+    std::string message = e.what();
+    const auto tag_end = message.find("] ");
+    if (message.rfind("[json.exception.", 0) == 0 && tag_end != std::string::npos) message.erase(0, tag_end + 2);
+    throw IrError("malformed JSON: " + message);
   }
   return profile_from_json(j);
 }

@@ -26,6 +26,9 @@ constexpr DtypeEntry kDtypes[] = {
     {"float8_e4m3fn", 1}, {"float8_e5m2", 1}, {"int64", 8},   {"int32", 4},
     {"int16", 2},       {"int8", 1},         {"uint8", 1},   {"bool", 1},
     {"complex64", 8},   {"complex128", 16},
+    // Unsigned and fnuz types appear in real graphs too: flash attention's RNG seed/offset are uint64.
+    {"uint16", 2},      {"uint32", 4},       {"uint64", 8},  {"float8_e4m3fnuz", 1}, {"float8_e5m2fnuz", 1},
+    {"complex32", 4},
 };
 
 constexpr const char* kKindNames[] = {"compute", "collective", "wait", "view", "other"};
@@ -334,6 +337,31 @@ void validate(const Document& doc) {
                                           std::to_string(it->second) + "])");
     }
   }
+}
+
+std::string printable_utf8(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  std::string out;
+  out.reserve(n);
+  for (size_t i = 0; i < n;) {
+    if (p[i] < 0x80) {
+      out += static_cast<char>(p[i++]);
+      continue;
+    }
+    const size_t len = detail::utf8_sequence_length(p + i, n - i);
+    if (len == 0) {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[p[i] >> 4];
+      out += hex[p[i] & 15];
+      ++i;
+      continue;
+    }
+    out.append(s, i, len);
+    i += len;
+  }
+  return out;
 }
 
 }  // namespace ce_overlap

@@ -15,10 +15,14 @@ namespace ce_overlap {
 
 inline constexpr const char* kIrSchema = "ce_overlap.ir/1";
 
-// Every rejected input (IR, profile, plan, order) throws this; what() names the field or node.
+// `s` with every byte that is not part of a valid UTF-8 sequence written as \xNN.
+std::string printable_utf8(const std::string& s);
+
+// Every rejected input (IR, profile, plan, order) throws this; what() names the field or node. Messages
+// quote the input, so they are made valid UTF-8 (printable_utf8) and every binding can show them.
 class IrError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit IrError(const std::string& message) : std::runtime_error(printable_utf8(message)) {}
 };
 
 enum class NodeKind { Compute, Collective, Wait, View, Other };

@@ -539,6 +539,8 @@ Document load_ir(const std::string& json_text) {
       const auto tag_end = message.find("] ");
       if (message.rfind("[json.exception.", 0) == 0 && tag_end != std::string::npos) message.erase(0, tag_end + 2);
       throw IrError("malformed JSON: " + message + " (byte " + std::to_string(pe.byte) + ")");
+    } catch (const json::exception&) {
+      // out_of_range (a number beyond a double) and the like: our lexer's own message says where.
     }
     throw IrError("malformed JSON: " + e.message + " (byte " + std::to_string(e.byte + 1) + ")");
   }

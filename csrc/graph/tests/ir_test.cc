@@ -512,5 +512,13 @@ TEST(IrValidate, InMemoryDocumentsGetTheSameRules) {
   EXPECT_THROW(validate(bad_kind), IrError);
 }
 
+TEST(IrErrors, MessagesQuotingInvalidUtf8StayValidUtf8) {
+  // nlohmann's parse error quotes the last byte read: here half of a two-byte sequence.
+  const std::string message = load_error(std::string("\xc2"));
+  EXPECT_STARTS_WITH(message, "malformed JSON");
+  EXPECT_NE(message.find("\\xc2"), std::string::npos) << message;
+  EXPECT_EQ(printable_utf8("ok \xc3\xa9 \xff\xc3"), "ok \xc3\xa9 \\xff\\xc3");
+}
+
 }  // namespace
 }  // namespace ce_overlap

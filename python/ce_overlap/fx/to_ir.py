@@ -30,7 +30,10 @@ _DTYPE_NAMES = {
     torch.float64: "float64", torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
     torch.float8_e4m3fn: "float8_e4m3fn", torch.float8_e5m2: "float8_e5m2", torch.int64: "int64",
     torch.int32: "int32", torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
-    torch.complex64: "complex64", torch.complex128: "complex128",
+    torch.complex64: "complex64", torch.complex128: "complex128", torch.complex32: "complex32",
+    # flash attention's RNG seed/offset outputs are uint64 on GPUs
+    torch.uint16: "uint16", torch.uint32: "uint32", torch.uint64: "uint64",
+    torch.float8_e4m3fnuz: "float8_e4m3fnuz", torch.float8_e5m2fnuz: "float8_e5m2fnuz",
 }
 
 

@@ -56,14 +56,14 @@ def build_from_file(target: str) -> BuiltModel:
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except Exception as e:  # the user's file: report, never crash
+    except (Exception, SystemExit) as e:  # the user's file: report, never crash or exit
         raise CeOverlapError(f"{target}: importing {path} raised {type(e).__name__}: {e}") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise CeOverlapError(f"{target}: {path} has no callable {fn_name!r}")
     try:
         result = fn()
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise CeOverlapError(f"{target}: {fn_name}() raised {type(e).__name__}: {e}") from None
     return _check_built(result, target)
 
