@@ -1,11 +1,16 @@
-"""All-gather, nccl-tests style, NCCL vs ce_overlap (staged, zero-copy symmetric, in-place) vs torch symm_mem's
-low-contention all-gather, 64 KiB .. 1 GiB per rank. Prints one table per variant (size, count, type, time, algbw,
-busbw, #wrong vs NCCL, bit-exact) and a side-by-side busbw summary; --out writes the numbers as JSON.
+"""All-gather and reduce-scatter, nccl-tests style: NCCL vs ce_overlap (all-gather: staged, zero-copy symmetric input,
+in-place symmetric output pulled, symmetric output pushed; reduce-scatter: ordinary and symmetric input) vs torch
+symm_mem's low-contention ops, 64 KiB .. 1 GiB per rank. Prints one table per collective and variant (size, count,
+type, time, algbw, busbw, #wrong vs NCCL) and a side-by-side busbw summary per collective; --out writes JSON.
 
     torchrun --nproc-per-node 2 bench/collectives.py --out bench/results/collectives.json
 
-time = median over --iters ops of the per-op CUDA-event time on the caller's stream, max over ranks.
-algbw = world * bytes_per_rank / time; busbw = algbw * (world - 1) / world (nccl-tests' all-gather factor).
+size = bytes per rank: the all-gather's input, the reduce-scatter's output (its input is world * size).
+time = median over --iters ops of the per-op CUDA-event time on the caller's stream, max over ranks. Every variant's
+run() leaves the caller's stream waiting for the op's completion (symm_mem's ops run on its backend stream, which the
+caller now waits for: the symm_mem_lc column of earlier runs did not wait and was invalid).
+algbw = world * size / time; busbw = algbw * (world - 1) / world (nccl-tests' factor for both collectives).
+Reduce-scatter data is integer-valued, so every variant must match NCCL bit for bit (#wrong = 0).
 """
 from __future__ import annotations
 
@@ -15,12 +20,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402  (sets the multicast-off environment before torch loads NCCL)
+import _ce_variants as V  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int32": torch.int32,
           "uint8": torch.uint8}
+COLLS = {"all_gather": (V.AG_VARIANTS, V.AG_HELP), "reduce_scatter": (V.RS_VARIANTS, V.RS_HELP)}
 
 
 def parse_size(text: str) -> int:
@@ -31,60 +38,41 @@ def parse_size(text: str) -> int:
     return int(text)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--min", default="64K", help="smallest size per rank (bytes, K/M/G suffix)")
-    p.add_argument("--max", default="1G", help="largest size per rank")
-    p.add_argument("--factor", type=int, default=4, help="size multiplier between rows")
-    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    p.add_argument("--iters", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--variants", default=",".join(C.VARIANTS), help=f"comma list of {C.VARIANTS}")
-    p.add_argument("--out", help="JSON result path (written by rank 0)")
-    args = p.parse_args()
-
-    sizes = []
-    s = parse_size(args.min)
-    while s <= parse_size(args.max):
-        sizes.append(s)
-        s *= args.factor
-    world_env = int(os.environ.get("WORLD_SIZE", "1"))
-    C.size_pool_env(max(sizes), world_env)
-    rank, world, _ = C.init()
-    group = dist.group.WORLD
-    dtype = DTYPES[args.dtype]
+def sweep(coll: str, variants: list[str], sizes: list[int], dtype: torch.dtype, dtype_name: str, args, group,
+          rank: int, world: int) -> tuple[list[dict], dict[str, str]]:
     elem = torch.empty((), dtype=dtype).element_size()
-    variants = [v for v in args.variants.split(",") if v]
-    info = C.header(f"all-gather, {world} ranks, {args.dtype}, median of {args.iters} ops after {args.warmup} warmup")
-    for v in variants:
-        C.log0(f"#   {v:<16} {C.VARIANT_HELP.get(v, '')}")
-
-    results = []
+    results: list[dict] = []
     na: dict[str, str] = {}
     failed_ce = ""
     for nbytes in sizes:
         count = nbytes // elem
         gen = torch.Generator(device="cuda")
         gen.manual_seed(1000 + rank)
-        inp = torch.randint(0, 256, (count * elem,), dtype=torch.uint8, device="cuda", generator=gen).view(dtype)
-        ref = torch.empty(world * count, dtype=dtype, device="cuda")
-        dist.all_gather_into_tensor(ref, inp, group=group)
+        if coll == "all_gather":
+            inp = torch.randint(0, 256, (count * elem,), dtype=torch.uint8, device="cuda", generator=gen).view(dtype)
+            ref = torch.empty(world * count, dtype=dtype, device="cuda")
+            dist.all_gather_into_tensor(ref, inp, group=group)
+        else:
+            inp = torch.randint(-8, 9, (world * count,), device="cuda", generator=gen).to(dtype)
+            ref = torch.empty(count, dtype=dtype, device="cuda")
+            dist.reduce_scatter_tensor(ref, inp.clone(), group=group)
         torch.cuda.synchronize()
         for name in variants:
-            row = {"variant": name, "bytes_per_rank": nbytes, "count_per_rank": count, "dtype": args.dtype}
+            row = {"coll": coll, "variant": name, "bytes_per_rank": nbytes, "count_per_rank": count,
+                   "dtype": dtype_name}
             if name in na:
                 results.append({**row, "na": na[name]})
                 continue
-            if name.startswith("ce_") and failed_ce:
+            if name.startswith("ce") and failed_ce:
                 results.append({**row, "na": failed_ce})
                 continue
-            v = C.make_variant(name, inp, group)
+            v = V.make_ag_variant(name, inp, group) if coll == "all_gather" else V.make_rs_variant(name, inp, group)
             # Every rank must agree on running it (a variant set up on one rank only would deadlock).
             if C.sum_over_ranks(0 if v.run else 1):
                 reason = v.na_reason or "not available on every rank"
                 na[name] = reason
                 results.append({**row, "na": reason})
-                C.log0(f"# {name}: n/a ({reason})")
+                C.log0(f"# {coll} {name}: n/a ({reason})")
                 continue
             try:
                 dist.barrier()
@@ -94,7 +82,7 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001 (report and go on with the other variants)
                 C.print_exc_rank()
                 reason = C.format_exc_line(e)
-                if name.startswith("ce_"):
+                if name.startswith("ce"):
                     failed_ce = f"skipped after an earlier ce_overlap failure: {reason}"
                 results.append({**row, "error": reason})
                 continue
@@ -106,12 +94,14 @@ def main() -> int:
             results.append({**row, "time_us": t_ms * 1e3, "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": wrong})
         del inp, ref
         torch.cuda.empty_cache()
+    return results, na
 
-    # One nccl-tests table per variant.
+
+def print_tables(coll: str, variants: list[str], helps: dict, sizes: list[int], results: list[dict]) -> None:
     for name in variants:
         rows = [r for r in results if r["variant"] == name]
         C.log0()
-        C.log0(f"# variant: {name} -- {C.VARIANT_HELP.get(name, '')}")
+        C.log0(f"# {coll}, variant: {name} -- {helps.get(name, '')}")
         C.log0(f"#{'size(B/rank)':>14} {'count':>12} {'type':>9} {'time(us)':>11} {'algbw(GB/s)':>12} "
                f"{'busbw(GB/s)':>12} {'#wrong':>8}")
         bws = []
@@ -127,29 +117,72 @@ def main() -> int:
             C.log0(f"# Out of bounds values : {sum(r.get('wrong', 0) for r in rows if 'wrong' in r)} "
                    f"{'OK' if all(r.get('wrong', 0) == 0 for r in rows) else 'FAILED'}")
             C.log0(f"# Avg bus bandwidth    : {sum(bws) / len(bws):.2f}")
-
-    # Side by side.
     C.log0()
-    C.log0("# busbw (GB/s) side by side; last column: best ce_overlap variant / nccl")
-    C.log0(f"{'size/rank':>12} " + " ".join(f"{n:>16}" for n in variants) + f" {'best_ce/nccl':>13}")
+    C.log0(f"# {coll}: busbw (GB/s) side by side; last column: best ce_overlap variant / nccl")
+    C.log0(f"{'size/rank':>12} " + " ".join(f"{n:>18}" for n in variants) + f" {'best_ce/nccl':>13}")
     for nbytes in sizes:
         cells, best_ce, nccl_bw = [], 0.0, None
         for name in variants:
             r = next(r for r in results if r["variant"] == name and r["bytes_per_rank"] == nbytes)
             if "busbw_gbps" in r:
-                cells.append(f"{r['busbw_gbps']:>16.1f}")
-                if name.startswith("ce_"):
+                cells.append(f"{r['busbw_gbps']:>18.1f}")
+                if name.startswith("ce"):
                     best_ce = max(best_ce, r["busbw_gbps"])
                 if name == "nccl":
                     nccl_bw = r["busbw_gbps"]
             else:
-                cells.append(f"{'n/a':>16}")
+                cells.append(f"{'n/a':>18}")
         ratio = f"{best_ce / nccl_bw:>13.2f}" if nccl_bw and best_ce else f"{'-':>13}"
         C.log0(f"{nbytes:>12} " + " ".join(cells) + " " + ratio)
-    C.finish(group, args.out, {"schema": "ce_overlap.bench.collectives/1", "args": vars(args), "results": results},
-             na, info)
-    wrong_total = sum(r.get("wrong", 0) for r in results)
-    rc = 0 if wrong_total == 0 and not any("error" in r for r in results) else 1
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--min", default="64K", help="smallest size per rank (bytes, K/M/G suffix)")
+    p.add_argument("--max", default="1G", help="largest size per rank")
+    p.add_argument("--factor", type=int, default=4, help="size multiplier between rows")
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--colls", default="all_gather,reduce_scatter", help=f"comma list of {sorted(COLLS)}")
+    p.add_argument("--variants", default=",".join(V.AG_VARIANTS), help=f"all-gather variants, of {V.AG_VARIANTS}")
+    p.add_argument("--rs-variants", default=",".join(V.RS_VARIANTS),
+                   help=f"reduce-scatter variants, of {V.RS_VARIANTS}")
+    p.add_argument("--out", help="JSON result path (written by rank 0)")
+    args = p.parse_args()
+
+    sizes = []
+    s = parse_size(args.min)
+    while s <= parse_size(args.max):
+        sizes.append(s)
+        s *= args.factor
+    world_env = int(os.environ.get("WORLD_SIZE", "1"))
+    # The largest in-place output is world * max; the largest symmetric reduce-scatter input is world * max too.
+    C.size_pool_env(max(sizes), world_env)
+    rank, world, _ = C.init()
+    group = dist.group.WORLD
+    dtype = DTYPES[args.dtype]
+    colls = [c for c in args.colls.split(",") if c]
+    chosen = {"all_gather": [v for v in args.variants.split(",") if v],
+              "reduce_scatter": [v for v in args.rs_variants.split(",") if v]}
+    info = C.header(f"{', '.join(colls)}, {world} ranks, {args.dtype}, median of {args.iters} ops after "
+                    f"{args.warmup} warmup")
+    all_results, all_na = [], {}
+    for coll in colls:
+        if coll == "reduce_scatter" and dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            C.log0(f"# reduce_scatter skipped: dtype {args.dtype} (ce_overlap reduces bf16, fp16, fp32)")
+            continue
+        helps = COLLS[coll][1]
+        for v in chosen[coll]:
+            C.log0(f"#   {coll} {v:<18} {helps.get(v, '')}")
+        results, na = sweep(coll, chosen[coll], sizes, dtype, args.dtype, args, group, rank, world)
+        print_tables(coll, chosen[coll], helps, sizes, results)
+        all_results += results
+        all_na.update({f"{coll}:{k}": v for k, v in na.items()})
+    C.finish(group, args.out, {"schema": "ce_overlap.bench.collectives/2", "args": vars(args), "results": all_results},
+             all_na, info)
+    wrong_total = sum(r.get("wrong", 0) for r in all_results)
+    rc = 0 if wrong_total == 0 and not any("error" in r for r in all_results) else 1
     dist.barrier()
     dist.destroy_process_group()
     return rc

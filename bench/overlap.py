@@ -1,6 +1,7 @@
 """How much a collective running beside compute slows the compute: a bf16 8192^3 GEMM and a memory-bound elementwise
-add of 1 GiB tensors, timed alone and while each all-gather variant (256 MiB per rank) loops back to back on its
-own stream. Prints the slowdown (%) per pair; --out writes the numbers as JSON.
+add of 1 GiB tensors, timed alone and while each all-gather variant (256 MiB per rank: NCCL, ce_overlap staged /
+zero-copy / in-place pull / push, symm_mem) and each reduce-scatter variant (256 MiB output per rank: NCCL,
+ce_overlap, symm_mem) loops back to back on its own stream. Prints the slowdown (%) per pair; --out writes JSON.
 
     torchrun --nproc-per-node 2 bench/overlap.py --out bench/results/overlap.json
 
@@ -16,6 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
+import _ce_variants as V  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -83,7 +85,8 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--per-launch", type=int, default=2, help="collectives enqueued per compute launch")
     p.add_argument("--compute", default="gemm,membound")
-    p.add_argument("--variants", default=",".join(C.VARIANTS))
+    p.add_argument("--variants", default=",".join(V.AG_VARIANTS), help=f"all-gather variants, of {V.AG_VARIANTS}")
+    p.add_argument("--rs-variants", default=",".join(V.RS_VARIANTS), help=f"reduce-scatter variants, of {V.RS_VARIANTS}")
     p.add_argument("--out", help="JSON result path (written by rank 0)")
     args = p.parse_args()
 
@@ -91,18 +94,29 @@ def main() -> int:
     C.size_pool_env(nbytes, int(os.environ.get("WORLD_SIZE", "1")))
     rank, world, _ = C.init()
     group = dist.group.WORLD
-    info = C.header(f"compute slowdown beside all-gathers of {args.size_mib} MiB per rank, {world} ranks")
-    variants = [v for v in args.variants.split(",") if v]
+    info = C.header(f"compute slowdown beside all-gathers / reduce-scatters of {args.size_mib} MiB per rank, "
+                    f"{world} ranks")
+    # Labels "ag:<variant>" and "rs:<variant>".
+    variants = [f"ag:{v}" for v in args.variants.split(",") if v] + [f"rs:{v}" for v in args.rs_variants.split(",")
+                                                                    if v]
     computes = [c for c in args.compute.split(",") if c]
 
     count = nbytes // 2
     inp = torch.randn(count, dtype=torch.bfloat16, device="cuda")
+    rs_inp = torch.randint(-8, 9, (world * count,), device="cuda").to(torch.bfloat16)
+
+    def make(label: str) -> C.Variant:
+        coll, name = label.split(":", 1)
+        v = V.make_ag_variant(name, inp, group) if coll == "ag" else V.make_rs_variant(name, rs_inp, group)
+        v.name = label
+        return v
+
     results, na = [], {}
     failed_ce = ""
     # Collective alone, for reference.
     coll_alone = {}
     for name in variants:
-        v = C.make_variant(name, inp, group)
+        v = make(name)
         if C.sum_over_ranks(0 if v.run else 1):
             na[name] = v.na_reason or "not available on every rank"
             continue
@@ -112,7 +126,7 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001
             C.print_exc_rank()
             na[name] = C.format_exc_line(e)
-            if name.startswith("ce_"):
+            if ":ce" in name:
                 failed_ce = na[name]
         del v
 
@@ -130,10 +144,10 @@ def main() -> int:
             if name in na:
                 results.append({"compute": kind, "label": label, "variant": name, "na": na[name]})
                 continue
-            if name.startswith("ce_") and failed_ce:
+            if ":ce" in name and failed_ce:
                 results.append({"compute": kind, "label": label, "variant": name, "na": failed_ce})
                 continue
-            v = C.make_variant(name, inp, group)
+            v = make(name)
             if C.sum_over_ranks(0 if v.run else 1):
                 results.append({"compute": kind, "label": label, "variant": name, "na": v.na_reason})
                 continue
@@ -144,7 +158,7 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001
                 C.print_exc_rank()
                 reason = C.format_exc_line(e)
-                if name.startswith("ce_"):
+                if ":ce" in name:
                     failed_ce = reason
                 results.append({"compute": kind, "label": label, "variant": name, "error": reason})
                 continue
@@ -166,15 +180,15 @@ def main() -> int:
     C.log0()
     C.log0(f"# collective alone (256 MiB per rank unless --size-mib): "
            + ", ".join(f"{k} {v * 1e3:.0f} us" for k, v in coll_alone.items()))
-    C.log0(f"{'compute':<28} {'beside':<16} {'compute(us)':>12} {'slowdown%':>10} {'TFLOP/s|GB/s':>13} "
+    C.log0(f"{'compute':<28} {'beside':<24} {'compute(us)':>12} {'slowdown%':>10} {'TFLOP/s|GB/s':>13} "
            f"{'coll(us)':>10} {'coll busbw':>11}")
     for r in results:
         if "compute_ms" not in r:
-            C.log0(f"{r['label']:<28} {r['variant']:<16} n/a: {r.get('na') or r.get('error')}")
+            C.log0(f"{r['label']:<28} {r['variant']:<24} n/a: {r.get('na') or r.get('error')}")
             continue
         rate = r.get("tflops", r.get("hbm_gbps", 0.0))
         coll = r.get("collective_ms_beside")
-        C.log0(f"{r['label']:<28} {(r['variant'] or 'alone'):<16} {r['compute_ms'] * 1e3:>12.1f} "
+        C.log0(f"{r['label']:<28} {(r['variant'] or 'alone'):<24} {r['compute_ms'] * 1e3:>12.1f} "
                f"{r['slowdown_pct']:>+10.1f} {rate:>13.1f} "
                + (f"{coll * 1e3:>10.1f} {r['collective_busbw_beside_gbps']:>11.1f}" if coll else f"{'-':>10} {'-':>11}"))
     C.finish(group, args.out, {"schema": "ce_overlap.bench.overlap/1", "args": vars(args),

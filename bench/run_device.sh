@@ -1,101 +1,38 @@
 #!/usr/bin/env bash
-# One-shot device run of the CE runtime milestone, from the repo root on the 2-GPU box (no network there):
-# build (with the runtime ON), the runtime's CPU and GPU tests, then bench/collectives.py and bench/overlap.py.
-# Every stage logs to $OUT/<stage>.log and has its own timeout under one global deadline, so a failed or stuck
-# stage never keeps the later ones from running; $OUT/summary.txt lists each stage's exit code and duration.
+# One-shot device run of the CE runtime, from the repo root on the 2-GPU box (no network there): build (with the
+# runtime ON), the runtime's GPU tests, the probe (bench/ce_probe.py: same-GPU copies on copy engines? all-gather
+# pull vs push), bench/collectives.py (all-gather and reduce-scatter), bench/overlap.py, then the CPU tests.
+# Every stage logs to $OUT/<stage>.log (JSON results next to them) and has its own timeout under one global
+# deadline, so a failed or stuck stage never keeps the later ones from running; $OUT/summary.txt lists each
+# stage's exit code and duration. The whole script must finish within ~6 minutes (the device lease): the default
+# budget is 330 s. Expected: env 6 s, build ~35 s, probe ~50 s, GPU tests ~70 s (two torchrun launches; every step
+# of the workers is bounded, so a hang fails within ~50 s naming the step), collectives ~25 s, overlap ~35 s,
+# CPU tests ~25 s: ~4 min.
 #
 #   bash bench/run_device.sh            # needs .devdeps/nlohmann-json3-dev_*.deb carried along (see DEVICE.md)
 #   CE_DEVICE_BUDGET_S=540 OUT=/tmp/out bash bench/run_device.sh
+#   CE_DEVICE_STAGES="gpu_tests probe" bash bench/run_device.sh   # only these stages (env and build always run)
 set -o pipefail
 cd "$(dirname "$0")/.."
 
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-BUDGET_S=${CE_DEVICE_BUDGET_S:-550}
-START_S=$(date +%s)
-DEADLINE_S=$((START_S + BUDGET_S))
-STAMP=$(date +%Y%m%d-%H%M%S)
-PY=${PYTHON:-python3}
-STATUS=()
+BUDGET_S=${CE_DEVICE_BUDGET_S:-330}
+STAGES=${CE_DEVICE_STAGES:-probe gpu_tests collectives overlap cpu_tests}
+source bench/_device_lib.sh
 
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1   # never multicast on the lent machines
-export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-
-# stage NAME CAP_S CMD...: runs CMD with timeout min(CAP_S, time left before the deadline), tee'd to $OUT/NAME.log.
-stage() {
-  local name=$1 cap=$2
-  shift 2
-  local now left t t0 rc
-  now=$(date +%s)
-  left=$((DEADLINE_S - now))
-  t=$((cap < left ? cap : left))
-  if ((t < 15)); then
-    echo "== [$name] skipped: only ${left}s left of the ${BUDGET_S}s budget" | tee "$OUT/$name.log"
-    STATUS+=("$name: SKIPPED (out of time)")
-    return 0
-  fi
-  echo "== [$name] (timeout ${t}s) $*" | tee "$OUT/$name.log"
-  t0=$(date +%s)
-  # bash -c: `timeout` runs programs, and some stages are the shell functions exported below.
-  timeout --signal=TERM --kill-after=15 "$t" bash -c '"$@"' "$name" "$@" 2>&1 | tee -a "$OUT/$name.log"
-  rc=${PIPESTATUS[0]}
-  local took=$(($(date +%s) - t0))
-  if ((rc == 124 || rc == 137)); then
-    STATUS+=("$name: TIMEOUT after ${took}s (rc=$rc)")
-  elif ((rc == 0)); then
-    STATUS+=("$name: ok (${took}s)")
-  else
-    STATUS+=("$name: FAILED rc=$rc (${took}s)")
-  fi
-  echo "== [$name] rc=$rc in ${took}s" | tee -a "$OUT/$name.log"
-  return 0
-}
-
-env_info() {
-  date
-  nvidia-smi || true
-  nvidia-smi topo -m || true
-  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count())"
-  nvcc --version | tail -n 2 || true
-  cmake --version | head -n 1 || true
-  g++ --version | head -n 1 || true
-  git log --oneline -n 1 2>/dev/null || true
-  git status --short 2>/dev/null | head -n 40 || true
-}
-
-build() {
-  local deb
-  deb=$(ls .devdeps/nlohmann-json3-dev_*.deb 2>/dev/null | head -n 1)
-  if [ -n "$deb" ]; then
-    rm -rf /tmp/nl && dpkg -x "$deb" /tmp/nl && echo "nlohmann-json unpacked from $deb"
-  else
-    echo "no .devdeps/nlohmann-json3-dev_*.deb: relying on an installed nlohmann-json (carry .devdeps if this fails)"
-  fi
-  # The box's default CXX (/opt/gcc/bin/g++, a wrapper) builds objects whose std::string does not match
-  # torch's: the first c10::Error with a formatted message segfaulted. The distribution's g++ matches.
-  if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++; fi
-  echo "CXX=${CXX:-default}"
-  CMAKE_PREFIX_PATH=/tmp/nl/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH} CE_OVERLAP_BUILD_TESTS=OFF \
-    CE_OVERLAP_BUILD_RUNTIME=ON CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16} \
-    "$PY" -m pip install --no-build-isolation --no-deps -e . || return 1
-  "$PY" -c "import ce_overlap.runtime as rt; a = rt.available(); print('ce_overlap.runtime.available():', a); import sys; sys.exit(0 if a else 1)"
-}
-
-torchrun2() { "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 "$@"; }
-export -f env_info build torchrun2
-export PY OUT
+want() { [[ " $STAGES " == *" $1 "* ]]; }
 
 stage env 30 env_info
-stage build 300 build
-stage cpu_tests 90 "$PY" -m pytest tests/runtime/test_runtime_cpu.py -q -rs
-stage gpu_tests 220 env CE_OVERLAP_REQUIRE_GPU_TESTS=1 "$PY" -m pytest tests/runtime/test_runtime_gpu.py -v -s -rs
-stage collectives 150 torchrun2 bench/collectives.py --out "$OUT/collectives.json"
-stage overlap 150 torchrun2 bench/overlap.py --out "$OUT/overlap.json"
+stage build 150 build
+# (a) same-GPU copy APIs beside a GEMM; (b) all-gather pull split 1/2/3 vs push, 64/256 MiB, GEMM beside;
+# (c) reduce-scatter over reduction CTAs x round size, GEMM beside; (d) the reduction kernel alone. First: new data.
+want probe && stage probe 100 torchrun2 bench/ce_probe.py --out "$OUT/ce_probe.json"
+# GPU tests: 2 torchrun launches (collectives vs NCCL + symmetric allocation; timeouts + mismatches).
+want gpu_tests && stage gpu_tests 200 env CE_OVERLAP_REQUIRE_GPU_TESTS=1 "$PY" -m pytest tests/runtime/test_runtime_gpu.py -v -s -rs
+# all-gather (7 variants) and reduce-scatter (4 variants), 64 KiB .. 1 GiB per rank.
+want collectives && stage collectives 60 torchrun2 bench/collectives.py --out "$OUT/collectives.json"
+# GEMM and 1 GiB add beside every all-gather and reduce-scatter variant, 256 MiB per rank.
+want overlap && stage overlap 60 torchrun2 bench/overlap.py --out "$OUT/overlap.json"
+want cpu_tests && stage cpu_tests 60 "$PY" -m pytest tests/runtime/test_runtime_cpu.py -q -rs
 
-# Keep a copy next to the code too; copy $OUT into the repository's bench/results/ to record a run.
-mkdir -p "bench/results/device-$STAMP" && cp "$OUT"/*.json "$OUT"/*.log "bench/results/device-$STAMP/" 2>/dev/null
-
-{
-  echo "ce_overlap device run $STAMP on $(hostname), $(( $(date +%s) - START_S ))s of ${BUDGET_S}s budget"
-  for s in "${STATUS[@]}"; do echo "  $s"; done
-} | tee "$OUT/summary.txt"
+summary "ce_overlap runtime device run"
+[ "${CE_DEVICE_PACK:-1}" = 1 ] && pack runtime

@@ -1,4 +1,4 @@
-// All-gather into tensor, pull-based, on copy engines only: no SM kernel moves data or signals.
+// All-gather into tensor on copy engines only: no SM kernel moves data or signals. Pull (default) or push.
 //
 // ===================================== The protocol =================================================
 // Actors: n ranks of one group, each with a symmetric pool (symmetric_pool.h) mapped into every peer,
@@ -6,69 +6,165 @@
 // every rank because every rank enqueues the same collectives in the same order (as with NCCL).
 // Flags live in the RECEIVER's memory and are only waited on locally; writes to peers are 32- or
 // 4-byte cudaMemcpyAsync from a local outbox (cuStreamWriteValue32 to remote memory is unsupported from
-// CUDA 13.1 on).
+// CUDA 13.1 on). Every round's signal carries a signature of (op, variant, sizes, round, offset): the
+// waits below compare it, so ranks that disagree on any of them block instead of moving bytes.
 //
-// One op = one or more ROUNDS; each round consumes one epoch e and moves up to R bytes per rank:
-//   zero-copy: the input already lies in the user region of our pool, at offset O. Peers read it in
-//              place. One round. (O is the same on every rank because empty_symmetric is SPMD.)
-//   staged:    the input is elsewhere; it is copied into the staging region, R = staging size, and
-//              the op takes ceil(bytes / R) rounds.
+// Variants (chosen per op from where the tensors lie; `O` is the offset posted in the signal):
+//   staged (pull):     the input is outside the pool; it is copied into our staging region in rounds of
+//                      R = staging size (ceil(bytes / R) rounds). Peer p's shard: its staging region, O.
+//   symmetric (pull):  the input lies in the user region at O (the same on every rank: empty_symmetric
+//                      agrees offsets through the store). Peers read it in place. One round.
+//   in place (pull):   the output lies in the user region at O and the input IS its shard r. Peer p's
+//                      shard is at O + p * bytes in p's pool. One round, no self copy.
+//   push:              CE_OVERLAP_AG_MODE=push (or _set_all_gather_mode) and the output lies in the user
+//                      region at O. Every rank WRITES its input into O + r * bytes of every peer's pool.
+//                      One round; the input may be anywhere (no staging).
 //
-// Rank r, comm stream, for the op:
+// PULL, rank r, comm stream:
 //   0. wait for the caller's stream (event); the self stream does too and copies the own shard
 //      input -> out[r] (skipped when the input already IS out[r]: in-place all-gather).
-//   For each round (epoch e, bytes b, source offset O):
+//   For each round (epoch e, bytes b):
 //   1. WAIT done[p] >= e-1 for every peer p            (skipped if already known)
-//        Every peer finished reading our pool for the previous round/op, so (a) the staging region may
-//        be overwritten, and (b) no peer is still inside epoch e-1 when we announce e (see 3).
+//        Every peer is finished with our pool for the previous round/op (read it, or wrote into it), so
+//        (a) the staging region may be overwritten, and (b) no peer is still inside epoch e-1 when we
+//        announce e (see 3).
 //   2. staged only: copy input chunk -> our staging region (local_copy_async: asks for a copy engine).
-//   3. POST ready: stream-write {e, signature, kind, round, b, O} into our outbox (and e into the done
-//      outbox), then copy the outbox into ready[r] of every peer.
+//   3. POST ready: stream-write {e, signature, kind|variant|round, b, O} into our outbox (and e into the
+//      done outbox), then copy the outbox into ready[r] of every peer.
 //        Stream order makes our shard (2, or the caller's writes before 0) complete before any peer can
 //        see epoch e.
 //   4. For i = 1..n-1, peer p = (r+i) % n (spreads the readers of one source over time):
 //        WAIT ready[p].epoch >= e  and  ready[p].sig_{a,b} & (our sig_{a,b} | poison) != 0
-//        PULL peer p's bytes [O, O+b) from its pool (peer mapping) -> out[p*bytes + round offset]
+//        PULL peer p's bytes of this round from its pool (peer mapping) -> out[p*bytes + round offset]
+//          (with a pull split of k > 1: k pieces, piece 0 on the comm stream, piece j on pull stream j-1,
+//          forked from the comm stream after the WAIT by an event and joined back into it before the POST)
 //        POST done: copy the done outbox (= e) into done[r] of p.
 //   After the last round:
-//   5. zero-copy only: WAIT done[p] >= e_last for every peer. Peers read our input IN PLACE, so the
-//      caller may overwrite it only once they are finished; the caller's stream waits on 6.
+//   5. zero-copy (symmetric or in place): WAIT done[p] >= e_last for every peer. Peers read our pool
+//      IN PLACE, so the caller may overwrite it only once they are finished; the caller waits on 6.
 //   6. comm waits for the self stream; record `end`; the caller's stream waits on `end`.
 //
+// PUSH, rank r, comm stream (one round, epoch e; our output at pool offset O):
+//   0. as in PULL (join the caller; self copy unless in place).
+//   1. WAIT done[p] >= e-1 for every peer p (as in PULL: the epoch window, and the previous op's users
+//      of our pool are finished).
+//   2. POST ready {e, ..., O}: "our output accepts writes for epoch e". Posted after 0, so the caller's
+//      earlier work on the output (reads of a previous result) is complete before a peer writes into it.
+//   3. For i = 1..n-1, peer p = (r+i) % n:
+//        WAIT ready[p] >= e with our signature (p's output accepts writes, at the same offset O)
+//        PUSH input -> p's pool at O + r * bytes (cudaMemcpyAsync through the peer mapping)
+//        POST done: copy the done outbox (= e) into done[r] of p: "r finished writing into p for e".
+//          Both copies are on our comm stream, so p sees done = e only after our bytes landed.
+//   4. WAIT done[p] >= e for every peer: every peer's shard has landed in our output.
+//   5. as 6 in PULL.
+//
 // Why it is safe:
-//   * Data before flag: a peer sees ready = e only after our shard for e is complete (3 is stream-
+//   * Data before flag (pull): a peer sees ready = e only after our shard for e is complete (3 is stream-
 //     ordered after 2 and after the caller's writes), and pulls only after seeing it (4).
-//   * No overwrite while read: our staging region is rewritten in round e only after every peer has
+//     Data before flag (push): we return the output only after done = e from every peer (4), which each
+//     peer writes after its push into us completed (stream order on its comm stream).
+//   * No overwrite while read (pull): our staging region is rewritten in round e only after every peer has
 //     posted done >= e-1 (1), which each posts after its pull of round e-1 completed (4, stream order).
 //     A zero-copy input is released to the caller only after done >= e (5).
+//     No write while in use (push): a peer writes into our output only after our ready = e (2), which we
+//     post after the caller handed the output over (0); the output returns to the caller only after
+//     every peer's writes completed (4). Peers write disjoint shards; we never write our own pool there.
 //   * A peer is never an epoch ahead of our wait: rank p posts ready = e+1 only after done[r] >= e from
-//     us (1), and we post done = e only after our wait for ready = e passed (4). So while we wait for
-//     epoch e, ready[p] holds at most e, and the signature we compare is epoch e's own. That is what
-//     makes a mismatch (different sizes, offsets or op on two ranks) detectable: the AND-wait never
-//     passes, and the watchdog reports both sides' descriptors instead of returning wrong bytes.
+//     us (1), and we post done = e only after our wait for ready = e passed (4 pull, 3 push). So while we
+//     wait for epoch e, ready[p] holds at most e, and the signature we compare is epoch e's own. That is
+//     what makes a mismatch (different sizes, offsets, variants or ops on two ranks) detectable: the AND-
+//     wait never passes, and the watchdog reports both sides' descriptors instead of moving wrong bytes.
 //     (The 32-byte signal may land word by word; a stale signature word at worst delays the AND-wait
 //     until the new word lands, or lets it pass by coincidence, which only costs the mismatch check:
-//     the data ordering rests on the epoch word alone.)
-//   * No deadlock: all of a rank's waits in round e depend only on peers' posts of round e (3, 4) or
-//     of earlier rounds (1, 5), and every rank posts its round-e ready before its first round-e wait.
-//   * The self copy reads the caller's input and writes only out[r]; it touches no flag and no pool
-//     memory, so it runs on its own stream beside the pulls.
+//     the data ordering rests on the epoch word alone.) The same holds across op kinds and variants
+//     (reduce_scatter.cc follows the same rules), since every rank posts done = e to a peer only after
+//     its wait for that peer's ready = e.
+//   * No deadlock: all of a rank's waits in round e depend only on peers' posts of round e (ready, and
+//     push: done) or of earlier rounds (1, pull 5), and every rank posts its round-e ready before its
+//     first round-e wait.
+//   * The self copy reads the caller's input and writes only out[r]; it touches no flag and no shard a
+//     peer reads or writes, so it runs on its own stream beside the pulls / pushes.
+//   * A split pull is, to every argument above, one copy on the comm stream: its pieces start only after
+//     the fork event, recorded on the comm stream after the ready WAIT for that peer, and the comm stream
+//     waits for every piece's join event before it POSTs done to that peer, records `end` or does
+//     anything else. So "pull only after ready = e" and "done = e only after the pull completed" hold for
+//     every piece; the pieces write disjoint ranges of out[p]. The pull streams wait only on comm-stream
+//     events, so poisoning the flags drains them with the comm stream; and every later event on the comm
+//     stream (the caching allocator's stream records, release_symmetric, `end`) lies after the joins.
+//     The split is local: ranks may use different splits (it is not part of the signature).
+//   * POST ready rewrites only the outbox words that changed since the comm stream last wrote them (the
+//     host mirrors them; only the comm stream writes the outbox, in order). The outbox then holds exactly
+//     the 32-byte signal of 3 when the copies of 3 read it, as if every word had been rewritten.
 //   * Zero bytes: nothing is enqueued and no epoch is consumed (consistently on every rank, since the
 //     sizes match); mismatched zero/non-zero sizes across ranks then show up as a timeout on the other.
 //   * Timeouts: the watchdog (group.cc) names the op, the group, this rank and the peers whose flags
 //     never arrived, then writes "far future" epochs and the poison bit into our flags so every wait
 //     above passes and the stream drains; the group is then marked failed and refuses further ops.
+//     Draining a PUSH means our remaining pushes land in the peers' pools without their consent: after a
+//     timeout the peers' symmetric tensors are suspect too (the job must be restarted anyway).
+//   tests/runtime/protocol_model.py replays these enqueue sequences under random schedules (CPU test).
 // ====================================================================================================
 #include "all_gather.h"
 
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <sstream>
+#include <stdexcept>
 
 namespace ce_overlap {
 
 namespace {
 
-void enqueue_locked(Group& g, const AllGatherArgs& a, const std::string& where, bool in_place,
-                    std::optional<size_t> zero_copy_offset, size_t round_capacity, size_t rounds);
+std::atomic<int> g_mode{-1};  // -1: CE_OVERLAP_AG_MODE not read yet
+
+int parse_mode(const std::string& mode) {
+  if (mode == "pull") return static_cast<int>(AllGatherMode::Pull);
+  if (mode == "push") return static_cast<int>(AllGatherMode::Push);
+  return -1;
+}
+
+}  // namespace
+
+AllGatherMode all_gather_mode() {
+  const int current = g_mode.load();
+  if (current >= 0) return static_cast<AllGatherMode>(current);
+  const char* raw = std::getenv("CE_OVERLAP_AG_MODE");
+  const std::string text = raw ? raw : "";
+  const int parsed = text.empty() ? static_cast<int>(AllGatherMode::Pull) : parse_mode(text);
+  if (parsed < 0) {
+    throw std::runtime_error("ce_overlap: environment variable CE_OVERLAP_AG_MODE='" + text +
+                             "' must be 'pull' or 'push'");
+  }
+  int expected = -1;
+  g_mode.compare_exchange_strong(expected, parsed);
+  return static_cast<AllGatherMode>(g_mode.load());
+}
+
+std::string set_all_gather_mode(const std::string& mode) {
+  const int parsed = parse_mode(mode);
+  if (parsed < 0) throw std::invalid_argument("all-gather mode must be 'pull' or 'push', got '" + mode + "'");
+  const int previous = g_mode.exchange(parsed);
+  if (previous < 0) {
+    const char* raw = std::getenv("CE_OVERLAP_AG_MODE");
+    return raw && std::string(raw) == "push" ? "push" : "pull";
+  }
+  return previous == static_cast<int>(AllGatherMode::Push) ? "push" : "pull";
+}
+
+namespace {
+
+// How one op moves its bytes, decided before any epoch is consumed.
+struct Plan {
+  Variant variant = Variant::AgStaged;
+  bool in_place = false;
+  size_t offset = 0;          // posted in the signal: staging / input / output pool offset
+  size_t round_capacity = 0;  // bytes per rank per round
+  size_t rounds = 0;
+};
+
+void enqueue_pull_locked(Group& g, const AllGatherArgs& a, const std::string& where, const Plan& plan);
+void enqueue_push_locked(Group& g, const AllGatherArgs& a, const std::string& where, const Plan& plan);
 
 }  // namespace
 
@@ -77,6 +173,7 @@ void enqueue_all_gather(Group& g, const AllGatherArgs& a) {
   std::lock_guard<std::mutex> lk(g.mutex());
   g.throw_if_unusable_locked(kOp);
   if (a.nbytes == 0) return;
+  Group::EnqueueScope enqueueing(g);  // the watchdog's view of an enqueue stuck in a CUDA call
 
   const std::string where = "all_gather_into_tensor on group '" + g.name() + "' (rank " + std::to_string(g.rank()) + ")";
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -88,19 +185,43 @@ void enqueue_all_gather(Group& g, const AllGatherArgs& a) {
   }
 
   SymmetricPool& pool = g.pool();
+  const int n = g.world_size();
   const char* out = static_cast<const char*>(a.output);
   const char* in = static_cast<const char*>(a.input);
-  const bool in_place = in == out + static_cast<size_t>(g.rank()) * a.nbytes;
-  const std::optional<size_t> zero_copy_offset = pool.user_region_offset(in, a.nbytes);
-  const size_t round_capacity = zero_copy_offset ? a.nbytes : pool.staging_bytes();
+  const std::optional<size_t> out_offset = pool.user_region_offset(out, a.nbytes * static_cast<size_t>(n));
+  const std::optional<size_t> in_offset = pool.user_region_offset(in, a.nbytes);
+  Plan plan;
+  plan.in_place = in == out + static_cast<size_t>(g.rank()) * a.nbytes;
+  const AllGatherMode mode = all_gather_mode();  // may throw (bad CE_OVERLAP_AG_MODE): no epoch consumed yet
+  if (n > 1 && out_offset && mode == AllGatherMode::Push) {
+    plan.variant = Variant::AgPush;
+    plan.offset = *out_offset;
+    plan.round_capacity = a.nbytes;
+  } else if (out_offset && plan.in_place) {
+    plan.variant = Variant::AgInPlace;
+    plan.offset = *out_offset;
+    plan.round_capacity = a.nbytes;
+  } else if (in_offset) {
+    plan.variant = Variant::AgSymmetricInput;
+    plan.offset = *in_offset;
+    plan.round_capacity = a.nbytes;
+  } else {
+    plan.variant = Variant::AgStaged;
+    plan.offset = pool.staging_offset();
+    plan.round_capacity = pool.staging_bytes();
+  }
   // A group of one has no peers: only the self copy remains.
-  const size_t rounds = g.world_size() == 1 ? 0 : (a.nbytes + round_capacity - 1) / round_capacity;
+  plan.rounds = n == 1 ? 0 : (a.nbytes + plan.round_capacity - 1) / plan.round_capacity;
 
   DeviceScope scope(g.device());
   // From here on epochs are consumed: an error half-way leaves this rank out of step with its peers,
   // so the group is marked failed (later ops raise this message instead of hanging).
   try {
-    enqueue_locked(g, a, where, in_place, zero_copy_offset, round_capacity, rounds);
+    if (plan.variant == Variant::AgPush) {
+      enqueue_push_locked(g, a, where, plan);
+    } else {
+      enqueue_pull_locked(g, a, where, plan);
+    }
   } catch (const std::exception& e) {
     g.mark_failed_locked(std::string(e.what()) + " (group '" + g.name() + "' is now unusable: this rank's epochs are out of step with its peers)");
     throw;
@@ -109,76 +230,161 @@ void enqueue_all_gather(Group& g, const AllGatherArgs& a) {
 
 namespace {
 
-void enqueue_locked(Group& g, const AllGatherArgs& a, const std::string& where, bool in_place,
-                    std::optional<size_t> zero_copy_offset, size_t round_capacity, size_t rounds) {
-  static const char* kOp = "all_gather_into_tensor";
-  SymmetricPool& pool = g.pool();
-  const int rank = g.rank();
-  const int n = g.world_size();
-  const cudaStream_t comm = g.comm_stream();
-  const cudaStream_t self = g.self_stream();
-  char* out = static_cast<char*>(a.output);
-  const char* in = static_cast<const char*>(a.input);
+PendingOp begin_op(Group& g, const AllGatherArgs& a, const Plan& plan) {
   PendingOp op;
-  op.name = kOp;
+  op.name = "all_gather_into_tensor";
   op.seq = g.next_op_seq();
   op.kind = OpKind::AllGather;
+  op.variant = plan.variant;
+  op.push_style = plan.variant == Variant::AgPush;
   op.nbytes_per_rank = a.nbytes;
-  op.zero_copy = zero_copy_offset.has_value();
   op.enqueued = Clock::now();
   op.start = g.take_event();
   op.end = g.take_event();
+  return op;
+}
 
-  // 0. Join the caller's stream; the own shard goes on the self stream.
+// 0. Join the caller's stream; the own shard goes on the self stream.
+void join_caller_and_copy_self(Group& g, const AllGatherArgs& a, const std::string& where, const Plan& plan,
+                               PendingOp& op) {
+  const cudaStream_t comm = g.comm_stream();
+  const cudaStream_t self = g.self_stream();
+  char* out = static_cast<char*>(a.output);
   CE_CUDA_CHECK(cudaEventRecord(g.caller_ready_event(), a.caller), where);
   CE_CUDA_CHECK(cudaStreamWaitEvent(comm, g.caller_ready_event(), 0), where);
-  if (!in_place) {
+  if (!plan.in_place) {
     CE_CUDA_CHECK(cudaStreamWaitEvent(self, g.caller_ready_event(), 0), where);
-    CE_CUDA_CHECK(local_copy_async(out + static_cast<size_t>(rank) * a.nbytes, in, a.nbytes, self),
+    CE_CUDA_CHECK(local_copy_async(out + static_cast<size_t>(g.rank()) * a.nbytes, a.input, a.nbytes, g.device(), self),
                   where + ": copying the own shard");
     CE_CUDA_CHECK(cudaEventRecord(g.self_done_event(), self), where);
   }
   CE_CUDA_CHECK(cudaEventRecord(op.start, comm), where);
+}
 
-  for (size_t k = 0; k < rounds; ++k) {
-    const size_t chunk_offset = k * round_capacity;
-    const size_t chunk = std::min(round_capacity, a.nbytes - chunk_offset);
-    const size_t src_offset = zero_copy_offset ? *zero_copy_offset : pool.staging_offset();
+// Last step: join the self copy and hand the result back to the caller's stream.
+void finish_op(Group& g, const AllGatherArgs& a, const std::string& where, const Plan& plan, PendingOp op) {
+  const cudaStream_t comm = g.comm_stream();
+  if (!plan.in_place) CE_CUDA_CHECK(cudaStreamWaitEvent(comm, g.self_done_event(), 0), where);
+  CE_CUDA_CHECK(cudaEventRecord(op.end, comm), where);
+  if (a.join != nullptr) {
+    CE_CUDA_CHECK(cudaEventRecord(a.join, comm), where);  // the caller joins in ce_overlap::wait_tensor
+  } else {
+    CE_CUDA_CHECK(cudaStreamWaitEvent(a.caller, op.end, 0), where);
+  }
+  g.track(std::move(op));
+}
+
+// 4. PULL one peer's bytes of a round: one cudaMemcpyAsync on the comm stream, or, with a pull split of k
+// (CE_OVERLAP_PULL_SPLIT / _tune), k pieces: piece 0 on the comm stream, piece j on pull stream j-1, forked
+// from the comm stream right here (after the ready wait) and joined back before the caller posts done.
+// To the protocol this is one copy on the comm stream: it starts after the wait and ends before the post.
+void pull_copy(Group& g, char* dst, const char* src, size_t bytes, const std::string& what) {
+  const cudaStream_t comm = g.comm_stream();
+  const size_t most = std::max<size_t>(1, bytes / kMinPullPiece);
+  const int k = static_cast<int>(std::min<size_t>(static_cast<size_t>(g.pull_split()), most));
+  if (k <= 1) {
+    CE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, comm), what);
+    return;
+  }
+  // Pieces of ceil(bytes / k) rounded up to 64 KiB (so k pieces always cover `bytes`); the last takes the rest.
+  constexpr size_t kPieceAlign = 64 * 1024;
+  const size_t per = (bytes + static_cast<size_t>(k) - 1) / static_cast<size_t>(k);
+  const size_t piece = (per + kPieceAlign - 1) / kPieceAlign * kPieceAlign;
+  CE_CUDA_CHECK(cudaEventRecord(g.fork_event(), comm), what);
+  int forked = 0;
+  for (int j = 1; j < k; ++j) {
+    const size_t off = static_cast<size_t>(j) * piece;
+    if (off >= bytes) break;
+    const size_t len = j == k - 1 ? bytes - off : std::min(piece, bytes - off);
+    const cudaStream_t s = g.pull_stream(j - 1);
+    CE_CUDA_CHECK(cudaStreamWaitEvent(s, g.fork_event(), 0), what);
+    CE_CUDA_CHECK(cudaMemcpyAsync(dst + off, src + off, len, cudaMemcpyDeviceToDevice, s), what);
+    CE_CUDA_CHECK(cudaEventRecord(g.join_event(j - 1), s), what);
+    ++forked;
+  }
+  CE_CUDA_CHECK(cudaMemcpyAsync(dst, src, std::min(piece, bytes), cudaMemcpyDeviceToDevice, comm), what);
+  for (int j = 0; j < forked; ++j) CE_CUDA_CHECK(cudaStreamWaitEvent(comm, g.join_event(j), 0), what);
+}
+
+void enqueue_pull_locked(Group& g, const AllGatherArgs& a, const std::string& where, const Plan& plan) {
+  SymmetricPool& pool = g.pool();
+  const int rank = g.rank();
+  const int n = g.world_size();
+  const cudaStream_t comm = g.comm_stream();
+  char* out = static_cast<char*>(a.output);
+  const char* in = static_cast<const char*>(a.input);
+  PendingOp op = begin_op(g, a, plan);
+  join_caller_and_copy_self(g, a, where, plan, op);
+
+  for (size_t k = 0; k < plan.rounds; ++k) {
+    const size_t chunk_offset = k * plan.round_capacity;
+    const size_t chunk = std::min(plan.round_capacity, a.nbytes - chunk_offset);
     const uint32_t e = g.next_epoch();
-    const RoundSignature sig = round_signature(OpKind::AllGather, a.nbytes, static_cast<uint32_t>(k), chunk, src_offset);
+    const RoundSignature sig =
+        round_signature(OpKind::AllGather, plan.variant, a.nbytes, static_cast<uint32_t>(k), chunk, plan.offset);
 
     // 1. Peers are done with our previous round (protects the staging region and the epoch window).
     if (k == 0 && !epoch_ge(g.last_done_waited(), e - 1)) op.done_needed_before = e - 1;
     g.wait_peers_done(e - 1);
     // 2. Stage.
-    if (!zero_copy_offset) {
-      CE_CUDA_CHECK(local_copy_async(pool.local_base() + src_offset, in + chunk_offset, chunk, comm),
+    if (plan.variant == Variant::AgStaged) {
+      CE_CUDA_CHECK(local_copy_async(pool.local_base() + plan.offset, in + chunk_offset, chunk, g.device(), comm),
                     where + ": staging the input into the symmetric pool");
     }
     // 3. Announce.
-    g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b, static_cast<uint32_t>(OpKind::AllGather) << 24 | static_cast<uint32_t>(k),
-                            chunk, src_offset});
+    g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b, kind_round_word(OpKind::AllGather, plan.variant, static_cast<uint32_t>(k)),
+                            chunk, plan.offset});
     // 4. Pull from every peer, in (rank + i) % n order.
     for (int i = 1; i < n; ++i) {
       const int p = (rank + i) % n;
+      // Where peer p's bytes of this round lie in its pool.
+      const size_t src = plan.variant == Variant::AgInPlace ? plan.offset + static_cast<size_t>(p) * a.nbytes
+                                                             : plan.offset;
       g.wait_peer_ready(p, e, sig);
-      CE_CUDA_CHECK(cudaMemcpyAsync(out + static_cast<size_t>(p) * a.nbytes + chunk_offset, pool.peer_base(p) + src_offset,
-                                    chunk, cudaMemcpyDeviceToDevice, comm),
-                    where + ": pulling the shard of rank " + std::to_string(p));
+      pull_copy(g, out + static_cast<size_t>(p) * a.nbytes + chunk_offset, pool.peer_base(p) + src, chunk,
+                where + ": pulling the shard of rank " + std::to_string(p));
       g.post_done(p);
     }
-    op.rounds.push_back(RoundInfo{e, sig, static_cast<uint32_t>(k), chunk, src_offset});
+    op.rounds.push_back(RoundInfo{e, sig, static_cast<uint32_t>(k), chunk, plan.offset});
   }
   // 5. A zero-copy input goes back to the caller only once every peer has read it.
-  if (zero_copy_offset) {
+  if (plan.variant != Variant::AgStaged && !op.rounds.empty()) {
     op.done_needed_after = op.rounds.back().epoch;
     g.wait_peers_done(op.done_needed_after);
   }
-  // 6. Join the self copy and hand the result back to the caller's stream.
-  if (!in_place) CE_CUDA_CHECK(cudaStreamWaitEvent(comm, g.self_done_event(), 0), where);
-  CE_CUDA_CHECK(cudaEventRecord(op.end, comm), where);
-  CE_CUDA_CHECK(cudaStreamWaitEvent(a.caller, op.end, 0), where);
-  g.track(std::move(op));
+  finish_op(g, a, where, plan, std::move(op));
+}
+
+void enqueue_push_locked(Group& g, const AllGatherArgs& a, const std::string& where, const Plan& plan) {
+  SymmetricPool& pool = g.pool();
+  const int rank = g.rank();
+  const int n = g.world_size();
+  const cudaStream_t comm = g.comm_stream();
+  PendingOp op = begin_op(g, a, plan);
+  join_caller_and_copy_self(g, a, where, plan, op);
+
+  // One round: the output is in the pool, so the bytes go straight to their final place.
+  const uint32_t e = g.next_epoch();
+  const RoundSignature sig = round_signature(OpKind::AllGather, plan.variant, a.nbytes, 0, a.nbytes, plan.offset);
+  // 1. The epoch window, and every peer is finished with our pool for the previous round.
+  if (!epoch_ge(g.last_done_waited(), e - 1)) op.done_needed_before = e - 1;
+  g.wait_peers_done(e - 1);
+  // 2. Our output accepts writes.
+  g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b, kind_round_word(OpKind::AllGather, plan.variant, 0), a.nbytes,
+                          plan.offset});
+  // 3. Push our shard into every peer's output, in (rank + i) % n order.
+  const size_t dst = plan.offset + static_cast<size_t>(rank) * a.nbytes;
+  for (int i = 1; i < n; ++i) {
+    const int p = (rank + i) % n;
+    g.wait_peer_ready(p, e, sig);
+    CE_CUDA_CHECK(cudaMemcpyAsync(pool.peer_base(p) + dst, a.input, a.nbytes, cudaMemcpyDeviceToDevice, comm),
+                  where + ": pushing our shard into rank " + std::to_string(p));
+    g.post_done(p);
+  }
+  // 4. Every peer's shard has landed in our output.
+  g.wait_peers_done(e);
+  op.rounds.push_back(RoundInfo{e, sig, 0, a.nbytes, plan.offset});
+  finish_op(g, a, where, plan, std::move(op));
 }
 
 }  // namespace

@@ -1,11 +1,15 @@
 // Group state, signalling primitives, timeout diagnosis and the watchdog thread (see group.h).
 #include "group.h"
 
+#include "reduce_kernels.h"
+
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <sstream>
 
 namespace ce_overlap {
@@ -14,13 +18,36 @@ const char* op_kind_name(uint32_t kind) {
   switch (kind) {
     case static_cast<uint32_t>(OpKind::AllGather):
       return "all_gather_into_tensor";
+    case static_cast<uint32_t>(OpKind::ReduceScatter):
+      return "reduce_scatter_tensor";
     default:
       return "unknown op";
   }
 }
 
-RoundSignature round_signature(OpKind kind, uint64_t total_bytes, uint32_t round, uint64_t round_bytes,
-                               uint64_t offset) {
+const char* variant_name(uint32_t variant) {
+  switch (variant) {
+    case static_cast<uint32_t>(Variant::AgStaged):
+      return "staged, pull";
+    case static_cast<uint32_t>(Variant::AgSymmetricInput):
+      return "zero-copy symmetric input, pull";
+    case static_cast<uint32_t>(Variant::AgInPlace):
+      return "in place in a symmetric output, pull";
+    case static_cast<uint32_t>(Variant::AgPush):
+      return "push into symmetric outputs";
+    case static_cast<uint32_t>(Variant::RsPush):
+      return "push into staging slots + reduction";
+    default:
+      return "unknown variant";
+  }
+}
+
+uint32_t kind_round_word(OpKind kind, Variant variant, uint32_t round) {
+  return static_cast<uint32_t>(kind) << 24 | (static_cast<uint32_t>(variant) & 0xfu) << 20 | (round & 0xfffffu);
+}
+
+RoundSignature round_signature(OpKind kind, Variant variant, uint64_t total_bytes, uint32_t round,
+                               uint64_t round_bytes, uint64_t offset, uint64_t extra) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
   auto mix = [&h](uint64_t v) {
     for (int i = 0; i < 8; ++i) {
@@ -29,6 +56,8 @@ RoundSignature round_signature(OpKind kind, uint64_t total_bytes, uint32_t round
     }
   };
   mix(static_cast<uint64_t>(kind));
+  mix(static_cast<uint64_t>(variant));
+  mix(extra);
   mix(total_bytes);
   mix(round);
   mix(round_bytes);
@@ -41,6 +70,7 @@ namespace {
 
 std::mutex g_local_copy_mu;
 std::string g_local_copy_fallback;  // why the batch API was given up, empty while it works
+bool g_local_copy_batch_used = false;
 
 bool local_copy_wants_hint() {
   static const bool wants = [] {
@@ -50,40 +80,79 @@ bool local_copy_wants_hint() {
   return wants;
 }
 
+#if CUDART_VERSION >= 12080
+// One same-GPU copy through cudaMemcpyBatchAsync (a batch of one). Valid arguments, per the CUDA 12.8 / 13.0
+// headers: srcAccessOrder Stream (the source is read in stream order, after the work before it), location
+// hints naming this device (they only matter for managed / pageable memory, ignored otherwise), attrsIdxs
+// = {0}, numAttrs = 1 <= count, and a stream that is not the legacy NULL stream. CUDA 12.x takes a
+// failIdx out-parameter (removed in 13.0).
+cudaError_t batch_copy(void* dst, const void* src, size_t bytes, int device, bool hint, cudaStream_t stream) {
+  if (is_legacy_stream(stream)) return cudaErrorInvalidValue;
+  cudaMemcpyAttributes attr;
+  std::memset(&attr, 0, sizeof(attr));
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  attr.srcLocHint.type = cudaMemLocationTypeDevice;
+  attr.srcLocHint.id = device;
+  attr.dstLocHint.type = cudaMemLocationTypeDevice;
+  attr.dstLocHint.id = device;
+  attr.flags = hint ? cudaMemcpyFlagPreferOverlapWithCompute : cudaMemcpyFlagDefault;
+  void* dsts[1] = {dst};
+  const void* srcs[1] = {src};
+  size_t sizes[1] = {bytes};
+  size_t attr_idx[1] = {0};
+#if CUDART_VERSION >= 13000
+  return cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attr, attr_idx, 1, stream);
+#else
+  size_t fail_idx = 0;
+  return cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attr, attr_idx, 1, &fail_idx, stream);
+#endif
+}
+#else
+cudaError_t batch_copy(void*, const void*, size_t, int, bool, cudaStream_t) { return cudaErrorNotSupported; }
+#endif
+
 }  // namespace
 
-cudaError_t local_copy_async(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
-  bool use_batch = local_copy_wants_hint();
+bool is_legacy_stream(cudaStream_t stream) { return stream == nullptr || stream == cudaStreamLegacy; }
+
+cudaError_t local_copy_async(void* dst, const void* src, size_t bytes, int device, cudaStream_t stream) {
+  bool use_batch = local_copy_wants_hint() && !is_legacy_stream(stream);
   if (use_batch) {
     std::lock_guard<std::mutex> lk(g_local_copy_mu);
     use_batch = g_local_copy_fallback.empty();
   }
   if (use_batch) {
-    cudaMemcpyAttributes attr;
-    std::memset(&attr, 0, sizeof(attr));
-    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-    void* dsts[1] = {dst};
-    const void* srcs[1] = {src};
-    size_t sizes[1] = {bytes};
-    size_t attr_idx[1] = {0};
-    cudaError_t err = cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attr, attr_idx, 1, stream);
-    if (err == cudaSuccess) return err;
+    const cudaError_t err = batch_copy(dst, src, bytes, device, /*hint=*/true, stream);
+    if (err == cudaSuccess) {
+      std::lock_guard<std::mutex> lk(g_local_copy_mu);
+      g_local_copy_batch_used = true;
+      return err;
+    }
     (void)cudaGetLastError();
     std::lock_guard<std::mutex> lk(g_local_copy_mu);
     if (g_local_copy_fallback.empty()) {
-      g_local_copy_fallback = std::string("batch API refused: ") + cudaGetErrorName(err);
-      std::fprintf(stderr, "ce_overlap: cudaMemcpyBatchAsync failed (%s); local copies fall back to cudaMemcpyAsync\n",
-                   cudaGetErrorName(err));
+      g_local_copy_fallback = std::string("batch API refused: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+      std::fprintf(stderr, "ce_overlap: cudaMemcpyBatchAsync failed (%s: %s); local copies fall back to cudaMemcpyAsync\n",
+                   cudaGetErrorName(err), cudaGetErrorString(err));
     }
   }
   return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
 }
 
+cudaError_t local_copy_with(const std::string& mode, void* dst, const void* src, size_t bytes, int device,
+                            cudaStream_t stream) {
+  if (mode == "memcpy") return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
+  if (mode == "peer") return cudaMemcpyPeerAsync(dst, device, src, device, bytes, stream);
+  if (mode == "batch_hint" || mode == "batch") return batch_copy(dst, src, bytes, device, mode == "batch_hint", stream);
+  throw std::invalid_argument("unknown local copy mode '" + mode + "' (expected memcpy, batch_hint, batch or peer)");
+}
+
 std::string local_copy_mode() {
   if (!local_copy_wants_hint()) return "memcpy";
   std::lock_guard<std::mutex> lk(g_local_copy_mu);
-  return g_local_copy_fallback.empty() ? "ce-hint" : "memcpy (" + g_local_copy_fallback + ")";
+  if (!g_local_copy_fallback.empty()) return "memcpy (" + g_local_copy_fallback + ")";
+  // Until the first local copy ran, the hint is only intended; afterwards cudaMemcpyBatchAsync accepted it.
+  return g_local_copy_batch_used ? "ce-hint" : "ce-hint (no local copy yet)";
 }
 
 namespace {
@@ -124,7 +193,8 @@ CUstreamBatchMemOpParams write_op(const void* addr, uint32_t value) {
   op.writeValue.address = as_cu_ptr(addr);
   op.writeValue.value = value;
   // The default flags put a memory barrier before the write: the outbox is written after all earlier
-  // work of the stream.
+  // work of the stream. (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER would save the fence on all but the
+  // first word, but the _v2 stream-memop API resolved in cuda_util.h does not support that flag.)
   op.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
   return op;
 }
@@ -146,9 +216,9 @@ bool wait_stream_bounded(cudaStream_t stream, double seconds) {
 
 std::string signal_text(const PeerSignal& s) {
   std::ostringstream o;
-  o << op_kind_name(s.kind_round >> 24) << " round " << (s.kind_round & 0xffffff) << ", " << s.nbytes
-    << " bytes at pool offset " << s.offset << " (signature 0x" << std::hex << s.sig_a << "/0x" << s.sig_b << std::dec
-    << ")";
+  o << op_kind_name(s.kind_round >> 24) << " (" << variant_name((s.kind_round >> 20) & 0xfu) << ") round "
+    << (s.kind_round & 0xfffff) << ", " << s.nbytes << " bytes at pool offset " << s.offset << " (signature 0x"
+    << std::hex << s.sig_a << "/0x" << s.sig_b << std::dec << ")";
   return o.str();
 }
 
@@ -165,6 +235,20 @@ GroupConfig GroupConfig::from_env() {
   c.staging_bytes = static_cast<size_t>(staging_mb * 1024 * 1024);
   c.user_bytes = static_cast<size_t>(pool_mb * 1024 * 1024) - c.staging_bytes;
   c.timeout_s = env_double("CE_OVERLAP_TIMEOUT_S", 60);
+  const double ctas = env_double("CE_OVERLAP_REDUCE_SMS", 32);
+  if (ctas != std::floor(ctas) || ctas > 1024) {
+    throw std::runtime_error("ce_overlap: CE_OVERLAP_REDUCE_SMS=" + std::to_string(ctas) +
+                             " must be a whole number of CTAs in 1..1024");
+  }
+  c.reduce_ctas = static_cast<int>(ctas);
+  const double round_mb = std::min(env_double("CE_OVERLAP_RS_ROUND_MB", 32), 1048576.0);
+  c.rs_round_bytes = std::max<size_t>(kPoolAlignment, static_cast<size_t>(round_mb * 1024 * 1024) / kPoolAlignment * kPoolAlignment);
+  const double split = env_double("CE_OVERLAP_PULL_SPLIT", 1);
+  if (split != std::floor(split) || split > kMaxPullSplit) {
+    throw std::runtime_error("ce_overlap: CE_OVERLAP_PULL_SPLIT=" + std::to_string(split) + " must be a whole number in 1.." +
+                             std::to_string(kMaxPullSplit));
+  }
+  c.pull_split = static_cast<int>(split);
   return c;
 }
 
@@ -172,7 +256,14 @@ GroupConfig GroupConfig::from_env() {
 // Group
 
 Group::Group(std::string name, int rank, int world_size, int device, const GroupConfig& config)
-    : name_(std::move(name)), rank_(rank), world_size_(world_size), device_(device), timeout_s_(config.timeout_s) {
+    : name_(std::move(name)),
+      rank_(rank),
+      world_size_(world_size),
+      device_(device),
+      timeout_s_(config.timeout_s),
+      reduce_ctas_(config.reduce_ctas),
+      rs_round_bytes_(config.rs_round_bytes),
+      pull_split_(config.pull_split) {
   pool_ = std::make_unique<SymmetricPool>(name_, rank, world_size, device, config.user_bytes, config.staging_bytes);
   const std::string ctx = "creating the streams of group '" + name_ + "'";
   DeviceScope scope(device);
@@ -182,9 +273,33 @@ Group::Group(std::string name, int rank, int world_size, int device, const Group
   // the flag waits/writes are not queued behind compute work when hardware queues are shared.
   CE_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, greatest), ctx);
   CE_CUDA_CHECK(cudaStreamCreateWithPriority(&self_, cudaStreamNonBlocking, greatest), ctx);
+  CE_CUDA_CHECK(cudaStreamCreateWithPriority(&reduce_, cudaStreamNonBlocking, greatest), ctx);
   CE_CUDA_CHECK(cudaStreamCreateWithPriority(&watchdog_stream_, cudaStreamNonBlocking, greatest), ctx);
   CE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_caller_, cudaEventDisableTiming), ctx);
   CE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_self_, cudaEventDisableTiming), ctx);
+  CE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_arrived_, cudaEventDisableTiming), ctx);
+  CE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_bank_[0], cudaEventDisableTiming), ctx);
+  CE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_bank_[1], cudaEventDisableTiming), ctx);
+  for (int i = 0; i < kMaxPullSplit - 1; ++i) {
+    CE_CUDA_CHECK(cudaStreamCreateWithPriority(&pull_[i], cudaStreamNonBlocking, greatest), ctx);
+    CE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_join_[i], cudaEventDisableTiming), ctx);
+  }
+  CE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming), ctx);
+  // Load the reduction kernels now, while nothing of this group waits on a peer. With lazy loading
+  // (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2) the first launch of a kernel loads it, and
+  // loading may wait for the whole device to go idle: inside an enqueue (group lock held) whose comm
+  // stream waits for a peer that posted a different collective, that wait never ends, and the watchdog,
+  // which needs the lock to release the stream, could not act (the hang of the mismatch test).
+  {
+    static std::mutex preload_mu;
+    static std::set<int> preloaded;  // devices whose context has the kernels loaded
+    std::lock_guard<std::mutex> lk(preload_mu);
+    if (!preloaded.count(device)) {
+      CE_CUDA_CHECK(preload_reduce_kernels(reduce_), ctx + ": loading the reduction kernels");
+      CE_CUDA_CHECK(cudaStreamSynchronize(reduce_), ctx + ": loading the reduction kernels");
+      preloaded.insert(device);
+    }
+  }
   void* host = nullptr;
   CE_CUDA_CHECK(cudaMallocHost(&host, sizeof(FlagsRegion)), ctx);
   host_flags_ = static_cast<FlagsRegion*>(host);
@@ -205,8 +320,18 @@ Group::~Group() {
   for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
   if (ev_caller_) cudaEventDestroy(ev_caller_);
   if (ev_self_) cudaEventDestroy(ev_self_);
+  if (ev_arrived_) cudaEventDestroy(ev_arrived_);
+  for (cudaEvent_t e : ev_bank_) {
+    if (e) cudaEventDestroy(e);
+  }
+  for (int i = 0; i < kMaxPullSplit - 1; ++i) {
+    if (ev_join_[i]) cudaEventDestroy(ev_join_[i]);
+    if (pull_[i]) cudaStreamDestroy(pull_[i]);
+  }
+  if (ev_fork_) cudaEventDestroy(ev_fork_);
   if (comm_) cudaStreamDestroy(comm_);
   if (self_) cudaStreamDestroy(self_);
+  if (reduce_) cudaStreamDestroy(reduce_);
   if (watchdog_stream_) cudaStreamDestroy(watchdog_stream_);
   if (host_flags_) cudaFreeHost(host_flags_);
   if (host_poison_) cudaFreeHost(host_poison_);
@@ -229,8 +354,27 @@ void Group::throw_if_unusable_locked(const char* op) const {
   }
   if (failed_.load()) {
     throw std::runtime_error(std::string("ce_overlap.") + op + " refused: group '" + name_ +
-                             "' failed earlier and cannot be used again. First error: " + error_);
+                             "' failed earlier and cannot be used again. First error: " + error());
   }
+}
+
+void Group::set_reduce_ctas(int ctas) {
+  if (ctas < 1 || ctas > 1024) {
+    throw std::invalid_argument("reduce CTAs must be in 1..1024, got " + std::to_string(ctas));
+  }
+  reduce_ctas_.store(ctas);
+}
+
+void Group::set_rs_round_bytes(size_t bytes) {
+  rs_round_bytes_.store(std::max<size_t>(kPoolAlignment, bytes / kPoolAlignment * kPoolAlignment));
+}
+
+void Group::set_pull_split(int pieces) {
+  if (pieces < 1 || pieces > kMaxPullSplit) {
+    throw std::invalid_argument("pull split must be in 1.." + std::to_string(kMaxPullSplit) + ", got " +
+                                std::to_string(pieces));
+  }
+  pull_split_.store(pieces);
 }
 
 void Group::wait_peers_done(uint32_t epoch) {
@@ -258,10 +402,21 @@ void Group::post_ready(const PeerSignal& s) {
                               static_cast<uint32_t>(s.offset),
                               static_cast<uint32_t>(s.offset >> 32)};
   static_assert(offsetof(PeerSignal, nbytes) == 16 && offsetof(PeerSignal, offset) == 24, "PeerSignal layout");
+  // Only the words that differ from what the comm stream last wrote there (outbox_words_ mirrors it: every
+  // outbox write is enqueued here, on the comm stream, in order, and the pool starts zeroed). Back-to-back
+  // ops of one shape share signature, sizes and offset, so a round usually writes 2 words instead of 9,
+  // each a fenced stream write less in the front end. The copies below read the outbox after all of them.
   std::vector<CUstreamBatchMemOpParams> ops;
-  for (int w = 0; w < 8; ++w) ops.push_back(write_op(&words[w], values[w]));
-  ops.push_back(write_op(&flags->done_outbox, s.epoch));
+  uint32_t next[9];
+  for (int w = 0; w < 8; ++w) next[w] = values[w];
+  next[8] = s.epoch;
+  for (int w = 0; w < 9; ++w) {
+    if (next[w] == outbox_words_[w]) continue;
+    ops.push_back(write_op(w < 8 ? static_cast<const void*>(&words[w]) : static_cast<const void*>(&flags->done_outbox),
+                           next[w]));
+  }
   batch_mem_ops(comm_, ops, "group '" + name_ + "': writing the signal outbox of epoch " + std::to_string(s.epoch));
+  std::copy(next, next + 9, outbox_words_);
   for (int i = 1; i < world_size_; ++i) {
     const int p = (rank_ + i) % world_size_;
     CE_CUDA_CHECK(cudaMemcpyAsync(&pool_->peer_flags(p)->ready[rank_], box, sizeof(PeerSignal),
@@ -339,7 +494,7 @@ void Group::synchronize(double timeout_s) {
   while (true) {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      if (failed_.load()) throw std::runtime_error(error_);
+      if (failed_.load()) throw std::runtime_error(error());
       if (pending_.empty()) return;
       cudaError_t st = cudaEventQuery(pending_.back().end);
       if (st == cudaSuccess) return;
@@ -348,7 +503,7 @@ void Group::synchronize(double timeout_s) {
         fail_locked("ce_overlap: group '" + name_ + "' (rank " + std::to_string(rank_) +
                     "): CUDA error while waiting for its ops: " + cudaGetErrorName(st) + " (" +
                     cudaGetErrorString(st) + ")");
-        throw std::runtime_error(error_);
+        throw std::runtime_error(error());
       }
       if (Clock::now() > deadline) {
         throw std::runtime_error("ce_overlap.synchronize: group '" + name_ + "' (rank " + std::to_string(rank_) +
@@ -362,7 +517,13 @@ void Group::synchronize(double timeout_s) {
 }
 
 void Group::watchdog_tick(Clock::time_point now) {
-  std::lock_guard<std::mutex> lk(mu_);
+  std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) {
+    // An enqueue (or synchronize / describe, briefly) holds the lock. Never wait for it: a CUDA call
+    // inside an enqueue can block until our own streams drain, and only this thread can drain them.
+    check_stuck_enqueue(now);
+    return;
+  }
   if (!open_ || pending_.empty()) return;
   if (cudaSetDevice(device_) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -382,17 +543,48 @@ void Group::watchdog_tick(Clock::time_point now) {
   if (failed_.load()) {
     // Keep the comm stream draining: a late peer write can overwrite the poison with a smaller epoch.
     if (now - last_poison_ > std::chrono::seconds(1)) {
-      poison_locked();
+      poison();
       last_poison_ = now;
     }
     return;
   }
   if (op.started && now - *op.started > std::chrono::duration<double>(timeout_s_)) {
-    std::string message = diagnose_timeout_locked(op, now);
-    fail_locked(message);
-    if (!poison_locked()) {
-      error_ += " Releasing the stuck GPU stream failed too (the unblocking write did not complete in 2 s).";
-    }
+    // Failed BEFORE poisoned: once the poison lands the op completes, and nobody may see it complete
+    // without also seeing the failure.
+    fail_locked(diagnose_timeout_locked(op, now));
+    if (!poison()) append_error(" Releasing the stuck GPU stream failed too (the unblocking write did not complete in 2 s).");
+    last_poison_ = now;
+  }
+}
+
+void Group::append_error(const std::string& text) {
+  std::lock_guard<std::mutex> lk(err_mu_);
+  error_ += text;
+}
+
+void Group::check_stuck_enqueue(Clock::time_point now) {
+  const int64_t since_ns = enqueue_since_ns_.load();
+  if (since_ns == 0) return;
+  const Clock::time_point since{std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(since_ns))};
+  const double stuck_s = std::chrono::duration<double>(now - since).count();
+  if (stuck_s <= timeout_s_) return;
+  if (cudaSetDevice(device_) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  if (!failed_.load()) {
+    std::ostringstream m;
+    m << "ce_overlap: timeout: enqueueing an op on group '" << name_ << "' (rank " << rank_ << ", GPU " << device_
+      << ") has been blocked inside a CUDA call for " << stuck_s << " s (limit " << timeout_s_
+      << " s), most likely one that waits for the device to go idle while this group's comm stream waits for a peer"
+      << " that never posts the matching signal (a peer that did not call the collective, or called a different"
+      << " one). The group's flags were poisoned so its streams drain; the outputs of this op and of every later op"
+      << " on this group are invalid, and the group refuses further ops (restart the job).";
+    fail_locked(m.str());  // before the poison (see watchdog_tick)
+    if (!poison()) append_error(" Releasing the stuck GPU stream failed too.");
+    last_poison_ = now;
+  } else if (now - last_poison_ > std::chrono::seconds(1)) {
+    poison();
     last_poison_ = now;
   }
 }
@@ -402,11 +594,11 @@ std::string Group::diagnose_timeout_locked(const PendingOp& op, Clock::time_poin
   if (op.rounds.empty()) {
     return "ce_overlap: timeout: " + op.name + " #" + std::to_string(op.seq) + " on group '" + name_ + "' (rank " +
            std::to_string(rank_) + ", no peers) did not complete within " + std::to_string(timeout_s_) +
-           " s: the local copy is stuck.";
+           " s: the local copy or reduction is stuck.";
   }
   const double waited = std::chrono::duration<double>(now - *op.started).count();
   m << "ce_overlap: timeout: " << op.name << " #" << op.seq << " (" << op.nbytes_per_rank << " bytes per rank, "
-    << (op.zero_copy ? "zero-copy from the symmetric pool" : "staged") << ", " << op.rounds.size() << " round(s), epochs "
+    << variant_name(static_cast<uint32_t>(op.variant)) << ", " << op.rounds.size() << " round(s), epochs "
     << op.rounds.front().epoch << ".." << op.rounds.back().epoch << ") on group '" << name_ << "' did not complete within "
     << timeout_s_ << " s (waited " << waited << " s) on rank " << rank_ << " (GPU " << device_ << ").";
 
@@ -434,16 +626,23 @@ std::string Group::diagnose_timeout_locked(const PendingOp& op, Clock::time_poin
       } else {
         for (const RoundInfo& r : op.rounds) {
           if (got.epoch == r.epoch && ((got.sig_a & r.sig.sig_a) == 0 || (got.sig_b & r.sig.sig_b) == 0)) {
-            PeerSignal ours{r.epoch, r.sig.sig_a, r.sig.sig_b, static_cast<uint32_t>(op.kind) << 24 | r.round, r.nbytes,
+            PeerSignal ours{r.epoch, r.sig.sig_a, r.sig.sig_b, kind_round_word(op.kind, op.variant, r.round), r.nbytes,
                             r.offset};
             why = "it posted a different collective for epoch " + std::to_string(r.epoch) + ": " + signal_text(got) +
                   ", while this rank posted " + signal_text(ours) +
-                  " -- mismatched sizes, a symmetric input on one rank only, or ops called in a different order";
+                  " -- mismatched sizes, dtypes or reduce ops, a symmetric tensor on one rank only, push on one rank"
+                  " and pull on another, or ops called in a different order";
             break;
           }
           if (!epoch_ge(got.epoch, r.epoch)) {
             why = "it stopped after epoch " + std::to_string(got.epoch) + " and never signalled round " +
                   std::to_string(r.round) + " (epoch " + std::to_string(r.epoch) + ")";
+            break;
+          }
+          if (op.push_style && !epoch_ge(done, r.epoch)) {
+            why = "it signalled round " + std::to_string(r.round) + " (epoch " + std::to_string(r.epoch) +
+                  ") but never finished writing its data into this rank (its done flag is at epoch " +
+                  std::to_string(done) + ")";
             break;
           }
         }
@@ -471,16 +670,22 @@ std::string Group::diagnose_timeout_locked(const PendingOp& op, Clock::time_poin
 }
 
 void Group::fail_locked(const std::string& message) {
-  if (failed_.exchange(true)) return;
-  error_ = message;
+  {
+    std::lock_guard<std::mutex> lk(err_mu_);
+    if (failed_.load()) return;
+    error_ = message;
+    failed_.store(true);
+  }
   std::fprintf(stderr, "%s\n", message.c_str());
   std::fflush(stderr);
 }
 
-bool Group::poison_locked() {
+bool Group::poison() {
   // Epoch values "far in the future" (cyclically) satisfy every GEQ wait of every enqueued op; the
-  // all-ones signature satisfies every AND wait. Only the peer-written arrays are overwritten.
-  const uint32_t poison_epoch = epoch_next_ + (1u << 29);
+  // all-ones signature satisfies every AND wait. Only the peer-written arrays are overwritten. Reads
+  // only immutable state and epoch_hint_, so it works while an enqueue holds the group lock (an op
+  // enqueued after this write waits for epochs far below the poison, so it drains too).
+  const uint32_t poison_epoch = epoch_hint_.load() + (1u << 29);
   for (int p = 0; p < world_size_; ++p) {
     host_poison_->ready[p] = PeerSignal{poison_epoch, 0xffffffffu, 0xffffffffu, 0, 0, 0};
     host_poison_->done[p] = poison_epoch;
@@ -494,7 +699,7 @@ bool Group::poison_locked() {
 }
 
 std::string Group::error() const {
-  std::lock_guard<std::mutex> lk(mu_);
+  std::lock_guard<std::mutex> lk(err_mu_);
   return error_;
 }
 
@@ -503,7 +708,8 @@ std::string Group::describe() {
   std::ostringstream s;
   s << pool_->describe() << "; open=" << open_ << " ops=" << op_seq_ << " next_epoch=" << epoch_next_
     << " in_flight=" << pending_.size() << " timeout_s=" << timeout_s_ << " local_copy=" << local_copy_mode()
-    << " failed=" << failed_.load();
+    << " pull_split=" << pull_split_.load() << " reduce_ctas=" << reduce_ctas_.load()
+    << " rs_round_bytes=" << rs_round_bytes_.load() << " failed=" << failed_.load();
   return s.str();
 }
 
@@ -516,12 +722,28 @@ Runtime& Runtime::get() {
 }
 
 std::shared_ptr<Group> Runtime::create_group(const std::string& name, int rank, int world_size, int device) {
-  std::lock_guard<std::mutex> lk(mu_);
-  if (groups_.count(name)) {
+  auto exists = [&] {
     throw std::runtime_error("ce_overlap: group '" + name + "' already has a symmetric pool on this process");
+  };
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (groups_.count(name) || creating_.count(name)) exists();
+    creating_.insert(name);
   }
-  const GroupConfig config = GroupConfig::from_env();
-  auto group = std::make_shared<Group>(name, rank, world_size, device, config);
+  // Built without mu_: the constructor makes CUDA calls that can wait for the device (allocation, loading
+  // the reduction kernels), and the watchdog thread, which takes mu_ every tick, must stay free to release
+  // another group's stuck stream meanwhile.
+  std::shared_ptr<Group> group;
+  try {
+    const GroupConfig config = GroupConfig::from_env();
+    group = std::make_shared<Group>(name, rank, world_size, device, config);
+  } catch (...) {
+    std::lock_guard<std::mutex> lk(mu_);
+    creating_.erase(name);
+    throw;
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  creating_.erase(name);
   groups_[name] = group;
   start_watchdog_locked();
   return group;

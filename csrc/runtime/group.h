@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,8 +30,20 @@ namespace ce_overlap {
 
 using Clock = std::chrono::steady_clock;
 
-enum class OpKind : uint32_t { AllGather = 1 };
+enum class OpKind : uint32_t { AllGather = 1, ReduceScatter = 2 };
 const char* op_kind_name(uint32_t kind);
+// How an op moves its bytes (part of every round's signature, so ranks that disagree are caught, and
+// shown in the timeout diagnosis). Values fit in 4 bits.
+enum class Variant : uint32_t {
+  AgStaged = 0,         // all-gather: input staged into the staging region, peers pull it
+  AgSymmetricInput = 1, // all-gather: input in the user region (same offset everywhere), peers pull it in place
+  AgInPlace = 2,        // all-gather: output in the user region and input = its own shard, peers pull shard p
+  AgPush = 3,           // all-gather: output in the user region, every rank writes its shard into every peer's
+  RsPush = 4,           // reduce-scatter: chunks pushed into the receivers' staging slots, then reduced
+};
+const char* variant_name(uint32_t variant);
+// PeerSignal::kind_round: kind (8 bits) | variant (4 bits) | round (20 bits, diagnostics only).
+uint32_t kind_round_word(OpKind kind, Variant variant, uint32_t round);
 
 constexpr uint32_t kPoisonBit = 1u << 31;
 
@@ -39,19 +52,32 @@ inline bool epoch_ge(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b
 // A copy within this GPU (self shard, staging). Plain cudaMemcpyAsync device-to-device copies inside
 // one GPU may be run by the driver on SMs; with CE_OVERLAP_LOCAL_COPY=ce (default) they go through
 // cudaMemcpyBatchAsync with cudaMemcpyFlagPreferOverlapWithCompute, the hint that asks for a copy
-// engine (honoured by CUDA 13.1+ drivers, ignored before), falling back to cudaMemcpyAsync when the
-// batch API refuses. CE_OVERLAP_LOCAL_COPY=memcpy forces the plain call.
-cudaError_t local_copy_async(void* dst, const void* src, size_t bytes, cudaStream_t stream);
-// "ce-hint" or "memcpy" (or "memcpy (batch API refused: ...)"), for benchmark headers.
+// engine, falling back to cudaMemcpyAsync when the batch API refuses (the first refusal is printed and
+// local_copy_mode() reports it). The batch API refuses the legacy NULL stream: `stream` must be one of
+// the group's (non-blocking) streams, and a NULL / legacy stream always takes the plain call.
+// CE_OVERLAP_LOCAL_COPY=memcpy forces the plain call.
+cudaError_t local_copy_async(void* dst, const void* src, size_t bytes, int device, cudaStream_t stream);
+// "ce-hint" (the batch API with the hint has been accepted) or "memcpy" (or "memcpy (batch API refused:
+// <error>)"), for describe() and benchmark headers.
 std::string local_copy_mode();
+// One explicit way of copying within a GPU, for the probe op _local_copy (no fallback, errors returned):
+// "memcpy" (cudaMemcpyAsync), "batch_hint" (cudaMemcpyBatchAsync + PreferOverlapWithCompute),
+// "batch" (cudaMemcpyBatchAsync, no flag), "peer" (cudaMemcpyPeerAsync from and to this device).
+// The batch modes return cudaErrorInvalidValue on the legacy NULL stream (the API's rule).
+// Throws std::invalid_argument for an unknown mode.
+cudaError_t local_copy_with(const std::string& mode, void* dst, const void* src, size_t bytes, int device,
+                            cudaStream_t stream);
+// Whether `stream` is the legacy NULL stream (which cudaMemcpyBatchAsync refuses).
+bool is_legacy_stream(cudaStream_t stream);
 
 // What one round of a collective must match across ranks; its signature goes into PeerSignal.
 struct RoundSignature {
   uint32_t sig_a;
   uint32_t sig_b;
 };
-RoundSignature round_signature(OpKind kind, uint64_t total_bytes, uint32_t round, uint64_t round_bytes,
-                               uint64_t offset);
+// `extra`: anything else that must match (reduce-scatter: dtype and reduce op).
+RoundSignature round_signature(OpKind kind, Variant variant, uint64_t total_bytes, uint32_t round,
+                               uint64_t round_bytes, uint64_t offset, uint64_t extra = 0);
 
 // One round of a collective as this rank posted it (for the timeout diagnosis).
 struct RoundInfo {
@@ -67,8 +93,11 @@ struct PendingOp {
   std::string name;
   uint64_t seq = 0;  // 1-based op number on this group
   OpKind kind = OpKind::AllGather;
+  Variant variant = Variant::AgStaged;
   uint64_t nbytes_per_rank = 0;
-  bool zero_copy = false;
+  // Push-style ops (AgPush, RsPush): done[p] means "p finished WRITING into this rank's pool" and every
+  // round waits for it; pull-style: "p finished READING this rank's pool".
+  bool push_style = false;
   uint32_t done_needed_before = 0;  // the first round waited for done[p] >= this (0: no wait)
   uint32_t done_needed_after = 0;   // zero-copy: the op ends waiting for done[p] >= this (0: no wait)
   std::vector<RoundInfo> rounds;
@@ -78,12 +107,21 @@ struct PendingOp {
   std::optional<Clock::time_point> started;
 };
 
+// Most pieces a pull is split into (CE_OVERLAP_PULL_SPLIT); every piece beyond the first runs on its own stream.
+constexpr int kMaxPullSplit = 4;
+// A piece of a split pull is never smaller than this (smaller copies gain nothing from a second engine).
+constexpr size_t kMinPullPiece = 1 << 20;
+
 struct GroupConfig {
   size_t user_bytes;
   size_t staging_bytes;
   double timeout_s;
+  int reduce_ctas;         // CE_OVERLAP_REDUCE_SMS (default 32): CTAs of the reduce-scatter reduction kernel
+  size_t rs_round_bytes;   // CE_OVERLAP_RS_ROUND_MB (default 32): reduce-scatter bytes per rank per round
+  int pull_split;          // CE_OVERLAP_PULL_SPLIT (default 1, 1..4): streams one pulled peer copy is split over
   // From CE_OVERLAP_POOL_MB (default 1024, the whole region), CE_OVERLAP_STAGING_MB (default
-  // min(256, pool/4)) and CE_OVERLAP_TIMEOUT_S (default 60). Throws naming the variable when invalid.
+  // min(256, pool/4)), CE_OVERLAP_TIMEOUT_S (default 60) and the three above. Throws naming the variable
+  // when invalid.
   static GroupConfig from_env();
 };
 
@@ -99,6 +137,15 @@ class Group {
   int world_size() const { return world_size_; }
   int device() const { return device_; }
   double timeout_s() const { return timeout_s_; }
+  // Tuning knobs, settable between ops (_tune op; the probe sweeps them). reduce_ctas and pull_split are
+  // local (ranks may differ); rs_round_bytes must match on every rank for each op (it is part of every
+  // reduce-scatter round's signature, so a mismatch is reported as a "different collective" timeout).
+  int reduce_ctas() const { return reduce_ctas_.load(); }
+  size_t rs_round_bytes() const { return rs_round_bytes_.load(); }
+  int pull_split() const { return pull_split_.load(); }
+  void set_reduce_ctas(int ctas);              // 1..1024; throws std::invalid_argument otherwise
+  void set_rs_round_bytes(size_t bytes);       // rounded down to kPoolAlignment, at least one unit
+  void set_pull_split(int pieces);             // 1..kMaxPullSplit; throws std::invalid_argument otherwise
 
   // Rendezvous, step 1 (pool allocated in the constructor) and step 2.
   PoolHandleBlob export_blob() { return pool_->export_blob(); }
@@ -112,10 +159,24 @@ class Group {
   SymmetricPool& pool() { return *pool_; }
   cudaStream_t comm_stream() const { return comm_; }
   cudaStream_t self_stream() const { return self_; }
+  // Extra streams of a split pull: piece j >= 1 of a peer copy runs on pull_stream(j - 1), forked from
+  // and joined back into the comm stream (fork_event / join_event) around the copy.
+  cudaStream_t pull_stream(int i) const { return pull_[i]; }
+  cudaEvent_t fork_event() const { return ev_fork_; }
+  cudaEvent_t join_event(int i) const { return ev_join_[i]; }
+  // Runs the reduce-scatter reduction kernels, so round k's reduction overlaps round k+1's copies.
+  cudaStream_t reduce_stream() const { return reduce_; }
   cudaEvent_t caller_ready_event() const { return ev_caller_; }
   cudaEvent_t self_done_event() const { return ev_self_; }
+  // Reduce-scatter: comm -> reduce ("round k's chunks arrived") and reduce -> comm ("bank b reduced").
+  cudaEvent_t arrived_event() const { return ev_arrived_; }
+  cudaEvent_t bank_event(int bank) const { return ev_bank_[bank & 1]; }
   uint64_t next_op_seq() { return ++op_seq_; }
-  uint32_t next_epoch() { return epoch_next_++; }
+  uint32_t next_epoch() {
+    const uint32_t e = epoch_next_++;
+    epoch_hint_.store(epoch_next_);
+    return e;
+  }
   uint32_t last_done_waited() const { return done_waited_; }
 
   // comm stream: wait until every peer's done flag is >= epoch (skipped when already waited for).
@@ -131,13 +192,31 @@ class Group {
   cudaEvent_t take_event();
   void track(PendingOp op);
 
+  // RAII marker around an enqueue (held with mutex()): the watchdog cannot take the group lock while an
+  // enqueue holds it, so it watches this instead. An enqueue stuck in a CUDA call for longer than the
+  // timeout (e.g. a call that waits for the device to go idle while the comm stream waits for a peer
+  // that never posts) fails the group and releases the streams without the lock.
+  class EnqueueScope {
+   public:
+    explicit EnqueueScope(Group& g) : g_(g) {
+      g_.enqueue_since_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
+    }
+    ~EnqueueScope() { g_.enqueue_since_ns_.store(0); }
+    EnqueueScope(const EnqueueScope&) = delete;
+    EnqueueScope& operator=(const EnqueueScope&) = delete;
+
+   private:
+    Group& g_;
+  };
+
   // Defers the reuse of an empty_symmetric range until `caller` and the comm stream are past it.
   void release_symmetric(size_t offset, size_t bytes, cudaStream_t caller);
 
   // Blocks (polling, never in a CUDA call that could hang) until every tracked op completed; throws the
   // group's error if it failed or `timeout_s` passed.
   void synchronize(double timeout_s);
-  // Called by the watchdog thread every few milliseconds.
+  // Called by the watchdog thread every few milliseconds. Never blocks on the group lock (try_lock), so
+  // one group whose lock is held cannot stall the watchdog of the others.
   void watchdog_tick(Clock::time_point now);
 
   bool failed() const { return failed_.load(); }
@@ -146,9 +225,14 @@ class Group {
 
  private:
   std::string diagnose_timeout_locked(const PendingOp& op, Clock::time_point now);
+  // Marks the group failed with `message` (the first message wins). Takes only err_mu_, never mu_.
   void fail_locked(const std::string& message);
-  // Writes "far future" values into every flag our comm stream may be waiting on, so it drains.
-  bool poison_locked();
+  void append_error(const std::string& text);
+  // Writes "far future" values into every flag our comm stream may be waiting on, so it drains. Watchdog
+  // thread only (it owns watchdog_stream_ and host_poison_); needs no group lock.
+  bool poison();
+  // The watchdog's path when the group lock is held by an enqueue (see EnqueueScope).
+  void check_stuck_enqueue(Clock::time_point now);
   void retire_completed_locked();
 
   std::string name_;
@@ -156,12 +240,21 @@ class Group {
   int world_size_;
   int device_;
   double timeout_s_;
+  std::atomic<int> reduce_ctas_;
+  std::atomic<size_t> rs_round_bytes_;
+  std::atomic<int> pull_split_;
   std::unique_ptr<SymmetricPool> pool_;
   cudaStream_t comm_ = nullptr;
   cudaStream_t self_ = nullptr;
+  cudaStream_t reduce_ = nullptr;
   cudaStream_t watchdog_stream_ = nullptr;
   cudaEvent_t ev_caller_ = nullptr;
   cudaEvent_t ev_self_ = nullptr;
+  cudaEvent_t ev_arrived_ = nullptr;
+  cudaEvent_t ev_bank_[2] = {nullptr, nullptr};
+  cudaStream_t pull_[kMaxPullSplit - 1] = {};
+  cudaEvent_t ev_fork_ = nullptr;
+  cudaEvent_t ev_join_[kMaxPullSplit - 1] = {};
   FlagsRegion* host_flags_ = nullptr;   // pinned: readback of our flags for the diagnosis
   FlagsRegion* host_poison_ = nullptr;  // pinned: source of the unblocking write
 
@@ -170,11 +263,15 @@ class Group {
   uint64_t op_seq_ = 0;
   uint32_t epoch_next_ = 1;
   uint32_t done_waited_ = 0;  // every peer's done flag is known (stream-ordered) to be >= this
+  uint32_t outbox_words_[9] = {};  // what the comm stream last wrote into ready_outbox (8 words) and done_outbox
   std::deque<PendingOp> pending_;
   std::vector<cudaEvent_t> free_events_;
   std::atomic<bool> failed_{false};
+  mutable std::mutex err_mu_;  // guards error_ (a leaf lock: never held across a CUDA call or with mu_ wanted)
   std::string error_;
-  Clock::time_point last_poison_{};
+  std::atomic<uint32_t> epoch_hint_{1};       // epoch_next_, readable without mu_ (poison)
+  std::atomic<int64_t> enqueue_since_ns_{0};  // steady_clock ns when the running enqueue began; 0: none
+  Clock::time_point last_poison_{};           // watchdog thread only
 };
 
 // Process-wide registry of groups, keyed by c10d group name. Never destroyed (a leaked singleton):
@@ -200,6 +297,7 @@ class Runtime {
 
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Group>> groups_;
+  std::set<std::string> creating_;  // names whose Group is being constructed (outside mu_)
   std::thread watchdog_;
   std::condition_variable cv_;
   std::atomic<bool> stop_{false};

@@ -109,8 +109,10 @@ RangeAllocator::RangeAllocator(size_t capacity) : capacity_(capacity / kPoolAlig
   if (capacity_ > 0) free_.emplace(0, capacity_);
 }
 
+size_t RangeAllocator::footprint(size_t bytes) { return align_up(std::max<size_t>(bytes, 1), kPoolAlignment); }
+
 std::optional<size_t> RangeAllocator::allocate(size_t bytes) {
-  const size_t need = align_up(std::max<size_t>(bytes, 1), kPoolAlignment);
+  const size_t need = footprint(bytes);
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < need) continue;
     const size_t offset = it->first;
@@ -123,9 +125,33 @@ std::optional<size_t> RangeAllocator::allocate(size_t bytes) {
   return std::nullopt;
 }
 
+void RangeAllocator::allocate_at(size_t offset, size_t bytes) {
+  const size_t need = footprint(bytes);
+  auto fail = [&](const std::string& why) {
+    throw std::runtime_error("ce_overlap: symmetric pool range [" + std::to_string(offset) + ", " +
+                             std::to_string(offset + need) + ") of the user region cannot be allocated: " + why);
+  };
+  if (offset % kPoolAlignment != 0) fail("offset not aligned to " + std::to_string(kPoolAlignment) + " bytes");
+  if (offset > capacity_ || need > capacity_ - offset) fail("beyond the region's " + std::to_string(capacity_) + " bytes");
+  // The free range that contains `offset`: the last one starting at or before it.
+  auto it = free_.upper_bound(offset);
+  if (it == free_.begin()) fail("not free on this rank");
+  --it;
+  const size_t start = it->first, size = it->second;
+  if (offset + need > start + size) fail("not free on this rank");
+  free_.erase(it);
+  if (offset > start) free_.emplace(start, offset - start);
+  if (start + size > offset + need) free_.emplace(offset + need, start + size - (offset + need));
+  used_.emplace(offset, need);
+}
+
+std::vector<std::pair<size_t, size_t>> RangeAllocator::free_ranges() const {
+  return std::vector<std::pair<size_t, size_t>>(free_.begin(), free_.end());
+}
+
 void RangeAllocator::free(size_t offset, size_t bytes) {
   auto it = used_.find(offset);
-  const size_t need = align_up(std::max<size_t>(bytes, 1), kPoolAlignment);
+  const size_t need = footprint(bytes);
   if (it == used_.end() || it->second != need) {
     throw std::runtime_error("ce_overlap: symmetric pool free of offset " + std::to_string(offset) + " (" +
                              std::to_string(bytes) + " bytes) that was not allocated (double free?)");
@@ -174,7 +200,28 @@ int64_t RangeAllocator::self_test(uint64_t seed, int64_t steps) {
   };
   for (int64_t step = 0; step < steps; ++step) {
     const bool do_alloc = live.empty() || (rng() % 100) < 55;
-    if (do_alloc) {
+    if (do_alloc && rng() % 4 == 0) {
+      // allocate_at: a random aligned range; must succeed exactly when the model says it is free.
+      const size_t req = 1 + rng() % (kPoolAlignment * 20);
+      const size_t need_units = align_up(req, kPoolAlignment) / kPoolAlignment;
+      const size_t start = rng() % units;
+      bool free_in_model = start + need_units <= units;
+      for (size_t u = start; free_in_model && u < start + need_units; ++u) free_in_model = !used[u];
+      bool ok = true;
+      try {
+        alloc.allocate_at(start * kPoolAlignment, req);
+      } catch (const std::runtime_error&) {
+        ok = false;
+      }
+      if (ok != free_in_model) {
+        fail("allocate_at(" + std::to_string(start * kPoolAlignment) + ", " + std::to_string(req) + ") " +
+             (ok ? "succeeded on a used range" : "refused a free range"));
+      }
+      if (ok) {
+        for (size_t u = start; u < start + need_units; ++u) used[u] = true;
+        live.emplace_back(start * kPoolAlignment, req);
+      }
+    } else if (do_alloc) {
       const size_t req = 1 + rng() % (kPoolAlignment * 40);
       const size_t need_units = align_up(req, kPoolAlignment) / kPoolAlignment;
       std::optional<size_t> expect;
@@ -215,6 +262,9 @@ int64_t RangeAllocator::self_test(uint64_t seed, int64_t steps) {
       s = e;
     }
     if (runs != alloc.free_) fail("free list is not the coalesced free runs after step " + std::to_string(step));
+    if (alloc.free_ranges() != std::vector<std::pair<size_t, size_t>>(runs.begin(), runs.end())) {
+      fail("free_ranges() differs from the free list after step " + std::to_string(step));
+    }
     ++checks;
   }
   // A double free must be refused.
@@ -262,8 +312,15 @@ SymmetricPool::SymmetricPool(std::string group_name, int rank, int world_size, i
   local_base_ = static_cast<char*>(base);
   try {
     // Peers only ever write flags with values > 0, and every wait expects >= 1: zero means "nothing yet".
-    CE_CUDA_CHECK(cudaMemset(local_base_, 0, kFlagsBytes), ctx);
-    CE_CUDA_CHECK(cudaDeviceSynchronize(), ctx);
+    // On a private non-blocking stream, waiting for that stream only: a device-wide synchronize here would
+    // also wait for every other group's comm stream, one of which may wait for a peer until the watchdog
+    // releases it (creating a group after another group's op got stuck must not hang).
+    cudaStream_t s = nullptr;
+    CE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), ctx);
+    cudaError_t err = cudaMemsetAsync(local_base_, 0, kFlagsBytes, s);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    CE_CUDA_CHECK(err, ctx);
   } catch (...) {
     cudaFree(local_base_);
     local_base_ = nullptr;
@@ -423,21 +480,32 @@ void SymmetricPool::reclaim_deferred(bool block) {
   }
 }
 
-size_t SymmetricPool::allocate_user(size_t bytes) {
-  reclaim_deferred(true);  // deterministic across ranks (see the header)
-  std::optional<size_t> off = user_alloc_.allocate(bytes);
-  if (!off) {
-    throw std::runtime_error("ce_overlap: the symmetric pool of group '" + group_name_ + "' cannot hold " +
-                             std::to_string(bytes) + " more bytes: user region " + mib(user_bytes_) + ", " +
-                             std::to_string(user_alloc_.free_bytes()) + " bytes free, largest free range " +
-                             std::to_string(user_alloc_.largest_free()) +
-                             " bytes; raise CE_OVERLAP_POOL_MB (set before the first rendezvous, same on every rank)");
-  }
-  return user_offset() + *off;
-}
-
 void SymmetricPool::free_user(size_t offset, size_t bytes, std::vector<cudaEvent_t> ready) {
   deferred_.push_back(DeferredFree{offset - user_offset(), bytes, std::move(ready)});
+}
+
+std::vector<std::pair<size_t, size_t>> SymmetricPool::free_user_ranges(bool block, size_t* pending_bytes) {
+  reclaim_deferred(block);
+  if (pending_bytes) {
+    *pending_bytes = 0;
+    for (const DeferredFree& d : deferred_) *pending_bytes += RangeAllocator::footprint(d.bytes);
+  }
+  std::vector<std::pair<size_t, size_t>> out = user_alloc_.free_ranges();
+  for (auto& r : out) r.first += user_offset();
+  return out;
+}
+
+void SymmetricPool::allocate_user_at(size_t pool_offset, size_t bytes) {
+  if (pool_offset < user_offset()) {
+    throw std::runtime_error("ce_overlap: group '" + group_name_ + "': pool offset " + std::to_string(pool_offset) +
+                             " lies before the user region (which starts at " + std::to_string(user_offset()) + ")");
+  }
+  try {
+    user_alloc_.allocate_at(pool_offset - user_offset(), bytes);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error("ce_overlap: group '" + group_name_ + "' rank " + std::to_string(rank_) + ": " + e.what() +
+                             " (pool offset " + std::to_string(pool_offset) + ", " + std::to_string(bytes) + " bytes)");
+  }
 }
 
 std::string SymmetricPool::describe() const {

@@ -71,17 +71,26 @@ struct PoolHandleBlob {
 constexpr uint32_t kPoolBlobMagic = 0x43454f50;  // "CEOP"
 constexpr uint32_t kPoolBlobVersion = 1;
 
-// First-fit allocator over [0, capacity) with coalescing frees. Pure host bookkeeping, deterministic:
-// ranks that allocate and free the same sizes in the same order get the same offsets, which is the
-// contract of empty_symmetric (like torch's symmetric memory: allocate collectively, in SPMD order).
+// First-fit allocator over [0, capacity) with coalescing frees. Pure host bookkeeping. Ranks do NOT rely on
+// their allocators agreeing (frees land at different times on different ranks): empty_symmetric publishes
+// free_ranges() of every rank through the store, intersects them and allocates the agreed offset with
+// allocate_at() (python/ce_overlap/runtime/_symalloc.py).
 class RangeAllocator {
  public:
   explicit RangeAllocator(size_t capacity = 0);
-  std::optional<size_t> allocate(size_t bytes);  // nullopt when no free range fits
+  // Bytes a request of `bytes` occupies: rounded up to kPoolAlignment, at least one unit (so every tensor,
+  // 0-byte ones included, has a distinct offset).
+  static size_t footprint(size_t bytes);
+  std::optional<size_t> allocate(size_t bytes);  // first fit; nullopt when no free range fits
+  // Allocates exactly [offset, offset + footprint(bytes)); throws (naming the range) unless it is free and
+  // offset is aligned.
+  void allocate_at(size_t offset, size_t bytes);
   void free(size_t offset, size_t bytes);        // throws on a double or foreign free
   size_t capacity() const { return capacity_; }
   size_t free_bytes() const;
   size_t largest_free() const;
+  // The free ranges (offset, size), ascending, coalesced.
+  std::vector<std::pair<size_t, size_t>> free_ranges() const;
   // Runs randomized allocate/free sequences against a brute-force model; throws on the first
   // disagreement. Exposed as an op so CPU-only CI checks it.
   static int64_t self_test(uint64_t seed, int64_t steps);
@@ -126,14 +135,20 @@ class SymmetricPool {
   std::optional<size_t> user_region_offset(const void* ptr, size_t bytes) const;
   bool contains(const void* ptr) const;
 
-  // User-region allocation for empty_symmetric. Frees are deferred until every event in `ready` (one
-  // per stream that may still touch the range) has completed, so a reused range is never written
-  // while an earlier op still reads it. The pool owns (and destroys) the events. allocate_user first
-  // waits for ALL deferred frees: were it to reclaim only the completed ones, GPU timing would decide
-  // which ranges are free and ranks could hand out different offsets for the same SPMD allocation.
-  // Returns the pool offset; throws when the pool is full.
-  size_t allocate_user(size_t bytes);
+  // User-region allocation for empty_symmetric, which is collective: every rank publishes
+  // free_user_ranges() through the store, all ranks intersect them and take the same first fit, and each
+  // allocates it with allocate_user_at() (python/ce_overlap/runtime/_symalloc.py). Ranks' free lists may
+  // differ (frees land at different times), the agreed offset never does.
+  // Frees are deferred until every event in `ready` (one per stream that may still touch the range) has
+  // completed, so a reused range is never written while an earlier op still reads it. The pool owns (and
+  // destroys) the events.
   void free_user(size_t offset, size_t bytes, std::vector<cudaEvent_t> ready);
+  // The user region's free ranges as POOL offsets (offset, size), after reclaiming the deferred frees whose
+  // events completed (all of them, waiting in cudaEventSynchronize, when `block`: callers that hold the
+  // group lock must not block). `pending_bytes` gets the bytes still deferred.
+  std::vector<std::pair<size_t, size_t>> free_user_ranges(bool block, size_t* pending_bytes);
+  // Allocates [pool_offset, pool_offset + footprint(bytes)) in the user region; throws unless free here.
+  void allocate_user_at(size_t pool_offset, size_t bytes);
 
   std::string describe() const;
 

@@ -3,8 +3,10 @@
 // The only translation unit that includes torch headers.
 #include "all_gather.h"
 #include "group.h"
+#include "reduce_scatter.h"
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/SymBool.h>
 #include <ATen/core/enum_tag.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -13,8 +15,16 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cctype>
+#include <chrono>
 #include <cstring>
 #include <sstream>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
 
 namespace ce_overlap {
 namespace {
@@ -26,12 +36,13 @@ std::string shape_text(c10::IntArrayRef sizes) {
 }
 
 // Checks shared by the CUDA and the Meta kernels, so tracing fails with the same message as eager.
-void check_input(const at::Tensor& input, int64_t group_size, const char* op) {
+void check_input(const at::Tensor& input, int64_t group_size, const char* op, bool scatter = false) {
   TORCH_CHECK(input.defined(), "ce_overlap.", op, ": input is undefined");
   TORCH_CHECK(input.layout() == c10::kStrided, "ce_overlap.", op, ": input must be a strided (dense) tensor, got ",
               input.layout());
-  TORCH_CHECK(input.dim() >= 1, "ce_overlap.", op,
-              ": input must have at least one dimension (the output stacks shards along dim 0); got a 0-dim tensor");
+  TORCH_CHECK(input.dim() >= 1, "ce_overlap.", op, ": input must have at least one dimension (",
+              scatter ? "it is split into group_size chunks along dim 0" : "the output stacks shards along dim 0",
+              "); got a 0-dim tensor");
   TORCH_CHECK(group_size >= 1, "ce_overlap.", op, ": group_size must be >= 1, got ", group_size);
   TORCH_CHECK(input.is_contiguous(), "ce_overlap.", op, ": input must be contiguous (got sizes ", input.sym_sizes(),
               " and strides ", input.sym_strides(), "); call .contiguous() on it first");
@@ -59,7 +70,91 @@ std::shared_ptr<Group> group_for(const std::string& group_name, int64_t group_si
   return g;
 }
 
-void run_all_gather(Group& g, const at::Tensor& input, at::Tensor& out) {
+// Deferred joins of the functional ops: output storage -> the event its op's end was recorded into. The op
+// returns without making the caller's stream wait (so the compute a graph places between a collective and its
+// wait overlaps it, as with _c10d_functional); ce_overlap::wait_tensor(output) makes the current stream wait on
+// the event. Events are reused only after a wait consumed them (cudaStreamWaitEvent snapshots the event).
+class DeferredJoins {
+ public:
+  static DeferredJoins& get() {
+    static DeferredJoins* joins = new DeferredJoins();  // leaked: no CUDA calls during static destruction
+    return *joins;
+  }
+
+  cudaEvent_t take(int device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<cudaEvent_t>& free = free_[device];
+    if (!free.empty()) {
+      cudaEvent_t e = free.back();
+      free.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    const cudaError_t st = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    TORCH_CHECK(st == cudaSuccess, "ce_overlap: cudaEventCreateWithFlags failed: ", cudaGetErrorString(st));
+    return e;
+  }
+
+  // The op was not enqueued: the event goes back unused.
+  void give_back(int device, cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[device].push_back(e);
+  }
+
+  void add(const void* storage, int device, cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto [it, inserted] = pending_.try_emplace(storage, Entry{device, e});
+    if (!inserted) {  // a result that was never waited for, whose memory now holds this one: its op is done
+      free_[it->second.device].push_back(it->second.event);
+      it->second = Entry{device, e};
+    }
+  }
+
+  // Makes `stream` wait for the op that produced `storage`, if one is pending; true if one was.
+  bool join(const void* storage, cudaStream_t stream) {
+    Entry entry;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = pending_.find(storage);
+      if (it == pending_.end()) return false;
+      entry = it->second;
+      pending_.erase(it);
+    }
+    const cudaError_t st = cudaStreamWaitEvent(stream, entry.event, 0);
+    give_back(entry.device, entry.event);
+    TORCH_CHECK(st == cudaSuccess, "ce_overlap.wait_tensor: cudaStreamWaitEvent failed: ", cudaGetErrorString(st));
+    return true;
+  }
+
+ private:
+  struct Entry {
+    int device = 0;
+    cudaEvent_t event = nullptr;
+  };
+  std::mutex mu_;
+  std::unordered_map<const void*, Entry> pending_;
+  std::map<int, std::vector<cudaEvent_t>> free_;
+};
+
+// Enqueues with a deferred join registered under out's storage (functional ops), or joins the caller now.
+template <typename Enqueue>
+void enqueue_maybe_deferred(Group& g, const at::Tensor& out, bool deferred, Enqueue&& enqueue) {
+  if (!deferred) {
+    enqueue(static_cast<cudaEvent_t>(nullptr));
+    return;
+  }
+  DeferredJoins& joins = DeferredJoins::get();
+  cudaEvent_t e = joins.take(g.device());
+  try {
+    enqueue(e);
+  } catch (...) {
+    joins.give_back(g.device(), e);
+    throw;
+  }
+  joins.add(out.storage().data_ptr().get(), g.device(), e);
+}
+
+void run_all_gather(Group& g, const at::Tensor& input, at::Tensor& out, bool deferred = false) {
   const size_t nbytes = static_cast<size_t>(input.numel()) * input.element_size();
   if (nbytes == 0) return;
   const char* in = static_cast<const char*>(input.data_ptr());
@@ -72,7 +167,9 @@ void run_all_gather(Group& g, const at::Tensor& input, at::Tensor& out) {
   const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g.device());
   c10::cuda::CUDAGuard guard(device);
   const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device);
-  enqueue_all_gather(g, AllGatherArgs{in, o, nbytes, caller.stream()});
+  enqueue_maybe_deferred(g, out, deferred, [&](cudaEvent_t join) {
+    enqueue_all_gather(g, AllGatherArgs{in, o, nbytes, caller.stream(), join});
+  });
 
   // The comm and self streams read `input` and write `out` after this call returns: keep the caching
   // allocator from handing their blocks out again before those streams are past them. (Pool tensors
@@ -99,7 +196,7 @@ at::Tensor all_gather_cuda(const at::Tensor& input, int64_t group_size, std::str
   sizes[0] *= group_size;
   c10::cuda::CUDAGuard guard(input.device());
   at::Tensor out = at::empty(sizes, input.options());
-  run_all_gather(*g, input, out);
+  run_all_gather(*g, input, out, /*deferred=*/true);
   return out;
 }
 
@@ -124,11 +221,125 @@ void all_gather_out_meta(const at::Tensor& input, int64_t group_size, std::strin
   check_out(input, out, group_size, "all_gather_into_tensor_out");
 }
 
-// Stream-ordered ops need no host wait; this keeps a wait node in rewritten graphs and surfaces a
-// watchdog failure (timeout) as an exception at the point the result is consumed.
+// ---------------------------------------------------------------------------------------------------
+// Reduce-scatter
+
+ReduceDType reduce_dtype_of(c10::ScalarType t, const char* op) {
+  switch (t) {
+    case at::kFloat:
+      return ReduceDType::F32;
+    case at::kHalf:
+      return ReduceDType::F16;
+    case at::kBFloat16:
+      return ReduceDType::BF16;
+    default:
+      TORCH_CHECK(false, "ce_overlap.", op, ": dtype ", t, " is not supported (float32, float16 and bfloat16 are)");
+  }
+}
+
+ReduceOp reduce_op_of(const std::string& name, const char* op) {
+  std::string low = name;
+  std::transform(low.begin(), low.end(), low.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (low == "sum") return ReduceOp::Sum;
+  if (low == "avg") return ReduceOp::Avg;
+  TORCH_CHECK(false, "ce_overlap.", op, ": reduce_op '", name, "' is not supported (sum and avg are)");
+}
+
+void check_rs_input(const at::Tensor& input, const std::string& reduce_op, int64_t group_size, const char* op) {
+  check_input(input, group_size, op, /*scatter=*/true);
+  reduce_dtype_of(input.scalar_type(), op);
+  reduce_op_of(reduce_op, op);
+  TORCH_SYM_CHECK((input.sym_size(0) % group_size).sym_eq(0), "ce_overlap.", op, ": input.shape[0] = ",
+                  input.sym_size(0), " is not divisible by group_size = ", group_size);
+}
+
+void check_rs_out(const at::Tensor& input, const at::Tensor& out, int64_t group_size, const char* op) {
+  TORCH_CHECK(out.defined(), "ce_overlap.", op, ": out is undefined");
+  TORCH_CHECK(out.scalar_type() == input.scalar_type(), "ce_overlap.", op, ": out has dtype ", out.scalar_type(),
+              " but input has ", input.scalar_type());
+  TORCH_CHECK(out.device() == input.device(), "ce_overlap.", op, ": out is on ", out.device(), " but input is on ",
+              input.device());
+  TORCH_CHECK(out.is_contiguous(), "ce_overlap.", op, ": out must be contiguous (got sizes ", out.sym_sizes(),
+              " and strides ", out.sym_strides(), ")");
+  TORCH_SYM_CHECK((out.sym_numel() * group_size).sym_eq(input.sym_numel()), "ce_overlap.", op, ": out has ",
+                  out.sym_numel(), " elements; it needs input.numel() / group_size = ", input.sym_numel(), " / ",
+                  group_size);
+}
+
+void run_reduce_scatter(Group& g, const at::Tensor& input, at::Tensor& out, const std::string& reduce_op,
+                        const char* op, bool deferred = false) {
+  const size_t n = static_cast<size_t>(g.world_size());
+  const size_t chunk = static_cast<size_t>(input.numel()) * input.element_size() / n;
+  if (chunk == 0) return;
+  const char* in = static_cast<const char*>(input.data_ptr());
+  char* o = static_cast<char*>(out.data_ptr());
+  const bool in_place = o == in + static_cast<size_t>(g.rank()) * chunk;
+  TORCH_CHECK(in_place || in + n * chunk <= o || o + chunk <= in, "ce_overlap.", op, ": out overlaps input but is not "
+              "input's chunk of rank ", g.rank(), " (the only overlap an in-place reduce-scatter allows)");
+
+  const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g.device());
+  c10::cuda::CUDAGuard guard(device);
+  const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device);
+  enqueue_maybe_deferred(g, out, deferred, [&](cudaEvent_t join) {
+    enqueue_reduce_scatter(g, ReduceScatterArgs{in, o, chunk, reduce_dtype_of(input.scalar_type(), op),
+                                                reduce_op_of(reduce_op, op), caller.stream(), join});
+  });
+  // The comm stream reads the input, the reduce stream reads it and writes out after this returns.
+  const c10::cuda::CUDAStream comm = c10::cuda::getStreamFromExternal(g.comm_stream(), device);
+  const c10::cuda::CUDAStream red = c10::cuda::getStreamFromExternal(g.reduce_stream(), device);
+  for (const at::Tensor* t : {&input, static_cast<const at::Tensor*>(&out)}) {
+    if (g.pool().contains(t->data_ptr())) continue;
+    c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), comm);
+    c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), red);
+  }
+}
+
+at::Tensor reduce_scatter_cuda(const at::Tensor& input, std::string reduce_op, int64_t group_size, std::string group_name) {
+  static const char* kOp = "reduce_scatter_tensor";
+  check_rs_input(input, reduce_op, group_size, kOp);
+  std::shared_ptr<Group> g = group_for(group_name, group_size, input, kOp);
+  std::vector<int64_t> sizes = input.sizes().vec();
+  sizes[0] /= group_size;
+  c10::cuda::CUDAGuard guard(input.device());
+  at::Tensor out = at::empty(sizes, input.options());
+  run_reduce_scatter(*g, input, out, reduce_op, kOp, /*deferred=*/true);
+  return out;
+}
+
+void reduce_scatter_out_cuda(const at::Tensor& input, std::string reduce_op, int64_t group_size, std::string group_name,
+                             at::Tensor out) {
+  static const char* kOp = "reduce_scatter_tensor_out";
+  check_rs_input(input, reduce_op, group_size, kOp);
+  check_rs_out(input, out, group_size, kOp);
+  std::shared_ptr<Group> g = group_for(group_name, group_size, input, kOp);
+  run_reduce_scatter(*g, input, out, reduce_op, kOp);
+}
+
+at::Tensor reduce_scatter_meta(const at::Tensor& input, std::string reduce_op, int64_t group_size, std::string group_name) {
+  (void)group_name;
+  check_rs_input(input, reduce_op, group_size, "reduce_scatter_tensor");
+  std::vector<c10::SymInt> sizes = input.sym_sizes().vec();
+  sizes[0] = sizes[0] / group_size;
+  return at::empty_symint(sizes, input.options());
+}
+
+void reduce_scatter_out_meta(const at::Tensor& input, std::string reduce_op, int64_t group_size, std::string group_name,
+                             at::Tensor out) {
+  (void)group_name;
+  check_rs_input(input, reduce_op, group_size, "reduce_scatter_tensor_out");
+  check_rs_out(input, out, group_size, "reduce_scatter_tensor_out");
+}
+
+// The functional ops return before the caller's stream waits for them (DeferredJoins): this makes the current
+// stream wait for the op that produced `tensor` (no host wait), and surfaces a watchdog failure (timeout) as
+// an exception at the point the result is consumed. A tensor with no pending op passes through.
 at::Tensor wait_tensor(const at::Tensor& tensor) {
   if (std::optional<std::string> err = Runtime::get().first_failure()) {
     TORCH_CHECK(false, "ce_overlap.wait_tensor: ", *err);
+  }
+  if (tensor.is_cuda() && tensor.has_storage()) {
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(tensor.device().index());
+    DeferredJoins::get().join(tensor.storage().data_ptr().get(), current.stream());
   }
   return tensor;
 }
@@ -185,19 +396,49 @@ void synchronize_group(std::string group_name, double timeout_s) {
   g->synchronize(timeout_s > 0 ? timeout_s : g->timeout_s() + 30);
 }
 
-at::Tensor empty_symmetric(c10::IntArrayRef size, c10::ScalarType dtype, std::string group_name) {
+// [pending_bytes, offset_0, size_0, offset_1, size_1, ...]: this rank's free user-region ranges as pool
+// offsets, after reclaiming the deferred frees whose GPU work is done (`block`: waiting for all of them,
+// by polling, never inside a CUDA call and never holding the group lock, so the watchdog can still act).
+std::vector<int64_t> symmetric_free_ranges(std::string group_name, bool block) {
+  std::shared_ptr<Group> g = Runtime::get().require(group_name, "empty_symmetric");
+  size_t pending = 0;
+  std::vector<std::pair<size_t, size_t>> ranges;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(g->timeout_s() + 30);
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lk(g->mutex());
+      g->throw_if_unusable_locked("empty_symmetric");
+      ranges = g->pool().free_user_ranges(false, &pending);
+    }
+    if (!block || pending == 0) break;
+    TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "ce_overlap.empty_symmetric: group '", group_name,
+                "': ", pending, " bytes of freed symmetric tensors are still in use by the GPU after ",
+                g->timeout_s() + 30, " s");
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  std::vector<int64_t> out{static_cast<int64_t>(pending)};
+  for (const auto& [off, size] : ranges) {
+    out.push_back(static_cast<int64_t>(off));
+    out.push_back(static_cast<int64_t>(size));
+  }
+  return out;
+}
+
+// A tensor at an agreed pool offset (python/ce_overlap/runtime/_symalloc.py decides it from every rank's
+// free ranges). Throws, naming the range, when it is not free on this rank.
+at::Tensor empty_symmetric_at(c10::IntArrayRef size, c10::ScalarType dtype, std::string group_name, int64_t offset) {
   std::shared_ptr<Group> g = Runtime::get().require(group_name, "empty_symmetric");
   int64_t numel = 1;
   for (int64_t s : size) {
     TORCH_CHECK(s >= 0, "ce_overlap.empty_symmetric: negative size ", s, " in ", shape_text(size));
     numel *= s;
   }
+  TORCH_CHECK(offset >= 0, "ce_overlap.empty_symmetric: negative pool offset ", offset);
   const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-  size_t offset = 0;
   {
     std::lock_guard<std::mutex> lk(g->mutex());
     g->throw_if_unusable_locked("empty_symmetric");
-    offset = g->pool().allocate_user(nbytes);
+    g->pool().allocate_user_at(static_cast<size_t>(offset), nbytes);
   }
   void* ptr = g->pool().local_base() + offset;
   auto release = [g, offset, nbytes](void*) {
@@ -223,6 +464,94 @@ int64_t symmetric_offset(const at::Tensor& t, std::string group_name) {
   return off ? static_cast<int64_t>(*off) : -1;
 }
 
+int64_t pool_alignment() { return static_cast<int64_t>(kPoolAlignment); }
+
+std::string set_ag_mode(std::string mode) {
+  try {
+    return set_all_gather_mode(mode);
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, "ce_overlap._set_all_gather_mode: ", e.what());
+  }
+}
+
+// Tuning between ops (the probe sweeps these; values <= 0 leave a knob unchanged). pull_split and
+// reduce_ctas are local to this rank; rs_round_bytes must be set to the same value on every rank before the
+// next reduce-scatter (SPMD, like the op itself): it is part of every round's signature, so ranks that
+// disagree get a "different collective" timeout, never wrong bytes. Returns the group's resulting
+// "pull_split=.. reduce_ctas=.. rs_round_bytes=.." (rs_round_bytes as configured; the effective round is
+// also capped by the staging slot, see _reduce_scatter_round_bytes).
+std::string tune(std::string group_name, int64_t pull_split, int64_t reduce_ctas, int64_t rs_round_bytes) {
+  std::shared_ptr<Group> g = Runtime::get().require(group_name, "_tune");
+  std::lock_guard<std::mutex> lk(g->mutex());  // between enqueues: no op sees half a change
+  try {
+    if (pull_split > 0) g->set_pull_split(static_cast<int>(std::min<int64_t>(pull_split, 1 << 20)));
+    if (reduce_ctas > 0) g->set_reduce_ctas(static_cast<int>(std::min<int64_t>(reduce_ctas, 1 << 20)));
+    if (rs_round_bytes > 0) g->set_rs_round_bytes(static_cast<size_t>(rs_round_bytes));
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, "ce_overlap._tune: ", e.what());
+  }
+  return "pull_split=" + std::to_string(g->pull_split()) + " reduce_ctas=" + std::to_string(g->reduce_ctas()) +
+         " rs_round_bytes=" + std::to_string(g->rs_round_bytes());
+}
+
+// Probe: the reduce-scatter's reduction kernel alone, as the op runs it for 2 ranks: out = a + b (fp32
+// accumulation; b stands for the one staging slot), at most `ctas` CTAs, on the current stream.
+void reduce_bench(at::Tensor out, const at::Tensor& a, const at::Tensor& b, int64_t ctas) {
+  static const char* kOp = "_reduce_bench";
+  TORCH_CHECK(out.is_cuda() && a.is_cuda() && b.is_cuda() && out.device() == a.device() && a.device() == b.device(),
+              "ce_overlap._reduce_bench: out, a and b must be on one CUDA device");
+  TORCH_CHECK(out.is_contiguous() && a.is_contiguous() && b.is_contiguous(),
+              "ce_overlap._reduce_bench: out, a and b must be contiguous");
+  TORCH_CHECK(out.scalar_type() == a.scalar_type() && a.scalar_type() == b.scalar_type() &&
+                  out.numel() == a.numel() && a.numel() == b.numel(),
+              "ce_overlap._reduce_bench: out, a and b must have one dtype and one size");
+  TORCH_CHECK(ctas >= 1 && ctas <= 1024, "ce_overlap._reduce_bench: ctas must be in 1..1024, got ", ctas);
+  const ReduceDType dt = reduce_dtype_of(a.scalar_type(), kOp);
+  if (a.numel() == 0) return;
+  c10::cuda::CUDAGuard guard(a.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.device().index()).stream();
+  const size_t bytes = static_cast<size_t>(a.numel()) * a.element_size();
+  ReduceParams p{out.data_ptr(), a.data_ptr(), b.data_ptr(), (bytes + 15) / 16 * 16, static_cast<size_t>(a.numel()),
+                 2, 0, ReduceOp::Sum};
+  const cudaError_t err = launch_reduce(dt, p, static_cast<int>(ctas), stream);
+  TORCH_CHECK(err == cudaSuccess, "ce_overlap._reduce_bench: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+}
+
+int64_t rs_round_bytes(std::string group_name) {
+  std::shared_ptr<Group> g = Runtime::get().require(group_name, "reduce_scatter_tensor");
+  return static_cast<int64_t>(reduce_scatter_round_bytes(*g));
+}
+
+// Probe: one copy of src into dst (same GPU, same byte count) on the current stream, by `mode` (see
+// local_copy_with in group.h). Raises when the CUDA call refuses (no fallback: the probe measures a mode).
+void local_copy(at::Tensor dst, const at::Tensor& src, std::string mode) {
+  TORCH_CHECK(dst.is_cuda() && src.is_cuda() && dst.device() == src.device(),
+              "ce_overlap._local_copy: dst and src must be on one CUDA device, got ", dst.device(), " and ", src.device());
+  TORCH_CHECK(dst.is_contiguous() && src.is_contiguous(), "ce_overlap._local_copy: dst and src must be contiguous");
+  const size_t nbytes = static_cast<size_t>(src.numel()) * src.element_size();
+  TORCH_CHECK(static_cast<size_t>(dst.numel()) * dst.element_size() == nbytes, "ce_overlap._local_copy: dst has ",
+              dst.numel() * dst.element_size(), " bytes, src ", nbytes);
+  if (nbytes == 0) return;
+  c10::cuda::CUDAGuard guard(src.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(src.device().index()).stream();
+  TORCH_CHECK(!((mode == "batch" || mode == "batch_hint") && is_legacy_stream(stream)), "ce_overlap._local_copy(mode='",
+              mode, "'): cudaMemcpyBatchAsync refuses the legacy default stream (torch's default stream); run it "
+              "under torch.cuda.stream(side_stream)");
+  cudaError_t err = cudaSuccess;
+  try {
+    err = local_copy_with(mode, dst.data_ptr(), src.data_ptr(), nbytes, src.device().index(), stream);
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, "ce_overlap._local_copy: ", e.what());
+  }
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    TORCH_CHECK(false, "ce_overlap._local_copy(mode='", mode, "'): ", cudaGetErrorName(err), " (",
+                cudaGetErrorString(err), ")");
+  }
+}
+
+std::string local_copy_mode_op() { return local_copy_mode(); }
+
 int64_t range_allocator_self_test(int64_t seed, int64_t steps) {
   return RangeAllocator::self_test(static_cast<uint64_t>(seed), steps);
 }
@@ -238,6 +567,9 @@ TORCH_LIBRARY(ce_overlap, m) {
   m.def("all_gather_into_tensor(Tensor input, int group_size, str group_name) -> Tensor", pt2);
   // Returns nothing: torch.compile functionalizes mutating custom ops only when no output aliases an input.
   m.def("all_gather_into_tensor_out(Tensor input, int group_size, str group_name, *, Tensor(a!) out) -> ()", pt2);
+  m.def("reduce_scatter_tensor(Tensor input, str reduce_op, int group_size, str group_name) -> Tensor", pt2);
+  m.def("reduce_scatter_tensor_out(Tensor input, str reduce_op, int group_size, str group_name, *, Tensor(a!) out) -> ()",
+        pt2);
   m.def("wait_tensor(Tensor tensor) -> Tensor",
         torch::dispatch(c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(wait_tensor)), pt2);
 
@@ -248,7 +580,15 @@ TORCH_LIBRARY(ce_overlap, m) {
   m.def("_has_group(str group_name) -> bool", &has_group);
   m.def("_describe(str group_name) -> str", &describe_group);
   m.def("_synchronize(str group_name, float timeout_s) -> ()", &synchronize_group);
-  m.def("_empty_symmetric(int[] size, ScalarType dtype, str group_name) -> Tensor", &empty_symmetric);
+  m.def("_symmetric_free_ranges(str group_name, bool block) -> int[]", &symmetric_free_ranges);
+  m.def("_empty_symmetric_at(int[] size, ScalarType dtype, str group_name, int offset) -> Tensor", &empty_symmetric_at);
+  m.def("_pool_alignment() -> int", &pool_alignment);
+  m.def("_set_all_gather_mode(str mode) -> str", &set_ag_mode);
+  m.def("_reduce_scatter_round_bytes(str group_name) -> int", &rs_round_bytes);
+  m.def("_tune(str group_name, int pull_split, int reduce_ctas, int rs_round_bytes) -> str", &tune);
+  m.def("_reduce_bench(Tensor(a!) out, Tensor a, Tensor b, int ctas) -> ()", &reduce_bench);
+  m.def("_local_copy_mode() -> str", &local_copy_mode_op);
+  m.def("_local_copy(Tensor(a!) dst, Tensor src, str mode) -> ()", &local_copy);
   m.def("_symmetric_offset(Tensor tensor, str group_name) -> int", &symmetric_offset);
   m.def("_range_allocator_self_test(int seed, int steps) -> int", &range_allocator_self_test);
 }
@@ -256,9 +596,13 @@ TORCH_LIBRARY(ce_overlap, m) {
 TORCH_LIBRARY_IMPL(ce_overlap, CUDA, m) {
   m.impl("all_gather_into_tensor", TORCH_FN(ce_overlap::all_gather_cuda));
   m.impl("all_gather_into_tensor_out", TORCH_FN(ce_overlap::all_gather_out_cuda));
+  m.impl("reduce_scatter_tensor", TORCH_FN(ce_overlap::reduce_scatter_cuda));
+  m.impl("reduce_scatter_tensor_out", TORCH_FN(ce_overlap::reduce_scatter_out_cuda));
 }
 
 TORCH_LIBRARY_IMPL(ce_overlap, Meta, m) {
   m.impl("all_gather_into_tensor", TORCH_FN(ce_overlap::all_gather_meta));
   m.impl("all_gather_into_tensor_out", TORCH_FN(ce_overlap::all_gather_out_meta));
+  m.impl("reduce_scatter_tensor", TORCH_FN(ce_overlap::reduce_scatter_meta));
+  m.impl("reduce_scatter_tensor_out", TORCH_FN(ce_overlap::reduce_scatter_out_meta));
 }

@@ -1,16 +1,24 @@
 """Multi-GPU checks of the CE runtime, one mode per torchrun launch (tests/runtime/test_runtime_gpu.py runs them):
 
     torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py correctness --cases 1000
-    torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py timeout
-    torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py mismatch
+    torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py reduce_scatter --rs-cases 300
+    torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py symalloc
     torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py nokernels
+    torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py timeout,mismatch
 
-Every mode prints what it checked and exits 0 on success, 1 on a failed check (with the details printed).
+Modes can be chained (comma list) to share one start-up. Every mode prints what it checked; the process exits 0 when
+every mode passed, 1 otherwise (with the details printed).
+
+Hangs are bounded: every step (mode set-up, each case, each synchronize) first calls step(), which names it in this
+rank's progress file ($CE_TEST_PROGRESS_DIR/rank<r>.txt, printed by the test when the run fails or hangs; echoed to
+stdout by the timeout/mismatch modes) and re-arms a deadline (faulthandler.dump_traceback_later): a step that does
+not finish in time dumps every thread's Python stack to stderr and exits the process with status 1.
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import faulthandler
 import os
 import random
 import sys
@@ -32,6 +40,39 @@ GUARD_BYTES = 4096
 
 def log(msg: str) -> None:
     print(f"[rank {dist.get_rank()}] {msg}", flush=True)
+
+
+def ce_timeout_s() -> float:
+    return float(os.environ.get("CE_OVERLAP_TIMEOUT_S", "60"))
+
+
+def default_deadline_s() -> float:
+    """How long one step may take before the worker gives up: the CE watchdog turns a stuck op into an error after
+    CE_OVERLAP_TIMEOUT_S, so a step that outlives that by far is a hang outside the CE protocol's reach."""
+    return float(os.environ.get("CE_TEST_STEP_DEADLINE_S", "0")) or ce_timeout_s() + 30
+
+
+def step(what: str, deadline_s: float | None = None, echo: bool = False) -> None:
+    """Names the next step (progress file, and stdout when echo) and re-arms the hang deadline for it."""
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    progress_dir = os.environ.get("CE_TEST_PROGRESS_DIR")
+    text = f"{time.strftime('%H:%M:%S')} {what}"
+    if progress_dir:
+        try:
+            with open(os.path.join(progress_dir, f"rank{rank}.txt"), "w") as f:
+                f.write(text + "\n")
+        except OSError:
+            pass
+    if echo:
+        print(f"[rank {rank}] step: {what}", flush=True)
+    faulthandler.dump_traceback_later(deadline_s or default_deadline_s(), exit=True)
+
+
+def wait_device_idle(seconds: float) -> bool:
+    """torch.cuda.synchronize() in a helper thread, bounded: False when the device is still busy after `seconds`."""
+    done = threading.Event()
+    threading.Thread(target=lambda: (torch.cuda.synchronize(), done.set()), daemon=True).start()
+    return done.wait(seconds)
 
 
 def setup() -> None:
@@ -77,13 +118,16 @@ def draw_case(rng: random.Random) -> dict:
         d = rng.choice(divisors)
         shape[-1] //= d
         shape.append(d)
-    mode = rng.choice(["staged", "staged", "functional", "symmetric", "symmetric_inplace", "inplace", "offset_view"])
+    mode = rng.choice(["staged", "staged", "functional", "deferred", "symmetric", "symmetric_inplace", "inplace",
+                       "offset_view", "symmetric_out_pull", "symmetric_inplace_push", "symmetric_out_push"])
     return {
         "dtype": dtype, "shape": shape, "mode": mode,
         "side_stream": rng.random() < 0.25,
         "clobber_input_after": rng.random() < 0.3,
         "offset_elems": rng.randint(1, 17),
         "seed": rng.randrange(1 << 30),
+        # Pieces each pulled peer copy is split into (local: rank 1 uses split % 4 + 1, so the ranks differ).
+        "split": rng.choice([1, 1, 2, 3, 4]),
     }
 
 
@@ -114,7 +158,7 @@ def run_case(case: dict, group, world: int, rank: int, side: torch.cuda.Stream) 
         out = backing[:out_bytes].view(dtype).reshape(out_shape) if out_bytes else torch.empty(out_shape, dtype=dtype,
                                                                                                 device="cuda")
         keep = []
-        if mode in ("staged", "functional"):
+        if mode in ("staged", "functional", "deferred"):
             inp = inp_data.clone()
         elif mode == "offset_view":
             big = torch.empty(numel + case["offset_elems"], dtype=dtype, device="cuda")
@@ -126,23 +170,39 @@ def run_case(case: dict, group, world: int, rank: int, side: torch.cuda.Stream) 
             inp.copy_(inp_data)
             if numel > 0 and not rt.is_symmetric(inp, group):
                 problems.append("empty_symmetric returned a tensor outside the pool")
-        elif mode == "symmetric_inplace":
+        elif mode in ("symmetric_inplace", "symmetric_inplace_push"):
             sym_out = rt.empty_symmetric(out_shape, dtype, group)
             out = sym_out
             inp = sym_out.view(world, numel)[rank].view(shape) if numel else sym_out[:0]
             inp.copy_(inp_data)
+        elif mode in ("symmetric_out_pull", "symmetric_out_push"):
+            out = rt.empty_symmetric(out_shape, dtype, group)  # output in the pool, input ordinary memory
+            if out.numel():
+                out.view(torch.uint8).fill_(0xA5)
+            inp = inp_data.clone()
         elif mode == "inplace":
             inp = out.view(world, -1)[rank].view(shape) if numel else out[:0]
             inp.copy_(inp_data)
         else:
             raise AssertionError(mode)
 
-        if mode == "functional":
-            out = rt.all_gather(inp, group)
-        else:
-            rt.all_gather_into_tensor(out, inp, group)
+        rt.tune(group, pull_split=case["split"] if rank == 0 else case["split"] % 4 + 1)
+        previous_mode = rt.set_all_gather_mode("push" if mode.endswith("_push") else "pull")
+        try:
+            if mode == "functional":
+                out = rt.all_gather(inp, group)
+            elif mode == "deferred":  # the raw functional op: the caller's stream joins only at wait_tensor below
+                out = torch.ops.ce_overlap.all_gather_into_tensor(inp, world, group.group_name)
+                busy = torch.randn(512, 512, device="cuda")
+                for _ in range(4):
+                    busy = busy @ busy  # caller-stream work between the op and its wait (overlaps it)
+            else:
+                rt.all_gather_into_tensor(out, inp, group)
+        finally:
+            rt.set_all_gather_mode(previous_mode)
         out = rt.wait_tensor(out)
-        if case["clobber_input_after"] and numel > 0 and mode not in ("inplace", "symmetric_inplace"):
+        if case["clobber_input_after"] and numel > 0 and mode not in ("inplace", "symmetric_inplace",
+                                                                        "symmetric_inplace_push"):
             # Stream order: the op is finished with `inp` (and, zero-copy, so are the peers) before this runs.
             inp.view(torch.uint8 if elem == 1 else INT_OF_SIZE[elem]).fill_(0x5A)
         if tuple(out.shape) != tuple(out_shape) or out.dtype != dtype:
@@ -152,7 +212,7 @@ def run_case(case: dict, group, world: int, rank: int, side: torch.cuda.Stream) 
     rt.synchronize(group)
     torch.cuda.synchronize()
     wrong = count_wrong(out, ref) if not problems else numel * world
-    if mode not in ("symmetric_inplace", "functional") and out_bytes:
+    if not mode.startswith("symmetric_") and mode not in ("functional", "deferred") and out_bytes:
         guard = backing[out_bytes:]
         if not bool((guard == 0xA5).all().item()):
             problems.append("bytes behind the output were overwritten")
@@ -172,6 +232,8 @@ def mode_correctness(args) -> int:
     t0 = time.time()
     for i in range(args.cases):
         case = draw_case(rng)
+        step(f"correctness case {i}: {case['mode']} {str(case['dtype']).replace('torch.', '')} {case['shape']} "
+             f"split {case['split']}")
         try:
             wrong, problem = run_case(case, group, world, rank, side)
         except Exception as e:  # noqa: BLE001 (report every failure with its case)
@@ -186,7 +248,9 @@ def mode_correctness(args) -> int:
                 break  # an exception may leave the group unusable; stop with the report
         if (i + 1) % 200 == 0:
             log(f"{i + 1}/{args.cases} cases, {len(failures)} failed, {time.time() - t0:.1f} s")
+    rt.tune(group, pull_split=1)
     # Every rank must agree: a failure on one rank fails the run on all.
+    step("correctness: all_reduce of the failure count")
     nfail = torch.tensor([len(failures)], device="cuda")
     dist.all_reduce(nfail)
     if rank == 0:
@@ -202,20 +266,25 @@ def mode_timeout(args) -> int:
     """Rank 1 rendezvouses but never calls the collective: rank 0 must raise within the timeout plus a margin."""
     group = dist.group.WORLD
     rank = dist.get_rank()
-    timeout_s = float(os.environ["CE_OVERLAP_TIMEOUT_S"])
+    timeout_s = ce_timeout_s()
+    step("timeout: rendezvous + barrier", echo=True)
     rt.rendezvous(group)
     store = dist.distributed_c10d._get_default_store()
-    dist.barrier()
-    if rank != 0:
-        log("not calling the collective; waiting for rank 0 to report")
-        store.wait(["ce_test/timeout_done"], timedelta(seconds=timeout_s + 120))
-        return 0
-    ok = True
     x = torch.randn(1 << 20, device="cuda")
     out = torch.empty(2 << 20, device="cuda")
+    torch.cuda.synchronize()
+    dist.barrier()
+    if rank != 0:
+        step("timeout: rank 1 does not call the collective; waiting for rank 0 to report", deadline_s=timeout_s + 60,
+             echo=True)
+        store.wait(["ce_test/timeout_done"], timedelta(seconds=timeout_s + 50))
+        return 0
+    ok = True
     t0 = time.time()
+    step("timeout: enqueue the all-gather rank 1 never joins", echo=True)
     rt.all_gather_into_tensor(out, x, group)
     try:
+        step("timeout: synchronize (must raise after the timeout)", deadline_s=timeout_s + 30, echo=True)
         rt.synchronize(group)
         log("FAILED: synchronize returned although rank 1 never called the collective")
         ok = False
@@ -231,14 +300,14 @@ def mode_timeout(args) -> int:
             log(f"FAILED: raised after {elapsed:.1f} s, expected within [{0.9 * timeout_s}, {timeout_s + 10}] s")
             ok = False
     # The GPU stream must have been released: a device-wide sync returns.
-    done = threading.Event()
-    threading.Thread(target=lambda: (torch.cuda.synchronize(), done.set()), daemon=True).start()
-    if not done.wait(15):
+    step("timeout: the stuck stream must drain (bounded torch.cuda.synchronize)", echo=True)
+    if not wait_device_idle(15):
         log("FAILED: torch.cuda.synchronize() still blocks 15 s after the timeout: the stream was not released")
         ok = False
     # The failed group refuses new work at once, and wait_tensor surfaces the failure.
     for what, fn in (("a new all-gather", lambda: rt.all_gather_into_tensor(out, x, group)),
                      ("wait_tensor", lambda: rt.wait_tensor(out))):
+        step(f"timeout: {what} on the failed group must raise", echo=True)
         try:
             fn()
             log(f"FAILED: {what} on the failed group did not raise")
@@ -249,27 +318,76 @@ def mode_timeout(args) -> int:
     return 0 if ok else 1
 
 
-def mode_mismatch(args) -> int:
-    """The ranks call the all-gather with different sizes: both must raise a timeout naming the mismatch."""
-    group = dist.group.WORLD
-    rank = dist.get_rank()
-    rt.rendezvous(group)
-    dist.barrier()
-    n = 1024 if rank == 0 else 2048
-    x = torch.randn(n, device="cuda")
-    out = torch.empty(2 * n, device="cuda")
-    rt.all_gather_into_tensor(out, x, group)
+def _expect_timeout(label: str, group, fn, needles: list[str]) -> bool:
+    """Runs fn() (a collective the ranks call inconsistently), then expects synchronize to raise naming `needles`,
+    and the device to drain afterwards (the watchdog poisons the stuck waits). Every step is bounded."""
+    timeout_s = ce_timeout_s()
+    ok = True
     try:
+        step(f"[{label}] enqueue", deadline_s=timeout_s + 20, echo=True)
+        fn()
+        step(f"[{label}] synchronize (must raise after {timeout_s} s)", deadline_s=timeout_s + 20, echo=True)
         rt.synchronize(group)
-        log("FAILED: mismatched sizes were not detected (or the signatures collided, probability 1/961)")
-        return 1
+        log(f"FAILED [{label}]: the mismatch was not detected (or the signatures collided, probability 1/961)")
+        ok = False
     except RuntimeError as e:
         msg = str(e)
-        log(f"raised: {msg}")
-        if "different collective" not in msg:
-            log("FAILED: the message does not say the peer posted a different collective")
-            return 1
-    return 0
+        log(f"[{label}] raised: {msg[:600]}")
+        missing = [n for n in needles if n not in msg]
+        if missing:
+            log(f"FAILED [{label}]: the message does not name {missing}")
+            ok = False
+    step(f"[{label}] the released streams must drain (bounded torch.cuda.synchronize)", deadline_s=30, echo=True)
+    if not wait_device_idle(15):
+        log(f"FAILED [{label}]: the device is still busy 15 s after the timeout: a stream was not released")
+        ok = False
+    return ok
+
+
+def mode_mismatch(args) -> int:
+    """Ranks call a collective inconsistently; both must raise a timeout naming the mismatch. Each case runs on its
+    own process group (its own CE pool), because a timed-out group refuses every later op. Every tensor is made (and
+    every torch kernel the cases need is loaded) before the first case: nothing but the CE ops runs between them."""
+    rank = dist.get_rank()
+    step("mismatch: 4 process groups + rendezvous + inputs", echo=True)
+    groups = [dist.new_group(list(range(dist.get_world_size()))) for _ in range(4)]
+    for g in groups:
+        rt.rendezvous(g)
+    n = 1024 if rank == 0 else 2048
+    ag_in, ag_out = torch.randn(n, device="cuda"), torch.empty(2 * n, device="cuda")
+    rs_in, rs_out = torch.randn(2 * n, device="cuda"), torch.empty(n, device="cuda")
+    # Same bytes, different dtype: fp32 x 1024 per rank vs bf16 x 2048 per rank.
+    dt = torch.float32 if rank == 0 else torch.bfloat16
+    m = 1024 if rank == 0 else 2048
+    rs2_in, rs2_out = torch.randn(2 * m, device="cuda").to(dt), torch.empty(m, device="cuda", dtype=dt)
+    g3 = groups[3]
+    sym_out = rt.empty_symmetric((2 * 4096,), torch.float32, g3)
+    shard = sym_out.view(2, -1)[rank]
+    shard.fill_(rank)
+    torch.cuda.synchronize()
+    dist.barrier()
+    ok = True
+    g = groups[0]
+    ok &= _expect_timeout("all_gather sizes", g, lambda: rt.all_gather_into_tensor(ag_out, ag_in, g),
+                          ["different collective", "all_gather_into_tensor"])
+    g = groups[1]
+    # The first reduce-scatter of this process, so the first launch of the reduction kernel: it must not wait
+    # for the device to go idle while the comm stream waits for the mismatched peer (kernels load at rendezvous).
+    ok &= _expect_timeout("reduce_scatter sizes", g, lambda: rt.reduce_scatter_tensor(rs_out, rs_in, "sum", g),
+                          ["different collective", "reduce_scatter_tensor"])
+    g = groups[2]
+    ok &= _expect_timeout("reduce_scatter dtype", g, lambda: rt.reduce_scatter_tensor(rs2_out, rs2_in, "sum", g),
+                          ["different collective", "reduce_scatter_tensor"])
+
+    def push_vs_pull():
+        previous = rt.set_all_gather_mode("push" if rank == 0 else "pull")
+        try:
+            rt.all_gather_into_tensor(sym_out, shard, g3)
+        finally:
+            rt.set_all_gather_mode(previous)
+
+    ok &= _expect_timeout("all_gather push vs pull", g3, push_vs_pull, ["different collective", "push"])
+    return 0 if ok else 1
 
 
 def mode_nokernels(args) -> int:
@@ -303,49 +421,397 @@ def mode_nokernels(args) -> int:
         low = name.lower()
         return not (low.startswith("memcpy") or low.startswith("memset") or "sync" in low)
 
+    rs_in = torch.randn(world * x.numel(), device="cuda", dtype=torch.bfloat16)
+    rs_out = torch.empty(x.numel(), device="cuda", dtype=torch.bfloat16)
+
+    def push(fn):
+        def run():
+            previous = rt.set_all_gather_mode("push")
+            try:
+                fn()
+            finally:
+                rt.set_all_gather_mode(previous)
+        return run
+
+    def split3(fn):
+        def run():
+            rt.tune(group, pull_split=3)
+            try:
+                fn()
+            finally:
+                rt.tune(group, pull_split=1)
+        return run
+
     ok = True
+    seen: dict[str, collections.Counter] = {}
     for label, fn in (("nccl", lambda: dist.all_gather_into_tensor(out, x, group=group)),
                       ("ce_staged", lambda: rt.all_gather_into_tensor(out, x, group)),
                       ("ce_symmetric", lambda: rt.all_gather_into_tensor(out, sym, group)),
-                      ("ce_symmetric_inplace", lambda: rt.all_gather_into_tensor(sym_out, inplace_in, group))):
+                      ("ce_symmetric_inplace", lambda: rt.all_gather_into_tensor(sym_out, inplace_in, group)),
+                      ("ce_push_inplace", push(lambda: rt.all_gather_into_tensor(sym_out, inplace_in, group))),
+                      ("ce_push_from_ordinary_input", push(lambda: rt.all_gather_into_tensor(sym_out, x, group))),
+                      ("ce_symmetric_inplace_split3", split3(lambda: rt.all_gather_into_tensor(sym_out, inplace_in,
+                                                                                              group))),
+                      ("ce_reduce_scatter", lambda: rt.reduce_scatter_tensor(rs_out, rs_in, "sum", group))):
+        step(f"nokernels: {label}")
         names = gpu_activities(fn)
+        seen[label] = names
         kernels = {n: c for n, c in names.items() if is_kernel(n)}
         log(f"{label}: GPU activities {dict(names)}")
         if label == "nccl":
             if not kernels:
                 log("note: the profiler saw no NCCL kernel, so it may not see kernels at all; the CE check is weak")
+        elif label == "ce_reduce_scatter":
+            # Exactly one kernel per op and round: the bounded reduction. Nothing else.
+            others = {n: c for n, c in kernels.items() if "reduce_kernel" not in n}
+            if others or not kernels:
+                log(f"FAILED: reduce-scatter kernels {kernels}: expected only ce_overlap's reduce_kernel")
+                ok = False
         elif kernels:
             log(f"FAILED: {label} launched kernels: {kernels}")
             ok = False
+        elif label.endswith("_split3"):
+            # 16 MiB per rank in 3 pieces: 2 more peer copies per op than unsplit (the flag copies count too), 3 ops.
+            peer = {k: sum(c for n, c in v.items() if "PtoP" in n) for k, v in seen.items()}
+            if peer[label] != peer["ce_symmetric_inplace"] + 6:
+                log(f"FAILED: {label}: expected {peer['ce_symmetric_inplace'] + 6} peer copies (unsplit + 2 pieces "
+                    f"x 3 ops), got {peer[label]}: {dict(names)}")
+                ok = False
     rt.synchronize(group)
     return 0 if ok else 1
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Reduce-scatter vs NCCL
+
+RS_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+RS_TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
+
+
+def draw_rs_case(rng: random.Random, round_elems: dict) -> dict:
+    dtype = rng.choice(RS_DTYPES)
+    bucket = rng.random()
+    if bucket < 0.03:
+        numel = 0
+    elif bucket < 0.35:
+        numel = rng.randint(1, 64)  # most of these are not multiples of 16 bytes
+    elif bucket < 0.65:
+        numel = rng.randint(65, 8192)
+    elif bucket < 0.85:
+        numel = rng.randint(8193, 1 << 18)
+    else:  # several rounds (and both banks) of the reduce-scatter
+        r = round_elems[dtype]
+        numel = rng.randint(r + 1, 5 * r + 3)
+    cols = rng.choice([1, 1, 2, 3]) if numel % 6 == 0 else 1
+    return {
+        "dtype": dtype, "numel": numel, "cols": cols, "op": rng.choice(["sum", "avg"]),
+        "data": rng.choice(["int", "int", "random"]),
+        "mode": rng.choice(["out", "out", "functional", "deferred", "inplace", "offset_view", "symmetric_in"]),
+        "side_stream": rng.random() < 0.2, "clobber_input_after": rng.random() < 0.3,
+        "offset_elems": rng.randint(1, 7), "seed": rng.randrange(1 << 30),
+    }
+
+
+def run_rs_case(case: dict, group, world: int, rank: int, side: torch.cuda.Stream) -> tuple[int, bool, str]:
+    """Returns (#elements outside tolerance (-1 on error), bit-exact vs NCCL, problem or '')."""
+    dtype, numel, op = case["dtype"], case["numel"], case["op"]
+    cols = case["cols"]
+    shape = [world * numel // cols, cols] if cols > 1 else [world * numel]
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(case["seed"] * 977 + rank)
+    if case["data"] == "int":  # integer-valued: sums and halves are exact in every dtype -> must be bit-exact
+        inp_data = torch.randint(-8, 9, shape, device="cuda", generator=gen).to(dtype)
+    else:
+        inp_data = torch.randn(shape, device="cuda", generator=gen).to(dtype)
+    out_shape = [shape[0] // world, *shape[1:]]
+    ref = torch.empty(out_shape, dtype=dtype, device="cuda")
+    if numel > 0:
+        dist.reduce_scatter_tensor(ref, inp_data.clone(), op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.AVG,
+                                   group=group)
+    problems = []
+    elem = torch.empty((), dtype=dtype).element_size()
+    out_bytes = numel * elem
+    backing = torch.full((out_bytes + GUARD_BYTES,), 0xA5, dtype=torch.uint8, device="cuda")
+    stream_ctx = torch.cuda.stream(side) if case["side_stream"] else torch.cuda.stream(torch.cuda.current_stream())
+    with stream_ctx:
+        if case["side_stream"]:
+            side.wait_stream(torch.cuda.default_stream())
+        cur = torch.cuda.current_stream()
+        out = backing[:out_bytes].view(dtype).reshape(out_shape) if out_bytes else torch.empty(out_shape, dtype=dtype,
+                                                                                                device="cuda")
+        keep = []
+        mode = case["mode"]
+        if mode == "offset_view":  # unaligned input (and so unaligned own chunk): the scalar kernel path
+            big = torch.empty(world * numel + case["offset_elems"], dtype=dtype, device="cuda")
+            inp = big[case["offset_elems"]:].view(shape)
+            inp.copy_(inp_data)
+            keep.append(big)
+        elif mode == "symmetric_in":
+            inp = rt.empty_symmetric(shape, dtype, group)
+            inp.copy_(inp_data)
+        else:
+            inp = inp_data.clone()
+        if mode == "inplace":
+            out = inp.view(world, -1)[rank].view(out_shape) if numel else inp[:0]
+        if mode == "functional":
+            out = rt.reduce_scatter(inp, op, group)
+        elif mode == "deferred":  # joins the caller's stream only at wait_tensor below
+            out = torch.ops.ce_overlap.reduce_scatter_tensor(inp, op, world, group.group_name)
+        else:
+            rt.reduce_scatter_tensor(out, inp, op, group)
+        out = rt.wait_tensor(out)
+        if case["clobber_input_after"] and numel > 0 and mode != "inplace":
+            inp.fill_(123)
+        if tuple(out.shape) != tuple(out_shape) or out.dtype != dtype:
+            problems.append(f"output shape/dtype {tuple(out.shape)} {out.dtype}, want {tuple(out_shape)} {dtype}")
+        if cur is not torch.cuda.default_stream():
+            torch.cuda.default_stream().wait_stream(cur)
+    rt.synchronize(group)
+    torch.cuda.synchronize()
+    if problems:
+        return -1, False, "; ".join(problems)
+    exact = count_wrong(out, ref) == 0
+    tol = RS_TOL[dtype]
+    bad = int((~torch.isclose(out.float(), ref.float(), rtol=tol, atol=tol)).sum().item()) if numel else 0
+    if case["data"] == "int" and not exact:
+        problems.append(f"integer-valued data is not bit-exact vs NCCL ({count_wrong(out, ref)} elements differ)")
+    if mode in ("out", "offset_view", "symmetric_in") and out_bytes and not bool((backing[out_bytes:] == 0xA5).all()):
+        problems.append("bytes behind the output were overwritten")
+    del keep
+    return bad, exact, "; ".join(problems)
+
+
+def mode_reduce_scatter(args) -> int:
+    group = dist.group.WORLD
+    rank, world = dist.get_rank(), dist.get_world_size()
+    name = rt.rendezvous(group)
+    round_bytes = int(torch.ops.ce_overlap._reduce_scatter_round_bytes(name))
+    round_elems = {dt: round_bytes // torch.empty((), dtype=dt).element_size() for dt in RS_DTYPES}
+    log(f"{rt.describe(group)}; reduce-scatter round {round_bytes} bytes per rank")
+    side = torch.cuda.Stream()
+    rng = random.Random(args.seed + 1)
+    stats, exact_stats = collections.Counter(), collections.Counter()
+    failures, multi_round = [], 0
+    t0 = time.time()
+    ctas_choices = [1, 3, 16, 32, 132]
+    small_round_from = args.rs_cases - args.rs_cases // 6  # the last sixth runs with 64 KiB rounds (more rounds)
+    for i in range(args.rs_cases):
+        case = draw_rs_case(rng, round_elems)
+        ctas = rng.choice(ctas_choices)
+        # Reduction CTAs are local (ranks may differ); the round size must match, so it changes on both at once.
+        rt.tune(group, reduce_sms=ctas if rank == 0 else ctas_choices[(ctas_choices.index(ctas) + 1) % 5],
+                rs_round_mb=(64 / 1024) if i >= small_round_from else round_bytes / (1 << 20))
+        multi_round += case["numel"] * torch.empty((), dtype=case["dtype"]).element_size() > (
+            (64 << 10) if i >= small_round_from else round_bytes)
+        step(f"reduce_scatter case {i}: {case['op']} {str(case['dtype']).replace('torch.', '')} numel {case['numel']} "
+             f"{case['mode']} ctas {ctas}{' 64 KiB rounds' if i >= small_round_from else ''}")
+        try:
+            bad, exact, problem = run_rs_case(case, group, world, rank, side)
+        except Exception as e:  # noqa: BLE001
+            bad, exact, problem = -1, False, f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+        key = (case["op"], str(case["dtype"]).replace("torch.", ""), case["data"])
+        stats[key] += 1
+        exact_stats[key] += exact
+        if bad != 0 or problem:
+            failures.append(i)
+            log(f"rs case {i} FAILED: {case} outside-tolerance={bad} {problem}")
+            if bad == -1:
+                break
+    tuning = rt.tune(group, reduce_sms=32, rs_round_mb=round_bytes / (1 << 20))
+    if rank == 0:
+        print(f"reduce-scatter tuning restored: {tuning}", flush=True)
+    # Groups of one rank (no peers): the reduction alone (sum and avg of one input are the input).
+    step("reduce_scatter: groups of one rank")
+    singles = [dist.new_group([r]) for r in range(world)]
+    mine = singles[rank]
+    x = torch.randn(3000, 5, device="cuda", dtype=torch.bfloat16)
+    for op in ("sum", "avg"):
+        y = rt.reduce_scatter(x, op, mine)
+        g = rt.all_gather(x, mine)
+        rt.synchronize(mine)
+        if count_wrong(y, x) or count_wrong(g, x):
+            log(f"FAILED: group of one rank: reduce_scatter({op}) / all_gather is not the input")
+            failures.append(-1)
+    nfail = torch.tensor([len(failures)], device="cuda")
+    dist.all_reduce(nfail)
+    if rank == 0:
+        print(f"{'op':<5} {'dtype':<10} {'data':<7} {'cases':>6} {'bit-exact vs NCCL':>18}")
+        for k in sorted(stats):
+            print(f"{k[0]:<5} {k[1]:<10} {k[2]:<7} {stats[k]:>6} {exact_stats[k]:>18}")
+    log(f"reduce_scatter: {args.rs_cases} cases ({multi_round} multi-round), {len(failures)} failed here, "
+        f"{int(nfail.item())} failed on all ranks, {time.time() - t0:.1f} s; {rt.describe(group)}")
+    return 0 if int(nfail.item()) == 0 else 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Collective symmetric allocation
+
+def _offset(t: torch.Tensor, group) -> int:
+    return int(torch.ops.ce_overlap._symmetric_offset(t, group.group_name))
+
+
+def _same_on_all_ranks(values: list) -> bool:
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, values)
+    return all(v == everyone[0] for v in everyone)
+
+
+def _check_ag_on(sym_in: torch.Tensor, group, world: int, rank: int, push: bool) -> int:
+    """Zero-copy and in-place all-gathers on symmetric tensors: #wrong bytes vs NCCL."""
+    sym_in.view(torch.uint8).copy_(torch.randint(0, 256, (sym_in.numel() * sym_in.element_size(),), device="cuda",
+                                                 dtype=torch.uint8))
+    ref = torch.empty(world * sym_in.numel(), dtype=sym_in.dtype, device="cuda")
+    dist.all_gather_into_tensor(ref, sym_in.reshape(-1), group=group)
+    out = torch.empty_like(ref)
+    sym_out = rt.empty_symmetric(ref.shape, ref.dtype, group)
+    sym_out.view(world, -1)[rank].copy_(sym_in.reshape(-1))
+    previous = rt.set_all_gather_mode("push" if push else "pull")
+    try:
+        rt.all_gather_into_tensor(out, sym_in, group)                                   # zero-copy pull
+        rt.all_gather_into_tensor(sym_out, sym_out.view(world, -1)[rank], group)          # in place
+    finally:
+        rt.set_all_gather_mode(previous)
+    rt.synchronize(group)
+    return count_wrong(out, ref) + count_wrong(sym_out, ref)
+
+
+def mode_symalloc(args) -> int:
+    """empty_symmetric agrees offsets although the ranks free at different times and in different orders (one rank's
+    frees stay pending behind a GPU sleep), retries when only pending frees would make room, and reports
+    mismatched sizes and a full pool on every rank; zero-copy / in-place all-gathers on the tensors are bit-exact."""
+    from ce_overlap.runtime import _symalloc
+
+    group = dist.group.WORLD
+    rank, world = dist.get_rank(), dist.get_world_size()
+    name = rt.rendezvous(group)
+    ok = True
+    flat = [int(v) for v in torch.ops.ce_overlap._symmetric_free_ranges(name, True)]
+    user = sum(flat[2::2])
+    empty = len(flat) == 3  # one free range: nothing else lives in the pool (earlier modes freed everything)
+    log(f"user region {user} bytes free at start: {list(zip(flat[1::2], flat[2::2]))}")
+
+    step("symalloc: retry path")
+    # 1. Retry path: A and B fill 80%; A is freed, but on rank 1 behind a 0.3 s GPU sleep; C (30%) fits only in A.
+    unit = user // 10 // 4096 * 4096
+    a = rt.empty_symmetric((4 * unit,), torch.uint8, group)
+    b = rt.empty_symmetric((4 * unit,), torch.uint8, group)
+    off_a = _offset(a, group)
+    torch.cuda.synchronize()
+    if rank == 1:
+        torch.cuda._sleep(int(0.3 * 2e9))
+    del a
+    t0 = time.time()
+    c = rt.empty_symmetric((3 * unit,), torch.uint8, group)
+    waited = time.time() - t0
+    offs = [off_a, _offset(b, group), _offset(c, group)]
+    log(f"retry path: offsets A/B/C {offs}, C took {waited:.3f} s")
+    if not _same_on_all_ranks(offs) or (empty and offs[2] != off_a):
+        log(f"FAILED: C must get one offset on every rank (and, in an empty pool, reuse A's range), got {offs}")
+        ok = False
+    del b, c
+    torch.cuda.synchronize()
+
+    step("symalloc: mismatched sizes and a full pool must raise on every rank")
+    # 2. Errors are raised on every rank and leave the allocator usable.
+    for label, size, needle in (("mismatched sizes", 1024 * (rank + 1), "different sizes"),
+                                ("nothing fits", 2 * user, "no range of")):
+        try:
+            rt.empty_symmetric((size,), torch.uint8, group)
+            log(f"FAILED: {label} did not raise")
+            ok = False
+        except _symalloc.SymmetricAllocError as e:
+            msg = str(e)
+            log(f"{label}: raised as expected: {msg[:300]}")
+            if needle not in msg or f"group '{name}'" not in msg:
+                log(f"FAILED: the {label} message does not name {needle!r} and the group")
+                ok = False
+
+    # 3. Random allocations and frees, in different orders on the two ranks, some pending behind GPU work.
+    rng = random.Random(args.seed + 2)  # the same on every rank: the allocations are SPMD
+    live: list = []
+    log_offsets = []
+    wrong = 0
+    dtypes = [torch.bfloat16, torch.float32, torch.uint8, torch.int32]
+    for i_step in range(args.symalloc_steps):
+        step(f"symalloc random step {i_step}, {len(live)} live tensors")
+        if live and rng.random() < 0.4:
+            victims = rng.sample(range(len(live)), k=min(len(live), rng.randint(1, 3)))
+            # Draw on every rank, then branch: the rng is shared, so a draw on one rank only would desynchronize
+            # every later allocation (rank 0 asked for 0 bytes while rank 1 asked for 780976).
+            pending = rng.random() < 0.5
+            if rank == 1 and pending:
+                torch.cuda._sleep(int(0.002 * 2e9))  # frees stay pending for a while on rank 1 only
+            for i in (victims if rank == 0 else list(reversed(victims))):  # frees in rank-dependent order
+                live[i] = None  # the last reference: the tensor's deleter runs here
+            live = [t for t in live if t is not None]
+        else:
+            dtype = rng.choice(dtypes)
+            numel = rng.choice([0, 1, 7, 100, 4096, rng.randint(1, 1 << 20), rng.randint(1 << 20, 4 << 20)])
+            live.append(rt.empty_symmetric((numel,), dtype, group))
+            log_offsets.append(_offset(live[-1], group) if numel else -1)
+            if numel and rng.random() < 0.15:
+                wrong += _check_ag_on(live[-1], group, world, rank, push=rng.random() < 0.5)
+    step("symalloc: compare offsets across ranks")
+    if not _same_on_all_ranks(log_offsets):
+        log("FAILED: the ranks got different offsets for the same allocations")
+        ok = False
+    log(f"random: {args.symalloc_steps} steps, {len(log_offsets)} allocations, {len(set(log_offsets))} distinct offsets, "
+        f"{wrong} wrong bytes in the all-gathers on them")
+    ok &= wrong == 0
+    live.clear()
+    nfail = torch.tensor([0 if ok else 1], device="cuda")
+    dist.all_reduce(nfail)
+    log(f"symalloc: {'ok' if int(nfail.item()) == 0 else 'FAILED'}; {rt.describe(group)}")
+    return 0 if int(nfail.item()) == 0 else 1
+
+
+MODES = {"correctness": mode_correctness, "reduce_scatter": mode_reduce_scatter, "symalloc": mode_symalloc,
+         "nokernels": mode_nokernels, "timeout": mode_timeout, "mismatch": mode_mismatch}
+# Modes that leave a CE group failed on purpose (they run on their own groups, or last).
+BREAKING = ("timeout", "mismatch")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["correctness", "timeout", "mismatch", "nokernels"])
-    parser.add_argument("--cases", type=int, default=1000)
+    parser.add_argument("modes", help=f"comma list of {list(MODES)}, run in this order in one process (saves the "
+                                      "start-up per mode); timeout uses WORLD's CE group, so it runs last but mismatch")
+    parser.add_argument("--cases", type=int, default=1000, help="all-gather cases (correctness)")
+    parser.add_argument("--rs-cases", type=int, default=300, help="reduce-scatter cases")
+    parser.add_argument("--symalloc-steps", type=int, default=200, help="random allocation steps (symalloc)")
     parser.add_argument("--seed", type=int, default=1234)
     args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        parser.error(f"unknown modes {unknown}; choose from {list(MODES)}")
     ok, reason = rt.available()
     if not ok:
         print(f"ce_overlap runtime not available: {reason}", flush=True)
         return 1
+    step("setup: init_process_group")
     setup()
-    try:
-        rc = {"correctness": mode_correctness, "timeout": mode_timeout, "mismatch": mode_mismatch,
-              "nokernels": mode_nokernels}[args.mode](args)
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
-        rc = 1
+    rc = 0
+    for mode in modes:
+        t0 = time.time()
+        step(f"mode {mode}: start", echo=mode in BREAKING)
+        try:
+            mode_rc = MODES[mode](args)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+            mode_rc = 1
+        log(f"== mode {mode}: {'ok' if mode_rc == 0 else 'FAILED'} ({time.time() - t0:.1f} s)")
+        rc = max(rc, mode_rc)
+    step("teardown")
     sys.stdout.flush()
-    if args.mode in ("timeout", "mismatch"):
-        # The CE group is failed and NCCL may hold state of a peer that left: exit without collective teardown.
+    if any(m in BREAKING for m in modes):
+        # A CE group is failed and NCCL may hold state of a peer that left: exit without collective teardown.
         os._exit(rc)
     try:
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001
         pass
+    faulthandler.cancel_dump_traceback_later()
     return rc
 
 

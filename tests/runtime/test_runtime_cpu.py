@@ -185,3 +185,304 @@ def test_pool_range_allocator_matches_first_fit_model(ops, seed):
 def test_wait_tensor_is_identity(ops):
     x = torch.arange(6.0)
     assert ops.wait_tensor(x) is x or torch.equal(ops.wait_tensor(x), x)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reduce-scatter: Meta kernels and argument errors
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape,group_size", [((8, 5), 4), ((6,), 2), ((0, 3), 8), ((2, 3, 4), 1), ((16, 2, 2), 8)])
+def test_reduce_scatter_meta_shape(ops, dtype, shape, group_size):
+    x = torch.empty(shape, dtype=dtype, device="meta")
+    for op in ("sum", "avg", "SUM"):
+        y = ops.reduce_scatter_tensor(x, op, group_size, "0")
+        assert y.shape == (shape[0] // group_size, *shape[1:])
+        assert y.dtype == dtype and y.device.type == "meta"
+    out = torch.empty(x.numel() // group_size, dtype=dtype, device="meta")  # any contiguous shape of the right numel
+    ops.reduce_scatter_tensor_out(x, "sum", group_size, "0", out=out)
+
+
+def test_reduce_scatter_matches_c10d_functional_shape(ops):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(12, 7, device="cuda", dtype=torch.bfloat16)
+        ours = ops.reduce_scatter_tensor(x, "sum", 4, "0")
+        assert (ours.shape, ours.dtype, ours.device.type) == ((3, 7), torch.bfloat16, "cuda")
+        if hasattr(torch.ops, "_c10d_functional") and hasattr(torch.ops._c10d_functional, "reduce_scatter_tensor"):
+            ref = torch.ops._c10d_functional.reduce_scatter_tensor(x, "sum", 4, "0")
+            assert ref.shape == ours.shape and ref.dtype == ours.dtype
+
+
+def test_reduce_scatter_make_fx_and_compile(ops):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x):
+        return ops.wait_tensor(ops.reduce_scatter_tensor(x, "avg", 4, "0")) + 1
+
+    gm = make_fx(f, tracing_mode="symbolic")(torch.empty(8, 6))
+    vals = {n.target: n.meta["val"] for n in gm.graph.nodes if n.op == "call_function"}
+    scattered = vals[torch.ops.ce_overlap.reduce_scatter_tensor.default]
+    assert str(scattered.shape[0]).replace(" ", "").endswith("//4)"), scattered.shape  # e.g. (s0//4)
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def g(x, out):
+        ops.reduce_scatter_tensor_out(x, "sum", 2, "0", out=out)
+        return out * 2
+
+    assert g(torch.empty(8, 4, device="meta"), torch.empty(4, 4, device="meta")).shape == (4, 4)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda o: o.reduce_scatter_tensor(torch.empty(7, device="meta"), "sum", 2, "0"), "not divisible by group_size"),
+    (lambda o: o.reduce_scatter_tensor(torch.empty(8, device="meta"), "max", 2, "0"), "reduce_op 'max' is not supported"),
+    (lambda o: o.reduce_scatter_tensor(torch.empty(8, device="meta", dtype=torch.int32), "sum", 2, "0"),
+     "not supported .float32, float16 and bfloat16"),
+    (lambda o: o.reduce_scatter_tensor(torch.empty((), device="meta"), "sum", 2, "0"), "at least one dimension"),
+    (lambda o: o.reduce_scatter_tensor(torch.empty(8, device="meta"), "sum", 0, "0"), "group_size must be >= 1"),
+    (lambda o: o.reduce_scatter_tensor(torch.empty(4, 6, device="meta").t(), "sum", 2, "0"), "contiguous"),
+    (lambda o: o.reduce_scatter_tensor_out(torch.empty(8, device="meta"), "sum", 2, "0", out=torch.empty(3, device="meta")),
+     "needs input.numel.. / group_size"),
+    (lambda o: o.reduce_scatter_tensor_out(torch.empty(8, device="meta"), "sum", 2, "0",
+                                           out=torch.empty(4, device="meta", dtype=torch.float16)), "dtype"),
+])
+def test_reduce_scatter_bad_arguments_rejected(ops, bad, match):
+    with pytest.raises(RuntimeError, match=match):
+        bad(ops)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Internal ops: present, and clear without a GPU / without a rendezvous
+
+def test_internal_ops_exist(ops):
+    for name in ("reduce_scatter_tensor", "reduce_scatter_tensor_out", "_symmetric_free_ranges", "_empty_symmetric_at",
+                 "_pool_alignment", "_set_all_gather_mode", "_reduce_scatter_round_bytes", "_local_copy", "_tune",
+                 "_reduce_bench", "_local_copy_mode"):
+        assert hasattr(ops, name), name
+    assert ops._pool_alignment() == 512
+
+
+def test_symmetric_ops_need_a_rendezvous(ops):
+    with pytest.raises(RuntimeError, match=r"no-such-group.*rendezvous"):
+        ops._symmetric_free_ranges("no-such-group", False)
+    with pytest.raises(RuntimeError, match=r"no-such-group.*rendezvous"):
+        ops._empty_symmetric_at([4], torch.float32, "no-such-group", 65536)
+    with pytest.raises(RuntimeError, match=r"no-such-group.*rendezvous"):
+        ops._reduce_scatter_round_bytes("no-such-group")
+
+
+def test_all_gather_mode_switch(ops):
+    previous = ops._set_all_gather_mode("push")
+    try:
+        assert previous in ("pull", "push")
+        assert ops._set_all_gather_mode("pull") == "push"
+        with pytest.raises(RuntimeError, match="must be 'pull' or 'push'"):
+            ops._set_all_gather_mode("sideways")
+    finally:
+        ops._set_all_gather_mode(previous)
+
+
+def test_local_copy_refuses_cpu_tensors_and_bad_modes(ops):
+    with pytest.raises(RuntimeError, match="one CUDA device"):
+        ops._local_copy(torch.empty(4), torch.empty(4), "memcpy")
+
+
+def test_reduce_scatter_env_validated(ops, monkeypatch):
+    monkeypatch.setenv("CE_OVERLAP_REDUCE_SMS", "2.5")
+    with pytest.raises(RuntimeError, match="CE_OVERLAP_REDUCE_SMS"):
+        ops._pool_create("env-check-rs", 0, 1, 0)
+    monkeypatch.setenv("CE_OVERLAP_REDUCE_SMS", "16")
+    monkeypatch.setenv("CE_OVERLAP_RS_ROUND_MB", "zero")
+    with pytest.raises(RuntimeError, match="CE_OVERLAP_RS_ROUND_MB"):
+        ops._pool_create("env-check-rs", 0, 1, 0)
+    assert ops._has_group("env-check-rs") is False
+
+
+@pytest.mark.parametrize("bad", ["0", "5", "1.5", "two"])
+def test_pull_split_env_validated(ops, monkeypatch, bad):
+    monkeypatch.setenv("CE_OVERLAP_PULL_SPLIT", bad)
+    with pytest.raises(RuntimeError, match="CE_OVERLAP_PULL_SPLIT"):
+        ops._pool_create("env-check-split", 0, 1, 0)
+    assert ops._has_group("env-check-split") is False
+
+
+def test_tune_and_reduce_bench_refuse_without_group_or_gpu(ops):
+    with pytest.raises(RuntimeError, match=r"no ce_overlap symmetric pool.*rendezvous"):
+        ops._tune("no-such-group", 2, 0, 0)
+    with pytest.raises(RuntimeError, match="one CUDA device"):
+        ops._reduce_bench(torch.empty(4), torch.empty(4), torch.empty(4), 16)
+    assert ops._local_copy_mode() in ("memcpy", "ce-hint (no local copy yet)") or "batch API refused" in \
+        ops._local_copy_mode() or ops._local_copy_mode() == "ce-hint"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Collective symmetric allocation (_symalloc: pure Python, no runtime library needed)
+
+from ce_overlap.runtime import _symalloc as S  # noqa: E402
+
+
+def _brute_common(lists, units):
+    free = [all(any(o <= u < o + s for o, s in lst) for lst in lists) for u in range(units)]
+    out, u = [], 0
+    while u < units:
+        if not free[u]:
+            u += 1
+            continue
+        v = u
+        while v < units and free[v]:
+            v += 1
+        out.append((u, v - u))
+        u = v
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_symalloc_intersection_matches_brute_force(seed):
+    import random
+
+    rng = random.Random(seed)
+    for _ in range(300):
+        units = rng.randint(1, 64)
+        lists = []
+        for _ in range(rng.randint(1, 4)):
+            lst = []
+            for _ in range(rng.randint(0, 6)):  # overlapping and touching ranges on purpose
+                o = rng.randrange(units)
+                lst.append((o, rng.randint(0, units - o)))
+            lists.append(lst)
+        assert S.intersect(lists) == _brute_common(lists, units)
+        common = S.intersect(lists)
+        need = rng.randint(1, 8)
+        want = next((o for o, s in common if s >= need), None)
+        assert S.first_fit(common, need, 1) == want
+
+
+def test_symalloc_first_fit_respects_alignment():
+    assert S.first_fit([(100, 1000)], 512, 512) == 512
+    assert S.first_fit([(100, 900)], 512, 512) is None
+    assert S.first_fit([(100, 900), (2048, 512)], 512, 512) == 2048
+    assert S.footprint(0, 512) == 512 and S.footprint(513, 512) == 1024 and S.footprint(1024, 512) == 1024
+
+
+def _req(rank, nbytes, free, pending=0):
+    return S.Request(rank=rank, nbytes=nbytes, free=tuple(free), pending_bytes=pending, shape=(nbytes // 2,),
+                     dtype="bfloat16")
+
+
+def test_symalloc_decide_agrees_although_free_lists_differ():
+    # Rank 1 has not reclaimed [0, 1024) yet (its free is deferred): the common first fit skips it.
+    reqs = [_req(0, 1000, [(0, 4096)]), _req(1, 1000, [(1024, 3072)], pending=1024)]
+    assert S.decide("g", 1, reqs, 512).offset == 1024
+    assert S.decide("g", 1, list(reversed(reqs)), 512).offset == 1024  # order of arrival does not matter
+
+
+def test_symalloc_decide_reports_mismatched_sizes():
+    reqs = [_req(0, 1024, [(0, 8192)]), _req(1, 2048, [(0, 8192)])]
+    with pytest.raises(S.SymmetricAllocError) as e:
+        S.decide("tp", 7, reqs, 512)
+    msg = str(e.value)
+    for needle in ("group 'tp'", "allocation #7", "different sizes", "rank 0: 1024 bytes", "rank 1: 2048 bytes",
+                   "bfloat16"):
+        assert needle in msg, (needle, msg)
+
+
+def test_symalloc_decide_retries_then_reports_nothing_fits():
+    reqs = [_req(0, 4096, [(0, 4096)]), _req(1, 4096, [(0, 1024), (2048, 2048)], pending=1024)]
+    assert S.decide("g", 3, reqs, 512, attempt=0).offset is None  # rank 1 may free more: retry after waiting
+    with pytest.raises(S.SymmetricAllocError) as e:
+        S.decide("g", 3, reqs, 512, attempt=1)
+    msg = str(e.value)
+    for needle in ("group 'g'", "allocation #3", "no range of 4096 bytes", "largest common range 2048",
+                   "rank 1: 3072 bytes free", "CE_OVERLAP_POOL_MB"):
+        assert needle in msg, (needle, msg)
+    with pytest.raises(S.SymmetricAllocError, match="no range"):  # nothing pending: no retry
+        S.decide("g", 4, [_req(0, 8192, [(0, 4096)]), _req(1, 8192, [(0, 4096)])], 512)
+
+
+def _run_ranks(world, fn):
+    import threading
+
+    results, errors = {}, {}
+
+    def run(rank):
+        try:
+            results[rank] = fn(rank)
+        except Exception as e:  # noqa: BLE001
+            errors[rank] = e
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results, errors
+
+
+def test_symalloc_agree_over_a_store_with_frees_in_different_orders():
+    """Two 'ranks' (threads) keep their own allocators (a bitmap here) and free in different orders and at
+    different times; every allocation gets one offset on both, and the store keys are cleaned up."""
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    units, align = 64, 512
+    sizes = [3000, 512, 100, 7000, 1, 2048, 4096, 600]
+
+    def rank_main(rank):
+        used = [False] * units
+        live = {}
+        ex = S.StoreExchange(store, 20)
+        pending = []  # freed, not yet reclaimed (rank 1 reclaims late)
+
+        def free_ranges(block):
+            if block or rank == 0:
+                for off, n in pending:
+                    for u in range(off // align, off // align + n):
+                        used[u] = False
+                pending.clear()
+            runs = _brute_common([[(u, 1) for u in range(units) if not used[u]]], units)
+            return sum(n * align for _, n in pending), [(o * align, n * align) for o, n in runs]
+
+        offsets = []
+        for seq, nbytes in enumerate(sizes, 1):
+            off = S.agree(ex, "g", seq, rank, 2, nbytes, free_ranges, align)
+            n = S.footprint(nbytes, align) // align
+            assert not any(used[off // align:off // align + n]), "agreed range not free locally"
+            for u in range(off // align, off // align + n):
+                used[u] = True
+            live[seq] = (off, n)
+            offsets.append(off)
+            # Free some tensors, in a rank-dependent order.
+            if seq % 3 == 0:
+                victims = sorted(live)[:2]
+                for v in (victims if rank == 0 else reversed(victims)):
+                    pending.append(live.pop(v))
+        return offsets
+
+    results, errors = _run_ranks(2, rank_main)
+    assert not errors, errors
+    assert results[0] == results[1], results
+    assert len(set(results[0])) > 1
+    # Only the last step's keys are left.
+    left = [k for k in (f"ce_overlap/symm/g/{s}/{a}/{r}" for s in range(1, len(sizes) + 1) for a in (0, 1)
+                        for r in (0, 1)) if store.check([k])]
+    assert all(k.startswith(f"ce_overlap/symm/g/{len(sizes)}/") for k in left), left
+
+
+def test_symalloc_agree_mismatch_raises_on_every_rank():
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    nbytes = {0: 4096, 1: 8192}
+    results, errors = _run_ranks(2, lambda r: S.agree(S.StoreExchange(store, 20), "dp", 1, r, 2, nbytes[r],
+                                                      lambda block: (0, [(0, 1 << 20)]), 512))
+    assert set(errors) == {0, 1}, (results, errors)
+    for e in errors.values():
+        assert "different sizes" in str(e) and "rank 0: 4096 bytes" in str(e) and "rank 1: 8192 bytes" in str(e)
+
+
+def test_symalloc_agree_missing_rank_times_out_naming_it():
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    with pytest.raises(S.SymmetricAllocError, match=r"ranks \[1\] did not reach this allocation"):
+        S.agree(S.StoreExchange(store, 0.5), "pp", 1, 0, 2, 512, lambda block: (0, [(0, 4096)]), 512)

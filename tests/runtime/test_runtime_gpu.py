@@ -3,8 +3,10 @@ exit code (the worker prints what it checked). Skipped with the reason when fewe
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -33,39 +35,94 @@ else:
     pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of pid (from /proc): torchrun starts its workers in their own sessions, so killing
+    torchrun's process group would leave them running on the GPUs."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    victims = _descendants(proc.pid)
+    for pid in [proc.pid, *victims]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _last_steps(progress_dir: str) -> str:
+    """What each rank was doing last (gpu_worker.step writes it), one line per rank."""
+    lines = []
+    for name in sorted(os.listdir(progress_dir)):
+        with open(os.path.join(progress_dir, name)) as f:
+            lines.append(f"  {name[:-4]}: {f.read().strip()}")
+    return "\n".join(lines) or "  (no rank reported a step)"
+
+
 def torchrun(mode: str, *args: str, env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess:
+    """Runs gpu_worker.py on 2 GPUs. The worker bounds every step itself (it dumps its stacks and exits when a step
+    hangs); timeout_s is the backstop for a hang outside its reach (start-up, torchrun): the whole process tree is
+    killed and the test fails with each rank's last step and the partial output."""
     full_env = dict(os.environ)
     full_env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "PYTHONUNBUFFERED": "1",
                      "CE_OVERLAP_POOL_MB": "128", "CE_OVERLAP_STAGING_MB": "1"})
     full_env.update(env)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKER, mode, *args]
-    try:
-        proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        err = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-        pytest.fail(f"{mode} did not finish within {timeout_s} s (a hang):\n{out[-6000:]}\n{err[-6000:]}")
-    print(proc.stdout[-20000:])
-    print(proc.stderr[-20000:], file=sys.stderr)
-    return proc
+    with tempfile.TemporaryDirectory(prefix="ce_gpu_test_") as progress:
+        full_env["CE_TEST_PROGRESS_DIR"] = progress
+        proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc)
+            out, err = proc.communicate()
+            pytest.fail(f"{mode} did not finish within {timeout_s} s (a hang); last step per rank:\n"
+                        f"{_last_steps(progress)}\n{out[-6000:]}\n{err[-6000:]}")
+        steps = _last_steps(progress)
+    print(out[-20000:])
+    print(err[-20000:], file=sys.stderr)
+    if proc.returncode != 0:
+        print(f"last step per rank:\n{steps}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err + f"\nlast step per rank:\n{steps}\n")
 
 
-def test_all_gather_bit_exact_vs_nccl_1000_cases():
-    # Staging of 1 MiB makes the larger cases multi-round; a 20 s timeout turns a protocol hang into an error.
-    proc = torchrun("correctness", "--cases", "1000", env={"CE_OVERLAP_TIMEOUT_S": "20"}, timeout_s=420)
-    assert proc.returncode == 0, f"correctness failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+def test_collectives_bit_exact_vs_nccl_and_symmetric_allocation():
+    """One launch, four modes (each prints its own result line "== mode <name>: ok|FAILED"):
+    correctness     1000 randomized all-gathers bit-exact vs NCCL: pull (staged, zero-copy, in place) and push,
+                    dtypes, shapes, 0-size, odd byte counts, unaligned inputs, side streams, multi-round staging;
+    reduce_scatter  300 randomized reduce-scatters vs NCCL (integer-valued data bit-exact, random bf16/fp16/fp32
+                    within tolerance), sum and avg, multi-round, non-multiple-of-16-byte sizes, in place, groups of one;
+    symalloc        empty_symmetric agrees offsets when ranks free in different orders and at different times;
+                    mismatched sizes and a full pool raise on every rank; all-gathers on the tensors are bit-exact;
+    nokernels       the CE all-gathers (pull and push) launch no kernel; the reduce-scatter only its reduction.
+    Staging of 1 MiB makes larger cases multi-round; a 20 s timeout turns a protocol hang into an error, and a step
+    that outlives it by 30 s ends the worker with its stacks. All-gather cases split their pulls (1-4 pieces, ranks
+    differently); reduce-scatter cases vary the reduction CTAs (ranks differently) and end with 64 KiB rounds."""
+    proc = torchrun("correctness,reduce_scatter,symalloc,nokernels", "--cases", "1000", "--rs-cases", "300",
+                    "--symalloc-steps", "200", env={"CE_OVERLAP_TIMEOUT_S": "20"}, timeout_s=120)
+    assert proc.returncode == 0, f"GPU checks failed:\n{proc.stdout[-8000:]}\n{proc.stderr[-6000:]}"
 
 
-def test_peer_that_never_arrives_raises_within_timeout():
-    proc = torchrun("timeout", env={"CE_OVERLAP_TIMEOUT_S": "5"}, timeout_s=150)
-    assert proc.returncode == 0, f"timeout check failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
-
-
-def test_mismatched_sizes_are_reported():
-    proc = torchrun("mismatch", env={"CE_OVERLAP_TIMEOUT_S": "5"}, timeout_s=150)
-    assert proc.returncode == 0, f"mismatch check failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
-
-
-def test_no_sm_kernels_in_ce_all_gather():
-    proc = torchrun("nokernels", env={"CE_OVERLAP_TIMEOUT_S": "20", "CE_OVERLAP_STAGING_MB": "64"}, timeout_s=180)
-    assert proc.returncode == 0, f"kernel check failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+def test_timeouts_and_mismatches_are_reported():
+    """timeout: a peer that never arrives raises within the timeout, releases the stream, fails the group.
+    mismatch: all-gather sizes, reduce-scatter sizes, reduce-scatter dtypes, push vs pull: each raises on both ranks
+    naming a "different collective" (4 timeouts of 4 s, each on its own process group), and the device drains after
+    each. Every step is bounded (4 s + 20 s), so a hang fails in seconds, naming the step."""
+    proc = torchrun("timeout,mismatch", env={"CE_OVERLAP_TIMEOUT_S": "4", "CE_TEST_STEP_DEADLINE_S": "24"},
+                    timeout_s=75)
+    assert proc.returncode == 0, f"timeout/mismatch checks failed:\n{proc.stdout[-8000:]}\n{proc.stderr[-6000:]}"

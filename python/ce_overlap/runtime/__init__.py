@@ -4,15 +4,24 @@ Importing this module never raises and never touches the GPU: `available()` says
 run here, and why not. Everything else loads the library on first use and raises RuntimeError with the
 reason when it cannot.
 
-Ops (stream-ordered: the result is ready on the caller's current stream, no host wait):
-    torch.ops.ce_overlap.all_gather_into_tensor(input, group_size, group_name) -> Tensor
-    torch.ops.ce_overlap.all_gather_into_tensor_out(input, group_size, group_name, out=out) -> out
-    torch.ops.ce_overlap.wait_tensor(tensor) -> tensor   (raises if a CE collective timed out)
+Ops (no host wait). The `_out` ops are stream-ordered: the result is ready on the caller's current stream. The
+functional ops are asynchronous like _c10d_functional's: the result is ready once `wait_tensor(result)` was called
+on the stream that uses it, so the work between the two overlaps the collective:
+    torch.ops.ce_overlap.all_gather_into_tensor(input, group_size, group_name) -> Tensor          (then wait_tensor)
+    torch.ops.ce_overlap.all_gather_into_tensor_out(input, group_size, group_name, out=out) -> ()
+    torch.ops.ce_overlap.reduce_scatter_tensor(input, reduce_op, group_size, group_name) -> Tensor (then wait_tensor)
+    torch.ops.ce_overlap.reduce_scatter_tensor_out(input, reduce_op, group_size, group_name, out=out) -> ()
+    torch.ops.ce_overlap.wait_tensor(tensor) -> tensor   (joins the op's stream; raises if a CE collective timed out)
 
-Environment (read at rendezvous, must match on every rank):
+Environment (read at rendezvous, must match on every rank, unless noted):
     CE_OVERLAP_POOL_MB      symmetric pool per group and rank, MiB (default 1024)
-    CE_OVERLAP_STAGING_MB   part of it used to stage inputs that are not in the pool (default min(256, pool/4))
+    CE_OVERLAP_STAGING_MB   part of it used to stage inputs / receive reduce-scatter chunks (default min(256, pool/4))
     CE_OVERLAP_TIMEOUT_S    an op that has not completed after this long raises (default 60)
+    CE_OVERLAP_AG_MODE      pull (default) or push: how all-gathers into symmetric outputs move (read at first use)
+    CE_OVERLAP_RS_ROUND_MB  reduce-scatter bytes per rank and round (default 32; pipelines copies and reduction)
+    CE_OVERLAP_REDUCE_SMS   CTAs of the reduce-scatter reduction kernel (default 32; may differ per rank)
+    CE_OVERLAP_PULL_SPLIT   streams (copy engines) one pulled peer copy is split over, 1..4 (default 1; local)
+    tune() changes the last three between ops.
     CE_OVERLAP_RUNTIME_LIB  explicit path of _runtime.so (otherwise found next to the package)
 """
 from __future__ import annotations
@@ -28,7 +37,8 @@ import torch
 
 __all__ = [
     "Availability", "available", "library_loaded", "load_library", "rendezvous", "all_gather_into_tensor",
-    "all_gather", "empty_symmetric", "is_symmetric", "synchronize", "wait_tensor", "describe",
+    "all_gather", "reduce_scatter_tensor", "reduce_scatter", "empty_symmetric", "is_symmetric", "synchronize",
+    "wait_tensor", "describe", "set_all_gather_mode", "tune",
 ]
 
 
@@ -46,6 +56,9 @@ _lock = threading.Lock()
 _loaded_from: str | None = None
 _load_error: str | None = None
 _groups: dict[str, int] = {}  # rendezvoused group name -> world size
+_alloc_lock = threading.Lock()
+_alloc_seq: dict[str, int] = {}  # group name -> number of empty_symmetric calls so far (SPMD: equal on every rank)
+_exchange = None  # _symalloc.StoreExchange over the default store, made on first use
 
 
 def library_candidates() -> list[str]:
@@ -209,18 +222,95 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group=None
 
 
 def all_gather(input: torch.Tensor, group=None) -> torch.Tensor:
-    """Functional form: returns a new tensor of shape [world_size * input.shape[0], *input.shape[1:]]."""
+    """Functional form: returns a new tensor of shape [world_size * input.shape[0], *input.shape[1:]], ready on the
+    current stream (the op plus its wait_tensor)."""
     name, world = _group_name_and_size(group)
-    return torch.ops.ce_overlap.all_gather_into_tensor(input, world, name)
+    return torch.ops.ce_overlap.wait_tensor(torch.ops.ce_overlap.all_gather_into_tensor(input, world, name))
+
+
+def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: str = "sum", group=None) -> None:
+    """Like torch.distributed.reduce_scatter_tensor, on copy engines plus one small reduction kernel (at most
+    CE_OVERLAP_REDUCE_SMS CTAs). `input` holds world_size chunks along dim 0 (any contiguous tensor whose numel is
+    world_size * output.numel()); rank r gets the sum (op="sum") or mean (op="avg") of every rank's chunk r, summed in
+    fp32. float32, float16, bfloat16. Stream-ordered on the current stream. `output` may be input's own chunk."""
+    name, world = _group_name_and_size(group)
+    torch.ops.ce_overlap.reduce_scatter_tensor_out(input, _reduce_op_name(op), world, name, out=output)
+
+
+def reduce_scatter(input: torch.Tensor, op: str = "sum", group=None) -> torch.Tensor:
+    """Functional form: returns a new tensor of shape [input.shape[0] // world_size, *input.shape[1:]], ready on the
+    current stream (the op plus its wait_tensor)."""
+    name, world = _group_name_and_size(group)
+    return torch.ops.ce_overlap.wait_tensor(
+        torch.ops.ce_overlap.reduce_scatter_tensor(input, _reduce_op_name(op), world, name))
+
+
+def _reduce_op_name(op) -> str:
+    if isinstance(op, str):
+        return op
+    import torch.distributed as dist
+
+    names = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg"}
+    if op in names:
+        return names[op]
+    raise RuntimeError(f"ce_overlap reduce_scatter: reduce op {op!r} is not supported (sum and avg are)")
+
+
+def set_all_gather_mode(mode: str) -> str:
+    """'pull' or 'push' for all-gathers whose output lies in the symmetric pool (others always pull); returns the
+    previous mode. Process-wide; every rank must use the same mode for an op. Default: CE_OVERLAP_AG_MODE or pull."""
+    load_library()
+    return torch.ops.ce_overlap._set_all_gather_mode(mode)
+
+
+def tune(group=None, *, pull_split: int | None = None, reduce_sms: int | None = None,
+         rs_round_mb: float | None = None) -> str:
+    """Changes the group's tuning knobs between ops (benchmarks sweep them); None leaves a knob as it is. Returns
+    the resulting "pull_split=.. reduce_ctas=.. rs_round_bytes=..". pull_split (1..4: pieces of every pulled peer
+    copy, each on its own stream) and reduce_sms (CTAs of the reduce-scatter reduction) are local to this rank.
+    rs_round_mb must be set to the same value on every rank before the next reduce-scatter (it is part of the ops'
+    signature: ranks that disagree get a "different collective" timeout, not wrong data)."""
+    name, _ = _group_name_and_size(group)
+    round_bytes = 0 if rs_round_mb is None else max(1, int(rs_round_mb * (1 << 20)))
+    return torch.ops.ce_overlap._tune(name, int(pull_split or 0), int(reduce_sms or 0), round_bytes)
 
 
 def empty_symmetric(shape, dtype: torch.dtype, group=None) -> torch.Tensor:
-    """An uninitialized CUDA tensor inside the group's symmetric pool, so collectives read it in place. Allocate
-    collectively: the same shapes in the same order on every rank (offsets must match across ranks)."""
-    name, _ = _group_name_and_size(group)
+    """An uninitialized CUDA tensor inside the group's symmetric pool, so collectives read (and, push mode, write)
+    it in place, at the same pool offset on every rank. COLLECTIVE: every rank of the group must call it, the same
+    number of times and with the same sizes (else it raises, on every rank, naming the ranks and sizes). The ranks
+    agree on the offset through the default c10d store: each publishes the free ranges of its pool, all intersect
+    them and take the same first fit (_symalloc.py). One store round trip per call (two when nothing fits until a
+    rank waits for the GPU to release freed symmetric tensors)."""
+    import torch.distributed as dist
+
+    from . import _symalloc
+
+    global _exchange
+    name, world = _group_name_and_size(group)
     if isinstance(shape, int):
         shape = (shape,)
-    return torch.ops.ce_overlap._empty_symmetric([int(s) for s in shape], dtype, name)
+    shape = [int(s) for s in shape]
+    numel = 1
+    for s in shape:
+        if s < 0:
+            raise RuntimeError(f"ce_overlap.empty_symmetric: negative size {s} in {shape}")
+        numel *= s
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    rank = dist.get_rank(_resolve_group(group))
+
+    def free_ranges(block: bool):
+        flat = [int(v) for v in torch.ops.ce_overlap._symmetric_free_ranges(name, block)]
+        return flat[0], list(zip(flat[1::2], flat[2::2]))
+
+    with _alloc_lock:
+        if _exchange is None and world > 1:
+            _exchange = _symalloc.StoreExchange(dist.distributed_c10d._get_default_store(), _timeout_s())
+        seq = _alloc_seq.get(name, 0) + 1
+        _alloc_seq[name] = seq
+        offset = _symalloc.agree(_exchange, name, seq, rank, world, nbytes, free_ranges,
+                                 int(torch.ops.ce_overlap._pool_alignment()), shape, str(dtype).replace("torch.", ""))
+        return torch.ops.ce_overlap._empty_symmetric_at(shape, dtype, name, offset)
 
 
 def is_symmetric(tensor: torch.Tensor, group=None) -> bool:
