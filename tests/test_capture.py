@@ -182,3 +182,19 @@ def test_llama3_8b_world_size_8_blocks_and_bytes(capture_zoo):
     assert [b["reduce_scatter_bytes"] for b in report["blocks"]] == [per_block] * 32
     assert report["totals"]["forward_all_gather_bytes"] == 8_030_261_248 * 2
     assert report["totals"]["reduce_scatter_bytes"] == 8_030_261_248 * 2
+
+
+def test_skipping_inductors_fake_value_refresh_leaves_the_ir_byte_identical(monkeypatch):
+    """Capture skips Inductor's second FakeTensorProp (fx/capture.py); it must not change anything recorded."""
+    import json
+
+    from ce_overlap.fx import capture as capture_mod
+
+    def ir_text(refresh: bool) -> str:
+        monkeypatch.setattr(capture_mod, "_REFRESH_FAKE_VALUES", refresh)
+        built = models.build_named("llama3-tiny")
+        doc = json.loads(ce_overlap.capture(built.module, built.example_inputs, world_size=4).to_json())
+        doc["meta"].pop("capture_seconds", None)
+        return json.dumps(doc, sort_keys=True)
+
+    assert ir_text(False) == ir_text(True)

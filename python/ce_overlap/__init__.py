@@ -1,9 +1,24 @@
 """ce_overlap: copy-engine collectives and overlap planning for torch.compile training graphs.
 
-`import ce_overlap` needs no torch and no GPU; capture imports torch when called.
+`import ce_overlap` needs no torch and no GPU; capture imports torch when called. The graph pass
+(inductor_options, CeOverlapPass, the "ce_overlap" torch.compile backend) loads on first use; torch finds
+the backend through the package's `torch_dynamo_backends` entry point (register_backend() where the
+package is not installed).
 """
+from .config import PassConfig, get_default_config, set_default_config
 from .errors import CeOverlapError
 from .ir import Ir, analyze, capture
 
 __version__ = "0.1.0"
-__all__ = ["CeOverlapError", "Ir", "analyze", "capture", "__version__"]
+__all__ = ["CeOverlapError", "CeOverlapPass", "Ir", "PassConfig", "analyze", "capture", "get_default_config",
+           "inductor_options", "register_backend", "set_default_config", "__version__"]
+
+_LAZY = {"inductor_options", "CeOverlapPass", "register_backend"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        from .fx import pass_
+
+        return getattr(pass_, name)
+    raise AttributeError(f"module 'ce_overlap' has no attribute {name!r}")

@@ -1,0 +1,228 @@
+"""PassConfig: the settings of the ce_overlap graph pass (docs/pass.md).
+
+Importing this module needs no torch. Values are checked when a PassConfig is built: a bad one raises
+CeOverlapError naming the field, so a typo never becomes a silent default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from typing import Any
+
+from .errors import CeOverlapError
+
+_MIB = 1 << 20
+CE_MODES = ("auto", "on", "off")
+CE_COLLECTIVE_TYPES = ("all_gather", "reduce_scatter")
+ENV_PREFIX = "CE_OVERLAP_PASS_"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PassConfig:
+    """Settings of the ce_overlap pass. Frozen; build a new one with dataclasses.replace or
+    PassConfig(**fields). Every field is validated at construction."""
+
+    enabled: bool = True
+    """Run the pass at all. False leaves every graph exactly as Inductor produced it."""
+
+    bucket_cap_mb: float = 512.0
+    """Largest bucket, in MiB of per-rank collective input (a single collective larger than the cap
+    becomes a bucket of its own). A large cap gives one bucket per transformer block and kind."""
+
+    memory_budget_mb: float = 4096.0
+    """How much the planner may raise the graph's peak memory (MiB) by issuing collectives early
+    (prefetch) and keeping bucket buffers alive. 0 forbids any increase."""
+
+    ce: str = "auto"
+    """Copy-engine use: "auto" (the cost model decides per bucket), "on" (every bucket the CE runtime
+    can serve), "off" (NCCL only; the pass still buckets and reorders)."""
+
+    min_ce_bytes: int = 1 << 20
+    """Buckets smaller than this (per-rank bytes) stay on NCCL: below it the CE signalling overhead
+    outweighs the saved SMs."""
+
+    prefetch_blocks: int = 1
+    """How many transformer blocks ahead the planner may issue a bucket's collective (0: issue at the
+    first use's block, no prefetch)."""
+
+    bucket_patterns: tuple[str, ...] = ()
+    """Module-path regexes (re.search on paths like "layers.3.attention") that define buckets instead
+    of the detected transformer blocks: collectives whose module path matches the same pattern and
+    instance share a bucket. Empty: bucket per detected block."""
+
+    profile: str = "auto"
+    """Hardware profile for the cost model: a built-in name (h100-sxm, h200-sxm, ...), a path to a
+    profile JSON file, or "auto" (picked from torch.cuda.get_device_name(), else h100-sxm)."""
+
+    ce_collectives: tuple[str, ...] = ("all_gather", "reduce_scatter")
+    """Collective types that may move to CE (IR type names). A bucket the planner puts on CE whose type
+    is not listed stays on NCCL with the same buckets and order, e.g. ("all_gather",) keeps every
+    reduce-scatter on NCCL."""
+
+    dump_dir: str | None = None
+    """If set, every compiled graph's Plan JSON and IR JSON are written here (file names per graph,
+    deterministic: <graph>-<ir hash>[-rank<r>].plan.json / .ir.json)."""
+
+    verbose: bool = False
+    """Log the per-bucket decisions (backend, bytes, reason) besides the one summary per graph."""
+
+    keep_inductor_overlap: bool = False
+    """False (default): inductor_options() turns off Inductor's own passes that would undo or fight the
+    plan (FX collective bucketing, overlap scheduling, compute/comm reordering, simple overlap, peak-
+    memory reordering, low-contention collectives). True keeps whatever the Inductor config says."""
+
+    def __post_init__(self):
+        def bad(field: str, expected: str, value: Any):
+            raise CeOverlapError(f"PassConfig.{field}: expected {expected}, got {value!r}")
+
+        for field in ("enabled", "verbose", "keep_inductor_overlap"):
+            if not isinstance(getattr(self, field), bool):
+                bad(field, "True or False", getattr(self, field))
+        if not _is_number(self.bucket_cap_mb) or not 0 < self.bucket_cap_mb <= (1 << 30):
+            bad("bucket_cap_mb", "a number of MiB > 0 (at most 2^30)", self.bucket_cap_mb)
+        if not _is_number(self.memory_budget_mb) or not 0 <= self.memory_budget_mb <= (1 << 30):
+            bad("memory_budget_mb", "a number of MiB >= 0 (at most 2^30)", self.memory_budget_mb)
+        if self.ce not in CE_MODES:
+            bad("ce", "one of " + ", ".join(repr(m) for m in CE_MODES), self.ce)
+        if not isinstance(self.min_ce_bytes, int) or isinstance(self.min_ce_bytes, bool) or self.min_ce_bytes < 0:
+            bad("min_ce_bytes", "an integer >= 0", self.min_ce_bytes)
+        if not isinstance(self.prefetch_blocks, int) or isinstance(self.prefetch_blocks, bool) \
+                or not 0 <= self.prefetch_blocks <= 1024:
+            bad("prefetch_blocks", "an integer in [0, 1024]", self.prefetch_blocks)
+        patterns = self.bucket_patterns
+        if isinstance(patterns, str) or not isinstance(patterns, (tuple, list)):
+            bad("bucket_patterns", "a list of regular expressions", patterns)
+        for p in patterns:
+            if not isinstance(p, str) or not p:
+                bad("bucket_patterns", "non-empty strings (regular expressions)", p)
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise CeOverlapError(f"PassConfig.bucket_patterns: {p!r} is not a valid regular expression: {e}") \
+                    from None
+        object.__setattr__(self, "bucket_patterns", tuple(patterns))
+        kinds = self.ce_collectives
+        if isinstance(kinds, str) or not isinstance(kinds, (tuple, list)) or \
+                any(k not in CE_COLLECTIVE_TYPES for k in kinds):
+            bad("ce_collectives", "a list drawn from " + ", ".join(repr(k) for k in CE_COLLECTIVE_TYPES), kinds)
+        object.__setattr__(self, "ce_collectives", tuple(kinds))
+        if not isinstance(self.profile, str) or not self.profile:
+            bad("profile", '"auto", a built-in profile name or a profile file path', self.profile)
+        if self.profile != "auto":
+            from . import profiles
+
+            if self.profile not in profiles.names() and not (os.path.sep in self.profile
+                                                               or self.profile.endswith(".json")):
+                raise CeOverlapError(f"PassConfig.profile: unknown profile {self.profile!r} (built-in: "
+                                     f"{', '.join(profiles.names())}; \"auto\"; or a path to a .json file)")
+            if self.profile not in profiles.names():
+                try:
+                    profiles.load(self.profile)
+                except CeOverlapError as e:
+                    raise CeOverlapError(f"PassConfig.profile: {e}") from None
+        if self.dump_dir is not None:
+            if not isinstance(self.dump_dir, (str, os.PathLike)) or not str(self.dump_dir):
+                bad("dump_dir", "None or a directory path", self.dump_dir)
+            object.__setattr__(self, "dump_dir", os.fspath(self.dump_dir))
+            if os.path.exists(self.dump_dir) and not os.path.isdir(self.dump_dir):
+                raise CeOverlapError(f"PassConfig.dump_dir: {self.dump_dir!r} exists and is not a directory")
+
+    # -- conversions --------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["bucket_patterns"] = list(self.bucket_patterns)
+        d["ce_collectives"] = list(self.ce_collectives)
+        return d
+
+    def plan_config(self) -> dict:
+        """The `config` object of a Plan request (docs/plan.md)."""
+        return {
+            "bucket_cap_bytes": int(self.bucket_cap_mb * _MIB),
+            "memory_budget_bytes": int(self.memory_budget_mb * _MIB),
+            "ce": self.ce,
+            "min_ce_bytes": self.min_ce_bytes,
+            "prefetch_blocks": self.prefetch_blocks,
+            "bucket_patterns": list(self.bucket_patterns),
+        }
+
+    @classmethod
+    def from_env(cls, environ: dict | None = None, **overrides) -> "PassConfig":
+        """Defaults, then CE_OVERLAP_PASS_<FIELD> environment variables (e.g. CE_OVERLAP_PASS_CE=on,
+        CE_OVERLAP_PASS_BUCKET_CAP_MB=256, CE_OVERLAP_PASS_BUCKET_PATTERNS='["layers\\\\.\\\\d+"]'), then
+        `overrides`. A malformed variable raises CeOverlapError naming it."""
+        environ = os.environ if environ is None else environ
+        fields = {}
+        for f in dataclasses.fields(cls):
+            var = ENV_PREFIX + f.name.upper()
+            if var not in environ:
+                continue
+            fields[f.name] = _parse_env(var, f.name, environ[var])
+        fields.update(overrides)
+        return cls(**fields)
+
+
+def _parse_env(var: str, field: str, text: str) -> Any:
+    text = text.strip()
+    if field in ("enabled", "verbose", "keep_inductor_overlap"):
+        low = text.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise CeOverlapError(f"{var} (PassConfig.{field}): expected 0/1/true/false, got {text!r}")
+    if field in ("bucket_cap_mb", "memory_budget_mb"):
+        try:
+            return float(text)
+        except ValueError:
+            raise CeOverlapError(f"{var} (PassConfig.{field}): expected a number, got {text!r}") from None
+    if field in ("min_ce_bytes", "prefetch_blocks"):
+        try:
+            return int(text)
+        except ValueError:
+            raise CeOverlapError(f"{var} (PassConfig.{field}): expected an integer, got {text!r}") from None
+    if field == "bucket_patterns":
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except ValueError as e:
+                raise CeOverlapError(f"{var} (PassConfig.bucket_patterns): malformed JSON list: {e}") from None
+            if not isinstance(value, list):
+                raise CeOverlapError(f"{var} (PassConfig.bucket_patterns): expected a JSON list of strings")
+            return tuple(value)
+        return (text,) if text else ()
+    if field == "ce_collectives":
+        return tuple(k.strip() for k in text.split(",") if k.strip())
+    if field == "dump_dir":
+        return text or None
+    return text
+
+
+_default: PassConfig | None = None
+
+
+def set_default_config(config: PassConfig | None = None, **fields) -> PassConfig:
+    """Sets the config used by torch.compile(backend="ce_overlap") and by inductor_options() when
+    given no fields. Pass a PassConfig, or fields (applied on top of the environment's config);
+    set_default_config(None) goes back to the environment. Returns the new default."""
+    global _default
+    if config is not None and fields:
+        raise CeOverlapError("set_default_config: pass a PassConfig or fields, not both")
+    if config is not None and not isinstance(config, PassConfig):
+        raise CeOverlapError(f"set_default_config: expected a PassConfig, got {type(config).__name__}")
+    if config is None and not fields:
+        _default = None
+        return get_default_config()
+    _default = config if config is not None else PassConfig.from_env(**fields)
+    return _default
+
+
+def get_default_config() -> PassConfig:
+    """The config set by set_default_config, else the one the CE_OVERLAP_PASS_* variables describe."""
+    return _default if _default is not None else PassConfig.from_env()

@@ -1,0 +1,333 @@
+"""GPU check of the ce_overlap graph pass on real NCCL: in-graph FSDP training with and without the pass.
+
+    torchrun --standalone --nproc-per-node 2 tests/pass_gpu/run_pass_gpu.py
+    torchrun --standalone --nproc-per-node 2 tests/pass_gpu/run_pass_gpu.py --models llama3-tiny --steps 3
+
+Per model (llama3-tiny, llama3-1b; parameters sharded over all ranks by ce_overlap.fx.fsdp, bf16 gathers,
+fp32 master shards, reshard after forward), the same seeded training run (--steps AdamW steps, fixed
+synthetic tokens per rank and step) is compiled in these variants, one after another:
+
+  inductor         torch.compile, no pass (the reference)
+  pass-nccl        the pass with ce="off": our bucketing and reordering, NCCL only
+  pass-on-nccl     the pass with ce="on" but ce_collectives=(): the CE plan's buckets and order, all on NCCL
+  pass-ce-ag       ce="on", ce_collectives=("all_gather",): all-gathers on the CE runtime, reduce-scatters NCCL
+  pass-ce-all      ce="on": all-gathers and reduce-scatters on CE (where the runtime has the op)
+  pass-no-runtime  ce="on" with the CE runtime made unavailable (ce_overlap.runtime.library_loaded patched
+                   to fail, as when _runtime.so is missing): the pass must keep NCCL and say so once
+
+Checks (PASS/FAIL table on rank 0, exit code 1 if any fails):
+  * every pass variant rewrote both the forward and the backward graph (no refused plan);
+  * pass-nccl and pass-on-nccl match inductor within tolerance (losses, gradients every step, parameters
+    after the last step);
+  * pass-ce-ag moved all-gather buckets (and no reduce-scatter bucket) to CE, and its losses, gradients
+    and parameters are bit-identical to pass-on-nccl (same buckets and order; a CE all-gather copies bytes);
+  * pass-ce-all moved reduce-scatter buckets to CE (or logged why not) and matches pass-on-nccl within
+    tolerance (the reduction runs in a different kernel);
+  * pass-no-runtime has no CE op, logged "CE runtime unavailable (...): keeping NCCL" exactly once, and
+    is bit-identical to pass-on-nccl.
+Tolerance: |loss - ref| <= 1e-3 * max(1, |ref|); per-tensor relative L2 error <= 1e-2 for gradients and
+1e-3 for parameters. Deterministic algorithms are on (torch.use_deterministic_algorithms,
+CUBLAS_WORKSPACE_CONFIG, Inductor deterministic): without them attention backward is nondeterministic and
+no two runs of the same graph are bit-identical.
+
+Results go to $OUT/pass_gpu.json (or --out) when set.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never multicast on the lent machines
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import ce_overlap  # noqa: E402
+import ce_overlap.runtime as rt  # noqa: E402
+from ce_overlap.fx import pass_  # noqa: E402
+from ce_overlap.fx.fsdp import fully_shard_in_graph  # noqa: E402
+from ce_overlap.models.llama import LLAMA_CONFIGS, Llama  # noqa: E402
+
+VARIANTS = {
+    "inductor": None,
+    "pass-nccl": dict(ce="off"),
+    "pass-on-nccl": dict(ce="on", ce_collectives=()),
+    "pass-ce-ag": dict(ce="on", ce_collectives=("all_gather",)),
+    "pass-ce-all": dict(ce="on"),
+    "pass-no-runtime": dict(ce="on"),
+}
+LOSS_TOL, GRAD_TOL, PARAM_TOL = 1e-3, 1e-2, 1e-3
+
+
+def log0(msg: str = "") -> None:
+    if dist.get_rank() == 0:
+        print(msg, flush=True)
+
+
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def runtime_absent(active: bool):
+    """ce_overlap.runtime.library_loaded() fails, as when _runtime.so is missing."""
+    if not active:
+        yield
+        return
+    saved = rt.library_loaded
+    rt.library_loaded = lambda: rt.Availability(False, "simulated by run_pass_gpu.py: _runtime.so not loadable")
+    pass_._logged_once.clear()
+    try:
+        yield
+    finally:
+        rt.library_loaded = saved
+
+
+def compile_options(variant: str, args) -> dict | None:
+    fields = VARIANTS[variant]
+    extra = {"deterministic": True} if "deterministic" in torch._inductor.config.get_config_copy() else {}
+    if fields is None:
+        return extra
+    opts = ce_overlap.inductor_options(bucket_cap_mb=args.bucket_cap_mb, min_ce_bytes=0, verbose=args.verbose,
+                                       **fields)
+    return {**opts, **extra}
+
+
+def run_variant(model_name: str, variant: str, args) -> dict:
+    rank = dist.get_rank()
+    torch._dynamo.reset()
+    cfg = LLAMA_CONFIGS[model_name]
+    if args.seq_len:
+        cfg = dataclasses.replace(cfg, seq_len=args.seq_len)
+    if args.layers:
+        cfg = dataclasses.replace(cfg, n_layers=args.layers)
+    torch.manual_seed(1234)
+    with torch.device("cuda"):
+        model = Llama(cfg)
+    fully_shard_in_graph(model, dist.group.WORLD, param_dtype=torch.bfloat16)
+    params = [p for p in model.parameters()]
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.1)
+    opts = compile_options(variant, args)
+    compiled = torch.compile(model, options=opts, fullgraph=True)
+    handler = _Collect()
+    logger = logging.getLogger("ce_overlap")
+    logger.addHandler(handler)
+    old_level, old_propagate = logger.level, logger.propagate
+    logger.setLevel(logging.INFO)
+    logger.propagate = args.verbose  # the summary lines are printed below; --verbose prints every log line
+    gen = torch.Generator(device="cuda")
+    out = {"losses": [], "grads": [], "step_s": []}
+    t0 = time.perf_counter()
+    try:
+        with runtime_absent(variant == "pass-no-runtime"):
+            for step in range(args.steps):
+                gen.manual_seed(1000 * step + rank)
+                tokens = torch.randint(0, cfg.vocab_size, (args.batch, cfg.seq_len), device="cuda", generator=gen)
+                torch.cuda.synchronize()
+                s0 = time.perf_counter()
+                loss = compiled(tokens, tokens)
+                loss.backward()
+                torch.cuda.synchronize()
+                out["step_s"].append(time.perf_counter() - s0)
+                out["losses"].append(loss.detach().double().item())
+                out["grads"].append([p.grad.detach().clone() for p in params])  # on the GPU: fast to compare
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+        logger.propagate = old_propagate
+    torch.cuda.synchronize()
+    out["seconds"] = time.perf_counter() - t0
+    out["params"] = [p.detach().clone() for p in params]
+    out["messages"] = handler.messages
+    reports = opts["post_grad_custom_post_pass"].reports if opts and "post_grad_custom_post_pass" in opts else []
+    out["reports"] = [{"graph": r.graph, "refused": r.refused, "collectives": r.collectives,
+                       "buckets": [{"type": b.type, "members": b.members, "bytes": b.bytes, "backend": b.backend,
+                                    "planned": b.planned_backend, "reason": b.reason} for b in r.buckets],
+                       "summary": r.summary, "line": r.line()} for r in reports]
+    del compiled, model, opt
+    torch.cuda.empty_cache()
+    return out
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    den = b.norm().item()
+    num = (a - b).norm().item()
+    return num / den if den > 0 else num
+
+
+def compare(x: dict, ref: dict) -> dict:
+    """Max errors over this rank's shards, all-reduced (max) over ranks."""
+    loss_err = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(x["losses"], ref["losses"]))
+    grad_err = max(_rel(a, b) for ga, gb in zip(x["grads"], ref["grads"]) for a, b in zip(ga, gb))
+    param_err = max(_rel(a, b) for a, b in zip(x["params"], ref["params"]))
+    identical = float(all(a == b for a, b in zip(x["losses"], ref["losses"]))
+                      and all(torch.equal(a, b) for ga, gb in zip(x["grads"], ref["grads"]) for a, b in zip(ga, gb))
+                      and all(torch.equal(a, b) for a, b in zip(x["params"], ref["params"])))
+    t = torch.tensor([loss_err, grad_err, param_err, 1.0 - identical], dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return {"loss_err": t[0].item(), "grad_err": t[1].item(), "param_err": t[2].item(), "identical": t[3].item() == 0}
+
+
+def ce_counts(res: dict) -> dict:
+    counts = {"all_gather": 0, "reduce_scatter": 0}
+    for r in res["reports"]:
+        for b in r["buckets"]:
+            if b["backend"] == "ce" and b["type"] in counts:
+                counts[b["type"]] += 1
+    return counts
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="llama3-tiny,llama3-1b")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="subset of: " + ", ".join(VARIANTS))
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--seq-len", type=int, default=None, help="default: 128 for llama3-tiny, 2048 otherwise")
+    p.add_argument("--layers", type=int, default=None, help="override the number of transformer blocks")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--bucket-cap-mb", type=float, default=4096.0)
+    p.add_argument("--verbose", action="store_true", help="log every bucket decision")
+    p.add_argument("--out", default=None, help="JSON results (default: $OUT/pass_gpu.json when OUT is set)")
+    args = p.parse_args(argv)
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank), timeout=timedelta(seconds=600))
+    # Bit-exact comparisons need a deterministic step: cuDNN and flash attention backward are
+    # nondeterministic unless deterministic algorithms are on without warn_only.
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch._inductor.config.fx_graph_cache = False  # every variant must run the pass (its reports are checked)
+    torch._functorch.config.enable_autograd_cache = False
+    if dist.get_rank() == 0:
+        logging.basicConfig(level=logging.WARNING, format="%(message)s")
+        if args.verbose:
+            logging.getLogger("ce_overlap").setLevel(logging.INFO)
+
+    avail = rt.available()
+    log0(f"torch {torch.__version__}, {dist.get_world_size()} x {torch.cuda.get_device_name()}, "
+         f"CE runtime: {avail.reason}")
+    if avail:
+        rt.rendezvous(dist.group.WORLD)  # CE ops need the group's pool before the first compiled step
+        ops = [n for n in ("all_gather_into_tensor", "reduce_scatter_tensor") if hasattr(torch.ops.ce_overlap, n)]
+        log0(f"CE ops: {ops}")
+
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; known: {list(VARIANTS)}")
+    rows: list[dict] = []
+    results: dict = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
+                     "world_size": dist.get_world_size(), "runtime": avail.reason, "models": {}}
+
+    def check(model: str, name: str, ok: bool, detail: str) -> None:
+        rows.append({"model": model, "check": name, "ok": bool(ok), "detail": detail})
+        log0(f"  {'PASS' if ok else 'FAIL'}  {name}: {detail}")
+
+    for model in [m for m in args.models.split(",") if m]:
+        seq = args.seq_len or (128 if model == "llama3-tiny" else 2048)
+        margs = argparse.Namespace(**{**vars(args), "seq_len": seq})
+        log0(f"== {model} (seq {seq}, {args.steps} steps, variants {', '.join(variants)})")
+        ran: dict[str, dict] = {}
+        summary: dict = {}
+        for v in variants:
+            try:
+                res = run_variant(model, v, margs)
+            except Exception as e:  # noqa: BLE001 (a failing variant is a FAIL row, the others still run)
+                traceback.print_exc()
+                check(model, f"{v} runs", False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                continue
+            ran[v] = res
+            counts = ce_counts(res)
+            summary[v] = {"losses": res["losses"], "seconds": round(res["seconds"], 2),
+                          "step_s": [round(s, 4) for s in res["step_s"]], "ce_buckets": counts,
+                          "reports": res["reports"],
+                          "messages": [m for m in res["messages"] if "CE runtime unavailable" in m
+                                       or "stay on NCCL" in m or "refused" in m]}
+            log0(f"  {v}: {res['seconds']:.1f} s (compile + {args.steps} steps), losses "
+                 f"{', '.join(f'{x:.6f}' for x in res['losses'])}, CE buckets {counts}")
+            for r in res["reports"]:
+                log0(f"    {r['line']}")
+            if VARIANTS[v] is not None:
+                graphs = sorted(r["graph"] for r in res["reports"] if not r["refused"])
+                refused = [r["refused"] for r in res["reports"] if r["refused"]]
+                check(model, f"{v}: pass rewrote forward and backward",
+                      graphs == ["backward", "forward"] and not refused, f"rewritten: {graphs}" + (f"; refused: {refused}" if refused else ""))
+
+            def against(ref: str, name: str, exact: bool):
+                if ref not in ran:
+                    check(model, name, False, f"reference {ref} did not run")
+                    return
+                c = compare(res, ran[ref])
+                summary[v][f"vs_{ref}"] = c
+                detail = (f"loss err {c['loss_err']:.2e}, grad rel err {c['grad_err']:.2e}, "
+                          f"param rel err {c['param_err']:.2e}, bit-identical: {c['identical']}")
+                ok = c["identical"] if exact else (c["loss_err"] <= LOSS_TOL and c["grad_err"] <= GRAD_TOL
+                                                   and c["param_err"] <= PARAM_TOL)
+                check(model, name, ok, detail)
+
+            if v in ("pass-nccl", "pass-on-nccl"):
+                against("inductor", f"{v} matches inductor (tolerance)", exact=False)
+            elif v == "pass-ce-ag":
+                check(model, "pass-ce-ag: all-gathers on CE, reduce-scatters on NCCL",
+                      counts["all_gather"] > 0 and counts["reduce_scatter"] == 0, f"CE buckets {counts}")
+                against("pass-on-nccl", "pass-ce-ag bit-identical to pass-on-nccl", exact=True)
+            elif v == "pass-ce-all":
+                rs_op = hasattr(torch.ops.ce_overlap, "reduce_scatter_tensor") if avail else False
+                why = [m for m in res["messages"] if "reduce_scatter buckets stay on NCCL" in m]
+                check(model, "pass-ce-all: reduce-scatters on CE (or the reason they are not)",
+                      counts["reduce_scatter"] > 0 if rs_op else bool(why), f"CE buckets {counts}; {why or ''}")
+                against("pass-on-nccl", "pass-ce-all matches pass-on-nccl (tolerance)", exact=False)
+            elif v == "pass-no-runtime":
+                unavailable = [m for m in res["messages"] if "CE runtime unavailable" in m]
+                check(model, "pass-no-runtime: NCCL only, said so once",
+                      sum(counts.values()) == 0 and len(unavailable) == 1,
+                      f"CE buckets {counts}; messages: {unavailable}")
+                against("pass-on-nccl", "pass-no-runtime bit-identical to pass-on-nccl", exact=True)
+            if v == "pass-on-nccl":
+                ran.pop("inductor", None)  # keep at most two runs' tensors in GPU memory
+            if v in ("pass-nccl",):
+                ran.pop(v, None)
+        results["models"][model] = summary
+        ran.clear()
+
+    failed = [r for r in rows if not r["ok"]]
+    log0("")
+    log0(f"{'model':<12} {'result':<6} check")
+    for r in rows:
+        log0(f"{r['model']:<12} {'PASS' if r['ok'] else 'FAIL':<6} {r['check']}")
+    log0(f"\n{len(rows) - len(failed)}/{len(rows)} checks passed" + (": FAIL" if failed else ": PASS"))
+    results["checks"] = rows
+    results["passed"] = not failed
+    out = args.out or (os.path.join(os.environ["OUT"], "pass_gpu.json") if os.environ.get("OUT") else None)
+    if out and dist.get_rank() == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(results, f, indent=1)
+        log0(f"wrote {out}")
+    dist.barrier()
+    dist.destroy_process_group()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,681 @@
+"""The ce_overlap graph pass (docs/pass.md): config, Plan rules, the FX rewriter on real captured graphs,
+exact numerics of the bucket layouts, and torch.compile end to end on CPU.
+
+Graphs come from the real torch.compile pipeline on fake tensors over the `fake` process group
+(ce_overlap.fx.capture); each model is captured once per session and every test works on a copy.
+"""
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import functools
+import json
+import logging
+import os
+import re
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.fx
+
+import ce_overlap
+from ce_overlap import PassConfig
+from ce_overlap.fx import pass_, rewrite
+from ce_overlap.fx.capture import CaptureOptions, capture_graphs, fake_process_group
+from ce_overlap.models.llama import LLAMA_CONFIGS
+
+from test_pass_helpers import ir_graph, make_planner, peak_memory, plan_from_ir, real_inputs, run_emulated
+
+WORLD = 8
+MIB = 1 << 20
+
+
+@functools.cache
+def _captured(model: str):
+    from ce_overlap import models
+
+    built = models.build_named(model)
+    graphs, _ = capture_graphs(built.module, built.example_inputs, CaptureOptions(world_size=WORLD))
+    return dict(graphs)
+
+
+def fresh(model: str, graph: str) -> torch.fx.GraphModule:
+    """A private copy of a captured graph (nodes copied, fake values shared read-only)."""
+    gm = _captured(model)[graph]
+    g = torch.fx.Graph()
+    out = g.graph_copy(gm.graph, {})
+    g.output(out)
+    return torch.fx.GraphModule(gm, g)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_log_once():
+    pass_._logged_once.clear()
+    yield
+    pass_._logged_once.clear()
+
+
+def _type_of(node: torch.fx.Node) -> str:
+    name = node.target._opname
+    return "all_gather" if name.startswith("all_gather") else "reduce_scatter" if name.startswith("reduce_scatter") \
+        else name
+
+
+def collectives_by_block(gm: torch.fx.GraphModule, name: str) -> collections.Counter:
+    """(block, type) -> count of NCCL and CE collectives, blocks as the C++ detection assigns them."""
+    blocks = {n["name"]: n["block"] for n in ir_graph(gm, name)["nodes"]}
+    return collections.Counter((blocks[n.name], _type_of(n)) for n in gm.graph.nodes
+                               if rewrite.is_functional_collective(n) or rewrite.is_ce_collective(n))
+
+
+def measured_peak(gm: torch.fx.GraphModule, name: str) -> int:
+    nodes = ir_graph(gm, name)["nodes"]
+    return peak_memory(nodes, [n["id"] for n in nodes])
+
+
+# --------------------------------------------------------------------------------------------------
+# PassConfig and the Inductor hooks
+
+
+def test_config_defaults_and_plan_config():
+    c = PassConfig()
+    assert (c.enabled, c.ce, c.profile, c.dump_dir, c.verbose) == (True, "auto", "auto", None, False)
+    assert c.plan_config() == {"bucket_cap_bytes": 512 * MIB, "memory_budget_bytes": 4096 * MIB, "ce": "auto",
+                               "min_ce_bytes": MIB, "prefetch_blocks": 1, "bucket_patterns": []}
+    c2 = PassConfig(bucket_patterns=[r"layers\.\d+"], bucket_cap_mb=0.5)
+    assert c2.bucket_patterns == (r"layers\.\d+",) and c2.plan_config()["bucket_cap_bytes"] == MIB // 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.ce = "on"
+    for f in dataclasses.fields(PassConfig):  # a docstring per field (the attribute docstring in the source)
+        assert re.search(rf"    {f.name}: [^\n]+\n    \"\"\"\S", open(ce_overlap.config.__file__).read()), f.name
+
+
+@pytest.mark.parametrize("field,value", [
+    ("enabled", 1), ("bucket_cap_mb", 0), ("bucket_cap_mb", -3), ("bucket_cap_mb", float("nan")),
+    ("bucket_cap_mb", "512"), ("memory_budget_mb", -1), ("memory_budget_mb", True), ("ce", "always"),
+    ("ce", None), ("min_ce_bytes", -1), ("min_ce_bytes", 1.5), ("prefetch_blocks", -1), ("prefetch_blocks", 5000),
+    ("bucket_patterns", "layers"), ("bucket_patterns", ["("]), ("bucket_patterns", [""]), ("profile", "h900"),
+    ("profile", ""), ("profile", "/nonexistent/profile.json"), ("dump_dir", 3), ("verbose", "yes"),
+    ("ce_collectives", "all_gather"), ("ce_collectives", ["all_reduce"]), ("keep_inductor_overlap", None),
+])
+def test_bad_config_values_name_the_field(field, value):
+    with pytest.raises(ce_overlap.CeOverlapError, match=rf"PassConfig\.{field}"):
+        PassConfig(**{field: value})
+
+
+def test_config_dump_dir_must_be_a_directory(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("")
+    with pytest.raises(ce_overlap.CeOverlapError, match="PassConfig.dump_dir"):
+        PassConfig(dump_dir=str(f))
+    assert PassConfig(dump_dir=tmp_path / "new").dump_dir == str(tmp_path / "new")
+
+
+def test_config_from_env_and_default_config():
+    env = {"CE_OVERLAP_PASS_CE": "on", "CE_OVERLAP_PASS_BUCKET_CAP_MB": "64", "CE_OVERLAP_PASS_VERBOSE": "1",
+           "CE_OVERLAP_PASS_BUCKET_PATTERNS": '["layers\\\\.\\\\d+"]', "CE_OVERLAP_PASS_PROFILE": "h200-sxm"}
+    c = PassConfig.from_env(env, min_ce_bytes=0)
+    assert (c.ce, c.bucket_cap_mb, c.verbose, c.bucket_patterns, c.profile, c.min_ce_bytes) == \
+        ("on", 64.0, True, (r"layers\.\d+",), "h200-sxm", 0)
+    with pytest.raises(ce_overlap.CeOverlapError, match="CE_OVERLAP_PASS_PREFETCH_BLOCKS"):
+        PassConfig.from_env({"CE_OVERLAP_PASS_PREFETCH_BLOCKS": "two"})
+    with pytest.raises(ce_overlap.CeOverlapError, match="PassConfig.ce"):
+        PassConfig.from_env({"CE_OVERLAP_PASS_CE": "maybe"})
+    try:
+        assert ce_overlap.set_default_config(ce="off").ce == "off"
+        assert ce_overlap.get_default_config().ce == "off"
+        assert ce_overlap.set_default_config(PassConfig(prefetch_blocks=2)).prefetch_blocks == 2
+        with pytest.raises(ce_overlap.CeOverlapError):
+            ce_overlap.set_default_config(PassConfig(), ce="on")
+    finally:
+        ce_overlap.set_default_config(None)
+    assert ce_overlap.get_default_config() == PassConfig.from_env()
+
+
+def test_inductor_options_install_the_pass_and_turn_off_conflicting_passes(caplog):
+    current = torch._inductor.config.get_config_copy()
+    with caplog.at_level(logging.INFO, logger="ce_overlap"):
+        opts = ce_overlap.inductor_options(ce="on", bucket_cap_mb=256)
+    p = opts["post_grad_custom_post_pass"]
+    assert isinstance(p, torch._inductor.custom_graph_pass.CustomGraphPass)
+    assert p.config == PassConfig(ce="on", bucket_cap_mb=256)
+    for key, off in pass_.CONFLICTING_INDUCTOR_OPTIONS:
+        assert (opts.get(key) == off) if key in current else key not in opts
+    # the keys Inductor must know on this torch (2.11 has these too)
+    for key in ("reorder_for_compute_comm_overlap", "aten_distributed_optimizations.enable_overlap_scheduling",
+                "bucket_all_gathers_fx", "bucket_reduce_scatters_fx"):
+        assert key in opts
+    assert "turning off Inductor's own collective bucketing" in caplog.text
+    kept = ce_overlap.inductor_options(keep_inductor_overlap=True)
+    assert set(kept) == {"post_grad_custom_post_pass"}
+    # torch.compile accepts every key and value (it validates them against Inductor's config)
+    torch._TorchCompileInductorWrapper("default", opts, dynamic=False)
+    with torch._inductor.config.patch(opts):
+        assert torch._inductor.config.post_grad_custom_post_pass is p
+    with pytest.raises(ce_overlap.CeOverlapError, match="PassConfig.ce"):
+        ce_overlap.inductor_options(ce="sometimes")
+
+
+def test_uuid_hashes_config_and_sources():
+    a = pass_.CeOverlapPass(PassConfig())
+    assert a.uuid() == pass_.CeOverlapPass(PassConfig()).uuid()
+    assert a.uuid() != pass_.CeOverlapPass(PassConfig(ce="off")).uuid()
+    assert a.uuid() != pass_.CeOverlapPass(PassConfig(bucket_cap_mb=1)).uuid()
+    assert len(pass_.source_fingerprint()) == 64
+    import pickle
+
+    assert pickle.loads(pickle.dumps(a.uuid())) == a.uuid()
+
+
+def test_backend_is_registered():
+    assert "ce_overlap" in torch._dynamo.list_backends()
+    assert torch._dynamo.lookup_backend("ce_overlap") is pass_.ce_overlap_backend
+
+
+def test_profile_auto_falls_back_to_h100_without_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert pass_.resolve_profile("auto") == "h100-sxm"
+    assert pass_.resolve_profile("h200-sxm") == "h200-sxm"
+
+
+# --------------------------------------------------------------------------------------------------
+# The rewriter on real graphs, with Plans built by an independent Python planner
+
+
+@pytest.mark.parametrize("model", ["llama3-tiny", "llama3-1b"])
+@pytest.mark.parametrize("backend", ["nccl", "ce"])
+def test_python_plans_bucket_per_block_and_keep_invariants(model, backend):
+    n_layers = LLAMA_CONFIGS[model].n_layers
+    for name in ("forward", "backward"):
+        gm = fresh(model, name)
+        before = measured_peak(gm, name)
+        plan = plan_from_ir(ir_graph(gm, name), backend=backend, prefetch=True)
+        results = rewrite.apply_plan(gm.graph, rewrite.check_plan(gm.graph, plan))
+        gm.graph.lint()
+        rewrite.check_invariants(gm.graph)
+        gm.recompile()
+        assert {r.backend for r in results} == {backend}
+        counts = collectives_by_block(gm, name)
+        for i in range(n_layers):
+            assert counts[(i, "all_gather")] == 1, (name, i, counts)
+            assert counts[(i, "reduce_scatter")] == (name == "backward"), (name, i, counts)
+        kinds = collections.Counter(rewrite.is_ce_collective(n) for n in gm.graph.nodes
+                                    if rewrite.is_functional_collective(n) or rewrite.is_ce_collective(n))
+        assert set(kinds) == {backend == "ce"}
+        # the plan's memory accounting and ours agree on the direction; the growth stays in the plan's budget
+        after = measured_peak(gm, name)
+        assert after - before <= plan["config"]["memory_budget_bytes"]
+
+
+def _check_one_bucket_per_block(gm, name, n_layers):
+    counts = collectives_by_block(gm, name)
+    for i in range(n_layers):
+        assert counts[(i, "all_gather")] == 1, (name, i, counts)
+        assert counts[(i, "reduce_scatter")] == (name == "backward"), (name, i, counts)
+
+
+@pytest.mark.parametrize("model", ["llama3-tiny", "llama3-1b"])
+def test_pass_with_the_cpp_planner(model, caplog, tmp_path):
+    n_layers = LLAMA_CONFIGS[model].n_layers
+    config = PassConfig(bucket_cap_mb=4096, ce="on", min_ce_bytes=0, dump_dir=str(tmp_path), profile="h200-sxm")
+    for name in ("forward", "backward"):
+        gm = fresh(model, name)
+        before = measured_peak(gm, name)
+        with caplog.at_level(logging.INFO, logger="ce_overlap"), pass_.capture_mode():
+            report = pass_.run_pass(gm.graph, config)
+        assert report.changed and report.refused is None and report.graph == name
+        gm.graph.lint()
+        rewrite.check_invariants(gm.graph)
+        _check_one_bucket_per_block(gm, name, n_layers)
+        # ce="on": every bucket the runtime serves runs on CE (all-gather and reduce-scatter ops exist)
+        assert all(b.backend == "ce" for b in report.buckets), [(b.id, b.reason) for b in report.buckets]
+        assert not any(rewrite.is_functional_collective(n) for n in gm.graph.nodes)
+        s = report.summary
+        assert s["peak_memory_bytes_after"] - s["peak_memory_bytes_before"] <= s["memory_budget_bytes"]
+        assert measured_peak(gm, name) - before <= config.plan_config()["memory_budget_bytes"]
+        line = next(r.message for r in caplog.records if r.message.startswith(f"ce_overlap: {name} graph"))
+        assert f"{report.collectives} collectives -> {len(report.buckets)} buckets" in line
+        assert "predicted exposed comm" in line and "peak memory" in line and "moved to CE" in line
+    files = sorted(os.listdir(tmp_path))
+    assert len(files) == 4 and {f.split("-")[0] for f in files} == {"forward", "backward"}
+    for f in files:
+        doc = json.loads((tmp_path / f).read_text())
+        assert doc["schema"] == ("ce_overlap.plan/1" if f.endswith(".plan.json") else "ce_overlap.ir/1")
+
+
+@pytest.mark.parametrize("budget_mb", [0, 2])
+def test_memory_budget_holds(budget_mb):
+    """The planner's order and buckets keep the measured peak (our own liveness model over the rewritten
+    graph, copy-in/copy-out buffers included) within the budget."""
+    for name in ("forward", "backward"):
+        gm = fresh("llama3-tiny", name)
+        before = measured_peak(gm, name)
+        report = pass_.run_pass(gm.graph, PassConfig(memory_budget_mb=budget_mb, bucket_cap_mb=4096, ce="off"))
+        assert report.changed
+        assert measured_peak(gm, name) - before <= budget_mb * MIB
+        s = report.summary
+        assert s["peak_memory_bytes_after"] - s["peak_memory_bytes_before"] <= budget_mb * MIB
+
+
+# --------------------------------------------------------------------------------------------------
+# Plan rules: every broken rule is refused, naming the rule and the node
+
+
+def _tiny_forward_plan():
+    gm = fresh("llama3-tiny", "forward")
+    return gm, plan_from_ir(ir_graph(gm, "forward"), prefetch=True)
+
+
+def _bucket(plan, n_members=None):
+    return next(b for b in plan["buckets"] if n_members is None or len(b["members"]) >= n_members)
+
+
+def _move_last_past_next(plan, gm, names):
+    """Moves the last of `names` (contiguous in `order`) one step later, past the next node, which must not
+    use it (so `order` stays topological). Returns the node it moved past, or None if that node uses it."""
+    order = plan["order"]
+    last = max(order.index(n) for n in names)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    nxt = order[last + 1]
+    if order[last] in [a.name for a in nodes[nxt].all_input_nodes] or nodes[nxt].op == "output":
+        return None
+    order.insert(last + 1, order.pop(last))
+    return nxt
+
+
+def _split(plan, gm, field):
+    for b in plan["buckets"]:
+        if len(b["members"]) >= 2:
+            gap = _move_last_past_next(plan, gm, [m[field] for m in b["members"]])
+            if gap is not None:
+                return gap
+    raise AssertionError("no bucket whose last member can move")
+
+
+def _mutations():
+    def drop_node(plan, gm):
+        return "order.complete", plan["order"].pop(5)
+
+    def duplicate(plan, gm):
+        plan["order"].insert(3, plan["order"][7])
+        return "order.complete", plan["order"][8]
+
+    def unknown(plan, gm):
+        plan["order"][4] = "no_such_node"
+        return "order.complete", "no_such_node"
+
+    def not_topological(plan, gm):
+        b = _bucket(plan, 2)
+        coll = b["members"][0]["collective"]
+        wait = b["members"][0]["wait"]
+        order = plan["order"]
+        order.remove(wait)
+        order.insert(order.index(coll), wait)
+        return "order.topological", wait
+
+    def placeholder_late(plan, gm):
+        order = plan["order"]
+        ph = order.pop(0)
+        order.insert(len(order) - 1, ph)
+        return "order.placeholders_first", ph
+
+    def output_early(plan, gm):
+        order = plan["order"]
+        out = order.pop()
+        order.insert(len(order) - 1, out)
+        return "order.output_last", order[-1]
+
+    def member_type(plan, gm):
+        b = _bucket(plan, 2)
+        b["type"] = "reduce_scatter"
+        return "bucket.members_match", b["members"][0]["collective"]
+
+    def member_group(plan, gm):
+        b = _bucket(plan, 2)
+        b["group_size"] = 4
+        return "bucket.members_match", b["members"][0]["collective"]
+
+    def member_bytes(plan, gm):
+        b = _bucket(plan, 2)
+        b["members"][1]["bytes"] += 2
+        return "bucket.bytes", b["members"][1]["collective"]
+
+    def bucket_bytes(plan, gm):
+        b = _bucket(plan, 2)
+        b["bytes"] += 1
+        return "bucket.bytes", f"bucket {b['id']}"
+
+    def over_cap(plan, gm):
+        b = _bucket(plan, 2)
+        plan["config"]["bucket_cap_bytes"] = b["bytes"] - 1
+        return "bucket.cap", f"bucket {b['id']}"
+
+    def not_covered(plan, gm):
+        b = _bucket(plan, 2)
+        m = b["members"].pop()
+        b["bytes"] -= m["bytes"]
+        return "bucket.coverage", m["collective"]
+
+    def twice(plan, gm):
+        b0, b1 = plan["buckets"][0], plan["buckets"][1]
+        b1["members"].append(dict(b0["members"][0]))
+        return "bucket.coverage", b0["members"][0]["collective"]
+
+    def wrong_wait(plan, gm):
+        b = _bucket(plan, 2)
+        b["members"][0]["wait"], b["members"][1]["wait"] = b["members"][1]["wait"], b["members"][0]["wait"]
+        return "bucket.wait", b["members"][0]["collective"]
+
+    def bad_backend(plan, gm):
+        b = _bucket(plan)
+        b["backend"] = "gpu"
+        return "bucket.backend", f"bucket {b['id']}"
+
+    def bad_reason(plan, gm):
+        b = _bucket(plan)
+        b["reason"] = "because"
+        return "bucket.reason", f"bucket {b['id']}"
+
+    def collectives_split(plan, gm):
+        return "order.bucket_collectives_contiguous", _split(plan, gm, "collective")
+
+    def waits_split(plan, gm):
+        return "order.bucket_waits_contiguous", _split(plan, gm, "wait")
+
+    def over_budget(plan, gm):
+        plan["summary"]["peak_memory_bytes_after"] = plan["summary"]["peak_memory_bytes_before"] + 10
+        plan["config"]["memory_budget_bytes"] = 9
+        return "summary.memory_budget", None
+
+    def schema(plan, gm):
+        plan["schema"] = "ce_overlap.plan/2"
+        return "schema", None
+
+    def missing_field(plan, gm):
+        del _bucket(plan)["predicted"]
+        return "schema", f"buckets[{_bucket(plan)['id']}]"
+
+    return [drop_node, duplicate, unknown, not_topological, placeholder_late, output_early, member_type,
+            member_group, member_bytes, bucket_bytes, over_cap, not_covered, twice, wrong_wait, bad_backend,
+            bad_reason, collectives_split, waits_split, over_budget, schema, missing_field]
+
+
+def test_the_unmodified_test_plan_passes():
+    gm, plan = _tiny_forward_plan()
+    rewrite.check_plan(gm.graph, plan)
+
+
+@pytest.mark.parametrize("mutate", _mutations(), ids=lambda f: f.__name__)
+def test_broken_plans_are_refused_naming_rule_and_node(mutate):
+    gm, plan = _tiny_forward_plan()
+    rule, node = mutate(plan, gm)
+    with pytest.raises(rewrite.PlanRuleError) as err:
+        rewrite.check_plan(gm.graph, plan)
+    assert err.value.rule == rule, str(err.value)
+    if node is not None:
+        assert err.value.node == node, str(err.value)
+        assert node in str(err.value)
+    assert f"'{rule}'" in str(err.value)
+
+
+def test_a_refused_plan_warns_and_leaves_the_graph_unchanged(caplog, tmp_path):
+    gm = fresh("llama3-tiny", "forward")
+    code = gm.code
+
+    def broken(ir, graph_name, config, profile):
+        plan = plan_from_ir(ir.to_dict()["graphs"][0])
+        plan["order"].reverse()
+        return plan
+
+    with caplog.at_level(logging.WARNING, logger="ce_overlap"):
+        report = pass_.run_pass(gm.graph, PassConfig(dump_dir=str(tmp_path)), planner=broken)
+    assert report.refused and not report.changed
+    gm.recompile()
+    assert gm.code == code
+    warning = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warning) == 1 and "refused the plan" in warning[0].message and "graph unchanged" in warning[0].message
+    assert "'order.placeholders_first'" in warning[0].message
+    assert sorted(p.rsplit(".", 2)[-2] for p in os.listdir(tmp_path)) == ["ir", "plan"]  # dumped for inspection
+
+
+def test_disabled_pass_and_graphs_without_collectives_are_untouched():
+    gm = fresh("llama3-tiny", "forward")
+    code = gm.code
+    assert pass_.run_pass(gm.graph, PassConfig(enabled=False)) is None
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    g.output(g.call_function(torch.ops.aten.relu.default, (x,)))
+    report = pass_.run_pass(g, PassConfig())
+    assert report.collectives == 0 and not report.changed
+    gm.recompile()
+    assert gm.code == code
+
+
+def test_runtime_absent_keeps_nccl_and_says_so_once(monkeypatch, caplog):
+    from ce_overlap import runtime
+
+    monkeypatch.setattr(runtime, "library_loaded",
+                        lambda: runtime.Availability(False, "_runtime.so not found (test)"))
+    with caplog.at_level(logging.INFO, logger="ce_overlap"), pass_.capture_mode():
+        for name in ("forward", "backward"):
+            gm = fresh("llama3-tiny", name)
+            report = pass_.run_pass(gm.graph, PassConfig(), planner=make_planner(backend="ce"))
+            assert report.changed and report.ce_buckets == 0
+            assert all(b.reason.startswith("nccl: CE runtime unavailable") for b in report.buckets)
+            assert not any(rewrite.is_ce_collective(n) for n in gm.graph.nodes)
+            rewrite.check_invariants(gm.graph)
+    msgs = [r.message for r in caplog.records if "CE runtime unavailable" in r.message]
+    assert msgs == ["ce_overlap: CE runtime unavailable (_runtime.so not found (test)): keeping NCCL"]
+
+
+def test_ce_collectives_keeps_other_types_on_nccl_with_the_same_plan():
+    gm = fresh("llama3-tiny", "backward")
+    with pass_.capture_mode():
+        report = pass_.run_pass(gm.graph, PassConfig(ce="on", ce_collectives=("all_gather",)),
+                                planner=make_planner(backend="ce", prefetch=True))
+    by_type = collections.defaultdict(set)
+    for b in report.buckets:
+        by_type[b.type].add(b.backend)
+        assert b.planned_backend == "ce"
+        if b.type == "reduce_scatter":
+            assert b.reason == "nccl: PassConfig.ce_collectives excludes reduce_scatter"
+    assert by_type == {"all_gather": {"ce"}, "reduce_scatter": {"nccl"}}
+    rewrite.check_invariants(gm.graph)
+
+
+def test_graphs_with_symbolic_sizes_are_left_alone(caplog):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with fake_process_group(4, 0):
+        group = dist.group.WORLD.group_name
+
+        def f(x):
+            c10d = torch.ops._c10d_functional
+            return c10d.wait_tensor(c10d.all_gather_into_tensor(x * 2, 4, group)) + 1
+
+        gm = make_fx(f, tracing_mode="symbolic")(torch.randn(6, 3))
+        code = gm.code
+        with caplog.at_level(logging.WARNING, logger="ce_overlap"):
+            report = pass_.run_pass(gm.graph, PassConfig(), planner=make_planner())
+    assert report.refused and "symbolic" in report.refused
+    gm.recompile()
+    assert gm.code == code
+
+
+def test_cpu_graphs_outside_capture_stay_on_nccl(caplog):
+    gm = fresh("llama3-tiny", "forward")
+    with caplog.at_level(logging.WARNING, logger="ce_overlap"):
+        report = pass_.run_pass(gm.graph, PassConfig(), planner=make_planner(backend="ce"))
+    assert report.ce_buckets == 0
+    assert "CE ops need CUDA tensors" in caplog.text
+
+
+# --------------------------------------------------------------------------------------------------
+# Numerics: the rewritten graph computes exactly what the original does (emulated ranks, real tensors)
+
+
+@pytest.mark.parametrize("backend", ["nccl", "ce"])
+@pytest.mark.parametrize("singletons", [False, True])
+def test_rewritten_tiny_graphs_are_bit_identical(backend, singletons):
+    for name in ("forward", "backward"):
+        gm = fresh("llama3-tiny", name)
+        inputs = real_inputs(gm, int_high=LLAMA_CONFIGS["llama3-tiny"].vocab_size)
+        want = run_emulated(gm, inputs, WORLD, rank=3)
+        plan = plan_from_ir(ir_graph(gm, name), backend=backend, prefetch=True,
+                            max_members=1 if singletons else None)
+        rewrite.apply_plan(gm.graph, rewrite.check_plan(gm.graph, plan))
+        gm.recompile()
+        got = run_emulated(gm, inputs, WORLD, rank=3)
+        assert len(got) == len(want)
+        for i, (a, b) in enumerate(zip(want, got)):
+            if isinstance(a, torch.Tensor):
+                assert torch.equal(a, b), (name, i)
+
+
+def _handmade_graph(group_size: int):
+    """Collectives of every layout case: N-d, 1-d, non-contiguous inputs, two dtypes, RS and AR, and
+    waited values that are graph outputs."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    c10d = torch.ops._c10d_functional
+    group = dist.group.WORLD.group_name
+    g = group_size
+
+    def f(a, b, c, d, e, h, k, m):
+        outs = []
+        for x in (a * 2, b + 1, c.transpose(0, 1), h):
+            outs.append(c10d.wait_tensor(c10d.all_gather_into_tensor(x, g, group)))
+        for x in (d, e * 3):
+            outs.append(c10d.wait_tensor(c10d.reduce_scatter_tensor(x, "sum", g, group)))
+        for x in (k, m):
+            outs.append(c10d.wait_tensor(c10d.all_reduce(x, "sum", group)))
+        return [o * 1 if i % 2 else o for i, o in enumerate(outs)] + [sum(o.float().sum() for o in outs)]
+
+    shapes = [((3, 5), torch.float32), ((7,), torch.float32), ((2, 4, 3), torch.float32),  # a b c
+              ((g * 2, 3), torch.float32), ((g, 2, 2), torch.float32),  # d e
+              ((3, 2), torch.bfloat16), ((5,), torch.float32), ((2, 3), torch.float32)]  # h k m
+    gen = torch.Generator().manual_seed(1)
+    real = [torch.randn(s, generator=gen).to(dt) for s, dt in shapes]
+    gm = make_fx(f, tracing_mode="fake")(*real)
+    return gm, real
+
+
+@pytest.mark.parametrize("backend", ["nccl", "ce"])
+def test_handmade_layouts_are_exact(backend):
+    g = 4
+    with fake_process_group(g, 1):
+        gm, real = _handmade_graph(g)
+        ir = ir_graph(gm, "forward")
+        want = run_emulated(gm, real, g, rank=2)
+        plan = plan_from_ir(ir, by_block=False,
+                            backend=lambda b: backend if b["type"] != "all_reduce" else "nccl")
+        assert sorted(len(b["members"]) for b in plan["buckets"]) == [1, 2, 2, 3]  # bf16 AG alone
+        with pass_.capture_mode():
+            results = rewrite.apply_plan(gm.graph, rewrite.check_plan(gm.graph, plan))
+        gm.recompile()
+        rewrite.check_invariants(gm.graph)
+        assert [r.backend for r in results if r.type != "all_reduce"] == [backend] * 3
+        got = run_emulated(gm, real, g, rank=2)
+    for i, (a, b) in enumerate(zip(want, got)):
+        assert torch.equal(a, b), i
+    # every new node carries a fake value
+    for n in gm.graph.nodes:
+        if n.name.startswith("ce_overlap_b"):
+            assert isinstance(n.meta.get("val"), torch.Tensor), n.name
+
+
+# --------------------------------------------------------------------------------------------------
+# torch.compile end to end on CPU (gloo, one rank): Inductor lowers the rewritten graphs and runs them
+
+
+@pytest.fixture
+def gloo_world1():
+    assert not dist.is_initialized()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    torch._dynamo.reset()
+    try:
+        yield dist.group.WORLD
+    finally:
+        torch._dynamo.reset()
+        dist.destroy_process_group()
+
+
+def _tiny_fsdp_pair():
+    from ce_overlap.fx.fsdp import fully_shard_in_graph
+    from ce_overlap.models.llama import Llama
+
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(LLAMA_CONFIGS["llama3-tiny"], seq_len=32)
+    model = Llama(cfg)
+    ref = copy.deepcopy(model)
+    fully_shard_in_graph(model, param_dtype=None)
+    fully_shard_in_graph(ref, param_dtype=None)
+    tokens = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len), generator=torch.Generator().manual_seed(0))
+    return model, ref, tokens
+
+
+def _compare_step(model, ref, tokens, compiled):
+    loss = compiled(tokens, tokens)
+    loss.backward()
+    ref_loss = ref(tokens, tokens)
+    ref_loss.backward()
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
+
+
+def test_backend_ce_overlap_compiles_and_runs(gloo_world1, caplog):
+    model, ref, tokens = _tiny_fsdp_pair()
+    try:
+        ce_overlap.set_default_config(bucket_cap_mb=4096)
+        with caplog.at_level(logging.INFO, logger="ce_overlap"), torch._inductor.config.patch(fx_graph_cache=False):
+            _compare_step(model, ref, tokens, torch.compile(model, backend="ce_overlap", fullgraph=True))
+    finally:
+        ce_overlap.set_default_config(None)
+    lines = [r.message for r in caplog.records if re.match(r"ce_overlap: (forward|backward) graph", r.message)]
+    assert len(lines) == 2 and all("merged" in ln for ln in lines), lines
+
+
+@pytest.fixture
+def cpu_ce_kernels(monkeypatch):
+    """CPU kernels for the CE ops (one rank: the all-gather and reduce-scatter of a group of one), and the
+    pass told the runtime can serve CPU tensors, so Inductor lowers and runs the CE path."""
+    from ce_overlap import runtime
+
+    runtime.load_library()
+    lib = torch.library.Library("ce_overlap", "IMPL")
+
+    def all_gather(inp, group_size, group_name):
+        assert group_size == 1 and inp.is_contiguous()
+        return inp.clone()
+
+    def reduce_scatter(inp, reduce_op, group_size, group_name):
+        assert group_size == 1 and reduce_op == "sum" and inp.is_contiguous()
+        return inp.clone()
+
+    lib.impl("all_gather_into_tensor", all_gather, "CPU")
+    lib.impl("reduce_scatter_tensor", reduce_scatter, "CPU")
+    monkeypatch.setattr(pass_, "ce_runtime_state", lambda device: (True, "test: CPU kernels"))
+    monkeypatch.setattr(pass_, "_group_ready", lambda group: (True, ""))
+    yield
+    lib._destroy()
+
+
+def test_inductor_options_ce_path_compiles_and_runs(gloo_world1, cpu_ce_kernels, caplog):
+    model, ref, tokens = _tiny_fsdp_pair()
+    opts = ce_overlap.inductor_options(ce="on", min_ce_bytes=0, bucket_cap_mb=4096)
+    # One rank: the C++ planner (rightly) keeps a group of one on NCCL; the test planner puts every
+    # bucket on CE so that Inductor has to lower and run the CE ops.
+    opts["post_grad_custom_post_pass"] = pass_.CeOverlapPass(opts["post_grad_custom_post_pass"].config,
+                                                             planner=make_planner(backend="ce", prefetch=True))
+    with caplog.at_level(logging.INFO, logger="ce_overlap"), torch._inductor.config.patch(fx_graph_cache=False):
+        _compare_step(model, ref, tokens, torch.compile(model, options=opts, fullgraph=True))
+    reports = opts["post_grad_custom_post_pass"].reports
+    assert [r.graph for r in reports] == ["forward", "backward"]
+    for r in reports:
+        assert r.ce_buckets == len(r.buckets) > 0
