@@ -51,6 +51,38 @@ def _add_capture_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache", action="store_true", help="capture again even if a cached capture exists")
 
 
+def _non_negative_int(what: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be an integer, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{what} must be >= 0, got {value}")
+        return value
+    return parse
+
+
+def _add_plan_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("planning (--plan; docs/plan.md)")
+    g.add_argument("--plan", action="store_true", help="also plan every graph: buckets, NCCL or CE, the new order")
+    g.add_argument("--plan-json", metavar="FILE", help="write the plans (a JSON array, one Plan per graph); implies --plan")
+    g.add_argument("--ce", choices=["auto", "on", "off"], default="auto", help="CE backend choice (default auto)")
+    g.add_argument("--prefetch-blocks", type=_non_negative_int("--prefetch-blocks"), default=1,
+                   help="issue all-gather buckets this many blocks early (default 1)")
+    g.add_argument("--bucket-cap-mib", type=_positive_int("--bucket-cap-mib"), default=512,
+                   help="bucket size cap, per-rank input MiB (default 512)")
+    g.add_argument("--memory-budget-mib", type=_non_negative_int("--memory-budget-mib"), default=4096,
+                   help="peak-memory increase allowed over the captured order, MiB (default 4096)")
+    g.add_argument("--bucket-pattern", action="append", default=[], metavar="REGEX",
+                   help="module-path regex that keys buckets instead of the detected block (repeatable)")
+
+
+def _plan_config(args) -> dict:
+    return {"bucket_cap_bytes": args.bucket_cap_mib << 20, "memory_budget_bytes": args.memory_budget_mib << 20,
+            "ce": args.ce, "prefetch_blocks": args.prefetch_blocks, "bucket_patterns": list(args.bucket_pattern)}
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ce-overlap", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -70,11 +102,29 @@ def _parser() -> argparse.ArgumentParser:
     ana.add_argument("--save-ir", metavar="FILE", help="also write the captured IR JSON")
     ana.add_argument("--all-blocks", action="store_true", help="print every block (default: first and last few)")
     _add_capture_options(ana)
+    _add_plan_options(ana)
 
     sub.add_parser("list", help="list zoo models and built-in profiles")
 
     topo = sub.add_parser("topo", help="detect the local GPU topology (P2P, links, NUMA) and print it")
     topo.add_argument("--json", action="store_true", help="print it as a profile's topology (docs/profiles.md)")
+
+    cal = sub.add_parser("calibrate", help="measure this machine (GEMM, NCCL, CE, contention) and write a profile; "
+                         "run under torchrun for more than 1 GPU (docs/profiles.md)")
+    cal.add_argument("-o", "--output", required=True, help="profile JSON file to write")
+    cal.add_argument("--base", help="built-in profile (or file) to start from (default: the detected GPU's)")
+    cal.add_argument("--name", help="the written profile's name (default: BASE-calibrated)")
+    cal.add_argument("--gpus", type=_positive_int("--gpus"), default=None,
+                     help="GPUs to calibrate; more than 1 needs torchrun (default: torchrun's WORLD_SIZE, else 1)")
+    cal.add_argument("--min-size", default="64K", help="smallest collective size per rank (default 64K)")
+    cal.add_argument("--max-size", default="256M", help="largest collective size per rank (default 256M)")
+    cal.add_argument("--slowdown-size", default="256M", help="collective size per rank beside compute (default 256M)")
+    cal.add_argument("--iters", type=_positive_int("--iters"), default=10, help="timed ops per point (median)")
+    cal.add_argument("--warmup", type=_positive_int("--warmup"), default=3, help="untimed ops per point")
+    cal.add_argument("--keep-topology", action="store_true", help="keep the base profile's topology")
+    cal.add_argument("--measurements", metavar="FILE", help="also write the raw measurements as JSON")
+    cal.add_argument("--from-measurements", metavar="FILE",
+                     help="write the profile from a --measurements file instead of measuring (no GPU needed)")
     return parser
 
 
@@ -169,6 +219,15 @@ def _cmd_analyze(args) -> int:
     if args.save_ir:
         ir.save(args.save_ir)
     result = analyze(ir, profile)
+    plans = None
+    if args.plan or args.plan_json:
+        from .ir import plan
+
+        plans = [plan(ir, g, profile, _plan_config(args)) for g in ir.graph_names]
+        result["plans"] = plans
+        if args.plan_json:
+            with open(args.plan_json, "w", encoding="utf-8") as f:
+                json.dump(plans, f, indent=1)
     if args.trace:
         report.write_trace(result, args.trace)
     if args.json:
@@ -177,6 +236,11 @@ def _cmd_analyze(args) -> int:
     print(report.format_summary(result))
     print()
     print(report.format_table(result, max_rows=None if args.all_blocks else 8))
+    for p in plans or []:
+        print()
+        print(report.format_plan(p, max_rows=None if args.all_blocks else 12))
+    if args.plan_json:
+        print(f"\nplans written to {args.plan_json}")
     if cached:
         print("\n(capture from cache; --no-cache to capture again)")
     if args.trace:
@@ -198,13 +262,21 @@ def _cmd_topo(args) -> int:
     return topo.main(json_output=args.json)
 
 
+def _cmd_calibrate(args) -> int:
+    from . import calibrate
+
+    return calibrate.main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = {"capture": _cmd_capture, "analyze": _cmd_analyze, "list": _cmd_list, "topo": _cmd_topo}[args.command]
+    handler = {"capture": _cmd_capture, "analyze": _cmd_analyze, "list": _cmd_list, "topo": _cmd_topo,
+               "calibrate": _cmd_calibrate}[args.command]
     try:
         return handler(args)
     except CeOverlapError as e:
-        print(f"ce-overlap: error: {e}", file=sys.stderr)
+        message = " | ".join(line.strip() for line in str(e).splitlines() if line.strip())  # always one line
+        print(f"ce-overlap: error: {message}", file=sys.stderr)
         return 2
     except OSError as e:
         print(f"ce-overlap: error: {e.filename or ''}: {e.strerror}", file=sys.stderr)

@@ -638,7 +638,7 @@ TEST(Decide, ReasonsReadAsOneLine) {
 
   Decision rs = m.decide(coll(CollectiveType::ReduceScatter, 2, 128 * kMiB), {});
   EXPECT_EQ(rs.choice, Backend::Nccl);
-  EXPECT_TRUE(contains(rs.reason, "16-SM reduction kernel")) << rs.reason;
+  EXPECT_TRUE(contains(rs.reason, "32-SM reduction kernel")) << rs.reason;
 
   for (const Decision& d : {tiny, gemm, alone, rs}) {
     EXPECT_EQ(d.reason.find('\n'), std::string::npos);

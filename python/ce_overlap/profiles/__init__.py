@@ -29,3 +29,19 @@ def load(name_or_path: str):
     from .. import _core
 
     return _core.Profile.from_json(read_text(name_or_path))
+
+
+# GPU name (torch.cuda.get_device_name) -> built-in profile; first match wins (so "GH200" comes before
+# "H200"); None: no built-in profile fits that GPU.
+_BUILTIN_BY_GPU = [
+    ("GH200", None), ("GB200", None), ("H100 PCIe", "h100-pcie"), ("H100 NVL", None), ("H100", "h100-sxm"),
+    ("H200", "h200-sxm"), ("A100-SXM", "a100-sxm"), ("B200", "b200"),
+]
+
+
+def builtin_for_device(device_name: str, default: str | None = None) -> str | None:
+    """The built-in profile for a GPU name such as 'NVIDIA H200', or `default` when none fits."""
+    for fragment, profile in _BUILTIN_BY_GPU:
+        if fragment in device_name:
+            return profile
+    return default

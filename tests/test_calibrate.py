@@ -1,0 +1,419 @@
+"""`ce-overlap calibrate` without GPUs: its refusals, the profile writer (fed synthetic measurements: this tests the
+writer, not the numbers), and the pure functions of bench/cost_model_validation.py."""
+from __future__ import annotations
+
+import copy
+import io
+import json
+import math
+import os
+import struct
+import sys
+import zlib
+
+import pytest
+
+from conftest import REPO, run_cli
+from ce_overlap import CeOverlapError, _core, calibrate, profiles
+
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import cost_model_validation as V  # noqa: E402
+
+MIB = 1 << 20
+SIZES = [64 << 10, 256 << 10, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB]
+PEAK = 989.0
+
+
+def _assert_one_line_exit_2(proc, *fragments):
+    assert proc.returncode == 2, proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+def synthetic() -> dict:
+    """Measurements as `calibrate --measurements` writes them, made up from the h200-sxm model with known
+    deviations: NCCL 1.5x slower, CE 0.9x, GEMM efficiency 0.75 with a 4e9-FLOP ramp, memory efficiency 0.78."""
+    p = profiles.load("h200-sxm")
+
+    def pts(coll, backend, factor):
+        out = []
+        for s in SIZES:
+            b = 2 * s if coll == "reduce_scatter" else s
+            out.append([b, factor * _core.estimate_collective(p, coll, b, 2, backend)])
+        return out
+
+    def slow(coll, backend, compute, pct, own):
+        return {"collective": coll, "backend": backend, "group_size": 2, "bytes": (2 if coll == "reduce_scatter" else 1) * 256 * MIB,
+                "compute": compute, "compute_alone_us": 1400.0, "compute_beside_us": 1400.0 * (1 + pct / 100),
+                "collective_alone_us": 1000.0, "collective_beside_us": 1000.0 * (1 + own)}
+
+    return {
+        "schema": "ce_overlap.calibration/1", "world_size": 2, "host": "testbox", "time": "2026-11-22 00:00:00",
+        "gpu": {"name": "NVIDIA H200", "sms": 132, "memory_gib": 139.8},
+        "versions": {"torch": "2.11.0", "cuda": "13.0", "nccl": "2.28.9"},
+        "gemm": [{"n": n, "us": (2 * n ** 3 + 4e9) / (PEAK * 1e6 * 0.75)} for n in (2048, 4096, 8192)],
+        "memory_bound": {"bytes": 3 << 30, "us": (3 << 30) / (4800 * 0.78) / 1e3},
+        "collectives": [
+            {"collective": "all_gather", "backend": "nccl", "group_size": 2, "points": pts("all_gather", "nccl", 1.5)},
+            {"collective": "all_gather", "backend": "ce", "group_size": 2, "points": pts("all_gather", "ce", 0.9)},
+            {"collective": "reduce_scatter", "backend": "nccl", "group_size": 2,
+             "points": pts("reduce_scatter", "nccl", 1.4)},
+            {"collective": "send", "backend": "nccl", "group_size": 2, "points": pts("send", "nccl", 1.0)},
+        ],
+        "slowdowns": [
+            slow("all_gather", "nccl", "gemm", 24.0, 0.05), slow("all_gather", "ce", "gemm", 3.0, 0.01),
+            slow("reduce_scatter", "nccl", "gemm", 22.0, 0.04),
+            slow("all_gather", "nccl", "memory_bound", 20.0, 0.15), slow("all_gather", "ce", "memory_bound", 24.0, 0.2),
+        ],
+        "peer_copy": {"bytes": 256 * MIB, "us": 256 * MIB / 395e3},
+        "skipped": {"ce reduce_scatter": "torch.ops.ce_overlap.reduce_scatter_tensor is not in this build"},
+    }
+
+
+@pytest.fixture(scope="module")
+def base():
+    return json.loads(profiles.read_text("h200-sxm"))
+
+
+@pytest.fixture(scope="module")
+def built(base):
+    return calibrate.build_profile(base, synthetic())
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The command's refusals
+
+def test_calibrate_without_gpu_exits_2_with_one_line(tmp_path):
+    out = tmp_path / "p.json"
+    proc = run_cli("calibrate", "-o", str(out), env_extra={"CUDA_VISIBLE_DEVICES": ""})
+    _assert_one_line_exit_2(proc, "calibrate needs a CUDA GPU", "none is visible")
+    assert not out.exists()
+
+
+def test_calibrate_more_gpus_without_torchrun_explains(tmp_path):
+    proc = run_cli("calibrate", "-o", str(tmp_path / "p.json"), "--gpus", "2", env_extra={"CUDA_VISIBLE_DEVICES": ""})
+    _assert_one_line_exit_2(proc, "--gpus 2 needs one process per GPU", "torchrun --standalone --nproc-per-node 2")
+
+
+def test_calibrate_bad_size_exits_2(tmp_path):
+    proc = run_cli("calibrate", "-o", str(tmp_path / "p.json"), "--max-size", "12Q")
+    _assert_one_line_exit_2(proc, "bad size '12Q'")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The writer
+
+def test_written_profile_loads_through_the_cpp_loader(built, tmp_path):
+    prof, notes = built
+    path = tmp_path / "cal.json"
+    calibrate.write_profile(str(path), prof)
+    loaded = profiles.load(str(path))
+    assert loaded.name == "h200-sxm-calibrated"
+    assert json.loads(loaded.to_json())["curves"]  # the loader kept the curves
+    text = json.loads(path.read_text())
+    assert text["schema"] == "ce_overlap.profile/2"
+    assert text["description"].startswith("CALIBRATED by `ce-overlap calibrate` on testbox")
+    assert "KEPT FROM THE BASE" in text["description"] and "SKIPPED: ce reduce_scatter" in text["description"]
+    assert any("kept from h200-sxm: topology" == n for n in notes)  # no topology in the synthetic measurements
+
+
+def test_writer_fits_what_was_measured(built):
+    prof, _ = built
+    assert prof["efficiency"]["gemm"] == pytest.approx(0.75, rel=1e-3)
+    assert prof["efficiency"]["gemm_ramp_flops"] == pytest.approx(4e9, rel=1e-2)
+    assert prof["efficiency"]["memory"] == pytest.approx(0.78, rel=1e-3)
+    assert prof["ce"]["one_way_efficiency"] == pytest.approx(395 / 478, rel=1e-3)
+    assert prof["contention"]["nccl_beside_compute"] == {"compute_bound": 0.045, "memory_bound": 0.15}  # mean of AG, RS
+    m = synthetic()
+    curves = {(c["collective"], c["backend"]): c for c in prof["curves"]}
+    assert set(curves) == {("all_gather", "nccl"), ("all_gather", "ce"), ("reduce_scatter", "nccl"),
+                           ("send", "nccl")}
+    assert [p[0] for p in curves[("all_gather", "nccl")]["points"]] == SIZES
+    # Curves: the model now returns the measured times for 2 ranks.
+    p = _core.Profile.from_json(json.dumps(prof))
+    for c in m["collectives"]:
+        for b, us in c["points"][::3]:
+            assert _core.estimate_collective(p, c["collective"], b, 2, c["backend"]) == pytest.approx(us, rel=1e-3)
+    # The analytic model (used for other group sizes) moved toward the measurement: NCCL 1.5x slower at large sizes.
+    h200 = profiles.load("h200-sxm")
+    nocurves = _core.Profile.from_json(json.dumps({k: v for k, v in prof.items() if k != "curves"}))
+    big = 256 * MIB
+    ratio = (_core.estimate_collective(nocurves, "all_gather", big, 2, "nccl")
+             / _core.estimate_collective(h200, "all_gather", big, 2, "nccl"))
+    assert ratio == pytest.approx(1.5, rel=0.02)
+    ratio = (_core.estimate_collective(nocurves, "all_gather", big, 2, "ce")
+             / _core.estimate_collective(h200, "all_gather", big, 2, "ce"))
+    assert ratio == pytest.approx(0.9, rel=0.02)
+    # 8 ranks have no curve: the fitted analytic model answers, slower than the built-in's as measured.
+    assert (_core.estimate_collective(p, "all_gather", big, 8, "nccl")
+            > 1.3 * _core.estimate_collective(h200, "all_gather", big, 8, "nccl"))
+    # Contention: the fitted sensitivities reproduce the measured slowdowns (within a point; 5 rows, 4 unknowns).
+    for s in m["slowdowns"]:
+        pred = calibrate.predicted_slowdown(p, s["collective"], s["bytes"], 2, s["backend"], s["compute"])
+        meas = s["compute_beside_us"] / s["compute_alone_us"] - 1
+        assert abs(pred - meas) * 100 < 1.5, s
+
+
+def test_ce_reduce_scatter_curve_fits_the_reduction_rate(base):
+    m = synthetic()
+    h200 = profiles.load("h200-sxm")
+    pts = [[2 * s, 1.3 * _core.estimate_collective(h200, "reduce_scatter", 2 * s, 2, "ce")] for s in SIZES]
+    m["collectives"].append({"collective": "reduce_scatter", "backend": "ce", "group_size": 2, "points": pts})
+    m["ce_reduce_sms"] = 20
+    m["skipped"] = {}
+    prof, notes = calibrate.build_profile(base, m)
+    assert prof["ce"]["reduce_sms"] == 20
+    assert prof["ce"]["reduce_gbps_per_sm"] < base["ce"]["reduce_gbps_per_sm"]  # measured slower than the model
+    assert any(n.startswith("ce.reduce_gbps_per_sm") for n in notes)
+    nocurves = _core.Profile.from_json(json.dumps({k: v for k, v in prof.items() if k != "curves"}))
+    b1, b2 = pts[-2][0], pts[-1][0]
+    slope = (_core.estimate_collective(nocurves, "reduce_scatter", b2, 2, "ce")
+             - _core.estimate_collective(nocurves, "reduce_scatter", b1, 2, "ce"))
+    assert slope == pytest.approx(pts[-1][1] - pts[-2][1], rel=0.01)
+    assert "SKIPPED" not in prof["description"]
+
+
+def test_analyze_uses_the_calibrated_profile(cli, tmp_path):
+    mfile, pfile = tmp_path / "m.json", tmp_path / "cal.json"
+    mfile.write_text(json.dumps(synthetic()))
+    proc = cli("calibrate", "--from-measurements", str(mfile), "-o", str(pfile))
+    assert proc.returncode == 0, proc.stderr
+    assert "loaded back through the C++ loader: ok" in proc.stdout
+    assert "measured vs the written profile" in proc.stdout
+    builtin = cli("analyze", "llama3-tiny", "--world-size", "2", "--profile", "h200-sxm", "--json")
+    calibrated = cli("analyze", "llama3-tiny", "--world-size", "2", "--profile", str(pfile), "--json")
+    assert builtin.returncode == 0 and calibrated.returncode == 0, calibrated.stderr
+    a, b = json.loads(builtin.stdout), json.loads(calibrated.stdout)
+    assert b["profile"] == "h200-sxm-calibrated"
+    # NCCL measured 1.5x slower than the built-in model: the analyzer's communication time grows.
+    assert b["graphs"][0]["comm_us"] > 1.2 * a["graphs"][0]["comm_us"]
+
+
+def _mutate(f):
+    m = synthetic()
+    f(m)
+    return m
+
+
+def _curve(m, coll="all_gather", backend="nccl"):
+    return next(c for c in m["collectives"] if c["collective"] == coll and c["backend"] == backend)
+
+
+REJECTED = {
+    "schema": (lambda m: m.update(schema="ce_overlap.calibration/0"), "schema: expected 'ce_overlap.calibration/1'"),
+    "time_drops": (lambda m: _curve(m)["points"][5].__setitem__(1, _curve(m)["points"][4][1] * 0.5),
+                   "collectives[0].points[5][1]: all_gather on nccl took"),
+    "negative_time": (lambda m: _curve(m)["points"][2].__setitem__(1, -3.0),
+                      "collectives[0].points[2][1]: expected a time > 0 us"),
+    "sizes_not_increasing": (lambda m: _curve(m)["points"][3].__setitem__(0, 1024),
+                             "collectives[0].points[3][0]: sizes must increase"),
+    "duplicate_curve": (lambda m: m["collectives"].append(copy.deepcopy(_curve(m))),
+                        "collectives[4]: a second curve for all_gather on nccl with 2 ranks (also at collectives[0])"),
+    "group_too_big": (lambda m: _curve(m, "all_gather", "ce").update(group_size=4),
+                      "collectives[1].group_size: expected an integer in 2..world_size (2), got 4"),
+    "one_point": (lambda m: _curve(m)["points"].__delitem__(slice(1, None)), "at least 2 [bytes, us] points"),
+    "gemm_above_peak": (lambda m: m["gemm"][2].update(us=100.0),
+                        "gemm n=8192: 10995 TFLOP/s, above the base profile's bf16 peak of 989"),
+    "memory_above_hbm": (lambda m: m["memory_bound"].update(us=10.0), "above the base profile's HBM 4800 GB/s"),
+    "faster_beside": (lambda m: m["slowdowns"][0].update(compute_beside_us=1000.0),
+                      "slowdowns[0]: the gemm kernel took 1000.0 us beside all_gather on nccl but 1400.0 us alone"),
+    "peer_copy_above_link": (lambda m: m["peer_copy"].update(us=1.0), "above the 478 GB/s link between GPUs 0 and 1"),
+    "missing_gpu": (lambda m: m.pop("gpu"), "gpu.name: missing"),
+    "bad_compute": (lambda m: m["slowdowns"][1].update(compute="attention"),
+                    "slowdowns[1].compute: expected gemm or memory_bound, got 'attention'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REJECTED))
+def test_inconsistent_measurements_are_rejected_naming_the_field(base, case):
+    mutate, fragment = REJECTED[case]
+    with pytest.raises(CeOverlapError) as e:
+        calibrate.build_profile(base, _mutate(mutate))
+    assert fragment in str(e.value)
+    assert str(e.value).startswith("measurements: ")
+
+
+def test_small_dips_are_raised_with_a_note(base):
+    m = synthetic()
+    pts = _curve(m, "all_gather", "ce")["points"]
+    pts[1][1] = pts[0][1] * 0.97  # noise at the latency floor
+    prof, notes = calibrate.build_profile(base, m)
+    curve = next(c for c in prof["curves"] if c["collective"] == "all_gather" and c["backend"] == "ce")
+    assert curve["points"][1][1] == pytest.approx(curve["points"][0][1])
+    assert any("raised to" in n for n in notes)
+
+
+def test_inconsistent_measurements_via_the_cli_exit_2(cli, tmp_path):
+    m = _mutate(REJECTED["time_drops"][0])
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(m))
+    out = tmp_path / "p.json"
+    proc = cli("calibrate", "--from-measurements", str(path), "-o", str(out))
+    _assert_one_line_exit_2(proc, "inconsistent", "measure again")
+    assert not out.exists()
+
+
+def test_unknown_gpu_needs_base(tmp_path, cli):
+    m = synthetic()
+    m["gpu"]["name"] = "NVIDIA GH200 480GB"
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(m))
+    _assert_one_line_exit_2(cli("calibrate", "--from-measurements", str(path), "-o", str(tmp_path / "p.json")),
+                            "no built-in profile for 'NVIDIA GH200 480GB': pass --base")
+    proc = cli("calibrate", "--from-measurements", str(path), "-o", str(tmp_path / "p.json"), "--base", "h200-sxm",
+               "--name", "gh200-lab")
+    assert proc.returncode == 0, proc.stderr
+    assert profiles.load(str(tmp_path / "p.json")).name == "gh200-lab"
+
+
+def test_detected_topology_replaces_the_base_keeping_inter_node(base):
+    m = synthetic()
+    m["topology"] = {"gpus_per_node": 2, "numa_node": [0, 0],
+                     "matrix": {"kind": [["X", "nvlink4"], ["nvlink4", "X"]],
+                                "gbps_per_direction": [[0, 478.0], [478.0, 0]], "p2p": [[True, True], [True, True]]}}
+    prof, _ = calibrate.build_profile(base, m)
+    assert prof["topology"]["gpus_per_node"] == 2 and "matrix" in prof["topology"]
+    assert prof["topology"]["inter_node"] == base["topology"]["inter_node"]
+    kept, _ = calibrate.build_profile(base, m, keep_topology=True)
+    assert kept["topology"] == base["topology"]
+
+
+def test_builtin_for_gpu_and_parse_size():
+    assert profiles.builtin_for_device("NVIDIA H200") == "h200-sxm"
+    assert profiles.builtin_for_device("NVIDIA H100 80GB HBM3") == "h100-sxm"
+    assert profiles.builtin_for_device("NVIDIA H100 PCIe") == "h100-pcie"
+    assert profiles.builtin_for_device("NVIDIA A100-SXM4-80GB") == "a100-sxm"
+    assert profiles.builtin_for_device("NVIDIA B200") == "b200"
+    assert profiles.builtin_for_device("NVIDIA GH200 480GB") is None
+    assert profiles.builtin_for_device("Tesla T4") is None
+    assert calibrate.parse_size("64K") == 65536 and calibrate.parse_size("256MiB") == 256 * MIB
+    assert calibrate.parse_size("1G") == 1 << 30 and calibrate.parse_size("4096") == 4096
+    with pytest.raises(CeOverlapError, match="bad size"):
+        calibrate.parse_size("0.3K")
+
+
+def test_progress_bar_plain_text():
+    buf = io.StringIO()
+    p = calibrate.Progress(4, stream=buf, width=8)
+    for label in ("gemm", "nccl all_gather 1 MiB", "ce all_gather 1 MiB", "profile"):
+        p.step(label)
+    p.close()
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 4  # not a terminal: one line per step
+    assert lines[0].startswith("calibrate [##......] 1/4") and lines[0].endswith("gemm")
+    assert lines[-1].startswith("calibrate [########] 4/4")
+    quiet = io.StringIO()
+    calibrate.Progress(3, enabled=False, stream=quiet).step("x")
+    assert quiet.getvalue() == ""
+
+
+def test_solvers():
+    x, ok = calibrate._solve(lambda v: 1000 / v, 250.0, 0.1, 100.0)
+    assert ok and x == pytest.approx(4.0, rel=1e-6)
+    x, ok = calibrate._solve(lambda v: 1000 / v, 1e6, 0.1, 100.0)  # out of range: the nearer bound
+    assert not ok and x == 0.1
+    rows = [(0.2, 0.01, 0.201), (0.0, 0.3, 0.03)]
+    sm, hbm = calibrate._nnls2(rows)
+    assert sm == pytest.approx(1.0, rel=1e-3) and hbm == pytest.approx(0.1, rel=1e-3)
+    assert calibrate._nnls2([(1.0, 0.0, -0.5)]) == (0.0, 0.0)  # never negative
+
+
+# --------------------------------------------------------------------------------------------------------------
+# bench/cost_model_validation.py's pure functions
+
+def test_error_stats():
+    assert V.error_pct(110.0, 100.0) == pytest.approx(10.0)
+    assert V.error_pct(90.0, 100.0) == pytest.approx(-10.0)
+    with pytest.raises(ValueError):
+        V.error_pct(1.0, 0.0)
+    rows = [
+        {"op": "all_gather", "backend": "nccl", "predicted_us": 110, "measured_us": 100},
+        {"op": "all_gather", "backend": "nccl", "predicted_us": 80, "measured_us": 100},
+        {"op": "all_gather", "backend": "nccl", "predicted_us": 101, "measured_us": 100},
+        {"op": "all_gather", "backend": "nccl", "predicted_us": 500, "measured_us": 100, "main": False},
+        {"op": "all_gather", "backend": "ce", "predicted_us": 50, "measured_us": None},
+        {"op": "reduce_scatter", "backend": "ce", "predicted_us": 95, "measured_us": 100},
+    ]
+    assert V.median_abs_errors(rows) == {"all_gather/nccl": pytest.approx(10.0),
+                                         "reduce_scatter/ce": pytest.approx(5.0)}
+
+
+def test_crossover():
+    sizes = [1 * MIB, 4 * MIB, 16 * MIB]
+    # CE faster from between 1 and 4 MiB: log(nccl/ce) goes -log2 .. +log2 -> crossover at the geometric middle.
+    c = V.crossover(sizes, [10.0, 40.0, 160.0], [20.0, 20.0, 40.0])
+    assert c["bytes"] == pytest.approx(2 * MIB, rel=1e-9)
+    assert V.crossover(sizes, [10, 20, 30], [5, 6, 7]) == {"below": MIB}
+    assert V.crossover(sizes, [5, 6, 7], [10, 20, 30]) == {"above": 16 * MIB}
+    # A tie at 4 MiB, CE ahead at 16 MiB: CE becomes faster right after the tie.
+    assert V.crossover(sizes, [10, 20, 30], [10, 20, 29]) == {"bytes": pytest.approx(4 * MIB)}
+    assert V.crossover([4 * MIB, MIB], [40.0, 10.0], [20.0, 20.0]) == {"bytes": pytest.approx(2 * MIB)}  # unsorted
+    # Ties stay on NCCL.
+    assert V.crossover(sizes, [10, 10, 10], [10, 10, 10]) == {"above": 16 * MIB}
+
+
+def test_crossover_agreement():
+    ok, text = V.crossover_ok({"bytes": 1.3 * MIB}, {"bytes": 2.5 * MIB})
+    assert ok and "1.92x apart" in text
+    assert not V.crossover_ok({"bytes": 1.0 * MIB}, {"bytes": 2.5 * MIB})[0]
+    assert V.crossover_ok({"bytes": 0.3 * MIB}, {"below": 0.25 * MIB})[0]  # within 2x of the bound
+    assert V.crossover_ok({"bytes": 0.1 * MIB}, {"below": 0.25 * MIB})[0]  # on the bound's side
+    assert not V.crossover_ok({"bytes": 0.6 * MIB}, {"below": 0.25 * MIB})[0]
+    assert V.crossover_ok({"above": 1024 * MIB}, {"above": 256 * MIB})[0]
+    assert not V.crossover_ok({"bytes": 64 * MIB}, {"above": 256 * MIB})[0]
+
+
+def test_checks_pass_and_fail():
+    rows = V.checks({"all_gather/nccl": 9.0, "all_gather/ce": 16.0},
+                    {"all_gather": {"predicted": {"bytes": 1.3 * MIB}, "measured": {"bytes": 3 * MIB}}},
+                    [{"op": "all_gather", "backend": "nccl", "compute": "gemm", "predicted_pct": 20.6, "measured_pct": 24.0},
+                     {"op": "all_gather", "backend": "ce", "compute": "memory_bound", "predicted_pct": 18.0,
+                      "measured_pct": 24.0},
+                     {"op": "reduce_scatter", "backend": "ce", "compute": "gemm", "predicted_pct": 9.0,
+                      "measured_pct": None}])
+    verdict = {r["check"]: r["pass"] for r in rows}
+    assert verdict == {"median |error| all_gather/nccl": True, "median |error| all_gather/ce": False,
+                       "NCCL/CE crossover all_gather": False,
+                       "gemm slowdown beside all_gather/nccl": True,
+                       "memory_bound slowdown beside all_gather/ce": False,
+                       "gemm slowdown beside reduce_scatter/ce": None}  # not measured: shown as n/a
+    # Expected targets without numbers are listed as n/a too, never dropped.
+    rows = V.checks({}, {}, [], expected=["reduce_scatter/ce"], expected_ops=["reduce_scatter"])
+    assert [(r["check"], r["pass"]) for r in rows] == [("median |error| reduce_scatter/ce", None),
+                                                       ("NCCL/CE crossover reduce_scatter", None)]
+
+
+def test_score_and_report_from_the_model(tmp_path):
+    p = profiles.load("h200-sxm")
+    sizes = [int(x * MIB) for x in (0.25, 0.5, 1, 2, 4, 16, 64, 256)]
+    main = [int(x * MIB) for x in (1, 4, 16, 64, 256)]
+    slow = [{"op": op, "backend": b, "compute": c, "bytes_per_rank": 256 * MIB, "measured_pct": 21.0 if b == "nccl" else 2.0}
+            for op in V.OPS for b in V.BACKENDS for c in V.COMPUTES]
+    pred = V.predict(p, 2, sizes, slow)
+    measured = {k: (1.1 * v if v else None) for k, v in pred["times"].items()}
+    measured[("reduce_scatter", "ce", 4 * MIB)] = None  # n/a rows are shown, not scored
+    sc = V.score("h200-sxm", pred, measured, sizes, main)
+    assert sc["median_abs_error_pct"]["all_gather/nccl"] == pytest.approx(100 / 11, rel=1e-6)
+    assert sc["crossovers"]["all_gather"]["predicted"]["bytes"] == pytest.approx(
+        sc["crossovers"]["all_gather"]["measured"]["bytes"], rel=0.1)
+    report = V.format_report(sc)
+    assert "PASS  median |error| all_gather/nccl: 9.1%" in report
+    assert "(crossover only)" in report and "n/a" in report
+    json.dumps(sc)  # goes into validation.json as is
+    # The fallback PNG writer (used when matplotlib is not importable) writes a valid PNG.
+    path = tmp_path / "v.png"
+    V.plot_fallback(str(path), sc, pred)
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    w, h = struct.unpack(">II", data[16:24])
+    idat_len = struct.unpack(">I", data[33:37])[0]
+    raw = zlib.decompress(data[41:41 + idat_len])
+    assert len(raw) == h * (1 + 3 * w)
+    assert len(set(raw[1:3 * w * h:997])) > 2  # something was drawn
+
+
+def test_dense_sizes():
+    d = V.dense_sizes(MIB, 4 * MIB, per_octave=2)
+    assert [x / MIB for x in d] == pytest.approx([1, math.sqrt(2), 2, 2 * math.sqrt(2), 4])
