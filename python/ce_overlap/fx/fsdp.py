@@ -22,6 +22,7 @@ _RECOMPUTE_OPS = {
     torch.ops._c10d_functional.wait_tensor.default,
     torch.ops.aten._to_copy.default,
     torch.ops.aten.slice.Tensor,
+    torch.ops.aten.repeat.default,  # _LocalGather (the no-communication bound) recomputes like a re-gather
 }
 
 # Module paths containing this are FSDP plumbing (the parametrization modules), not user modules.
@@ -36,20 +37,40 @@ def _regather_context():
     return create_selective_checkpoint_contexts(_regather_policy)
 
 
+class _LocalGather(torch.autograd.Function):
+    """The no-communication stand-in for the all-gather: the same output shape (the shard repeated), and a
+    backward that keeps this rank's rows of the gradient (no reduce-scatter). Only for measuring the bound
+    that no overlap scheme can pass; the model it trains is not the sharded model."""
+
+    @staticmethod
+    def forward(ctx, shard: torch.Tensor, world_size: int, rank: int) -> torch.Tensor:
+        ctx.rows, ctx.rank = shard.shape[0], rank
+        return shard.repeat(world_size, *([1] * (shard.dim() - 1)))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.narrow(0, ctx.rank * ctx.rows, ctx.rows).contiguous(), None, None
+
+
 class GatherParameter(nn.Module):
-    """Parametrization: shard (fp32 master) -> full parameter in `param_dtype`, gathered over `group`."""
+    """Parametrization: shard (fp32 master) -> full parameter in `param_dtype`, gathered over `group`
+    (or, with local=True, the no-communication stand-in _LocalGather)."""
 
     def __init__(self, full_rows: int, group: dist.ProcessGroup, param_dtype: torch.dtype | None,
-                 reshard_after_forward: bool):
+                 reshard_after_forward: bool, local: bool = False):
         super().__init__()
         self.full_rows = full_rows
         self.group = group
         self.param_dtype = param_dtype
         self.reshard_after_forward = reshard_after_forward
+        self.local = local
 
     def _gather(self, shard: torch.Tensor) -> torch.Tensor:
         x = shard if self.param_dtype is None else shard.to(self.param_dtype)
-        full = funcol.all_gather_tensor_autograd(x, gather_dim=0, group=self.group)
+        if self.local:
+            full = _LocalGather.apply(x, self.group.size(), self.group.rank())
+        else:
+            full = funcol.all_gather_tensor_autograd(x, gather_dim=0, group=self.group)
         return full if full.shape[0] == self.full_rows else full[: self.full_rows]
 
     def forward(self, shard: torch.Tensor) -> torch.Tensor:
@@ -65,11 +86,13 @@ def shard_rows(rows: int, world_size: int) -> int:
 def fully_shard_in_graph(model: nn.Module, group: dist.ProcessGroup | None = None, *,
                          param_dtype: torch.dtype | None = torch.bfloat16,
                          reshard_after_forward: bool = True,
-                         device: torch.device | str | None = None) -> nn.Module:
+                         device: torch.device | str | None = None,
+                         local_gather: bool = False) -> nn.Module:
     """Shards every parameter of `model` in place over `group` (default: the world).
 
     Real parameters keep this rank's rows; meta or fake parameters get empty shards of the right
-    shape (capture needs shapes only). Returns the model.
+    shape (capture needs shapes only). local_gather=True replaces every all-gather by a local op of the
+    same shape and drops the reduce-scatter (the no-communication bound of bench/train.py). Returns the model.
     """
     group = group if group is not None else dist.group.WORLD
     world_size, rank = group.size(), group.rank()
@@ -91,6 +114,6 @@ def fully_shard_in_graph(model: nn.Module, group: dist.ProcessGroup | None = Non
             del module._parameters[name]
             module.register_parameter(name, nn.Parameter(shard, requires_grad=param.requires_grad))
             parametrize.register_parametrization(
-                module, name, GatherParameter(param.shape[0], group, param_dtype, reshard_after_forward),
+                module, name, GatherParameter(param.shape[0], group, param_dtype, reshard_after_forward, local_gather),
                 unsafe=True)
     return model

@@ -32,6 +32,9 @@ class LlamaConfig:
     """RMSNorm epsilon."""
     rope_theta: float = 500000.0
     """RoPE base frequency (Llama 3 uses 500000)."""
+    expand_kv: bool = False
+    """Repeat K/V heads to the query head count before attention instead of SDPA's enable_gqa (same math,
+    more memory traffic). torch 2.11's overlap scheduler and flop counter reject grouped-query SDPA."""
 
     @property
     def head_dim(self) -> int:
@@ -79,6 +82,7 @@ class Attention(nn.Module):
         self.n_heads = cfg.n_heads
         self.n_kv_heads = cfg.n_kv_heads
         self.head_dim = cfg.head_dim
+        self.expand_kv = cfg.expand_kv
         self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
         self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
@@ -90,8 +94,12 @@ class Attention(nn.Module):
         k = self.wk(x).view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                             enable_gqa=self.n_kv_heads != self.n_heads)
+        grouped = self.n_kv_heads != self.n_heads
+        if grouped and self.expand_kv:
+            k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+            v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+            grouped = False
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
         return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
 
 

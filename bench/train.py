@@ -1,0 +1,357 @@
+"""Training throughput and MFU, every mode back to back in one run on the same GPUs.
+
+A Llama-3-style model from the zoo the analyzer captures (python/ce_overlap/models), trained on synthetic
+tokens with in-graph FSDP over all ranks (python/ce_overlap/fx/fsdp.py: bf16 gathers, fp32 master shards,
+reshard after forward), fused AdamW, torch.compile on the model (the loss is computed inside it).
+
+Modes:
+  eager                      no compile
+  compile                    torch.compile, Inductor defaults
+  compile+inductor-overlap   + Inductor's own overlap scheduler and FSDP bucketing (the best it offers)
+  ce_overlap-nccl            + ce_overlap's pass with CE off: our bucketing and reordering on NCCL
+  ce_overlap                 + ce_overlap's pass with the cost model's NCCL/CE choice
+  no-comm                    each all-gather replaced by a local op of the same shape, no reduce-scatter:
+                             the bound no overlap scheme can pass
+
+Per step a torchtitan-style line; at the end a table (median tokens/s per GPU, TFLOP/s, MFU by torchtitan's
+formula and peak table, peak memory, loss) and, with --predict, the cost model's step time next to the measured
+one. JSON results go to --out (bench/plot_train.py draws the chart from it).
+
+    torchrun --standalone --nproc-per-node 2 bench/train.py --layers 8 --seq-len 4096 --out train.json
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import logging
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402  (sets NCCL_NVLS_ENABLE=0 / TORCH_SYMM_MEM_DISABLE_MULTICAST=1 before torch)
+from _common import format_exc_line, header, init, log0, write_json  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+# "cuda" normally; "cpu" (gloo, --device cpu) only for the smoke test that runs in CI (tests/test_train_bench.py).
+DEVICE = "cuda"
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def max_over_ranks(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=DEVICE)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+MODES = ["eager", "compile", "compile+inductor-overlap", "ce_overlap-nccl", "ce_overlap", "no-comm"]
+
+# torchtitan's peak bf16 dense TFLOP/s table (torchtitan/tools/utils.py get_peak_flops), by device name.
+_PEAK_TFLOPS = [("H200", 989.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("A100", 312.0),
+                ("B200", 2250.0), ("H20", 148.0), ("L40S", 362.0)]
+
+
+def peak_tflops(device_name: str) -> float:
+    for key, tflops in _PEAK_TFLOPS:
+        if key in device_name:
+            return tflops
+    return 989.0
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="llama3-8b", help="zoo model whose widths to use (default llama3-8b)")
+    p.add_argument("--layers", type=int, default=None, help="number of transformer blocks (default: the model's)")
+    p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=1, help="sequences per GPU per step")
+    p.add_argument("--steps", type=int, default=30, help="measured steps per mode (after warm-up)")
+    p.add_argument("--warmup", type=int, default=5, help="steps per mode before measuring (compile happens here)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {MODES}")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--gqa", choices=["expand", "native"], default="expand",
+                   help="expand: repeat K/V heads before SDPA in every mode (torch 2.11's overlap scheduler "
+                        "rejects enable_gqa); native: SDPA enable_gqa")
+    p.add_argument("--predict", action="store_true", help="print the cost model's predicted step time (captures "
+                                                          "the same shape on CPU in a subprocess)")
+    p.add_argument("--profile", default=None, help="cost model profile for --predict (default: from the GPU name)")
+    p.add_argument("--out", default=None, help="JSON results file (rank 0)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cpu: gloo on CPU, for a smoke test of the harness only (no meaningful numbers)")
+    p.add_argument("--predict-only", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    bad = [m for m in args.modes.split(",") if m not in MODES]
+    if bad:
+        p.error(f"unknown mode(s) {bad}; known: {MODES}")
+    return args
+
+
+def model_config(args):
+    from ce_overlap.models.llama import LLAMA_CONFIGS
+
+    cfg = LLAMA_CONFIGS[args.model]
+    return dataclasses.replace(cfg, n_layers=args.layers or cfg.n_layers, seq_len=args.seq_len,
+                               expand_kv=args.gqa == "expand")
+
+
+def build_model(cfg, mode: str, group):
+    from ce_overlap.fx.fsdp import fully_shard_in_graph
+    from ce_overlap.models.llama import Llama, init_weights
+
+    torch.manual_seed(0)  # the same full weights on every rank and in every mode
+    with torch.device(DEVICE):
+        model = Llama(cfg)
+    init_weights(model)
+    fully_shard_in_graph(model, group, param_dtype=torch.bfloat16, reshard_after_forward=True,
+                         local_gather=mode == "no-comm")
+    return model
+
+
+def compile_options(mode: str) -> dict | None:
+    if mode in ("eager", "compile", "no-comm"):
+        return None
+    if mode == "compile+inductor-overlap":
+        import torch._inductor.config as ic
+
+        # The configuration MEASURED.md found best on torch 2.11 (+5.2%). Adding Inductor's FX bucketing
+        # (bucket_all_gathers_fx="only_fsdp", bucket_reduce_scatters_fx="all") gave NaN losses from step 1 with this
+        # model on torch 2.11 (bench/results/train-2026-11-22-a), so it is left off.
+        if not hasattr(ic, "aten_distributed_optimizations"):
+            raise RuntimeError("this torch has no aten_distributed_optimizations (Inductor's overlap scheduler)")
+        return {"aten_distributed_optimizations.enable_overlap_scheduling": True}
+    import ce_overlap
+
+    return ce_overlap.inductor_options(ce="off" if mode == "ce_overlap-nccl" else "auto")
+
+
+def batch_for(step: int, cfg, args, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device="cpu").manual_seed(1000 * step + rank)
+    tokens = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), generator=g)
+    tokens = tokens.to(DEVICE, non_blocking=True)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+@dataclasses.dataclass
+class ModeResult:
+    mode: str
+    ok: bool = True
+    error: str = ""
+    step_ms: list = dataclasses.field(default_factory=list)
+    losses: list = dataclasses.field(default_factory=list)
+    compile_s: float = 0.0
+    peak_mem_gib: float = 0.0
+    median_ms: float = 0.0
+    tps: float = 0.0
+    tflops: float = 0.0
+    mfu: float = 0.0
+
+
+def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
+    res = ModeResult(mode)
+    rank = dist.get_rank()
+    torch._dynamo.reset()
+    gc.collect()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    model = build_model(cfg, mode, group)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=DEVICE == "cuda")
+    step_fn = model
+    if mode != "eager":
+        opts = compile_options(mode)
+        step_fn = torch.compile(model, options=opts) if opts else torch.compile(model)
+    if mode == "ce_overlap":
+        import ce_overlap.runtime as rt
+
+        if rt.available():
+            rt.rendezvous(group)
+    tokens_per_step = args.batch * args.seq_len
+    flops_per_token = model.flops_per_token(args.seq_len)
+    total_mem = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory if DEVICE == "cuda" else 1
+    t_compile = time.perf_counter()
+    for step in range(1, args.warmup + args.steps + 1):
+        tokens, labels = batch_for(step, cfg, args, rank)
+        sync()
+        t0 = time.perf_counter()
+        loss = step_fn(tokens, labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()
+        dt = time.perf_counter() - t0
+        if step == 1:
+            res.compile_s = time.perf_counter() - t_compile
+        lv = loss.detach().float()
+        dist.all_reduce(lv, op=dist.ReduceOp.AVG)
+        loss_v = float(lv.item())
+        dt_max = max_over_ranks(dt)
+        res.losses.append(loss_v)
+        tps = tokens_per_step / dt_max
+        tflops = flops_per_token * tps / 1e12
+        mem = torch.cuda.max_memory_reserved() if DEVICE == "cuda" else 0
+        log0(f"[{mode}] step: {step:3d}  loss: {loss_v:8.4f}  memory: {mem / 2**30:5.2f}GiB"
+             f"({100 * mem / total_mem:.2f}%)  tps: {tps:,.0f}  tflops: {tflops:.2f}  mfu: {100 * tflops / peak:.2f}%"
+             + ("  (warm-up)" if step <= args.warmup else ""))
+        if step > args.warmup:
+            res.step_ms.append(1e3 * dt_max)
+    if not all(math.isfinite(v) for v in res.losses):
+        res.ok = False
+        first = next(i for i, v in enumerate(res.losses, 1) if not math.isfinite(v))
+        res.error = f"loss is not finite from step {first}: the mode computes garbage, its speed means nothing"
+    res.median_ms = statistics.median(res.step_ms)
+    res.tps = tokens_per_step / (res.median_ms / 1e3)
+    res.tflops = flops_per_token * res.tps / 1e12
+    res.mfu = 100 * res.tflops / peak
+    res.peak_mem_gib = max_over_ranks(torch.cuda.max_memory_reserved() / 2**30 if DEVICE == "cuda" else 0.0)
+    del step_fn, model, opt
+    return res
+
+
+def predict(args, world: int, profile: str) -> dict:
+    """The cost model's step time for this shape: capture on CPU (fake tensors, fake process group) in a fresh
+    process, then plan (ce_overlap's pass) or, before planning existed, analyze."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--predict-only", "--model", args.model,
+           "--layers", str(args.layers or 0), "--seq-len", str(args.seq_len), "--batch", str(args.batch),
+           "--gqa", args.gqa, "--profile", profile, "--out", "-"]
+    env = {**os.environ, "CE_OVERLAP_PREDICT_WORLD": str(world), "CUDA_VISIBLE_DEVICES": ""}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        env.pop(k, None)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1][:300]}
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["predict_s"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def predict_only(args) -> None:
+    import ce_overlap
+    from ce_overlap.models.llama import Llama
+
+    world = int(os.environ["CE_OVERLAP_PREDICT_WORLD"])
+    cfg = model_config(args)
+    with torch.device("meta"):
+        model = Llama(cfg)
+    tokens = torch.zeros((args.batch, args.seq_len), dtype=torch.long, device="meta")
+    ir = ce_overlap.capture(model, (tokens, tokens), world_size=world)
+    report = ce_overlap.analyze(ir, args.profile)
+    result = {"profile": args.profile, "analyze": {}}
+    for g in report.get("graphs", []):
+        result["analyze"][g["name"]] = {k: g.get(k) for k in ("compute_us", "comm_us", "exposed_comm_us", "makespan_us")}
+    plan = getattr(getattr(ce_overlap, "ir", None), "plan", None)
+    if plan is not None:
+        result["plan"] = {}
+        for name in ir.graph_names:
+            p = plan(ir, name, args.profile, {})
+            result["plan"][name] = p.get("summary", {})
+    print(json.dumps(result))
+
+
+def predicted_step_ms(pred: dict) -> float | None:
+    """Forward + backward: compute plus the exposed communication after planning (the optimizer step is not
+    modelled; it is a few hundred microseconds of fused AdamW over the shards)."""
+    total = 0.0
+    graphs = pred.get("analyze") or {}
+    if not graphs:
+        return None
+    for name, g in graphs.items():
+        plan = (pred.get("plan") or {}).get(name) or {}
+        exposed = plan.get("exposed_comm_us_after", g.get("exposed_comm_us") or 0.0)
+        total += (g.get("compute_us") or 0.0) + (exposed or 0.0)
+    return total / 1e3
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.predict_only:
+        predict_only(args)
+        return 0
+    global DEVICE
+    DEVICE = args.device
+    # The pass's one-line summary per compiled graph (buckets, CE, predicted exposed comm) goes to the log.
+    logging.basicConfig(format="%(message)s")
+    logging.getLogger("ce_overlap").setLevel(logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING)
+    if DEVICE == "cuda":
+        rank, world, _ = init()
+        info = header("ce_overlap training benchmark (bench/train.py)")
+    else:
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        info = {"gpu": "cpu", "world_size": world, "torch": torch.__version__, "command": " ".join(sys.argv)}
+        log0("# ce_overlap training benchmark (bench/train.py) -- CPU smoke run, numbers mean nothing")
+    group = dist.group.WORLD
+    cfg = model_config(args)
+    peak = peak_tflops(info["gpu"])
+    log0(f"# model {args.model} widths, {cfg.n_layers} layers, seq {args.seq_len}, batch {args.batch}/GPU, "
+         f"gqa={args.gqa}, {world} GPUs, peak {peak} TFLOP/s (torchtitan table), {args.steps} steps after "
+         f"{args.warmup} warm-up")
+    results: list[ModeResult] = []
+
+    def save(prediction=None):
+        write_json(args.out, {"args": vars(args), "model": dataclasses.asdict(cfg), "peak_tflops": peak,
+                              "results": [dataclasses.asdict(r) for r in results], "prediction": prediction,
+                              "info": info})
+
+    for mode in args.modes.split(","):
+        log0(f"# === mode {mode}")
+        try:
+            results.append(run_mode(mode, cfg, args, group, peak))
+        except Exception as e:  # noqa: BLE001 (a failing mode is reported; the others still run)
+            _common.print_exc_rank()
+            results.append(ModeResult(mode, ok=False, error=format_exc_line(e)))
+            sync()
+            dist.barrier()
+        save()  # after every mode: a run cut short by its time limit keeps what it measured
+
+    base = next((r for r in results if r.mode == "compile" and r.ok), None)
+    bound = next((r for r in results if r.mode == "no-comm" and r.ok), None)
+    log0("")
+    log0(f"{'mode':<26}{'step ms':>9}{'tok/s/GPU':>11}{'TFLOP/s':>9}{'MFU %':>7}{'vs compile':>11}"
+         f"{'gap recov.':>11}{'peak GiB':>9}{'loss':>9}{'compile s':>10}")
+    for r in results:
+        if not r.ok:
+            log0(f"{r.mode:<26} FAILED: {r.error}")
+            continue
+        vs = f"{100 * (r.tps / base.tps - 1):+.1f}%" if base else "-"
+        gap = "-"
+        if base and bound and bound.tps > base.tps:
+            gap = f"{100 * (r.tps - base.tps) / (bound.tps - base.tps):.0f}%"
+        log0(f"{r.mode:<26}{r.median_ms:9.1f}{r.tps:11,.0f}{r.tflops:9.1f}{r.mfu:7.1f}{vs:>11}{gap:>11}"
+             f"{r.peak_mem_gib:9.1f}{r.losses[-1]:9.4f}{r.compile_s:10.1f}")
+    compiled = [r for r in results if r.ok and r.mode not in ("eager", "no-comm")]
+    if len(compiled) > 1:
+        worst = max(abs(a - b) for r in compiled for a, b in zip(r.losses, compiled[0].losses))
+        log0(f"# largest per-step loss difference between compiled modes: {worst:.4g}")
+
+    prediction = None
+    if args.predict and rank == 0:
+        from ce_overlap.profiles import builtin_for_device  # noqa: PLC0415
+
+        profile = args.profile or builtin_for_device(info["gpu"], default="h100-sxm")
+        prediction = predict(args, world, profile)
+        pred_ms = predicted_step_ms(prediction)
+        prediction["step_ms"] = pred_ms
+        ce = next((r for r in results if r.mode == "ce_overlap" and r.ok), None)
+        if pred_ms and ce:
+            log0(f"# predicted step (ce_overlap, profile {profile}): {pred_ms:.1f} ms, measured {ce.median_ms:.1f} ms "
+                 f"({100 * (pred_ms / ce.median_ms - 1):+.1f}%)")
+        else:
+            log0(f"# prediction: {prediction}")
+    save(prediction)
+    dist.destroy_process_group()
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
