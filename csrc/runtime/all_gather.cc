@@ -176,13 +176,7 @@ void enqueue_all_gather(Group& g, const AllGatherArgs& a) {
   Group::EnqueueScope enqueueing(g);  // the watchdog's view of an enqueue stuck in a CUDA call
 
   const std::string where = "all_gather_into_tensor on group '" + g.name() + "' (rank " + std::to_string(g.rank()) + ")";
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  CE_CUDA_CHECK(cudaStreamIsCapturing(a.caller, &capture), where);
-  if (capture != cudaStreamCaptureStatusNone) {
-    // Epochs are host-side state baked into the enqueued values: a replayed graph would repeat them.
-    throw std::runtime_error("ce_overlap." + std::string(kOp) + " on group '" + g.name() +
-                             "' cannot be captured into a CUDA graph in this version of the runtime");
-  }
+  refuse_graph_capture(g, a.caller, kOp, where);
 
   SymmetricPool& pool = g.pool();
   const int n = g.world_size();
@@ -265,13 +259,7 @@ void join_caller_and_copy_self(Group& g, const AllGatherArgs& a, const std::stri
 void finish_op(Group& g, const AllGatherArgs& a, const std::string& where, const Plan& plan, PendingOp op) {
   const cudaStream_t comm = g.comm_stream();
   if (!plan.in_place) CE_CUDA_CHECK(cudaStreamWaitEvent(comm, g.self_done_event(), 0), where);
-  CE_CUDA_CHECK(cudaEventRecord(op.end, comm), where);
-  if (a.join != nullptr) {
-    CE_CUDA_CHECK(cudaEventRecord(a.join, comm), where);  // the caller joins in ce_overlap::wait_tensor
-  } else {
-    CE_CUDA_CHECK(cudaStreamWaitEvent(a.caller, op.end, 0), where);
-  }
-  g.track(std::move(op));
+  hand_back(g, std::move(op), a.caller, a.join, where);
 }
 
 // 4. PULL one peer's bytes of a round: one cudaMemcpyAsync on the comm stream, or, with a pull split of k

@@ -822,4 +822,24 @@ void Runtime::stop_watchdog() {
   if (watchdog_.joinable()) watchdog_.join();
 }
 
+void hand_back(Group& g, PendingOp op, cudaStream_t caller, cudaEvent_t join, const std::string& where) {
+  const cudaStream_t comm = g.comm_stream();
+  CE_CUDA_CHECK(cudaEventRecord(op.end, comm), where);
+  if (join != nullptr) {
+    CE_CUDA_CHECK(cudaEventRecord(join, comm), where);  // the caller joins in ce_overlap::wait_tensor
+  } else {
+    CE_CUDA_CHECK(cudaStreamWaitEvent(caller, op.end, 0), where);
+  }
+  g.track(std::move(op));
+}
+
+void refuse_graph_capture(const Group& g, cudaStream_t caller, const char* op, const std::string& where) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CE_CUDA_CHECK(cudaStreamIsCapturing(caller, &capture), where);
+  if (capture != cudaStreamCaptureStatusNone) {
+    throw std::runtime_error("ce_overlap." + std::string(op) + " on group '" + g.name() +
+                             "' cannot be captured into a CUDA graph in this version of the runtime");
+  }
+}
+
 }  // namespace ce_overlap

@@ -274,6 +274,14 @@ class Group {
   Clock::time_point last_poison_{};           // watchdog thread only
 };
 
+// Every op's last step: record the op's end on the comm stream, hand the result to the caller (its stream waits on
+// the end now, or, with a deferred-join event, in ce_overlap::wait_tensor), and let the watchdog track the op.
+void hand_back(Group& g, PendingOp op, cudaStream_t caller, cudaEvent_t join, const std::string& where);
+
+// Ops refuse CUDA graph capture: epochs are host-side state baked into the enqueued values, and a replayed graph
+// would repeat them.
+void refuse_graph_capture(const Group& g, cudaStream_t caller, const char* op, const std::string& where);
+
 // Process-wide registry of groups, keyed by c10d group name. Never destroyed (a leaked singleton):
 // tearing down CUDA objects during static destruction races the CUDA runtime's own teardown.
 class Runtime {

@@ -100,12 +100,7 @@ void enqueue_reduce_scatter(Group& g, const ReduceScatterArgs& a) {
   Group::EnqueueScope enqueueing(g);  // the watchdog's view of an enqueue stuck in a CUDA call
 
   const std::string where = "reduce_scatter_tensor on group '" + g.name() + "' (rank " + std::to_string(g.rank()) + ")";
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  CE_CUDA_CHECK(cudaStreamIsCapturing(a.caller, &capture), where);
-  if (capture != cudaStreamCaptureStatusNone) {
-    throw std::runtime_error("ce_overlap." + std::string(kOp) + " on group '" + g.name() +
-                             "' cannot be captured into a CUDA graph in this version of the runtime");
-  }
+  refuse_graph_capture(g, a.caller, kOp, where);
   const Layout l = layout_of(g);
   const size_t rounds = g.world_size() == 1 ? 0 : (a.chunk_bytes + l.round_bytes - 1) / l.round_bytes;
 
@@ -194,13 +189,7 @@ void enqueue_locked(Group& g, const ReduceScatterArgs& a, const std::string& whe
   }
   // The last reduction (and so every earlier one: the reduce stream is in order) is finished.
   if (rounds > 0) CE_CUDA_CHECK(cudaStreamWaitEvent(comm, g.bank_event(static_cast<int>((rounds - 1) % 2)), 0), where);
-  CE_CUDA_CHECK(cudaEventRecord(op.end, comm), where);
-  if (a.join != nullptr) {
-    CE_CUDA_CHECK(cudaEventRecord(a.join, comm), where);  // the caller joins in ce_overlap::wait_tensor
-  } else {
-    CE_CUDA_CHECK(cudaStreamWaitEvent(a.caller, op.end, 0), where);
-  }
-  g.track(std::move(op));
+  hand_back(g, std::move(op), a.caller, a.join, where);
 }
 
 }  // namespace

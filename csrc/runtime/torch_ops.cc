@@ -48,7 +48,8 @@ void check_input(const at::Tensor& input, int64_t group_size, const char* op, bo
               " and strides ", input.sym_strides(), "); call .contiguous() on it first");
 }
 
-void check_out(const at::Tensor& input, const at::Tensor& out, int64_t group_size, const char* op) {
+// What every `out` argument must share with the input: defined, same dtype and device, contiguous.
+void check_out_like_input(const at::Tensor& input, const at::Tensor& out, const char* op) {
   TORCH_CHECK(out.defined(), "ce_overlap.", op, ": out is undefined");
   TORCH_CHECK(out.scalar_type() == input.scalar_type(), "ce_overlap.", op, ": out has dtype ", out.scalar_type(),
               " but input has ", input.scalar_type());
@@ -56,6 +57,10 @@ void check_out(const at::Tensor& input, const at::Tensor& out, int64_t group_siz
               input.device());
   TORCH_CHECK(out.is_contiguous(), "ce_overlap.", op, ": out must be contiguous (got sizes ", out.sym_sizes(),
               " and strides ", out.sym_strides(), ")");
+}
+
+void check_out(const at::Tensor& input, const at::Tensor& out, int64_t group_size, const char* op) {
+  check_out_like_input(input, out, op);
   TORCH_CHECK(out.sym_numel() == input.sym_numel() * group_size, "ce_overlap.", op, ": out has ", out.sym_numel(),
               " elements; it needs group_size * input.numel() = ", group_size, " * ", input.sym_numel());
 }
@@ -254,13 +259,7 @@ void check_rs_input(const at::Tensor& input, const std::string& reduce_op, int64
 }
 
 void check_rs_out(const at::Tensor& input, const at::Tensor& out, int64_t group_size, const char* op) {
-  TORCH_CHECK(out.defined(), "ce_overlap.", op, ": out is undefined");
-  TORCH_CHECK(out.scalar_type() == input.scalar_type(), "ce_overlap.", op, ": out has dtype ", out.scalar_type(),
-              " but input has ", input.scalar_type());
-  TORCH_CHECK(out.device() == input.device(), "ce_overlap.", op, ": out is on ", out.device(), " but input is on ",
-              input.device());
-  TORCH_CHECK(out.is_contiguous(), "ce_overlap.", op, ": out must be contiguous (got sizes ", out.sym_sizes(),
-              " and strides ", out.sym_strides(), ")");
+  check_out_like_input(input, out, op);
   TORCH_SYM_CHECK((out.sym_numel() * group_size).sym_eq(input.sym_numel()), "ce_overlap.", op, ": out has ",
                   out.sym_numel(), " elements; it needs input.numel() / group_size = ", input.sym_numel(), " / ",
                   group_size);
