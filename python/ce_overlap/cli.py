@@ -215,7 +215,9 @@ def _cmd_analyze(args) -> int:
     from .ir import analyze
 
     profile = profiles.load(args.profile)  # a bad profile is rejected before a long capture
+    started = time.perf_counter()
     ir, cached = _load_or_capture(args)
+    loaded_s = time.perf_counter() - started
     if args.save_ir:
         ir.save(args.save_ir)
     result = analyze(ir, profile)
@@ -243,6 +245,8 @@ def _cmd_analyze(args) -> int:
         print(f"\nplans written to {args.plan_json}")
     if cached:
         print("\n(capture from cache; --no-cache to capture again)")
+    elif not args.target.endswith(".json"):
+        print(f"\n(captured in {loaded_s:.1f} s; the next analyze of this model reuses it)")
     if args.trace:
         print(f"trace written to {args.trace} (open in ui.perfetto.dev or chrome://tracing)")
     return 0

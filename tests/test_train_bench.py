@@ -1,0 +1,28 @@
+"""bench/train.py's harness on CPU (gloo, two ranks, llama3-tiny): the modes run, the table and JSON come out.
+The numbers mean nothing here; the GPU run is bench/train_device.sh."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def test_train_harness_runs_eager_no_comm_and_the_pass_on_cpu(tmp_path):
+    out = tmp_path / "train.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           os.path.join(REPO, "bench", "train.py"), "--device", "cpu", "--model", "llama3-tiny", "--seq-len", "32",
+           "--steps", "2", "--warmup", "1", "--modes", "eager,no-comm,ce_overlap-nccl", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    modes = {r["mode"]: r for r in result["results"]}
+    assert set(modes) == {"eager", "no-comm", "ce_overlap-nccl"}
+    for r in modes.values():
+        assert r["ok"], r
+        assert len(r["step_ms"]) == 2 and len(r["losses"]) == 3
+    # Same weights and data: the pass (NCCL only) computes the same first loss as eager, up to fp32 rounding.
+    assert abs(modes["eager"]["losses"][0] - modes["ce_overlap-nccl"]["losses"][0]) < 1e-3
+    assert "ce_overlap-nccl" in proc.stdout and "tok/s/GPU" in proc.stdout
