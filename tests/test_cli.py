@@ -25,6 +25,10 @@ def test_analyze_tiny_prints_the_block_table(cli):
     assert "blocks: 2 x TransformerBlock (layers.0 .. layers.1)" in out
     assert "exposed ms" in out and "layers.1" in out and "(outside blocks)" in out
     assert out.strip().splitlines()[-1].startswith("total")
+    assert "captured in" in proc.stderr   # provenance goes to stderr, the report alone to stdout
+    again = cli("analyze", "llama3-tiny", "--world-size", "8")
+    assert again.returncode == 0 and again.stdout == out
+    assert "capture from cache" in again.stderr
 
 
 def test_analyze_json_and_trace(cli, tmp_path):

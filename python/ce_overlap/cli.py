@@ -243,10 +243,11 @@ def _cmd_analyze(args) -> int:
         print(report.format_plan(p, max_rows=None if args.all_blocks else 12))
     if args.plan_json:
         print(f"\nplans written to {args.plan_json}")
+    # Where the IR came from is status, not report: stderr, so stdout stays the report alone.
     if cached:
-        print("\n(capture from cache; --no-cache to capture again)")
+        print("(capture from cache; --no-cache to capture again)", file=sys.stderr)
     elif not args.target.endswith(".json"):
-        print(f"\n(captured in {loaded_s:.1f} s; the next analyze of this model reuses it)")
+        print(f"(captured in {loaded_s:.1f} s; the next analyze of this model reuses it)", file=sys.stderr)
     if args.trace:
         print(f"trace written to {args.trace} (open in ui.perfetto.dev or chrome://tracing)")
     return 0
