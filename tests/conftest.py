@@ -13,13 +13,12 @@ DATA = os.path.join(REPO, "tests", "data")
 
 
 @functools.cache
-def _capture_zoo(name: str, world_size: int, reshard: bool = True, seq_len: int | None = None):
-    import ce_overlap
-    from ce_overlap import models
+def _capture_zoo(name: str, world_size: int, reshard: bool = True, seq_len: int | None = None, full: bool = False):
+    """A zoo model's IR as the CLI captures it: deep models extrapolated from 3 and 4 blocks unless `full`
+    (tests/test_extrapolate.py holds the two to be identical)."""
+    from ce_overlap.ir import capture_named
 
-    built = models.build_named(name, seq_len=seq_len)
-    return ce_overlap.capture(built.module, built.example_inputs, world_size=world_size,
-                              reshard_after_forward=reshard, name=name)
+    return capture_named(name, world_size=world_size, reshard_after_forward=reshard, seq_len=seq_len, full=full)
 
 
 @pytest.fixture(scope="session")

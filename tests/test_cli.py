@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -52,6 +53,16 @@ def test_capture_then_analyze_the_file_gives_the_same_report(cli, tmp_path):
     direct = json.loads(cli("analyze", "llama3-tiny", "--world-size", "4", "--json").stdout)
     from_file = json.loads(cli("analyze", str(ir), "--json").stdout)
     assert direct == from_file
+
+
+def test_deep_zoo_models_are_extrapolated_and_say_so(cli, tmp_path):
+    ir = tmp_path / "1b.json"
+    proc = cli("capture", "llama3-1b", "-o", str(ir), "--world-size", "8", "--seq-len", "256")
+    assert proc.returncode == 0, proc.stderr
+    how = json.loads(ir.read_text())["meta"]["capture"]
+    # at short sequences a run of nodes has no interior copy at 3 and 4 blocks: 4 and 5 are traced
+    assert re.fullmatch(r"blocks traced at depths (3 and 4|4 and 5), extrapolated to 16", how), how
+    assert "16 blocks" in proc.stdout and how in proc.stdout
 
 
 def test_user_build_target(cli):

@@ -122,7 +122,7 @@ def test_analyze_of_any_accepted_ir_returns_a_report_or_rejects(text):
 
 _ARG_TOKENS = st.sampled_from([
     "analyze", "capture", "list", "topo", "--world-size", "--profile", "--json", "--seq-len", "--batch",
-    "--param-dtype", "--trace", "-o", "--output", "--no-cache", "--no-fsdp", "0", "-1", "3", "1e9", "nan", "",
+    "--param-dtype", "--trace", "-o", "--output", "--no-cache", "--full-capture", "--no-fsdp", "0", "-1", "3", "1e9", "nan", "",
     "h200-sxm", "no-such-profile", "no-such-model", "missing.json", "missing.py:build", "x.py", "--bogus", "-",
     "{", "bfloat16", "int7",
 ])

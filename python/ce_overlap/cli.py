@@ -49,6 +49,9 @@ def _add_capture_options(p: argparse.ArgumentParser) -> None:
                    help="keep gathered parameters for the backward instead of re-gathering them")
     p.add_argument("--no-fsdp", action="store_true", help="capture the model as is, without in-graph FSDP")
     p.add_argument("--no-cache", action="store_true", help="capture again even if a cached capture exists")
+    p.add_argument("--full-capture", action="store_true",
+                   help="zoo models: trace every block instead of tracing 3 and 4 blocks and extrapolating "
+                        "(same graphs, node for node; slower)")
 
 
 def _non_negative_int(what: str):
@@ -132,12 +135,11 @@ def _source_fingerprint() -> str:
     """Hash of the capture code, so a cached capture never outlives the code that made it."""
     root = os.path.dirname(os.path.abspath(__file__))
     h = hashlib.sha256()
-    for sub in ("fx", "models"):
-        folder = os.path.join(root, sub)
-        for name in sorted(os.listdir(folder)):
-            if name.endswith(".py"):
-                with open(os.path.join(folder, name), "rb") as f:
-                    h.update(name.encode() + f.read())
+    files = [os.path.join(sub, name) for sub in ("fx", "models")
+             for name in sorted(os.listdir(os.path.join(root, sub))) if name.endswith(".py")]
+    for name in files + ["extrapolate.py", "ir.py"]:
+        with open(os.path.join(root, name), "rb") as f:
+            h.update(name.encode() + f.read())
     return h.hexdigest()[:16]
 
 
@@ -150,7 +152,7 @@ def _cache_path(args, target: str) -> str | None:
 
     key = {"target": target, "world_size": args.world_size, "seq_len": args.seq_len, "batch": args.batch,
            "param_dtype": args.param_dtype, "reshard": not args.no_reshard, "fsdp": not args.no_fsdp,
-           "torch": torch.__version__, "code": _source_fingerprint()}
+           "full_capture": args.full_capture, "torch": torch.__version__, "code": _source_fingerprint()}
     if models.is_build_target(target):
         path = target.rpartition(":")[0]
         with open(path, "rb") as f:
@@ -162,7 +164,7 @@ def _cache_path(args, target: str) -> str | None:
 
 def _capture_target(args, target: str):
     from . import models
-    from .ir import Ir, capture
+    from .ir import Ir, capture, capture_named
 
     cache = _cache_path(args, target)
     if cache and os.path.exists(cache):
@@ -170,19 +172,15 @@ def _capture_target(args, target: str):
             return Ir.load(cache), True
         except CeOverlapError:
             pass  # a damaged cache entry is recaptured and overwritten
+    common = dict(world_size=args.world_size, fsdp=not args.no_fsdp, param_dtype=args.param_dtype,
+                  reshard_after_forward=not args.no_reshard)
     if models.is_build_target(target):
         built = models.build_from_file(target)
         if args.seq_len is not None:
             raise CeOverlapError("--seq-len applies to zoo models; a build() target sets its own inputs")
+        ir = capture(built.module, built.example_inputs, name=built.name, **common)
     else:
-        built = models.build_named(target, seq_len=args.seq_len, batch=args.batch)
-    meta = {}
-    if not models.is_build_target(target):
-        tokens = built.example_inputs[0]
-        meta = {"batch": int(tokens.shape[0]), "seq_len": int(tokens.shape[1])}
-    ir = capture(built.module, built.example_inputs, world_size=args.world_size, fsdp=not args.no_fsdp,
-                 param_dtype=args.param_dtype, reshard_after_forward=not args.no_reshard, name=built.name,
-                 meta=meta)
+        ir = capture_named(target, seq_len=args.seq_len, batch=args.batch, full=args.full_capture, **common)
     if cache:
         os.makedirs(os.path.dirname(cache), exist_ok=True)
         tmp = f"{cache}.{os.getpid()}.tmp"
@@ -205,8 +203,10 @@ def _cmd_capture(args) -> int:
     ir, cached = _load_or_capture(args)
     ir.save(args.output)
     nodes = ", ".join(f"{g} {ir.num_nodes(g)} nodes" for g in ir.graph_names)
+    how = ir.meta.get("capture")
     print(f"wrote {args.output}: {nodes}, {len(ir.blocks)} blocks"
-          f" ({'cached capture' if cached else f'captured in {time.perf_counter() - started:.1f} s'})")
+          f" ({'cached capture' if cached else f'captured in {time.perf_counter() - started:.1f} s'}"
+          f"{f'; {how}' if how else ''})")
     return 0
 
 
@@ -244,10 +244,12 @@ def _cmd_analyze(args) -> int:
     if args.plan_json:
         print(f"\nplans written to {args.plan_json}")
     # Where the IR came from is status, not report: stderr, so stdout stays the report alone.
+    how = ir.meta.get("capture")
+    how = f"; {how}" if how else ""
     if cached:
-        print("(capture from cache; --no-cache to capture again)", file=sys.stderr)
+        print(f"(capture from cache{how}; --no-cache to capture again)", file=sys.stderr)
     elif not args.target.endswith(".json"):
-        print(f"(captured in {loaded_s:.1f} s; the next analyze of this model reuses it)", file=sys.stderr)
+        print(f"(captured in {loaded_s:.1f} s{how}; the next analyze of this model reuses it)", file=sys.stderr)
     if args.trace:
         print(f"trace written to {args.trace} (open in ui.perfetto.dev or chrome://tracing)")
     return 0

@@ -22,8 +22,18 @@ def names() -> list[str]:
     return list(LLAMA_CONFIGS)
 
 
-def build_named(name: str, *, seq_len: int | None = None, batch: int = 1) -> BuiltModel:
-    """A zoo model on the meta device (no memory), with token/label inputs of (batch, seq_len)."""
+def depth(name: str) -> int:
+    """Blocks of a zoo model."""
+    from .llama import LLAMA_CONFIGS
+
+    if name not in LLAMA_CONFIGS:
+        raise CeOverlapError(f"unknown model {name!r} (known: {', '.join(names())}; or path/to/file.py:build)")
+    return LLAMA_CONFIGS[name].n_layers
+
+
+def build_named(name: str, *, seq_len: int | None = None, batch: int = 1, n_layers: int | None = None) -> BuiltModel:
+    """A zoo model on the meta device (no memory), with token/label inputs of (batch, seq_len);
+    `n_layers` builds it with that many blocks instead of its own."""
     import torch
 
     from .llama import LLAMA_CONFIGS, Llama
@@ -36,6 +46,10 @@ def build_named(name: str, *, seq_len: int | None = None, batch: int = 1) -> Bui
         raise CeOverlapError(f"sequence length and batch must be >= 1, got seq_len={seq}, batch={batch}")
     if seq > cfg.seq_len:
         cfg = dataclasses.replace(cfg, seq_len=seq)
+    if n_layers is not None:
+        if n_layers < 1:
+            raise CeOverlapError(f"n_layers must be >= 1, got {n_layers}")
+        cfg = dataclasses.replace(cfg, n_layers=n_layers)
     with torch.device("meta"):
         module = Llama(cfg)
     tokens = torch.zeros((batch, seq), dtype=torch.long, device="meta")
