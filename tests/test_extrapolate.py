@@ -103,25 +103,30 @@ def test_a_refused_extrapolation_falls_back_to_tracing_every_block(monkeypatch):
     assert seen == [3, 4, 5]  # the two small captures, then all five blocks
 
 
-def test_a_run_without_an_interior_copy_tries_one_block_deeper(monkeypatch):
+def _needs_deeper_at_three(x, y, a, depth):
     from ce_overlap.extrapolate import NeedsDeeperCaptures
 
-    real = extrapolate
+    if a == 3:
+        raise NeedsDeeperCaptures("graph 'backward': the run at item 1 has 2 copies")
+    return extrapolate(x, y, a, depth)
 
-    def needs_deeper_at_three(x, y, a, depth):
-        if a == 3:
-            raise NeedsDeeperCaptures("graph 'backward': the run at item 1 has 2 copies")
-        return real(x, y, a, depth)
 
+@pytest.mark.parametrize("depth", [13, 8])
+def test_a_run_without_an_interior_copy_tries_one_block_deeper_while_that_is_cheaper(monkeypatch, depth):
     seen = []
     monkeypatch.setattr(ir_mod, "_capture_doc", functools.partial(_cached_capture_doc, seen))
     cfg = models.llama.LLAMA_CONFIGS["llama3-tiny"]
-    monkeypatch.setitem(models.llama.LLAMA_CONFIGS, "llama3-tiny", dataclasses.replace(cfg, n_layers=8))
-    monkeypatch.setattr("ce_overlap.extrapolate.extrapolate", needs_deeper_at_three)
+    monkeypatch.setitem(models.llama.LLAMA_CONFIGS, "llama3-tiny", dataclasses.replace(cfg, n_layers=depth))
+    monkeypatch.setattr("ce_overlap.extrapolate.extrapolate", _needs_deeper_at_three)
     ir = ir_mod.capture_named("llama3-tiny", world_size=8)
-    assert seen == [3, 4, 5]
-    assert ir.meta["capture"] == "blocks traced at depths 4 and 5, extrapolated to 8"
-    assert _graphs(ir.to_dict()) == _graphs(_doc(8))
+    if depth == 13:  # 3 + 4 + 5 blocks traced < 13
+        assert seen == [3, 4, 5]
+        assert ir.meta["capture"] == "blocks traced at depths 4 and 5, extrapolated to 13"
+        assert _graphs(ir.to_dict()) == _graphs(extrapolate(_doc(3), _doc(4), 3, 13))
+    else:  # tracing 5 more would make 12 >= 8: trace all 8 instead
+        assert seen == [3, 4, 8]
+        assert ir.meta["capture"].startswith("every block traced (extrapolation refused: graph 'backward'")
+        assert _graphs(ir.to_dict()) == _graphs(_doc(8))
 
 
 # ---- refusals ----------------------------------------------------------------------------------------------------
