@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import logging
+import warnings
 import os
 import re
 
@@ -99,6 +100,7 @@ def test_config_defaults_and_plan_config():
     ("bucket_patterns", "layers"), ("bucket_patterns", ["("]), ("bucket_patterns", [""]), ("profile", "h900"),
     ("profile", ""), ("profile", "/nonexistent/profile.json"), ("dump_dir", 3), ("verbose", "yes"),
     ("ce_collectives", "all_gather"), ("ce_collectives", ["all_reduce"]), ("keep_inductor_overlap", None),
+    ("check_numerics", "yes"),
 ])
 def test_bad_config_values_name_the_field(field, value):
     with pytest.raises(ce_overlap.CeOverlapError, match=rf"PassConfig\.{field}"):
@@ -679,3 +681,67 @@ def test_inductor_options_ce_path_compiles_and_runs(gloo_world1, cpu_ce_kernels,
     assert [r.graph for r in reports] == ["forward", "backward"]
     for r in reports:
         assert r.ce_buckets == len(r.buckets) > 0
+
+
+def _ce_opts(**fields):
+    opts = ce_overlap.inductor_options(ce="on", min_ce_bytes=0, bucket_cap_mb=4096, **fields)
+    opts["post_grad_custom_post_pass"] = pass_.CeOverlapPass(opts["post_grad_custom_post_pass"].config,
+                                                             planner=make_planner(backend="ce", prefetch=True))
+    return opts
+
+
+def test_check_numerics_compares_every_ce_bucket_once(gloo_world1, cpu_ce_kernels, caplog):
+    from ce_overlap.fx import check
+
+    check.reset()
+    model, ref, tokens = _tiny_fsdp_pair()
+    opts = _ce_opts(check_numerics=True)
+    compiled = torch.compile(model, options=opts, fullgraph=True)
+    with caplog.at_level(logging.INFO, logger="ce_overlap"), torch._inductor.config.patch(fx_graph_cache=False):
+        _compare_step(model, ref, tokens, compiled)  # the checks do not change the step's numbers
+        reports = opts["post_grad_custom_post_pass"].reports
+        buckets = {(r.graph, b.id, b.type) for r in reports for b in r.buckets if b.backend == "ce"}
+        assert len(buckets) >= 4 and {t for _, _, t in buckets} == {"all_gather", "reduce_scatter"}
+        assert all(any(n.endswith("_check") for n in b.nodes) for r in reports for b in r.buckets)
+        assert sorted(r["where"] for r in check.results) == sorted(f"{g} bucket {i}" for g, i, _ in buckets)
+        assert all(r["ok"] and r["mismatches"] == 0 for r in check.results)
+        assert {r["rule"] for r in check.results if r["type"] == "all_gather"} == {"bit for bit"}
+        assert any("matches torch.distributed" in r.message for r in caplog.records)
+        compiled(tokens, tokens).backward()  # second step: the check is off
+    assert len(check.results) == len(buckets)
+
+
+def test_check_numerics_stops_a_wrong_ce_all_gather(gloo_world1, cpu_ce_kernels):
+    from ce_overlap.fx import check
+
+    check.reset()
+    lib = torch.library.Library("ce_overlap", "IMPL")
+
+    def wrong_all_gather(inp, group_size, group_name):
+        out = inp.clone()
+        out.view(-1)[3] += 1  # one element off
+        return out
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # overriding the fixture's kernel warns
+        lib.impl("all_gather_into_tensor", wrong_all_gather, "CPU")
+    try:
+        model, _, tokens = _tiny_fsdp_pair()
+        compiled = torch.compile(model, options=_ce_opts(check_numerics=True), fullgraph=True)
+        with torch._inductor.config.patch(fx_graph_cache=False), \
+                pytest.raises(Exception, match=r"check_numerics: forward bucket \d+: the copy-engine all_gather "
+                                                r"differs .* in 1 of \d+ elements \(bit for bit\); first at flat "
+                                                r"index 3"):
+            compiled(tokens, tokens)
+    finally:
+        lib._destroy()
+    assert [r["ok"] for r in check.results] == [False]
+
+
+def test_without_check_numerics_no_compare_nodes(gloo_world1, cpu_ce_kernels):
+    model, _, tokens = _tiny_fsdp_pair()
+    opts = _ce_opts()
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        torch.compile(model, options=opts, fullgraph=True)(tokens, tokens).backward()
+    nodes = [n for r in opts["post_grad_custom_post_pass"].reports for b in r.buckets for n in b.nodes]
+    assert nodes and not any("check" in n for n in nodes)

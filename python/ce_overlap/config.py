@@ -72,6 +72,12 @@ class PassConfig:
     verbose: bool = False
     """Log the per-bucket decisions (backend, bytes, reason) besides the one summary per graph."""
 
+    check_numerics: bool = False
+    """Check mode: on the first call of each compiled graph, every collective moved to the copy engine is also run
+    through torch.distributed on the same input and compared (all-gathers bit for bit, reduce-scatters within a
+    tolerance for the reduction order); a mismatch raises NumericsMismatch before the result is used. Later
+    calls skip the check. Costs one extra collective and a host sync per CE bucket, once."""
+
     keep_inductor_overlap: bool = False
     """False (default): inductor_options() turns off Inductor's own passes that would undo or fight the
     plan (FX collective bucketing, overlap scheduling, compute/comm reordering, simple overlap, peak-
@@ -81,7 +87,7 @@ class PassConfig:
         def bad(field: str, expected: str, value: Any):
             raise CeOverlapError(f"PassConfig.{field}: expected {expected}, got {value!r}")
 
-        for field in ("enabled", "verbose", "keep_inductor_overlap"):
+        for field in ("enabled", "verbose", "check_numerics", "keep_inductor_overlap"):
             if not isinstance(getattr(self, field), bool):
                 bad(field, "True or False", getattr(self, field))
         if not _is_number(self.bucket_cap_mb) or not 0 < self.bucket_cap_mb <= (1 << 30):
@@ -170,7 +176,7 @@ class PassConfig:
 
 def _parse_env(var: str, field: str, text: str) -> Any:
     text = text.strip()
-    if field in ("enabled", "verbose", "keep_inductor_overlap"):
+    if field in ("enabled", "verbose", "check_numerics", "keep_inductor_overlap"):
         low = text.lower()
         if low in ("1", "true", "yes", "on"):
             return True

@@ -364,7 +364,8 @@ def run_pass(graph: torch.fx.Graph, config: PassConfig | None = None, *, planner
     except rewrite.PlanRuleError as e:
         return refuse(f"refused the plan: {e}", ir_text, plan)
     t0 = time.perf_counter()
-    results = rewrite.apply_plan(graph, checked, _backend_chooser(config, name))
+    results = rewrite.apply_plan(graph, checked, _backend_chooser(config, name),
+                                 check_where=name if config.check_numerics and not _capture_only.get() else None)
     if any(b.backend == "ce" for b in results) and not _capture_only.get():
         register_ce_lowerings()
     rewrite.check_invariants(graph)
@@ -387,7 +388,7 @@ def run_pass(graph: torch.fx.Graph, config: PassConfig | None = None, *, planner
 # Inductor integration
 
 
-_PASS_SOURCES = ("fx/pass_.py", "fx/rewrite.py", "fx/to_ir.py", "fx/flops.py", "config.py", "ir.py")
+_PASS_SOURCES = ("fx/pass_.py", "fx/rewrite.py", "fx/check.py", "fx/to_ir.py", "fx/flops.py", "config.py", "ir.py")
 
 
 @functools.lru_cache(maxsize=None)

@@ -497,7 +497,22 @@ def _ce_args(op, **values) -> list:
     return [values[a.name] for a in op._schema.arguments]
 
 
-def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos: dict[torch.fx.Node, int]) -> list[str]:
+def _add_check(build: "_Builder", graph: torch.fx.Graph, result: torch.fx.Node, inp: torch.fx.Node,
+               cb: CheckedBucket, where: str) -> None:
+    """check_numerics: compare the CE result with torch.distributed's on the first call (fx/check.py)."""
+    from . import check
+
+    c0 = cb.members[0]
+    with graph.inserting_after(result):
+        token = build(aten.empty.memory_format, [[1]], {"dtype": torch.uint8, "device": result.meta["val"].device},
+                      name="check_token")
+    with graph.inserting_after(token):
+        build(check.compare_op(), [result, inp, cb.type, str(c0.reduce_op_arg or ""), c0.group_size,
+                                   str(c0.group_name), f"{where} bucket {cb.id}", token], name="check")
+
+
+def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos: dict[torch.fx.Node, int],
+                    check_where: str | None = None) -> list[str]:
     members = cb.members
     first_coll = min((c.node for c in members), key=pos.__getitem__)
     first_wait = min(cb.waits, key=pos.__getitem__)
@@ -516,6 +531,8 @@ def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos:
         with graph.inserting_before(first_wait):
             wait = build(wait_op, [coll], name="wait")
         outs = [wait]
+        if check_where is not None:
+            _add_check(build, graph, wait, x, cb, check_where)
     else:
         vals = [c.input.meta["val"] for c in members]
         numels = [int(v.numel()) for v in vals]
@@ -536,8 +553,13 @@ def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos:
                 op = getattr(c10d, _MERGEABLE[cb.type]).default
                 args = _ce_args(op, input=buf, reduce_op=c0.reduce_op_arg, group_size=g, group_name=c0.group_name)
             coll = build(op, args, name=cb.type)
+        if ce and check_where is not None:
+            with graph.inserting_before(first_wait):
+                wait = build(wait_op, [coll], name="wait")
+            _add_check(build, graph, wait, buf, cb, check_where)  # between the wait and the copy-outs
         with graph.inserting_before(first_wait):
-            wait = build(wait_op, [coll], name="wait")
+            if not (ce and check_where is not None):
+                wait = build(wait_op, [coll], name="wait")
             outs = []
             if cb.type == "all_gather":
                 total = sum(numels)
@@ -575,10 +597,12 @@ def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos:
 BackendChooser = Callable[[CheckedBucket], "tuple[str, str]"]
 
 
-def apply_plan(graph: torch.fx.Graph, checked: CheckedPlan, choose_backend: BackendChooser | None = None
-               ) -> list[BucketResult]:
+def apply_plan(graph: torch.fx.Graph, checked: CheckedPlan, choose_backend: BackendChooser | None = None,
+               check_where: str | None = None) -> list[BucketResult]:
     """Reorders `graph` to the checked plan's order and rewrites its buckets. `choose_backend(bucket)`
-    returns the backend to use and why (default: the plan's backend); "ce" needs the CE op."""
+    returns the backend to use and why (default: the plan's backend); "ce" needs the CE op. With
+    `check_where` (a label such as the graph's name), every CE bucket gets a first-call comparison against
+    torch.distributed (fx/check.py)."""
     reorder(graph, checked.order)
     pos = {n: i for i, n in enumerate(checked.order)}
     results = []
@@ -590,7 +614,7 @@ def apply_plan(graph: torch.fx.Graph, checked: CheckedPlan, choose_backend: Back
                 backend, reason = "nccl", f"nccl: {why}"
         nodes: list[str] = []
         if len(cb.members) > 1 or backend == "ce":
-            nodes = _rewrite_bucket(graph, cb, backend, pos)
+            nodes = _rewrite_bucket(graph, cb, backend, pos, check_where if backend == "ce" else None)
         results.append(BucketResult(id=cb.id, type=cb.type, members=len(cb.members), bytes=int(cb.raw["bytes"]),
                                     planned_backend=cb.backend, backend=backend, reason=reason, nodes=nodes))
     graph.lint()
