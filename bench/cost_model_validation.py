@@ -16,8 +16,8 @@ bench/results).
 Sizes are per rank: all-gather shard = size (IR bytes = size); reduce-scatter output = size (input and IR bytes =
 world x size). The CE all-gather is ce_overlap's in-place one on symmetric memory (what the model describes); the CE
 reduce-scatter is torch.ops.ce_overlap.reduce_scatter_tensor when the runtime has it, else n/a. Time = median of
---iters ops (CUDA events), max over ranks. The pure functions (error stats, crossover, PNG) need no GPU and are
-tested in tests/test_calibrate.py.
+--iters ops (CUDA events, after a GPU head start so that host enqueue time is not counted), max over ranks.
+The pure functions (error stats, crossover, PNG) need no GPU and are tested in tests/test_calibrate.py.
 """
 from __future__ import annotations
 
@@ -467,7 +467,8 @@ def main() -> int:
     cal.pool_env(max(max(sizes), slow_bytes), world_env)
     rank, world, _ = C.init()
     group = dist.group.WORLD
-    info = C.header(f"cost model validation, {world} ranks, median of {args.iters} ops after {args.warmup} warmup")
+    info = C.header(f"cost model validation, {world} ranks, median of {args.iters} ops after {args.warmup} warmup "
+                    "(device time: CUDA events, the stream given a head start so host enqueue time is not counted)")
     gpu = torch.cuda.get_device_name()
     prof_name = args.profile or profiles.builtin_for_device(gpu) or "h200-sxm"
     out_dir = args.out or os.environ.get("OUT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")

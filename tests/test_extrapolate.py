@@ -9,7 +9,6 @@ import functools
 import json
 
 import pytest
-import torch
 
 from ce_overlap import ir as ir_mod
 from ce_overlap import models

@@ -638,12 +638,41 @@ def all_ranks_ok(ok: bool) -> bool:
     return int(t.item()) == 0
 
 
-def time_each_us(fn: Callable[[], None], iters: int, warmup: int, settle: Callable[[], None] | None = None) -> list[float]:
-    """Per-op times (CUDA events around each op on the current stream), us."""
+_SLEEP_CYCLES_PER_US: dict[int, float] = {}
+
+# Host time one timed op may take to enqueue (Python dispatch, the CE flag protocol): the GPU head start covers it.
+HEAD_START_US_PER_OP = 150.0
+
+
+def gpu_head_start(us: float) -> None:
+    """Occupies the current stream for about `us` microseconds (torch.cuda._sleep), so that the ops enqueued
+    next queue up behind it and their events time the device alone, not the host enqueueing them."""
+    torch = _torch()
+    dev = torch.cuda.current_device()
+    if dev not in _SLEEP_CYCLES_PER_US:
+        torch.cuda._sleep(1000)  # load the kernel
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        torch.cuda._sleep(2_000_000)
+        b.record()
+        b.synchronize()
+        _SLEEP_CYCLES_PER_US[dev] = 2_000_000 / max(a.elapsed_time(b) * 1e3, 1.0)
+    torch.cuda._sleep(int(us * _SLEEP_CYCLES_PER_US[dev]))
+
+
+def time_each_us(fn: Callable[[], None], iters: int, warmup: int, settle: Callable[[], None] | None = None,
+                 head_start: bool = True) -> list[float]:
+    """Per-op device times (CUDA events around each op on the current stream), us. With `head_start` the stream
+    first sleeps long enough for the host to enqueue all `iters` ops, so a small op's time is not its host
+    enqueue time (the case inside a compiled training step, where the host runs ahead)."""
     torch = _torch()
     for _ in range(warmup):
         fn()
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    if head_start:
+        (settle or torch.cuda.synchronize)()
+        torch.cuda.synchronize()
+        gpu_head_start(HEAD_START_US_PER_OP * iters + 500.0)
     for a, b in ev:
         a.record()
         fn()
