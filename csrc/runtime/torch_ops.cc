@@ -569,7 +569,10 @@ TORCH_LIBRARY(ce_overlap, m) {
   m.def("reduce_scatter_tensor(Tensor input, str reduce_op, int group_size, str group_name) -> Tensor", pt2);
   m.def("reduce_scatter_tensor_out(Tensor input, str reduce_op, int group_size, str group_name, *, Tensor(a!) out) -> ()",
         pt2);
-  m.def("wait_tensor(Tensor tensor) -> Tensor",
+  // Hands back its input, and says so: the alias annotation keeps torch's custom-op aliasing check (an error
+  // under CI, a deprecation warning elsewhere) quiet and tells Inductor's reinplacing that the result is the
+  // collective's buffer, not a fresh one.
+  m.def("wait_tensor(Tensor(a) tensor) -> Tensor(a)",
         torch::dispatch(c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(wait_tensor)), pt2);
 
   m.def("_pool_create(str group_name, int rank, int world_size, int device) -> Tensor", &pool_create);
