@@ -151,3 +151,74 @@ def make_rs_variant(name: str, inp: torch.Tensor, group, op: str = "sum") -> C.V
         return C.Variant(name, na_reason=f"unknown variant {name!r}")
     except Exception as e:  # noqa: BLE001
         return C.Variant(name, na_reason=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+
+
+A2A_VARIANTS = ["nccl", "ce_staged", "ce_symmetric"]
+A2A_HELP = {
+    "nccl": "dist.all_to_all_single, equal splits (NCCL kernels)",
+    "ce_staged": "ce_overlap, input in ordinary memory: chunks staged into the pool (local copies), peers pull theirs",
+    "ce_symmetric": "ce_overlap, input from empty_symmetric: peers pull their chunk in place (no local copy)",
+}
+BC_VARIANTS = ["nccl", "ce_staged", "ce_symmetric"]
+BC_HELP = {
+    "nccl": "dist.broadcast from rank 0 (NCCL kernels)",
+    "ce_staged": "ce_overlap, tensor in ordinary memory: the root stages it, every other rank pulls it",
+    "ce_symmetric": "ce_overlap, tensor from empty_symmetric on every rank: pulled from the root in place",
+}
+
+
+def _ce_ready(name: str, group) -> str:
+    """'' when the CE runtime can run here (and the group is rendezvoused), else why not."""
+    import ce_overlap.runtime as rt
+
+    ok, reason = rt.available()
+    if not ok:
+        return reason
+    rt.rendezvous(group)
+    return ""
+
+
+def make_a2a_variant(name: str, inp: torch.Tensor, group) -> C.Variant:
+    """All-to-all (equal splits) of `inp` (contiguous, 1-D, a multiple of world elements). Never raises."""
+    import ce_overlap.runtime as rt
+
+    try:
+        out = torch.empty_like(inp)
+        if name == "nccl":
+            return C.Variant(name, lambda: dist.all_to_all_single(out, inp, group=group), lambda: out)
+        if name in ("ce_staged", "ce_symmetric"):
+            why = _ce_ready(name, group)
+            if why:
+                return C.Variant(name, na_reason=why)
+            src, keep = inp, []
+            if name == "ce_symmetric":
+                src = rt.empty_symmetric(inp.shape, inp.dtype, group)
+                src.copy_(inp)
+                keep.append(src)
+            return C.Variant(name, lambda: rt.all_to_all_single(out, src, group), lambda: out, keep=keep, is_ce=True)
+        return C.Variant(name, na_reason=f"unknown variant {name!r}")
+    except Exception as e:  # noqa: BLE001
+        return C.Variant(name, na_reason=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+
+
+def make_bcast_variant(name: str, inp: torch.Tensor, group) -> C.Variant:
+    """Broadcast from group rank 0 of `inp` (each rank's own data; the root's must arrive). Never raises. run()
+    broadcasts into a buffer that holds the rank's own data again only before the first op (a broadcast overwrites
+    it with the root's bytes, which later ops rewrite identically)."""
+    import ce_overlap.runtime as rt
+
+    try:
+        if name == "nccl":
+            buf = inp.clone()
+            root = dist.get_global_rank(group, 0)
+            return C.Variant(name, lambda: dist.broadcast(buf, src=root, group=group), lambda: buf)
+        if name in ("ce_staged", "ce_symmetric"):
+            why = _ce_ready(name, group)
+            if why:
+                return C.Variant(name, na_reason=why)
+            buf = rt.empty_symmetric(inp.shape, inp.dtype, group) if name == "ce_symmetric" else torch.empty_like(inp)
+            buf.copy_(inp)
+            return C.Variant(name, lambda: rt.broadcast(buf, 0, group), lambda: buf, keep=[buf], is_ce=True)
+        return C.Variant(name, na_reason=f"unknown variant {name!r}")
+    except Exception as e:  # noqa: BLE001
+        return C.Variant(name, na_reason=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")

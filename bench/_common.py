@@ -36,6 +36,17 @@ def log0(msg: str = "") -> None:
         print(msg, flush=True)
 
 
+def size_sweep(lo: str, hi: str, factor: int) -> list[int]:
+    """The sizes of a sweep: lo, lo * factor, ... up to hi (nccl-tests' -b / -e / -f); sizes like '64K', '1G'."""
+    from ce_overlap.calibrate import parse_size
+
+    sizes, s = [], parse_size(lo)
+    while s <= parse_size(hi):
+        sizes.append(s)
+        s *= factor
+    return sizes
+
+
 def size_pool_env(max_bytes_per_rank: int, world_size: int) -> None:
     """The pool must hold the largest in-place output (world * size) in its user region plus one staging round of
     the largest input. Only defaults: explicit CE_OVERLAP_* settings win."""

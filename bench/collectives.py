@@ -1,15 +1,19 @@
-"""All-gather and reduce-scatter, nccl-tests style: NCCL vs ce_overlap (all-gather: staged, zero-copy symmetric input,
-in-place symmetric output pulled, symmetric output pushed; reduce-scatter: ordinary and symmetric input) vs torch
-symm_mem's low-contention ops, 64 KiB .. 1 GiB per rank. Prints one table per collective and variant (size, count,
-type, time, algbw, busbw, #wrong vs NCCL) and a side-by-side busbw summary per collective; --out writes JSON.
+"""All-gather, reduce-scatter, all-to-all and broadcast, nccl-tests style: NCCL vs ce_overlap (all-gather: staged,
+zero-copy symmetric input, in-place symmetric output pulled, symmetric output pushed; reduce-scatter: ordinary and
+symmetric input; all-to-all and broadcast: staged and symmetric) vs torch symm_mem's low-contention ops, 64 KiB .. 1 GiB
+per rank. Prints one table per collective and variant (size, count, type, time, algbw, busbw, #wrong vs NCCL) and a
+side-by-side busbw summary per collective; --out writes JSON.
 
     torchrun --nproc-per-node 2 bench/collectives.py --out bench/results/collectives.json
+    torchrun --nproc-per-node 2 bench/collectives.py --colls all_to_all,broadcast
 
-size = bytes per rank: the all-gather's input, the reduce-scatter's output (its input is world * size).
+size = bytes per rank: the all-gather's input, the reduce-scatter's output (its input is world * size), the
+all-to-all's whole input (nccl-tests' alltoall size), the broadcast tensor.
 time = median over --iters ops of the per-op CUDA-event time on the caller's stream, max over ranks. Every variant's
 run() leaves the caller's stream waiting for the op's completion (symm_mem's ops run on its backend stream, which the
 caller now waits for: the symm_mem_lc column of earlier runs did not wait and was invalid).
-algbw = world * size / time; busbw = algbw * (world - 1) / world (nccl-tests' factor for both collectives).
+algbw = world * size / time for all-gather and reduce-scatter, size / time for all-to-all and broadcast (nccl-tests);
+busbw = algbw * (world - 1) / world, for broadcast busbw = algbw (nccl-tests' factors).
 Reduce-scatter data is integer-valued, so every variant must match NCCL bit for bit (#wrong = 0).
 """
 from __future__ import annotations
@@ -27,15 +31,19 @@ import torch.distributed as dist  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int32": torch.int32,
           "uint8": torch.uint8}
-COLLS = {"all_gather": (V.AG_VARIANTS, V.AG_HELP), "reduce_scatter": (V.RS_VARIANTS, V.RS_HELP)}
+COLLS = {"all_gather": (V.AG_VARIANTS, V.AG_HELP), "reduce_scatter": (V.RS_VARIANTS, V.RS_HELP),
+         "all_to_all": (V.A2A_VARIANTS, V.A2A_HELP), "broadcast": (V.BC_VARIANTS, V.BC_HELP)}
+MAKE = {"all_gather": V.make_ag_variant, "reduce_scatter": V.make_rs_variant, "all_to_all": V.make_a2a_variant,
+        "broadcast": V.make_bcast_variant}
 
 
-def parse_size(text: str) -> int:
-    text = text.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    if text and text[-1] in mult:
-        return int(float(text[:-1]) * mult[text[-1]])
-    return int(text)
+def bandwidths(coll: str, nbytes: int, t_s: float, world: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s, nccl-tests' definitions."""
+    if coll in ("all_gather", "reduce_scatter"):
+        algbw = world * nbytes / t_s / 1e9
+    else:
+        algbw = nbytes / t_s / 1e9
+    return algbw, algbw if coll == "broadcast" else algbw * (world - 1) / world
 
 
 def sweep(coll: str, variants: list[str], sizes: list[int], dtype: torch.dtype, dtype_name: str, args, group,
@@ -52,6 +60,15 @@ def sweep(coll: str, variants: list[str], sizes: list[int], dtype: torch.dtype, 
             inp = torch.randint(0, 256, (count * elem,), dtype=torch.uint8, device="cuda", generator=gen).view(dtype)
             ref = torch.empty(world * count, dtype=dtype, device="cuda")
             dist.all_gather_into_tensor(ref, inp, group=group)
+        elif coll in ("all_to_all", "broadcast"):
+            count -= count % world if coll == "all_to_all" else 0
+            inp = torch.randint(0, 256, (count * elem,), dtype=torch.uint8, device="cuda", generator=gen).view(dtype)
+            ref = torch.empty_like(inp)
+            if coll == "all_to_all":
+                dist.all_to_all_single(ref, inp, group=group)
+            else:
+                ref.copy_(inp)
+                dist.broadcast(ref, src=dist.get_global_rank(group, 0), group=group)
         else:
             inp = torch.randint(-8, 9, (world * count,), device="cuda", generator=gen).to(dtype)
             ref = torch.empty(count, dtype=dtype, device="cuda")
@@ -66,7 +83,7 @@ def sweep(coll: str, variants: list[str], sizes: list[int], dtype: torch.dtype, 
             if name.startswith("ce") and failed_ce:
                 results.append({**row, "na": failed_ce})
                 continue
-            v = V.make_ag_variant(name, inp, group) if coll == "all_gather" else V.make_rs_variant(name, inp, group)
+            v = MAKE[coll](name, inp, group)
             # Every rank must agree on running it (a variant set up on one rank only would deadlock).
             if C.sum_over_ranks(0 if v.run else 1):
                 reason = v.na_reason or "not available on every rank"
@@ -88,9 +105,7 @@ def sweep(coll: str, variants: list[str], sizes: list[int], dtype: torch.dtype, 
                 continue
             finally:
                 del v
-            t_s = t_ms / 1e3
-            algbw = world * nbytes / t_s / 1e9
-            busbw = algbw * (world - 1) / world
+            algbw, busbw = bandwidths(coll, nbytes, t_ms / 1e3, world)
             results.append({**row, "time_us": t_ms * 1e3, "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": wrong})
         del inp, ref
         torch.cuda.empty_cache()
@@ -144,18 +159,15 @@ def main() -> int:
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--colls", default="all_gather,reduce_scatter", help=f"comma list of {sorted(COLLS)}")
+    p.add_argument("--colls", default="all_gather,reduce_scatter,all_to_all,broadcast",
+                   help=f"comma list of {sorted(COLLS)}")
     p.add_argument("--variants", default=",".join(V.AG_VARIANTS), help=f"all-gather variants, of {V.AG_VARIANTS}")
     p.add_argument("--rs-variants", default=",".join(V.RS_VARIANTS),
                    help=f"reduce-scatter variants, of {V.RS_VARIANTS}")
     p.add_argument("--out", help="JSON result path (written by rank 0)")
     args = p.parse_args()
 
-    sizes = []
-    s = parse_size(args.min)
-    while s <= parse_size(args.max):
-        sizes.append(s)
-        s *= args.factor
+    sizes = C.size_sweep(args.min, args.max, args.factor)
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
     # The largest in-place output is world * max; the largest symmetric reduce-scatter input is world * max too.
     C.size_pool_env(max(sizes), world_env)
@@ -164,7 +176,8 @@ def main() -> int:
     dtype = DTYPES[args.dtype]
     colls = [c for c in args.colls.split(",") if c]
     chosen = {"all_gather": [v for v in args.variants.split(",") if v],
-              "reduce_scatter": [v for v in args.rs_variants.split(",") if v]}
+              "reduce_scatter": [v for v in args.rs_variants.split(",") if v],
+              "all_to_all": list(V.A2A_VARIANTS), "broadcast": list(V.BC_VARIANTS)}
     info = C.header(f"{', '.join(colls)}, {world} ranks, {args.dtype}, median of {args.iters} ops after "
                     f"{args.warmup} warmup")
     all_results, all_na = [], {}

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One-shot device run of the CE runtime, from the repo root on the 2-GPU box (no network there): build (with the
 # runtime ON), the runtime's GPU tests, the probe (bench/ce_probe.py: same-GPU copies on copy engines? all-gather
-# pull vs push), bench/collectives.py (all-gather and reduce-scatter), bench/overlap.py, then the CPU tests.
+# pull vs push), bench/collectives.py (all-gather, reduce-scatter, all-to-all, broadcast), bench/p2p.py (send / recv),
+# bench/overlap.py, then the CPU tests.
 # Every stage logs to $OUT/<stage>.log (JSON results next to them) and has its own timeout under one global
 # deadline, so a failed or stuck stage never keeps the later ones from running; $OUT/summary.txt lists each
-# stage's exit code and duration. The whole script must finish within ~6 minutes (the device lease): the default
-# budget is 330 s. Expected: env 6 s, build ~35 s, probe ~50 s, GPU tests ~70 s (two torchrun launches; every step
-# of the workers is bounded, so a hang fails within ~50 s naming the step), collectives ~25 s, overlap ~35 s,
-# CPU tests ~25 s: ~4 min.
+# stage's exit code and duration. One device call may run 10 minutes: the default budget is 540 s. Expected: env 6 s,
+# build ~45 s, probe ~50 s, GPU tests ~70 s for the all-gather / reduce-scatter launches plus the all-to-all,
+# broadcast and p2p launch (not timed yet; every step of the workers is bounded, so a hang fails within ~50 s naming
+# the step), collectives ~50 s, p2p ~30 s, overlap ~35 s, CPU tests ~25 s.
 #
 #   bash bench/run_device.sh            # needs .devdeps/nlohmann-json3-dev_*.deb carried along (see DEVICE.md)
 #   CE_DEVICE_BUDGET_S=540 OUT=/tmp/out bash bench/run_device.sh
@@ -15,8 +16,8 @@
 set -o pipefail
 cd "$(dirname "$0")/.."
 
-BUDGET_S=${CE_DEVICE_BUDGET_S:-330}
-STAGES=${CE_DEVICE_STAGES:-probe gpu_tests collectives overlap cpu_tests}
+BUDGET_S=${CE_DEVICE_BUDGET_S:-540}
+STAGES=${CE_DEVICE_STAGES:-probe gpu_tests collectives p2p overlap cpu_tests}
 source bench/_device_lib.sh
 
 want() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -27,9 +28,11 @@ stage build 150 build
 # (c) reduce-scatter over reduction CTAs x round size, GEMM beside; (d) the reduction kernel alone. First: new data.
 want probe && stage probe 100 torchrun2 bench/ce_probe.py --out "$OUT/ce_probe.json"
 # GPU tests: 2 torchrun launches (collectives vs NCCL + symmetric allocation; timeouts + mismatches).
-want gpu_tests && stage gpu_tests 200 env CE_OVERLAP_REQUIRE_GPU_TESTS=1 "$PY" -m pytest tests/runtime/test_runtime_gpu.py -v -s -rs
-# all-gather (7 variants) and reduce-scatter (4 variants), 64 KiB .. 1 GiB per rank.
-want collectives && stage collectives 60 torchrun2 bench/collectives.py --out "$OUT/collectives.json"
+want gpu_tests && stage gpu_tests 420 env CE_OVERLAP_REQUIRE_GPU_TESTS=1 "$PY" -m pytest tests/runtime/test_runtime_gpu.py -v -s -rs
+# all-gather (7 variants), reduce-scatter (4), all-to-all (3), broadcast (3), 64 KiB .. 1 GiB per rank.
+want collectives && stage collectives 120 torchrun2 bench/collectives.py --out "$OUT/collectives.json"
+# send / recv: NCCL, CE staged, CE direct; one way and exchange, 64 KiB .. 1 GiB.
+want p2p && stage p2p 90 torchrun2 bench/p2p.py --out "$OUT/p2p.json"
 # GEMM and 1 GiB add beside every all-gather and reduce-scatter variant, 256 MiB per rank.
 want overlap && stage overlap 60 torchrun2 bench/overlap.py --out "$OUT/overlap.json"
 want cpu_tests && stage cpu_tests 60 "$PY" -m pytest tests/runtime/test_runtime_cpu.py -q -rs

@@ -169,57 +169,44 @@ void enqueue_push_locked(Group& g, const AllGatherArgs& a, const std::string& wh
 }  // namespace
 
 void enqueue_all_gather(Group& g, const AllGatherArgs& a) {
-  static const char* kOp = "all_gather_into_tensor";
-  std::lock_guard<std::mutex> lk(g.mutex());
-  g.throw_if_unusable_locked(kOp);
-  if (a.nbytes == 0) return;
-  Group::EnqueueScope enqueueing(g);  // the watchdog's view of an enqueue stuck in a CUDA call
-
-  const std::string where = "all_gather_into_tensor on group '" + g.name() + "' (rank " + std::to_string(g.rank()) + ")";
-  refuse_graph_capture(g, a.caller, kOp, where);
-
-  SymmetricPool& pool = g.pool();
-  const int n = g.world_size();
-  const char* out = static_cast<const char*>(a.output);
-  const char* in = static_cast<const char*>(a.input);
-  const std::optional<size_t> out_offset = pool.user_region_offset(out, a.nbytes * static_cast<size_t>(n));
-  const std::optional<size_t> in_offset = pool.user_region_offset(in, a.nbytes);
-  Plan plan;
-  plan.in_place = in == out + static_cast<size_t>(g.rank()) * a.nbytes;
-  const AllGatherMode mode = all_gather_mode();  // may throw (bad CE_OVERLAP_AG_MODE): no epoch consumed yet
-  if (n > 1 && out_offset && mode == AllGatherMode::Push) {
-    plan.variant = Variant::AgPush;
-    plan.offset = *out_offset;
-    plan.round_capacity = a.nbytes;
-  } else if (out_offset && plan.in_place) {
-    plan.variant = Variant::AgInPlace;
-    plan.offset = *out_offset;
-    plan.round_capacity = a.nbytes;
-  } else if (in_offset) {
-    plan.variant = Variant::AgSymmetricInput;
-    plan.offset = *in_offset;
-    plan.round_capacity = a.nbytes;
-  } else {
-    plan.variant = Variant::AgStaged;
-    plan.offset = pool.staging_offset();
-    plan.round_capacity = pool.staging_bytes();
-  }
-  // A group of one has no peers: only the self copy remains.
-  plan.rounds = n == 1 ? 0 : (a.nbytes + plan.round_capacity - 1) / plan.round_capacity;
-
-  DeviceScope scope(g.device());
-  // From here on epochs are consumed: an error half-way leaves this rank out of step with its peers,
-  // so the group is marked failed (later ops raise this message instead of hanging).
-  try {
+  const AllGatherMode mode = all_gather_mode();  // may throw (bad CE_OVERLAP_AG_MODE): before anything is consumed
+  auto plan_op = [&] {
+    SymmetricPool& pool = g.pool();
+    const int n = g.world_size();
+    const char* out = static_cast<const char*>(a.output);
+    const char* in = static_cast<const char*>(a.input);
+    const std::optional<size_t> out_offset = pool.user_region_offset(out, a.nbytes * static_cast<size_t>(n));
+    const std::optional<size_t> in_offset = pool.user_region_offset(in, a.nbytes);
+    Plan plan;
+    plan.in_place = in == out + static_cast<size_t>(g.rank()) * a.nbytes;
+    if (n > 1 && out_offset && mode == AllGatherMode::Push) {
+      plan.variant = Variant::AgPush;
+      plan.offset = *out_offset;
+      plan.round_capacity = a.nbytes;
+    } else if (out_offset && plan.in_place) {
+      plan.variant = Variant::AgInPlace;
+      plan.offset = *out_offset;
+      plan.round_capacity = a.nbytes;
+    } else if (in_offset) {
+      plan.variant = Variant::AgSymmetricInput;
+      plan.offset = *in_offset;
+      plan.round_capacity = a.nbytes;
+    } else {
+      plan.variant = Variant::AgStaged;
+      plan.offset = pool.staging_offset();
+      plan.round_capacity = pool.staging_bytes();
+    }
+    // A group of one has no peers: only the self copy remains.
+    plan.rounds = n == 1 ? 0 : (a.nbytes + plan.round_capacity - 1) / plan.round_capacity;
+    return plan;
+  };
+  enqueue_op(g, "all_gather_into_tensor", a.nbytes == 0, a.caller, plan_op, [&](const std::string& where, const Plan& plan) {
     if (plan.variant == Variant::AgPush) {
       enqueue_push_locked(g, a, where, plan);
     } else {
       enqueue_pull_locked(g, a, where, plan);
     }
-  } catch (const std::exception& e) {
-    g.mark_failed_locked(std::string(e.what()) + " (group '" + g.name() + "' is now unusable: this rank's epochs are out of step with its peers)");
-    throw;
-  }
+  });
 }
 
 namespace {
@@ -262,38 +249,6 @@ void finish_op(Group& g, const AllGatherArgs& a, const std::string& where, const
   hand_back(g, std::move(op), a.caller, a.join, where);
 }
 
-// 4. PULL one peer's bytes of a round: one cudaMemcpyAsync on the comm stream, or, with a pull split of k
-// (CE_OVERLAP_PULL_SPLIT / _tune), k pieces: piece 0 on the comm stream, piece j on pull stream j-1, forked
-// from the comm stream right here (after the ready wait) and joined back before the caller posts done.
-// To the protocol this is one copy on the comm stream: it starts after the wait and ends before the post.
-void pull_copy(Group& g, char* dst, const char* src, size_t bytes, const std::string& what) {
-  const cudaStream_t comm = g.comm_stream();
-  const size_t most = std::max<size_t>(1, bytes / kMinPullPiece);
-  const int k = static_cast<int>(std::min<size_t>(static_cast<size_t>(g.pull_split()), most));
-  if (k <= 1) {
-    CE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, comm), what);
-    return;
-  }
-  // Pieces of ceil(bytes / k) rounded up to 64 KiB (so k pieces always cover `bytes`); the last takes the rest.
-  constexpr size_t kPieceAlign = 64 * 1024;
-  const size_t per = (bytes + static_cast<size_t>(k) - 1) / static_cast<size_t>(k);
-  const size_t piece = (per + kPieceAlign - 1) / kPieceAlign * kPieceAlign;
-  CE_CUDA_CHECK(cudaEventRecord(g.fork_event(), comm), what);
-  int forked = 0;
-  for (int j = 1; j < k; ++j) {
-    const size_t off = static_cast<size_t>(j) * piece;
-    if (off >= bytes) break;
-    const size_t len = j == k - 1 ? bytes - off : std::min(piece, bytes - off);
-    const cudaStream_t s = g.pull_stream(j - 1);
-    CE_CUDA_CHECK(cudaStreamWaitEvent(s, g.fork_event(), 0), what);
-    CE_CUDA_CHECK(cudaMemcpyAsync(dst + off, src + off, len, cudaMemcpyDeviceToDevice, s), what);
-    CE_CUDA_CHECK(cudaEventRecord(g.join_event(j - 1), s), what);
-    ++forked;
-  }
-  CE_CUDA_CHECK(cudaMemcpyAsync(dst, src, std::min(piece, bytes), cudaMemcpyDeviceToDevice, comm), what);
-  for (int j = 0; j < forked; ++j) CE_CUDA_CHECK(cudaStreamWaitEvent(comm, g.join_event(j), 0), what);
-}
-
 void enqueue_pull_locked(Group& g, const AllGatherArgs& a, const std::string& where, const Plan& plan) {
   SymmetricPool& pool = g.pool();
   const int rank = g.rank();
@@ -329,8 +284,8 @@ void enqueue_pull_locked(Group& g, const AllGatherArgs& a, const std::string& wh
       const size_t src = plan.variant == Variant::AgInPlace ? plan.offset + static_cast<size_t>(p) * a.nbytes
                                                              : plan.offset;
       g.wait_peer_ready(p, e, sig);
-      pull_copy(g, out + static_cast<size_t>(p) * a.nbytes + chunk_offset, pool.peer_base(p) + src, chunk,
-                where + ": pulling the shard of rank " + std::to_string(p));
+      g.pull_copy(out + static_cast<size_t>(p) * a.nbytes + chunk_offset, pool.peer_base(p) + src, chunk,
+                  where + ": pulling the shard of rank " + std::to_string(p));
       g.post_done(p);
     }
     op.rounds.push_back(RoundInfo{e, sig, static_cast<uint32_t>(k), chunk, plan.offset});

@@ -20,6 +20,14 @@ const char* op_kind_name(uint32_t kind) {
       return "all_gather_into_tensor";
     case static_cast<uint32_t>(OpKind::ReduceScatter):
       return "reduce_scatter_tensor";
+    case static_cast<uint32_t>(OpKind::AllToAll):
+      return "all_to_all_single";
+    case static_cast<uint32_t>(OpKind::Broadcast):
+      return "broadcast";
+    case static_cast<uint32_t>(OpKind::Send):
+      return "send";
+    case static_cast<uint32_t>(OpKind::Recv):
+      return "recv";
     default:
       return "unknown op";
   }
@@ -37,6 +45,18 @@ const char* variant_name(uint32_t variant) {
       return "push into symmetric outputs";
     case static_cast<uint32_t>(Variant::RsPush):
       return "push into staging slots + reduction";
+    case static_cast<uint32_t>(Variant::A2aStaged):
+      return "staged, pull";
+    case static_cast<uint32_t>(Variant::A2aSymmetricInput):
+      return "zero-copy symmetric input, pull";
+    case static_cast<uint32_t>(Variant::BcStaged):
+      return "staged at the root, pull";
+    case static_cast<uint32_t>(Variant::BcSymmetric):
+      return "zero-copy symmetric tensor, pull";
+    case static_cast<uint32_t>(Variant::P2pStaged):
+      return "push into landing banks";
+    case static_cast<uint32_t>(Variant::P2pDirect):
+      return "push into the symmetric tensor";
     default:
       return "unknown variant";
   }
@@ -199,6 +219,29 @@ CUstreamBatchMemOpParams write_op(const void* addr, uint32_t value) {
   return op;
 }
 
+// Appends to `ops` the stream writes that turn the 32-byte outbox `box` into signal `s`: only the words that
+// differ from `mirror`, what the one stream that writes this outbox last wrote there (its writes are enqueued in
+// order, under the group lock, and the pool starts zeroed), then updates the mirror. Back-to-back rounds of one
+// shape share signature, sizes and offset, so a round usually writes 1-2 words instead of 8, each a fenced
+// stream write less in the front end.
+void outbox_writes(PeerSignal* box, uint32_t* mirror, const PeerSignal& s, std::vector<CUstreamBatchMemOpParams>& ops) {
+  static_assert(offsetof(PeerSignal, nbytes) == 16 && offsetof(PeerSignal, offset) == 24, "PeerSignal layout");
+  auto* words = reinterpret_cast<uint32_t*>(box);
+  const uint32_t values[8] = {s.epoch,
+                              s.sig_a,
+                              s.sig_b,
+                              s.kind_round,
+                              static_cast<uint32_t>(s.nbytes),
+                              static_cast<uint32_t>(s.nbytes >> 32),
+                              static_cast<uint32_t>(s.offset),
+                              static_cast<uint32_t>(s.offset >> 32)};
+  for (int w = 0; w < 8; ++w) {
+    if (values[w] == mirror[w]) continue;
+    ops.push_back(write_op(&words[w], values[w]));
+    mirror[w] = values[w];
+  }
+}
+
 // Polls a stream without blocking in the driver: a hung stream must not hang the watchdog.
 bool wait_stream_bounded(cudaStream_t stream, double seconds) {
   const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
@@ -231,9 +274,16 @@ GroupConfig GroupConfig::from_env() {
     throw std::runtime_error("ce_overlap: CE_OVERLAP_STAGING_MB=" + std::to_string(staging_mb) +
                              " must be at least 1 and at most CE_OVERLAP_POOL_MB=" + std::to_string(pool_mb));
   }
+  const double p2p_mb = env_double("CE_OVERLAP_P2P_MB", std::min(64.0, pool_mb / 8));
+  if (p2p_mb < 1 || staging_mb + p2p_mb > pool_mb) {
+    throw std::runtime_error("ce_overlap: CE_OVERLAP_P2P_MB=" + std::to_string(p2p_mb) +
+                             " must be at least 1, and CE_OVERLAP_STAGING_MB + CE_OVERLAP_P2P_MB at most "
+                             "CE_OVERLAP_POOL_MB=" + std::to_string(pool_mb));
+  }
   GroupConfig c;
   c.staging_bytes = static_cast<size_t>(staging_mb * 1024 * 1024);
-  c.user_bytes = static_cast<size_t>(pool_mb * 1024 * 1024) - c.staging_bytes;
+  c.p2p_bytes = static_cast<size_t>(p2p_mb * 1024 * 1024);
+  c.user_bytes = static_cast<size_t>(pool_mb * 1024 * 1024) - c.staging_bytes - c.p2p_bytes;
   c.timeout_s = env_double("CE_OVERLAP_TIMEOUT_S", 60);
   const double ctas = env_double("CE_OVERLAP_REDUCE_SMS", 32);
   if (ctas != std::floor(ctas) || ctas > 1024) {
@@ -263,12 +313,20 @@ Group::Group(std::string name, int rank, int world_size, int device, const Group
       timeout_s_(config.timeout_s),
       reduce_ctas_(config.reduce_ctas),
       rs_round_bytes_(config.rs_round_bytes),
-      pull_split_(config.pull_split) {
-  pool_ = std::make_unique<SymmetricPool>(name_, rank, world_size, device, config.user_bytes, config.staging_bytes);
+      pull_split_(config.pull_split),
+      p2p_send_(static_cast<size_t>(world_size), nullptr),
+      p2p_recv_(static_cast<size_t>(world_size), nullptr),
+      p2p_send_round_(static_cast<size_t>(world_size), 0),
+      p2p_recv_round_(static_cast<size_t>(world_size), 0),
+      p2p_credit_mirror_(static_cast<size_t>(world_size), std::array<uint32_t, 8>{}),
+      p2p_landed_mirror_(static_cast<size_t>(world_size), std::array<uint32_t, 8>{}) {
+  pool_ = std::make_unique<SymmetricPool>(name_, rank, world_size, device, config.user_bytes, config.staging_bytes,
+                                          config.p2p_bytes);
   const std::string ctx = "creating the streams of group '" + name_ + "'";
   DeviceScope scope(device);
   int least = 0, greatest = 0;
   CE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest), ctx);
+  stream_priority_ = greatest;
   // Non-blocking: the legacy default stream must not serialize with our streams. Highest priority so
   // the flag waits/writes are not queued behind compute work when hardware queues are shared.
   CE_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, greatest), ctx);
@@ -329,6 +387,12 @@ Group::~Group() {
     if (pull_[i]) cudaStreamDestroy(pull_[i]);
   }
   if (ev_fork_) cudaEventDestroy(ev_fork_);
+  for (cudaStream_t s : p2p_send_) {
+    if (s) cudaStreamDestroy(s);
+  }
+  for (cudaStream_t s : p2p_recv_) {
+    if (s) cudaStreamDestroy(s);
+  }
   if (comm_) cudaStreamDestroy(comm_);
   if (self_) cudaStreamDestroy(self_);
   if (reduce_) cudaStreamDestroy(reduce_);
@@ -392,31 +456,15 @@ void Group::wait_peers_done(uint32_t epoch) {
 void Group::post_ready(const PeerSignal& s) {
   FlagsRegion* flags = pool_->local_flags();
   PeerSignal* box = &flags->ready_outbox;
-  auto* words = reinterpret_cast<uint32_t*>(box);
-  const uint32_t values[8] = {s.epoch,
-                              s.sig_a,
-                              s.sig_b,
-                              s.kind_round,
-                              static_cast<uint32_t>(s.nbytes),
-                              static_cast<uint32_t>(s.nbytes >> 32),
-                              static_cast<uint32_t>(s.offset),
-                              static_cast<uint32_t>(s.offset >> 32)};
-  static_assert(offsetof(PeerSignal, nbytes) == 16 && offsetof(PeerSignal, offset) == 24, "PeerSignal layout");
-  // Only the words that differ from what the comm stream last wrote there (outbox_words_ mirrors it: every
-  // outbox write is enqueued here, on the comm stream, in order, and the pool starts zeroed). Back-to-back
-  // ops of one shape share signature, sizes and offset, so a round usually writes 2 words instead of 9,
-  // each a fenced stream write less in the front end. The copies below read the outbox after all of them.
+  // The ready outbox and the done outbox (this round's epoch) are written only here, on the comm stream;
+  // outbox_words_ mirrors both. The copies below read the outbox after all of the writes.
   std::vector<CUstreamBatchMemOpParams> ops;
-  uint32_t next[9];
-  for (int w = 0; w < 8; ++w) next[w] = values[w];
-  next[8] = s.epoch;
-  for (int w = 0; w < 9; ++w) {
-    if (next[w] == outbox_words_[w]) continue;
-    ops.push_back(write_op(w < 8 ? static_cast<const void*>(&words[w]) : static_cast<const void*>(&flags->done_outbox),
-                           next[w]));
+  outbox_writes(box, outbox_words_, s, ops);
+  if (outbox_words_[8] != s.epoch) {
+    ops.push_back(write_op(&flags->done_outbox, s.epoch));
+    outbox_words_[8] = s.epoch;
   }
   batch_mem_ops(comm_, ops, "group '" + name_ + "': writing the signal outbox of epoch " + std::to_string(s.epoch));
-  std::copy(next, next + 9, outbox_words_);
   for (int i = 1; i < world_size_; ++i) {
     const int p = (rank_ + i) % world_size_;
     CE_CUDA_CHECK(cudaMemcpyAsync(&pool_->peer_flags(p)->ready[rank_], box, sizeof(PeerSignal),
@@ -443,6 +491,76 @@ void Group::post_done(int peer) {
                 "group '" + name_ + "': signalling done to rank " + std::to_string(peer));
 }
 
+void Group::pull_copy(char* dst, const char* src, size_t bytes, const std::string& what) {
+  const size_t most = std::max<size_t>(1, bytes / kMinPullPiece);
+  const int k = static_cast<int>(std::min<size_t>(static_cast<size_t>(pull_split()), most));
+  if (k <= 1) {
+    CE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, comm_), what);
+    return;
+  }
+  // Pieces of ceil(bytes / k) rounded up to 64 KiB (so k pieces always cover `bytes`); the last takes the rest.
+  constexpr size_t kPieceAlign = 64 * 1024;
+  const size_t per = (bytes + static_cast<size_t>(k) - 1) / static_cast<size_t>(k);
+  const size_t piece = (per + kPieceAlign - 1) / kPieceAlign * kPieceAlign;
+  CE_CUDA_CHECK(cudaEventRecord(ev_fork_, comm_), what);
+  int forked = 0;
+  for (int j = 1; j < k; ++j) {
+    const size_t off = static_cast<size_t>(j) * piece;
+    if (off >= bytes) break;
+    const size_t len = j == k - 1 ? bytes - off : std::min(piece, bytes - off);
+    CE_CUDA_CHECK(cudaStreamWaitEvent(pull_[j - 1], ev_fork_, 0), what);
+    CE_CUDA_CHECK(cudaMemcpyAsync(dst + off, src + off, len, cudaMemcpyDeviceToDevice, pull_[j - 1]), what);
+    CE_CUDA_CHECK(cudaEventRecord(ev_join_[j - 1], pull_[j - 1]), what);
+    ++forked;
+  }
+  CE_CUDA_CHECK(cudaMemcpyAsync(dst, src, std::min(piece, bytes), cudaMemcpyDeviceToDevice, comm_), what);
+  for (int j = 0; j < forked; ++j) CE_CUDA_CHECK(cudaStreamWaitEvent(comm_, ev_join_[j], 0), what);
+}
+
+cudaStream_t Group::p2p_stream(int peer, bool send) {
+  cudaStream_t& s = (send ? p2p_send_ : p2p_recv_).at(static_cast<size_t>(peer));
+  if (s == nullptr) {
+    CE_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, stream_priority_),
+                  "group '" + name_ + "': creating the " + (send ? "send" : "receive") + " stream for rank " +
+                      std::to_string(peer));
+  }
+  return s;
+}
+
+uint32_t Group::next_p2p_round(int peer, bool send) {
+  uint32_t& last = (send ? p2p_send_round_ : p2p_recv_round_).at(static_cast<size_t>(peer));
+  ++last;
+  uint32_t hint = p2p_hint_.load();
+  while (epoch_ge(last, hint) && !p2p_hint_.compare_exchange_weak(hint, last + 1)) {
+  }
+  return last;
+}
+
+void Group::post_p2p(int peer, bool credit, const PeerSignal& s, cudaStream_t stream) {
+  FlagsRegion* flags = pool_->local_flags();
+  const size_t p = static_cast<size_t>(peer);
+  PeerSignal* box = credit ? &flags->p2p_credit_outbox[p] : &flags->p2p_landed_outbox[p];
+  uint32_t* mirror = credit ? p2p_credit_mirror_[p].data() : p2p_landed_mirror_[p].data();
+  const std::string what = "group '" + name_ + "': signalling " + (credit ? "a receive credit" : "landed bytes") +
+                           " of round " + std::to_string(s.epoch) + " to rank " + std::to_string(peer);
+  std::vector<CUstreamBatchMemOpParams> ops;
+  outbox_writes(box, mirror, s, ops);
+  batch_mem_ops(stream, ops, what);
+  PeerSignal* dst = credit ? &pool_->peer_flags(peer)->p2p_credit[rank_] : &pool_->peer_flags(peer)->p2p_landed[rank_];
+  CE_CUDA_CHECK(cudaMemcpyAsync(dst, box, sizeof(PeerSignal), cudaMemcpyDeviceToDevice, stream), what);
+}
+
+void Group::wait_p2p(int peer, bool credit, uint32_t round, RoundSignature sig, cudaStream_t stream) {
+  FlagsRegion* flags = pool_->local_flags();
+  PeerSignal* f = credit ? &flags->p2p_credit[peer] : &flags->p2p_landed[peer];
+  std::vector<CUstreamBatchMemOpParams> ops;
+  ops.push_back(wait_op(&f->epoch, round, CU_STREAM_WAIT_VALUE_GEQ));
+  ops.push_back(wait_op(&f->sig_a, sig.sig_a | kPoisonBit, CU_STREAM_WAIT_VALUE_AND));
+  ops.push_back(wait_op(&f->sig_b, sig.sig_b | kPoisonBit, CU_STREAM_WAIT_VALUE_AND));
+  batch_mem_ops(stream, ops, "group '" + name_ + "': waiting for rank " + std::to_string(peer) + "'s " +
+                                 (credit ? "receive credit" : "bytes") + " of round " + std::to_string(round));
+}
+
 cudaEvent_t Group::take_event() {
   if (!free_events_.empty()) {
     cudaEvent_t e = free_events_.back();
@@ -460,20 +578,23 @@ void Group::track(PendingOp op) {
 }
 
 void Group::retire_completed_locked() {
-  while (!pending_.empty()) {
-    PendingOp& op = pending_.front();
-    cudaError_t st = cudaEventQuery(op.end);
-    if (st == cudaErrorNotReady) return;
+  // Every op, not only the oldest: point-to-point ops run on their channels' streams and complete out of order.
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    cudaError_t st = cudaEventQuery(it->end);
+    if (st == cudaErrorNotReady) {
+      ++it;
+      continue;
+    }
     if (st != cudaSuccess) {
       (void)cudaGetLastError();
-      fail_locked("ce_overlap: " + op.name + " #" + std::to_string(op.seq) + " on group '" + name_ + "' (rank " +
+      fail_locked("ce_overlap: " + it->name + " #" + std::to_string(it->seq) + " on group '" + name_ + "' (rank " +
                   std::to_string(rank_) + ") failed with a CUDA error: " + cudaGetErrorName(st) + " (" +
                   cudaGetErrorString(st) + ")");
       return;
     }
-    free_events_.push_back(op.start);
-    free_events_.push_back(op.end);
-    pending_.pop_front();
+    free_events_.push_back(it->start);
+    free_events_.push_back(it->end);
+    it = pending_.erase(it);
   }
 }
 
@@ -495,16 +616,9 @@ void Group::synchronize(double timeout_s) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (failed_.load()) throw std::runtime_error(error());
+      retire_completed_locked();  // marks the group failed on a CUDA error
+      if (failed_.load()) throw std::runtime_error(error());
       if (pending_.empty()) return;
-      cudaError_t st = cudaEventQuery(pending_.back().end);
-      if (st == cudaSuccess) return;
-      if (st != cudaErrorNotReady) {
-        (void)cudaGetLastError();
-        fail_locked("ce_overlap: group '" + name_ + "' (rank " + std::to_string(rank_) +
-                    "): CUDA error while waiting for its ops: " + cudaGetErrorName(st) + " (" +
-                    cudaGetErrorString(st) + ")");
-        throw std::runtime_error(error());
-      }
       if (Clock::now() > deadline) {
         throw std::runtime_error("ce_overlap.synchronize: group '" + name_ + "' (rank " + std::to_string(rank_) +
                                  ") still has " + std::to_string(pending_.size()) + " ops in flight after " +
@@ -531,8 +645,10 @@ void Group::watchdog_tick(Clock::time_point now) {
   }
   retire_completed_locked();
   if (pending_.empty()) return;
-  PendingOp& op = pending_.front();
-  if (!op.started) {
+  // Every in-flight op is timed from the moment its stream reached it: collectives start one after the other
+  // on the comm stream, point-to-point ops on their own channels' streams, so any of them may be the stuck one.
+  for (PendingOp& op : pending_) {
+    if (op.started) continue;
     cudaError_t st = cudaEventQuery(op.start);
     if (st == cudaSuccess) {
       op.started = now;
@@ -548,12 +664,14 @@ void Group::watchdog_tick(Clock::time_point now) {
     }
     return;
   }
-  if (op.started && now - *op.started > std::chrono::duration<double>(timeout_s_)) {
+  for (PendingOp& op : pending_) {
+    if (!op.started || now - *op.started <= std::chrono::duration<double>(timeout_s_)) continue;
     // Failed BEFORE poisoned: once the poison lands the op completes, and nobody may see it complete
     // without also seeing the failure.
     fail_locked(diagnose_timeout_locked(op, now));
     if (!poison()) append_error(" Releasing the stuck GPU stream failed too (the unblocking write did not complete in 2 s).");
     last_poison_ = now;
+    return;
   }
 }
 
@@ -597,9 +715,15 @@ std::string Group::diagnose_timeout_locked(const PendingOp& op, Clock::time_poin
            " s: the local copy or reduction is stuck.";
   }
   const double waited = std::chrono::duration<double>(now - *op.started).count();
-  m << "ce_overlap: timeout: " << op.name << " #" << op.seq << " (" << op.nbytes_per_rank << " bytes per rank, "
-    << variant_name(static_cast<uint32_t>(op.variant)) << ", " << op.rounds.size() << " round(s), epochs "
-    << op.rounds.front().epoch << ".." << op.rounds.back().epoch << ") on group '" << name_ << "' did not complete within "
+  m << "ce_overlap: timeout: " << op.name << " #" << op.seq;
+  if (op.peer >= 0) {
+    m << (op.kind == OpKind::Send ? " to rank " : " from rank ") << op.peer << " (" << op.nbytes_per_rank << " bytes, "
+      << variant_name(static_cast<uint32_t>(op.variant)) << ", " << op.rounds.size() << " round(s), channel rounds ";
+  } else {
+    m << " (" << op.nbytes_per_rank << " bytes per rank, " << variant_name(static_cast<uint32_t>(op.variant)) << ", "
+      << op.rounds.size() << " round(s), epochs ";
+  }
+  m << op.rounds.front().epoch << ".." << op.rounds.back().epoch << ") on group '" << name_ << "' did not complete within "
     << timeout_s_ << " s (waited " << waited << " s) on rank " << rank_ << " (GPU " << device_ << ").";
 
   bool readable = cudaMemcpyAsync(host_flags_, pool_->local_flags(), sizeof(FlagsRegion), cudaMemcpyDeviceToHost,
@@ -608,6 +732,8 @@ std::string Group::diagnose_timeout_locked(const PendingOp& op, Clock::time_poin
   if (!readable) {
     (void)cudaGetLastError();
     m << " The flags could not be read back (the GPU does not respond), so the peers cannot be named.";
+  } else if (op.peer >= 0) {
+    m << " " << diagnose_p2p(op);
   } else {
     std::vector<int> missing;
     std::ostringstream details;
@@ -669,6 +795,33 @@ std::string Group::diagnose_timeout_locked(const PendingOp& op, Clock::time_poin
   return m.str();
 }
 
+std::string Group::diagnose_p2p(const PendingOp& op) const {
+  const bool send = op.kind == OpKind::Send;
+  const PeerSignal& got = send ? host_flags_->p2p_credit[op.peer] : host_flags_->p2p_landed[op.peer];
+  const std::string who = "Rank " + std::to_string(op.peer);
+  for (const RoundInfo& r : op.rounds) {
+    const OpKind ours_kind = send ? OpKind::Send : OpKind::Recv;
+    PeerSignal ours{r.epoch, r.sig.sig_a, r.sig.sig_b, kind_round_word(ours_kind, op.variant, r.round), r.nbytes, r.offset};
+    if (!epoch_ge(got.epoch, r.epoch)) {
+      std::string last = got.epoch == 0 ? "none" : "round " + std::to_string(got.epoch) + ": " + signal_text(got);
+      return "Peer ranks whose flags never arrived: [" + std::to_string(op.peer) + "]. " + who +
+             (send ? " has not posted the matching receive for channel round " : " has not sent channel round ") +
+             std::to_string(r.epoch) + " (message round " + std::to_string(r.round) + ") of this message (its last " +
+             (send ? "receive credit" : "landed signal") + ": " + last + ") -- it has not called " +
+             (send ? "recv" : "send") + " (or batch_isend_irecv) for this message, called fewer, or is stuck before it.";
+    }
+    if (got.epoch == r.epoch && ((got.sig_a & r.sig.sig_a) == 0 || (got.sig_b & r.sig.sig_b) == 0)) {
+      return "Peer ranks whose flags never arrived: [" + std::to_string(op.peer) + "]. " + who +
+             " posted a different message for channel round " + std::to_string(r.epoch) + ": " + signal_text(got) +
+             ", while this rank posted " + signal_text(ours) +
+             " -- mismatched sizes, a symmetric tensor on one side only, or sends and receives matched in a different "
+             "order.";
+    }
+  }
+  return "Every signal of rank " + std::to_string(op.peer) + " has arrived; the stream is stuck elsewhere (a local "
+         "copy or the copy engine).";
+}
+
 void Group::fail_locked(const std::string& message) {
   {
     std::lock_guard<std::mutex> lk(err_mu_);
@@ -686,9 +839,12 @@ bool Group::poison() {
   // only immutable state and epoch_hint_, so it works while an enqueue holds the group lock (an op
   // enqueued after this write waits for epochs far below the poison, so it drains too).
   const uint32_t poison_epoch = epoch_hint_.load() + (1u << 29);
+  const uint32_t poison_round = p2p_hint_.load() + (1u << 29);  // point-to-point channels count their own rounds
   for (int p = 0; p < world_size_; ++p) {
     host_poison_->ready[p] = PeerSignal{poison_epoch, 0xffffffffu, 0xffffffffu, 0, 0, 0};
     host_poison_->done[p] = poison_epoch;
+    host_poison_->p2p_credit[p] = PeerSignal{poison_round, 0xffffffffu, 0xffffffffu, 0, 0, 0};
+    host_poison_->p2p_landed[p] = PeerSignal{poison_round, 0xffffffffu, 0xffffffffu, 0, 0, 0};
   }
   const size_t bytes = offsetof(FlagsRegion, ready_outbox);
   if (cudaMemcpyAsync(pool_->local_flags(), host_poison_, bytes, cudaMemcpyHostToDevice, watchdog_stream_) != cudaSuccess) {
@@ -823,10 +979,14 @@ void Runtime::stop_watchdog() {
 }
 
 void hand_back(Group& g, PendingOp op, cudaStream_t caller, cudaEvent_t join, const std::string& where) {
-  const cudaStream_t comm = g.comm_stream();
-  CE_CUDA_CHECK(cudaEventRecord(op.end, comm), where);
+  hand_back_from(g, g.comm_stream(), std::move(op), caller, join, where);
+}
+
+void hand_back_from(Group& g, cudaStream_t stream, PendingOp op, cudaStream_t caller, cudaEvent_t join,
+                    const std::string& where) {
+  CE_CUDA_CHECK(cudaEventRecord(op.end, stream), where);
   if (join != nullptr) {
-    CE_CUDA_CHECK(cudaEventRecord(join, comm), where);  // the caller joins in ce_overlap::wait_tensor
+    CE_CUDA_CHECK(cudaEventRecord(join, stream), where);  // the caller joins later (wait_tensor, a p2p work)
   } else {
     CE_CUDA_CHECK(cudaStreamWaitEvent(caller, op.end, 0), where);
   }

@@ -13,6 +13,7 @@
 #include "cuda_util.h"
 #include "symmetric_pool.h"
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -30,7 +31,7 @@ namespace ce_overlap {
 
 using Clock = std::chrono::steady_clock;
 
-enum class OpKind : uint32_t { AllGather = 1, ReduceScatter = 2 };
+enum class OpKind : uint32_t { AllGather = 1, ReduceScatter = 2, AllToAll = 3, Broadcast = 4, Send = 5, Recv = 6 };
 const char* op_kind_name(uint32_t kind);
 // How an op moves its bytes (part of every round's signature, so ranks that disagree are caught, and
 // shown in the timeout diagnosis). Values fit in 4 bits.
@@ -40,6 +41,12 @@ enum class Variant : uint32_t {
   AgInPlace = 2,        // all-gather: output in the user region and input = its own shard, peers pull shard p
   AgPush = 3,           // all-gather: output in the user region, every rank writes its shard into every peer's
   RsPush = 4,           // reduce-scatter: chunks pushed into the receivers' staging slots, then reduced
+  A2aStaged = 5,        // all-to-all: the input's chunks staged (in rounds), every receiver pulls its chunk
+  A2aSymmetricInput = 6,// all-to-all: input in the user region (same offset everywhere), receivers pull in place
+  BcStaged = 7,         // broadcast: the root's tensor staged (in rounds), every other rank pulls it
+  BcSymmetric = 8,      // broadcast: the tensor in the user region (same offset everywhere), pulled from the root
+  P2pStaged = 9,        // send/recv: sender pushes into the receiver's landing banks, receiver copies them out
+  P2pDirect = 10,       // send/recv: both tensors in the user region at one offset, sender pushes in place
 };
 const char* variant_name(uint32_t variant);
 // PeerSignal::kind_round: kind (8 bits) | variant (4 bits) | round (20 bits, diagnostics only).
@@ -88,9 +95,11 @@ struct RoundInfo {
   uint64_t offset;
 };
 
-// An enqueued op the watchdog tracks until its `end` event completes.
+// An enqueued op the watchdog tracks until its `end` event completes. Collectives run on the comm stream, in
+// order; point-to-point ops on their channel's stream (p2p.cc), so ops may complete out of order.
 struct PendingOp {
   std::string name;
+  int peer = -1;  // send / recv: the other rank (rounds[].epoch are then the channel's round numbers)
   uint64_t seq = 0;  // 1-based op number on this group
   OpKind kind = OpKind::AllGather;
   Variant variant = Variant::AgStaged;
@@ -119,9 +128,10 @@ struct GroupConfig {
   int reduce_ctas;         // CE_OVERLAP_REDUCE_SMS (default 32): CTAs of the reduce-scatter reduction kernel
   size_t rs_round_bytes;   // CE_OVERLAP_RS_ROUND_MB (default 32): reduce-scatter bytes per rank per round
   int pull_split;          // CE_OVERLAP_PULL_SPLIT (default 1, 1..4): streams one pulled peer copy is split over
-  // From CE_OVERLAP_POOL_MB (default 1024, the whole region), CE_OVERLAP_STAGING_MB (default
-  // min(256, pool/4)), CE_OVERLAP_TIMEOUT_S (default 60) and the three above. Throws naming the variable
-  // when invalid.
+  size_t p2p_bytes;        // CE_OVERLAP_P2P_MB (default min(64, pool/8)): the send/recv landing region
+  // From CE_OVERLAP_POOL_MB (default 1024, the whole pool), CE_OVERLAP_STAGING_MB (default
+  // min(256, pool/4)), CE_OVERLAP_P2P_MB, CE_OVERLAP_TIMEOUT_S (default 60) and the three above. Throws
+  // naming the variable when invalid.
   static GroupConfig from_env();
 };
 
@@ -188,6 +198,22 @@ class Group {
   void wait_peer_ready(int peer, uint32_t epoch, RoundSignature sig);
   // comm stream: copy the done outbox (the current round's epoch) into done[rank] of `peer`.
   void post_done(int peer);
+  // comm stream: one peer copy of a pull, split into pull_split() pieces (one per stream) when it is large
+  // enough; to the protocol it is one copy on the comm stream (forked after, joined before the next step).
+  void pull_copy(char* dst, const char* src, size_t bytes, const std::string& what);
+
+  // Point-to-point channels (p2p.cc). Channel (sender s -> receiver d) has a round counter on each side,
+  // advanced identically because sends and receives of one pair are matched in order, and its own streams:
+  // sends to d run on p2p_stream(d, true), receives from s on p2p_stream(s, false), created on first use.
+  // A p2p op waits only for its peer's signals on its own stream, so no channel blocks another.
+  cudaStream_t p2p_stream(int peer, bool send);
+  // The next round number of the channel to (send) or from (recv) `peer`: 1, 2, ...
+  uint32_t next_p2p_round(int peer, bool send);
+  // On `stream`: write `s` into this rank's outbox for `peer` (credit: we are its receiver; landed: we are its
+  // sender) and copy it into the peer's p2p_credit[rank] / p2p_landed[rank].
+  void post_p2p(int peer, bool credit, const PeerSignal& s, cudaStream_t stream);
+  // On `stream`: wait until our p2p_credit[peer] (credit) / p2p_landed[peer] reaches `round` with our signature.
+  void wait_p2p(int peer, bool credit, uint32_t round, RoundSignature sig, cudaStream_t stream);
 
   cudaEvent_t take_event();
   void track(PendingOp op);
@@ -225,6 +251,8 @@ class Group {
 
  private:
   std::string diagnose_timeout_locked(const PendingOp& op, Clock::time_point now);
+  // The peer part of a send / recv timeout, from the flags read back into host_flags_.
+  std::string diagnose_p2p(const PendingOp& op) const;
   // Marks the group failed with `message` (the first message wins). Takes only err_mu_, never mu_.
   void fail_locked(const std::string& message);
   void append_error(const std::string& text);
@@ -253,6 +281,13 @@ class Group {
   cudaEvent_t ev_arrived_ = nullptr;
   cudaEvent_t ev_bank_[2] = {nullptr, nullptr};
   cudaStream_t pull_[kMaxPullSplit - 1] = {};
+  std::vector<cudaStream_t> p2p_send_;   // per peer, created on first use (nullptr until then)
+  std::vector<cudaStream_t> p2p_recv_;
+  std::vector<uint32_t> p2p_send_round_;  // last round number used per peer and direction
+  std::vector<uint32_t> p2p_recv_round_;
+  std::vector<std::array<uint32_t, 8>> p2p_credit_mirror_;  // what the streams last wrote into each outbox
+  std::vector<std::array<uint32_t, 8>> p2p_landed_mirror_;
+  int stream_priority_ = 0;
   cudaEvent_t ev_fork_ = nullptr;
   cudaEvent_t ev_join_[kMaxPullSplit - 1] = {};
   FlagsRegion* host_flags_ = nullptr;   // pinned: readback of our flags for the diagnosis
@@ -270,6 +305,7 @@ class Group {
   mutable std::mutex err_mu_;  // guards error_ (a leaf lock: never held across a CUDA call or with mu_ wanted)
   std::string error_;
   std::atomic<uint32_t> epoch_hint_{1};       // epoch_next_, readable without mu_ (poison)
+  std::atomic<uint32_t> p2p_hint_{1};         // above every p2p round number used so far (poison)
   std::atomic<int64_t> enqueue_since_ns_{0};  // steady_clock ns when the running enqueue began; 0: none
   Clock::time_point last_poison_{};           // watchdog thread only
 };
@@ -277,10 +313,37 @@ class Group {
 // Every op's last step: record the op's end on the comm stream, hand the result to the caller (its stream waits on
 // the end now, or, with a deferred-join event, in ce_overlap::wait_tensor), and let the watchdog track the op.
 void hand_back(Group& g, PendingOp op, cudaStream_t caller, cudaEvent_t join, const std::string& where);
+// The same for an op that ran on `stream` (a point-to-point channel's) instead of the comm stream.
+void hand_back_from(Group& g, cudaStream_t stream, PendingOp op, cudaStream_t caller, cudaEvent_t join,
+                    const std::string& where);
 
 // Ops refuse CUDA graph capture: epochs are host-side state baked into the enqueued values, and a replayed graph
 // would repeat them.
 void refuse_graph_capture(const Group& g, cudaStream_t caller, const char* op, const std::string& where);
+
+// The frame of every op's enqueue. Under the group lock: refuses an unusable group; does nothing for an empty op
+// (every rank skips it alike: the sizes match, and no epoch or round is consumed); refuses CUDA graph capture; runs
+// `plan()` (it may throw: nothing is consumed yet), then `enqueue(where, plan_result)` on the group's device. A throw
+// from `enqueue` may have consumed epochs or channel rounds, leaving this rank out of step with its peers, so the
+// group is marked failed and every later op raises that message instead of hanging.
+template <typename PlanFn, typename EnqueueFn>
+void enqueue_op(Group& g, const char* op, bool empty, cudaStream_t caller, PlanFn&& plan, EnqueueFn&& enqueue) {
+  std::lock_guard<std::mutex> lk(g.mutex());
+  g.throw_if_unusable_locked(op);
+  if (empty) return;
+  Group::EnqueueScope enqueueing(g);  // the watchdog's view of an enqueue stuck in a CUDA call
+  const std::string where = std::string(op) + " on group '" + g.name() + "' (rank " + std::to_string(g.rank()) + ")";
+  refuse_graph_capture(g, caller, op, where);
+  auto planned = plan();
+  DeviceScope scope(g.device());
+  try {
+    enqueue(where, planned);
+  } catch (const std::exception& e) {
+    g.mark_failed_locked(std::string(e.what()) + " (group '" + g.name() +
+                         "' is now unusable: this rank's epochs are out of step with its peers)");
+    throw;
+  }
+}
 
 // Process-wide registry of groups, keyed by c10d group name. Never destroyed (a leaked singleton):
 // tearing down CUDA objects during static destruction races the CUDA runtime's own teardown.

@@ -93,24 +93,12 @@ void enqueue_locked(Group& g, const ReduceScatterArgs& a, const std::string& whe
 size_t reduce_scatter_round_bytes(Group& g) { return layout_of(g).round_bytes; }
 
 void enqueue_reduce_scatter(Group& g, const ReduceScatterArgs& a) {
-  static const char* kOp = "reduce_scatter_tensor";
-  std::lock_guard<std::mutex> lk(g.mutex());
-  g.throw_if_unusable_locked(kOp);
-  if (a.chunk_bytes == 0) return;
-  Group::EnqueueScope enqueueing(g);  // the watchdog's view of an enqueue stuck in a CUDA call
-
-  const std::string where = "reduce_scatter_tensor on group '" + g.name() + "' (rank " + std::to_string(g.rank()) + ")";
-  refuse_graph_capture(g, a.caller, kOp, where);
-  const Layout l = layout_of(g);
-  const size_t rounds = g.world_size() == 1 ? 0 : (a.chunk_bytes + l.round_bytes - 1) / l.round_bytes;
-
-  DeviceScope scope(g.device());
-  try {
-    enqueue_locked(g, a, where, l, rounds);
-  } catch (const std::exception& e) {
-    g.mark_failed_locked(std::string(e.what()) + " (group '" + g.name() + "' is now unusable: this rank's epochs are out of step with its peers)");
-    throw;
-  }
+  auto plan_op = [&] { return layout_of(g); };  // may throw (staging too small): nothing consumed yet
+  enqueue_op(g, "reduce_scatter_tensor", a.chunk_bytes == 0, a.caller, plan_op,
+             [&](const std::string& where, const Layout& l) {
+               const size_t rounds = g.world_size() == 1 ? 0 : (a.chunk_bytes + l.round_bytes - 1) / l.round_bytes;
+               enqueue_locked(g, a, where, l, rounds);
+             });
 }
 
 namespace {

@@ -286,14 +286,15 @@ int64_t RangeAllocator::self_test(uint64_t seed, int64_t steps) {
 // SymmetricPool
 
 SymmetricPool::SymmetricPool(std::string group_name, int rank, int world_size, int device, size_t user_bytes,
-                             size_t staging_bytes)
+                             size_t staging_bytes, size_t p2p_bytes)
     : group_name_(std::move(group_name)),
       rank_(rank),
       world_size_(world_size),
       device_(device),
       user_bytes_(align_up(user_bytes, kPoolAlignment)),
       staging_bytes_(align_up(staging_bytes, kPoolAlignment)),
-      total_bytes_(kFlagsBytes + user_bytes_ + staging_bytes_),
+      p2p_bytes_(align_up(p2p_bytes, kPoolAlignment)),
+      total_bytes_(kFlagsBytes + user_bytes_ + staging_bytes_ + p2p_bytes_),
       peer_bases_(static_cast<size_t>(world_size), nullptr),
       user_alloc_(user_bytes_) {
   if (world_size < 1 || world_size > kMaxRanks) {
@@ -356,6 +357,7 @@ PoolHandleBlob SymmetricPool::export_blob() const {
   blob.total_bytes = total_bytes_;
   blob.user_bytes = user_bytes_;
   blob.staging_bytes = staging_bytes_;
+  blob.p2p_bytes = p2p_bytes_;
   std::strncpy(blob.pci_bus_id, pci_bus_id(device_).c_str(), sizeof(blob.pci_bus_id) - 1);
   gethostname(blob.hostname, sizeof(blob.hostname) - 1);
   DeviceScope scope(device_);
@@ -389,11 +391,13 @@ void SymmetricPool::open_peers(const std::vector<PoolHandleBlob>& blobs) {
                                std::to_string(b.world_size) + " ranks; expected rank " + std::to_string(r) +
                                " of " + std::to_string(world_size_));
     }
-    if (b.user_bytes != user_bytes_ || b.staging_bytes != staging_bytes_) {
+    if (b.user_bytes != user_bytes_ || b.staging_bytes != staging_bytes_ || b.p2p_bytes != p2p_bytes_) {
       throw std::runtime_error("ce_overlap: rendezvous of " + g + ": " + who(r) + " has a pool of " +
-                               mib(b.user_bytes) + " user + " + mib(b.staging_bytes) + " staging, rank " +
-                               std::to_string(rank_) + " has " + mib(user_bytes_) + " + " + mib(staging_bytes_) +
-                               "; set CE_OVERLAP_POOL_MB / CE_OVERLAP_STAGING_MB identically on every rank");
+                               mib(b.user_bytes) + " user + " + mib(b.staging_bytes) + " staging + " +
+                               mib(b.p2p_bytes) + " p2p, rank " + std::to_string(rank_) + " has " + mib(user_bytes_) +
+                               " + " + mib(staging_bytes_) + " + " + mib(p2p_bytes_) +
+                               "; set CE_OVERLAP_POOL_MB / CE_OVERLAP_STAGING_MB / CE_OVERLAP_P2P_MB identically on "
+                               "every rank");
     }
     if (std::strncmp(b.hostname, blobs[0].hostname, sizeof(b.hostname)) != 0) {
       throw std::runtime_error("ce_overlap: " + g + " spans hosts: " + who(0) + " and " + who(r) +
@@ -512,7 +516,7 @@ std::string SymmetricPool::describe() const {
   std::ostringstream s;
   s << "group '" << group_name_ << "' rank " << rank_ << "/" << world_size_ << " on GPU " << device_ << " ("
     << pci_bus_id(device_) << "): pool " << mib(total_bytes_) << " = user " << mib(user_bytes_) << " ("
-    << user_alloc_.free_bytes() << " bytes free) + staging " << mib(staging_bytes_);
+    << user_alloc_.free_bytes() << " bytes free) + staging " << mib(staging_bytes_) << " + p2p " << mib(p2p_bytes_);
   return s.str();
 }
 

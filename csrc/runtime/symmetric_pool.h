@@ -5,6 +5,7 @@
 //   [0, kFlagsBytes)                          FlagsRegion: signals written by peers (see group.h)
 //   [kFlagsBytes, +user_bytes)                user region: tensors from empty_symmetric (zero-copy)
 //   [kFlagsBytes + user_bytes, +staging_bytes) staging region: inputs that are not in the pool
+//   [... + staging_bytes, +p2p_bytes)         p2p landing region: one slot per sender, 2 banks each (p2p.cc)
 //
 // No torch here; the handle exchange itself goes through the group's c10d store in Python, which
 // passes the gathered blobs back to open_peers().
@@ -45,11 +46,21 @@ static_assert(sizeof(PeerSignal) == 32, "PeerSignal is copied as 32 bytes");
 // Lives at offset 0 of every rank's pool. Entries indexed by a peer rank p are written only by p
 // (remotely, with a cudaMemcpyAsync); the outboxes are written only locally (stream memory ops) and
 // are the sources of those remote copies.
+//
+// Collectives (group-wide epochs, comm stream) use ready[] / done[]; point-to-point channels (their own round
+// numbers and streams, p2p.cc) use p2p_credit[] / p2p_landed[]. Everything a peer writes comes first, so the
+// watchdog's unblocking write (group.cc, poison) is one copy of [0, offsetof(ready_outbox)).
 struct FlagsRegion {
   PeerSignal ready[kMaxRanks];  // ready[p]: p's shard for ready[p].epoch is readable in p's pool
   uint32_t done[kMaxRanks];     // done[p]: p finished reading our pool for every epoch <= done[p]
+  // p2p_credit[p]: receiver p accepts round .epoch of our message to it (a landing bank is free, or, direct,
+  // its tensor may be written). p2p_landed[p]: round .epoch of sender p's message to us is in our pool.
+  PeerSignal p2p_credit[kMaxRanks];
+  PeerSignal p2p_landed[kMaxRanks];
   PeerSignal ready_outbox;      // source of our ready[] writes into peers
   uint32_t done_outbox;         // source of our done[] writes into peers
+  PeerSignal p2p_credit_outbox[kMaxRanks];  // source of our p2p_credit[] write into peer p (its receive stream)
+  PeerSignal p2p_landed_outbox[kMaxRanks];  // source of our p2p_landed[] write into peer p (its send stream)
 };
 static_assert(sizeof(FlagsRegion) <= kFlagsBytes, "flags must fit in kFlagsBytes");
 
@@ -64,12 +75,13 @@ struct PoolHandleBlob {
   uint64_t total_bytes;
   uint64_t user_bytes;
   uint64_t staging_bytes;
+  uint64_t p2p_bytes;
   char pci_bus_id[32];  // identifies the GPU across processes
   char hostname[64];
   cudaIpcMemHandle_t handle;
 };
 constexpr uint32_t kPoolBlobMagic = 0x43454f50;  // "CEOP"
-constexpr uint32_t kPoolBlobVersion = 1;
+constexpr uint32_t kPoolBlobVersion = 2;  // 2: the p2p landing region
 
 // First-fit allocator over [0, capacity) with coalescing frees. Pure host bookkeeping. Ranks do NOT rely on
 // their allocators agreeing (frees land at different times on different ranks): empty_symmetric publishes
@@ -105,7 +117,7 @@ class SymmetricPool {
  public:
   // Allocates and zeroes the local region on `device` (the calling thread's device is switched).
   SymmetricPool(std::string group_name, int rank, int world_size, int device, size_t user_bytes,
-                size_t staging_bytes);
+                size_t staging_bytes, size_t p2p_bytes);
   ~SymmetricPool();
   SymmetricPool(const SymmetricPool&) = delete;
   SymmetricPool& operator=(const SymmetricPool&) = delete;
@@ -123,8 +135,10 @@ class SymmetricPool {
   size_t total_bytes() const { return total_bytes_; }
   size_t user_bytes() const { return user_bytes_; }
   size_t staging_bytes() const { return staging_bytes_; }
+  size_t p2p_bytes() const { return p2p_bytes_; }
   size_t user_offset() const { return kFlagsBytes; }
   size_t staging_offset() const { return kFlagsBytes + user_bytes_; }
+  size_t p2p_offset() const { return kFlagsBytes + user_bytes_ + staging_bytes_; }
 
   char* local_base() const { return local_base_; }
   char* peer_base(int peer) const { return peer_bases_.at(peer); }  // == local_base() for our rank
@@ -161,6 +175,7 @@ class SymmetricPool {
   int device_;
   size_t user_bytes_;
   size_t staging_bytes_;
+  size_t p2p_bytes_;
   size_t total_bytes_;
   char* local_base_ = nullptr;
   std::vector<char*> peer_bases_;

@@ -2,7 +2,9 @@
 // (so FakeTensor / torch.compile can trace them), argument checks, and caching-allocator lifetimes.
 // The only translation unit that includes torch headers.
 #include "all_gather.h"
+#include "all_to_all.h"
 #include "group.h"
+#include "p2p.h"
 #include "reduce_scatter.h"
 
 #include <ATen/core/Tensor.h>
@@ -329,6 +331,230 @@ void reduce_scatter_out_meta(const at::Tensor& input, std::string reduce_op, int
   check_rs_out(input, out, group_size, "reduce_scatter_tensor_out");
 }
 
+// ---------------------------------------------------------------------------------------------------
+// All-to-all (equal splits) and broadcast
+
+void check_a2a_input(const at::Tensor& input, int64_t group_size, const char* op) {
+  check_input(input, group_size, op, /*scatter=*/true);
+  TORCH_SYM_CHECK((input.sym_size(0) % group_size).sym_eq(0), "ce_overlap.", op, ": input.shape[0] = ",
+                  input.sym_size(0), " is not divisible by group_size = ", group_size,
+                  " (only equal splits are supported: uneven all-to-alls stay on NCCL)");
+}
+
+void check_a2a_out(const at::Tensor& input, const at::Tensor& out, const char* op) {
+  check_out_like_input(input, out, op);
+  TORCH_SYM_CHECK(out.sym_numel().sym_eq(input.sym_numel()), "ce_overlap.", op, ": out has ", out.sym_numel(),
+                  " elements; it needs input.numel() = ", input.sym_numel());
+}
+
+// The streams that read `t` (and, for outputs, write it) after the enqueue returns keep the caching allocator from
+// handing its block out again before they are past it. Pool tensors are not the allocator's.
+void keep_alive_for(Group& g, const at::Tensor& t, std::initializer_list<cudaStream_t> streams) {
+  if (t.numel() == 0 || g.pool().contains(t.data_ptr())) return;
+  const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g.device());
+  for (cudaStream_t s : streams) {
+    c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), c10::cuda::getStreamFromExternal(s, device));
+  }
+}
+
+void run_all_to_all(Group& g, const at::Tensor& input, at::Tensor& out, const char* op, bool deferred = false) {
+  const size_t n = static_cast<size_t>(g.world_size());
+  const size_t chunk = static_cast<size_t>(input.numel()) * input.element_size() / n;
+  if (chunk == 0) return;
+  const char* in = static_cast<const char*>(input.data_ptr());
+  char* o = static_cast<char*>(out.data_ptr());
+  TORCH_CHECK(in + n * chunk <= o || o + n * chunk <= in, "ce_overlap.", op, ": out overlaps input (an all-to-all "
+              "cannot run in place: every rank reads its peers' inputs while they write their outputs)");
+  const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g.device());
+  c10::cuda::CUDAGuard guard(device);
+  const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device);
+  enqueue_maybe_deferred(g, out, deferred, [&](cudaEvent_t join) {
+    enqueue_all_to_all(g, AllToAllArgs{in, o, chunk, caller.stream(), join});
+  });
+  for (const at::Tensor* t : {&input, static_cast<const at::Tensor*>(&out)}) {
+    keep_alive_for(g, *t, {g.comm_stream(), g.self_stream()});
+  }
+}
+
+at::Tensor all_to_all_cuda(const at::Tensor& input, int64_t group_size, std::string group_name) {
+  static const char* kOp = "all_to_all_single";
+  check_a2a_input(input, group_size, kOp);
+  std::shared_ptr<Group> g = group_for(group_name, group_size, input, kOp);
+  c10::cuda::CUDAGuard guard(input.device());
+  at::Tensor out = at::empty(input.sizes(), input.options());
+  run_all_to_all(*g, input, out, kOp, /*deferred=*/true);
+  return out;
+}
+
+void all_to_all_out_cuda(const at::Tensor& input, int64_t group_size, std::string group_name, at::Tensor out) {
+  static const char* kOp = "all_to_all_single_out";
+  check_a2a_input(input, group_size, kOp);
+  check_a2a_out(input, out, kOp);
+  std::shared_ptr<Group> g = group_for(group_name, group_size, input, kOp);
+  run_all_to_all(*g, input, out, kOp);
+}
+
+at::Tensor all_to_all_meta(const at::Tensor& input, int64_t group_size, std::string group_name) {
+  (void)group_name;
+  check_a2a_input(input, group_size, "all_to_all_single");
+  return at::empty_symint(input.sym_sizes(), input.options());
+}
+
+void all_to_all_out_meta(const at::Tensor& input, int64_t group_size, std::string group_name, at::Tensor out) {
+  (void)group_name;
+  check_a2a_input(input, group_size, "all_to_all_single_out");
+  check_a2a_out(input, out, "all_to_all_single_out");
+}
+
+void check_broadcast(const at::Tensor& tensor, int64_t root, int64_t group_size) {
+  TORCH_CHECK(tensor.defined() && tensor.layout() == c10::kStrided, "ce_overlap.broadcast_: tensor must be a defined "
+              "strided tensor");
+  TORCH_CHECK(tensor.is_contiguous(), "ce_overlap.broadcast_: tensor must be contiguous (got sizes ", tensor.sym_sizes(),
+              " and strides ", tensor.sym_strides(), ")");
+  TORCH_CHECK(group_size >= 1, "ce_overlap.broadcast_: group_size must be >= 1, got ", group_size);
+  TORCH_CHECK(root >= 0 && root < group_size, "ce_overlap.broadcast_: root ", root, " is not a rank of a group of ",
+              group_size);
+}
+
+void broadcast_cuda(at::Tensor tensor, int64_t root, int64_t group_size, std::string group_name) {
+  check_broadcast(tensor, root, group_size);
+  std::shared_ptr<Group> g = group_for(group_name, group_size, tensor, "broadcast_");
+  const size_t nbytes = static_cast<size_t>(tensor.numel()) * tensor.element_size();
+  if (nbytes == 0) return;
+  const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g->device());
+  c10::cuda::CUDAGuard guard(device);
+  const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device);
+  enqueue_broadcast(*g, BroadcastArgs{tensor.data_ptr(), nbytes, static_cast<int>(root), caller.stream()});
+  keep_alive_for(*g, tensor, {g->comm_stream()});
+}
+
+void broadcast_meta(at::Tensor tensor, int64_t root, int64_t group_size, std::string group_name) {
+  (void)group_name;
+  check_broadcast(tensor, root, group_size);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Point-to-point
+
+// Async batches: ticket -> the end events of its ops, joined by _p2p_wait on the caller's current stream.
+class P2pTickets {
+ public:
+  static P2pTickets& get() {
+    static P2pTickets* t = new P2pTickets();  // leaked: no CUDA calls during static destruction
+    return *t;
+  }
+  int64_t add(std::vector<cudaEvent_t> events) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t id = ++next_;
+    pending_[id] = std::move(events);
+    return id;
+  }
+  std::vector<cudaEvent_t> take(int64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(id);
+    TORCH_CHECK(it != pending_.end(), "ce_overlap._p2p_wait: no pending point-to-point batch #", id,
+                " (already waited for, or never issued)");
+    std::vector<cudaEvent_t> events = std::move(it->second);
+    pending_.erase(it);
+    return events;
+  }
+
+ private:
+  std::mutex mu_;
+  int64_t next_ = 0;
+  std::unordered_map<int64_t, std::vector<cudaEvent_t>> pending_;
+};
+
+void check_p2p_args(at::TensorList send, c10::IntArrayRef send_peers, at::TensorList recv, c10::IntArrayRef recv_peers) {
+  TORCH_CHECK(send.size() == send_peers.size(), "ce_overlap.batch_isend_irecv: ", send.size(), " send tensors but ",
+              send_peers.size(), " send peers");
+  TORCH_CHECK(recv.size() == recv_peers.size(), "ce_overlap.batch_isend_irecv: ", recv.size(), " recv tensors but ",
+              recv_peers.size(), " recv peers");
+  for (at::TensorList list : {send, recv}) {
+    for (const at::Tensor& t : list) {
+      TORCH_CHECK(t.defined() && t.layout() == c10::kStrided, "ce_overlap.batch_isend_irecv: every tensor must be a "
+                  "defined strided tensor");
+      TORCH_CHECK(t.is_contiguous(), "ce_overlap.batch_isend_irecv: tensors must be contiguous (got sizes ",
+                  t.sym_sizes(), " and strides ", t.sym_strides(), "); call .contiguous() on it first");
+    }
+  }
+}
+
+int64_t batch_p2p_cuda(at::TensorList send, c10::IntArrayRef send_peers, at::TensorList recv,
+                       c10::IntArrayRef recv_peers, std::string group_name, bool async_op) {
+  check_p2p_args(send, send_peers, recv, recv_peers);
+  std::shared_ptr<Group> g = Runtime::get().require(group_name, "batch_isend_irecv");
+  P2pBatchArgs args;
+  std::vector<const at::Tensor*> tensors;
+  for (bool is_send : {true, false}) {
+    at::TensorList list = is_send ? send : recv;
+    c10::IntArrayRef peers = is_send ? send_peers : recv_peers;
+    for (size_t i = 0; i < list.size(); ++i) {
+      const at::Tensor& t = list[i];
+      TORCH_CHECK(t.is_cuda() && t.device().index() == g->device(), "ce_overlap.batch_isend_irecv: a tensor is on ",
+                  t.device(), " but group '", group_name, "' (rank ", g->rank(), ") lives on cuda:", g->device());
+      args.ops.push_back(P2pOp{is_send, static_cast<int>(peers[i]), t.numel() ? t.data_ptr() : nullptr,
+                               static_cast<size_t>(t.numel()) * t.element_size()});
+      tensors.push_back(&t);
+    }
+  }
+  const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g->device());
+  c10::cuda::CUDAGuard guard(device);
+  const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device);
+  args.caller = caller.stream();
+  if (async_op) {
+    for (size_t i = 0; i < args.ops.size(); ++i) {
+      cudaEvent_t e = nullptr;
+      const cudaError_t st = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+      if (st != cudaSuccess) {
+        for (cudaEvent_t made : args.joins) cudaEventDestroy(made);
+        TORCH_CHECK(false, "ce_overlap.batch_isend_irecv: cudaEventCreateWithFlags failed: ", cudaGetErrorString(st));
+      }
+      args.joins.push_back(e);
+    }
+  }
+  try {
+    enqueue_p2p_batch(*g, args);
+  } catch (...) {
+    for (cudaEvent_t e : args.joins) cudaEventDestroy(e);
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(g->mutex());  // p2p_stream: the channel streams exist now, but are the group's
+  for (size_t i = 0; i < args.ops.size(); ++i) {
+    if (args.ops[i].nbytes == 0) continue;
+    keep_alive_for(*g, *tensors[i], {g->p2p_stream(args.ops[i].peer, args.ops[i].send)});
+  }
+  return async_op ? P2pTickets::get().add(std::move(args.joins)) : 0;
+}
+
+int64_t batch_p2p_meta(at::TensorList send, c10::IntArrayRef send_peers, at::TensorList recv,
+                       c10::IntArrayRef recv_peers, std::string group_name, bool async_op) {
+  (void)group_name;
+  (void)async_op;
+  check_p2p_args(send, send_peers, recv, recv_peers);
+  return 0;
+}
+
+// Makes the current stream wait for every op of async batch `ticket` (no host wait) and raises a watchdog failure.
+void p2p_wait(int64_t ticket) {
+  std::vector<cudaEvent_t> events = P2pTickets::get().take(ticket);
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream();
+  cudaError_t st = cudaSuccess;
+  for (cudaEvent_t e : events) {
+    if (st == cudaSuccess) st = cudaStreamWaitEvent(current.stream(), e, 0);
+    cudaEventDestroy(e);  // deferred by CUDA until the work waiting on it has consumed it
+  }
+  TORCH_CHECK(st == cudaSuccess, "ce_overlap._p2p_wait: cudaStreamWaitEvent failed: ", cudaGetErrorString(st));
+  if (std::optional<std::string> err = Runtime::get().first_failure()) {
+    TORCH_CHECK(false, "ce_overlap.batch_isend_irecv: ", *err);
+  }
+}
+
+int64_t p2p_round_bytes_op(std::string group_name) {
+  std::shared_ptr<Group> g = Runtime::get().require(group_name, "p2p_round_bytes");
+  return static_cast<int64_t>(p2p_round_bytes(*g));
+}
+
 // The functional ops return before the caller's stream waits for them (DeferredJoins): this makes the current
 // stream wait for the op that produced `tensor` (no host wait), and surfaces a watchdog failure (timeout) as
 // an exception at the point the result is consumed. A tensor with no pending op passes through.
@@ -572,9 +798,16 @@ TORCH_LIBRARY(ce_overlap, m) {
   // Hands back its input, and says so: the alias annotation keeps torch's custom-op aliasing check (an error
   // under CI, a deprecation warning elsewhere) quiet and tells Inductor's reinplacing that the result is the
   // collective's buffer, not a fresh one.
+  m.def("all_to_all_single(Tensor input, int group_size, str group_name) -> Tensor", pt2);
+  m.def("all_to_all_single_out(Tensor input, int group_size, str group_name, *, Tensor(a!) out) -> ()", pt2);
+  m.def("broadcast_(Tensor(a!) tensor, int root, int group_size, str group_name) -> ()", pt2);
   m.def("wait_tensor(Tensor(a) tensor) -> Tensor(a)",
         torch::dispatch(c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(wait_tensor)), pt2);
 
+  m.def("_batch_p2p(Tensor[] send, int[] send_peers, Tensor(a!)[] recv, int[] recv_peers, str group_name, "
+        "bool async_op) -> int");
+  m.def("_p2p_wait(int ticket) -> ()", &p2p_wait);
+  m.def("_p2p_round_bytes(str group_name) -> int", &p2p_round_bytes_op);
   m.def("_pool_create(str group_name, int rank, int world_size, int device) -> Tensor", &pool_create);
   m.def("_pool_open(str group_name, Tensor handles) -> ()", &pool_open);
   m.def("_pool_abort(str group_name) -> ()", &pool_abort);
@@ -600,6 +833,10 @@ TORCH_LIBRARY_IMPL(ce_overlap, CUDA, m) {
   m.impl("all_gather_into_tensor_out", TORCH_FN(ce_overlap::all_gather_out_cuda));
   m.impl("reduce_scatter_tensor", TORCH_FN(ce_overlap::reduce_scatter_cuda));
   m.impl("reduce_scatter_tensor_out", TORCH_FN(ce_overlap::reduce_scatter_out_cuda));
+  m.impl("all_to_all_single", TORCH_FN(ce_overlap::all_to_all_cuda));
+  m.impl("all_to_all_single_out", TORCH_FN(ce_overlap::all_to_all_out_cuda));
+  m.impl("broadcast_", TORCH_FN(ce_overlap::broadcast_cuda));
+  m.impl("_batch_p2p", TORCH_FN(ce_overlap::batch_p2p_cuda));
 }
 
 TORCH_LIBRARY_IMPL(ce_overlap, Meta, m) {
@@ -607,4 +844,8 @@ TORCH_LIBRARY_IMPL(ce_overlap, Meta, m) {
   m.impl("all_gather_into_tensor_out", TORCH_FN(ce_overlap::all_gather_out_meta));
   m.impl("reduce_scatter_tensor", TORCH_FN(ce_overlap::reduce_scatter_meta));
   m.impl("reduce_scatter_tensor_out", TORCH_FN(ce_overlap::reduce_scatter_out_meta));
+  m.impl("all_to_all_single", TORCH_FN(ce_overlap::all_to_all_meta));
+  m.impl("all_to_all_single_out", TORCH_FN(ce_overlap::all_to_all_out_meta));
+  m.impl("broadcast_", TORCH_FN(ce_overlap::broadcast_meta));
+  m.impl("_batch_p2p", TORCH_FN(ce_overlap::batch_p2p_meta));
 }

@@ -4,7 +4,8 @@
     torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py reduce_scatter --rs-cases 300
     torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py symalloc
     torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py nokernels
-    torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py timeout,mismatch
+    torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py a2a_bcast,p2p --a2a-cases 1000 --p2p-cases 1000
+    torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py timeout,mismatch,p2p_faults
 
 Modes can be chained (comma list) to share one start-up. Every mode prints what it checked; the process exits 0 when
 every mode passed, 1 otherwise (with the details printed).
@@ -93,6 +94,13 @@ def count_wrong(got: torch.Tensor, want: torch.Tensor) -> int:
         return 0
     itype = INT_OF_SIZE[got.element_size()]
     return int((got.reshape(-1).view(itype) != want.reshape(-1).view(itype)).sum().item())
+
+
+def failed_on_all_ranks(failures: int) -> int:
+    """Every rank's failure count summed: a failure on one rank fails the mode on all (and they agree on it)."""
+    total = torch.tensor([failures], device="cuda")
+    dist.all_reduce(total)
+    return int(total.item())
 
 
 def draw_case(rng: random.Random) -> dict:
@@ -251,15 +259,14 @@ def mode_correctness(args) -> int:
     rt.tune(group, pull_split=1)
     # Every rank must agree: a failure on one rank fails the run on all.
     step("correctness: all_reduce of the failure count")
-    nfail = torch.tensor([len(failures)], device="cuda")
-    dist.all_reduce(nfail)
+    nfail = failed_on_all_ranks(len(failures))
     if rank == 0:
         print(f"{'mode':<20} {'dtype':<10} cases")
         for (mode, dtype), n in sorted(stats.items()):
             print(f"{mode:<20} {dtype:<10} {n}")
-    log(f"correctness: {args.cases} cases, {len(failures)} failed here, {int(nfail.item())} failed on all ranks, "
+    log(f"correctness: {args.cases} cases, {len(failures)} failed here, {nfail} failed on all ranks, "
         f"{time.time() - t0:.1f} s; {rt.describe(group)}")
-    return 0 if int(nfail.item()) == 0 else 1
+    return 0 if nfail == 0 else 1
 
 
 def mode_timeout(args) -> int:
@@ -391,7 +398,8 @@ def mode_mismatch(args) -> int:
 
 
 def mode_nokernels(args) -> int:
-    """The CE all-gather must launch no GPU kernel (copies and stream memory ops only); NCCL's does (sanity)."""
+    """The CE all-gathers, all-to-alls, broadcasts and sends / receives must launch no GPU kernel (copies and stream
+    memory ops only), the reduce-scatter only its reduction; NCCL's all-gather does (sanity)."""
     from torch.profiler import ProfilerActivity, profile
 
     group = dist.group.WORLD
@@ -423,6 +431,22 @@ def mode_nokernels(args) -> int:
 
     rs_in = torch.randn(world * x.numel(), device="cuda", dtype=torch.bfloat16)
     rs_out = torch.empty(x.numel(), device="cuda", dtype=torch.bfloat16)
+    a2a_out = torch.empty_like(x)
+    sym_a2a_in = rt.empty_symmetric(x.shape, x.dtype, group)
+    sym_a2a_in.copy_(x)
+    bc = x.clone()
+    sym_bc = rt.empty_symmetric(x.shape, x.dtype, group)
+    sym_bc.copy_(x)
+    peer = (rank + 1) % world
+    src = (rank - 1) % world
+    p2p_in, p2p_out = x.clone(), torch.empty_like(x)
+    # Direct: rank k sends from its bufs[k] into bufs[k] of rank k+1 (one allocation per sender, the same offsets).
+    bufs = [rt.empty_symmetric(x.shape, x.dtype, group) for _ in range(world)]
+    bufs[rank].copy_(x)
+    torch.cuda.synchronize()
+
+    def ring(send_t, recv_t):
+        return lambda: rt.batch_isend_irecv([rt.P2POp("send", send_t, peer), rt.P2POp("recv", recv_t, src)], group)
 
     def push(fn):
         def run():
@@ -452,6 +476,12 @@ def mode_nokernels(args) -> int:
                       ("ce_push_from_ordinary_input", push(lambda: rt.all_gather_into_tensor(sym_out, x, group))),
                       ("ce_symmetric_inplace_split3", split3(lambda: rt.all_gather_into_tensor(sym_out, inplace_in,
                                                                                               group))),
+                      ("ce_all_to_all_staged", lambda: rt.all_to_all_single(a2a_out, x, group)),
+                      ("ce_all_to_all_symmetric", lambda: rt.all_to_all_single(a2a_out, sym_a2a_in, group)),
+                      ("ce_broadcast_staged", lambda: rt.broadcast(bc, 0, group)),
+                      ("ce_broadcast_symmetric", lambda: rt.broadcast(sym_bc, 0, group)),
+                      ("ce_p2p_staged", ring(p2p_in, p2p_out)),
+                      ("ce_p2p_direct", ring(bufs[rank], bufs[src])),
                       ("ce_reduce_scatter", lambda: rt.reduce_scatter_tensor(rs_out, rs_in, "sum", group))):
         step(f"nokernels: {label}")
         names = gpu_activities(fn)
@@ -633,15 +663,14 @@ def mode_reduce_scatter(args) -> int:
         if count_wrong(y, x) or count_wrong(g, x):
             log(f"FAILED: group of one rank: reduce_scatter({op}) / all_gather is not the input")
             failures.append(-1)
-    nfail = torch.tensor([len(failures)], device="cuda")
-    dist.all_reduce(nfail)
+    nfail = failed_on_all_ranks(len(failures))
     if rank == 0:
         print(f"{'op':<5} {'dtype':<10} {'data':<7} {'cases':>6} {'bit-exact vs NCCL':>18}")
         for k in sorted(stats):
             print(f"{k[0]:<5} {k[1]:<10} {k[2]:<7} {stats[k]:>6} {exact_stats[k]:>18}")
     log(f"reduce_scatter: {args.rs_cases} cases ({multi_round} multi-round), {len(failures)} failed here, "
-        f"{int(nfail.item())} failed on all ranks, {time.time() - t0:.1f} s; {rt.describe(group)}")
-    return 0 if int(nfail.item()) == 0 else 1
+        f"{nfail} failed on all ranks, {time.time() - t0:.1f} s; {rt.describe(group)}")
+    return 0 if nfail == 0 else 1
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -760,16 +789,285 @@ def mode_symalloc(args) -> int:
         f"{wrong} wrong bytes in the all-gathers on them")
     ok &= wrong == 0
     live.clear()
-    nfail = torch.tensor([0 if ok else 1], device="cuda")
-    dist.all_reduce(nfail)
-    log(f"symalloc: {'ok' if int(nfail.item()) == 0 else 'FAILED'}; {rt.describe(group)}")
-    return 0 if int(nfail.item()) == 0 else 1
+    nfail = failed_on_all_ranks(0 if ok else 1)
+    log(f"symalloc: {'ok' if nfail == 0 else 'FAILED'}; {rt.describe(group)}")
+    return 0 if nfail == 0 else 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# All-to-all, broadcast and point-to-point vs NCCL
+
+def _draw_numel(rng: random.Random, multiple: int) -> int:
+    """0, tiny, medium or multi-round sizes (with CE_OVERLAP_STAGING_MB=1 / CE_OVERLAP_P2P_MB=1), a multiple of
+    `multiple` elements."""
+    bucket = rng.random()
+    if bucket < 0.03:
+        return 0
+    if bucket < 0.35:
+        units = rng.randint(1, 64)
+    elif bucket < 0.7:
+        units = rng.randint(65, 8192)
+    else:
+        units = rng.randint(8193, 1 << 19)
+    return units * multiple
+
+
+def _run_a2a_bcast_case(case: dict, group, world: int, rank: int) -> tuple[int, str]:
+    dtype, kind, mode = case["dtype"], case["kind"], case["mode"]
+    elem = torch.empty((), dtype=dtype).element_size()
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(case["seed"] * 131 + rank)
+    numel = case["numel"]
+    data = random_bits([numel], dtype, gen)
+    problems = []
+    if kind == "a2a":
+        ref = torch.empty_like(data)
+        if numel:
+            dist.all_to_all_single(ref, data, group=group)
+        backing = torch.full((numel * elem + GUARD_BYTES,), 0xA5, dtype=torch.uint8, device="cuda")
+        out = backing[:numel * elem].view(dtype)
+        if mode == "symmetric":
+            inp = rt.empty_symmetric([numel], dtype, group)
+            inp.copy_(data)
+        else:
+            inp = data.clone()
+        if mode == "functional":
+            name = group.group_name
+            out = rt.wait_tensor(torch.ops.ce_overlap.all_to_all_single(inp, world, name))
+        else:
+            rt.all_to_all_single(out, inp, group)
+        if case["clobber_input_after"] and numel:
+            inp.view(torch.uint8 if elem == 1 else INT_OF_SIZE[elem]).fill_(0x5A)
+        rt.synchronize(group)
+        torch.cuda.synchronize()
+        if mode != "functional" and not bool((backing[numel * elem:] == 0xA5).all().item()):
+            problems.append("bytes behind the output were overwritten")
+        return count_wrong(out, ref), "; ".join(problems)
+    # broadcast
+    root = case["root"]
+    ref = data.clone()
+    if numel:
+        dist.broadcast(ref, src=dist.get_global_rank(group, root), group=group)
+    if mode == "symmetric":
+        t = rt.empty_symmetric([numel], dtype, group)
+        t.copy_(data)
+    else:
+        t = data.clone()
+    rt.broadcast(t, root, group)
+    rt.synchronize(group)
+    torch.cuda.synchronize()
+    return count_wrong(t, ref), ""
+
+
+def mode_a2a_bcast(args) -> int:
+    """Randomized all-to-alls (staged, zero-copy symmetric input, functional op) and broadcasts (staged, symmetric,
+    every root) bit-exact vs NCCL, with guard bands behind the outputs."""
+    group = dist.group.WORLD
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rt.rendezvous(group)
+    rng = random.Random(args.seed + 7)
+    stats = collections.Counter()
+    failures = 0
+    t0 = time.time()
+    for i in range(args.a2a_cases):
+        kind = "a2a" if i % 2 == 0 else "bcast"
+        case = {"kind": kind, "dtype": rng.choice(DTYPES), "seed": rng.randrange(1 << 30),
+                "mode": rng.choice(["staged", "staged", "symmetric", "functional"] if kind == "a2a"
+                                   else ["staged", "symmetric"]),
+                "root": rng.randrange(world), "clobber_input_after": rng.random() < 0.3}
+        case["numel"] = _draw_numel(rng, world if kind == "a2a" else 1)
+        step(f"a2a_bcast case {i}: {kind} {case['mode']} {case['dtype']} {case['numel']}")
+        try:
+            wrong, problem = _run_a2a_bcast_case(case, group, world, rank)
+        except Exception as e:  # noqa: BLE001
+            wrong, problem = -1, f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+        stats[(kind, case["mode"])] += 1
+        if wrong or problem:
+            failures += 1
+            log(f"a2a_bcast case {i} FAILED: {case} wrong={wrong} {problem}")
+            if wrong == -1:
+                break
+    step("a2a_bcast: all_reduce of the failure count")
+    nfail = failed_on_all_ranks(failures)
+    log(f"a2a_bcast: {args.a2a_cases} cases {dict(stats)}, {nfail} failed on all ranks, "
+        f"{time.time() - t0:.1f} s")
+    return 0 if nfail == 0 else 1
+
+
+def _p2p_messages(rng: random.Random, world: int) -> list[dict]:
+    msgs = []
+    direct_channels = set()
+    for _ in range(rng.randint(1, 4)):
+        src, dst = rng.sample(range(world), 2)
+        direct = rng.random() < 0.3 and (src, dst) not in direct_channels
+        if direct:
+            direct_channels.add((src, dst))
+        msgs.append({"src": src, "dst": dst, "dtype": rng.choice(DTYPES), "numel": _draw_numel(rng, 1),
+                     "direct": direct, "seed": rng.randrange(1 << 30)})
+    return msgs
+
+
+def _interleave(rng: random.Random, ops: list, channel) -> list:
+    """A random order of `ops` that keeps the order within each channel (how sends and receives are matched)."""
+    queues: dict = {}
+    for o in ops:
+        queues.setdefault(channel(o), []).append(o)
+    out = []
+    while any(queues.values()):
+        key = rng.choice([k for k, v in queues.items() if v])
+        out.append(queues[key].pop(0))
+    return out
+
+
+def _run_p2p_case(msgs: list[dict], style: str, order_seed: int, group, rank: int) -> tuple[int, str]:
+    """One batch of messages through NCCL (dist.batch_isend_irecv) and through the CE runtime; the received bytes must
+    be identical. Direct messages use one empty_symmetric buffer per message (allocated by every rank, in order)."""
+    sends, recvs = [], []
+    sym = []
+    for j, m in enumerate(msgs):
+        buf = rt.empty_symmetric([m["numel"]], m["dtype"], group) if m["direct"] else None  # collective: every rank
+        sym.append(buf)
+        if rank == m["src"]:
+            gen = torch.Generator(device="cuda")
+            gen.manual_seed(m["seed"])
+            data = random_bits([m["numel"]], m["dtype"], gen)
+            sends.append((j, m, data))
+        elif rank == m["dst"]:
+            recvs.append((j, m))
+    # NCCL reference.
+    ref = {}
+    nccl_ops = []
+    for j, m, data in sends:
+        if m["numel"]:
+            nccl_ops.append(dist.P2POp(dist.isend, data, m["dst"], group))
+    for j, m in recvs:
+        ref[j] = torch.empty([m["numel"]], dtype=m["dtype"], device="cuda")
+        if m["numel"]:
+            nccl_ops.append(dist.P2POp(dist.irecv, ref[j], m["src"], group))
+    if nccl_ops:
+        for w in dist.batch_isend_irecv(nccl_ops):
+            w.wait()
+    torch.cuda.synchronize()
+    # The CE runtime: the same messages, each rank's ops in its own random order (per channel order kept).
+    got, ce_ops = {}, []
+    for j, m, data in sends:
+        t = data
+        if m["direct"]:
+            sym[j].copy_(data)
+            t = sym[j]
+        ce_ops.append(("send", j, m, t))
+    for j, m in recvs:
+        if m["direct"]:
+            got[j] = sym[j]
+        else:
+            nbytes = m["numel"] * torch.empty((), dtype=m["dtype"]).element_size()
+            backing = torch.full((nbytes + GUARD_BYTES,), 0xA5, dtype=torch.uint8, device="cuda")
+            got[j] = backing[:nbytes].view(m["dtype"])
+            got[(j, "guard")] = backing[nbytes:]
+        ce_ops.append(("recv", j, m, got[j]))
+    rng = random.Random(order_seed * 7 + rank)
+    ce_ops = _interleave(rng, ce_ops, lambda o: (o[0], o[2]["dst"] if o[0] == "send" else o[2]["src"]))
+    if style == "torch_p2pop":  # torch.distributed.P2POp objects (global peers)
+        ops = [dist.P2POp(dist.isend if k == "send" else dist.irecv, t, m["dst"] if k == "send" else m["src"], group)
+               for k, j, m, t in ce_ops]
+    else:
+        ops = [rt.P2POp(k, t, m["dst"] if k == "send" else m["src"]) for k, j, m, t in ce_ops]
+    if style == "async":
+        work = rt.batch_isend_irecv(ops, group, async_op=True)
+        busy = torch.randn(512, 512, device="cuda")
+        for _ in range(4):
+            busy = busy @ busy  # caller-stream work that overlaps the batch
+        work.wait()
+    elif style == "single" and len(ops) == 1:
+        (rt.send if ops[0].op == "send" else rt.recv)(ops[0].tensor, ops[0].peer, group)
+    else:
+        rt.batch_isend_irecv(ops, group)
+    for k, j, m, t in ce_ops:  # a sender may overwrite its input right away (stream order)
+        if k == "send" and m["numel"]:
+            t.view(INT_OF_SIZE[t.element_size()]).fill_(0x5A)
+    rt.synchronize(group)
+    torch.cuda.synchronize()
+    wrong, problems = 0, []
+    for j, m in recvs:
+        wrong += count_wrong(got[j], ref[j])
+        guard = got.get((j, "guard"))
+        if guard is not None and not bool((guard == 0xA5).all().item()):
+            problems.append(f"message {j}: bytes behind the receive buffer were overwritten")
+    return wrong, "; ".join(problems)
+
+
+def mode_p2p(args) -> int:
+    """Randomized batches of sends and receives between random pairs (both directions, several messages per channel,
+    staged single- and multi-round, direct into symmetric buffers, empty messages, every dtype), each rank's ops in
+    its own order, sync / async / torch P2POp / single send-recv: bit-exact vs the same batch over NCCL."""
+    group = dist.group.WORLD
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rt.rendezvous(group)
+    log(f"p2p: landing bank {torch.ops.ce_overlap._p2p_round_bytes(group.group_name)} bytes; {rt.describe(group)}")
+    rng = random.Random(args.seed + 11)
+    stats = collections.Counter()
+    failures = 0
+    t0 = time.time()
+    for i in range(args.p2p_cases):
+        msgs = _p2p_messages(rng, world)
+        style = rng.choice(["sync", "sync", "async", "torch_p2pop", "single"])
+        order_seed = rng.randrange(1 << 30)
+        step(f"p2p case {i}: {style} {[(m['src'], m['dst'], m['numel'], m['direct']) for m in msgs]}")
+        try:
+            wrong, problem = _run_p2p_case(msgs, style, order_seed, group, rank)
+        except Exception as e:  # noqa: BLE001
+            wrong, problem = -1, f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+        stats[style] += 1
+        stats["messages"] += len(msgs)
+        stats["direct"] += sum(m["direct"] for m in msgs)
+        if wrong or problem:
+            failures += 1
+            log(f"p2p case {i} FAILED: {msgs} {style} wrong={wrong} {problem}")
+            if wrong == -1:
+                break
+    step("p2p: all_reduce of the failure count")
+    nfail = failed_on_all_ranks(failures)
+    log(f"p2p: {args.p2p_cases} batches {dict(stats)}, {nfail} failed on all ranks, {time.time() - t0:.1f} s")
+    return 0 if nfail == 0 else 1
+
+
+def mode_p2p_faults(args) -> int:
+    """A receive that never comes, and mismatched message sizes: the waiting side raises within the timeout naming
+    the op, the peer and what it posted; the streams drain. Each case on its own process group."""
+    rank = dist.get_rank()
+    step("p2p_faults: 2 process groups + rendezvous", echo=True)
+    groups = [dist.new_group(list(range(dist.get_world_size()))) for _ in range(2)]
+    for g in groups:
+        rt.rendezvous(g)
+    x = torch.randn(1 << 20, device="cuda")
+    y = torch.empty((1 << 20) if rank == 0 else (1 << 19), device="cuda")
+    torch.cuda.synchronize()
+    dist.barrier()
+    ok = True
+    g = groups[0]
+    if rank == 0:  # rank 1 never posts the receive
+        ok &= _expect_timeout("send without a receive", g, lambda: rt.send(x, 1, g),
+                              ["send", "to rank 1", "has not posted the matching receive"])
+    g = groups[1]
+
+    def mismatched():  # rank 0 sends 4 MiB, rank 1 expects 2 MiB
+        rt.batch_isend_irecv([rt.P2POp("send", x, 1)] if rank == 0 else [rt.P2POp("recv", y, 0)], g)
+
+    # The sender sees the receiver's credits carry another message; the receiver only sees that nothing arrives.
+    if rank in (0, 1):
+        needles = ["send", "rank 1", "posted a different message"] if rank == 0 else \
+            ["recv", "rank 0", "has not sent channel round 1"]
+        ok &= _expect_timeout("send / recv sizes", g, mismatched, needles)
+    return 0 if ok else 1
 
 
 MODES = {"correctness": mode_correctness, "reduce_scatter": mode_reduce_scatter, "symalloc": mode_symalloc,
-         "nokernels": mode_nokernels, "timeout": mode_timeout, "mismatch": mode_mismatch}
+         "nokernels": mode_nokernels, "timeout": mode_timeout, "mismatch": mode_mismatch, "a2a_bcast": mode_a2a_bcast,
+         "p2p": mode_p2p, "p2p_faults": mode_p2p_faults}
 # Modes that leave a CE group failed on purpose (they run on their own groups, or last).
-BREAKING = ("timeout", "mismatch")
+BREAKING = ("timeout", "mismatch", "p2p_faults")
 
 
 def main() -> int:
@@ -779,6 +1077,8 @@ def main() -> int:
     parser.add_argument("--cases", type=int, default=1000, help="all-gather cases (correctness)")
     parser.add_argument("--rs-cases", type=int, default=300, help="reduce-scatter cases")
     parser.add_argument("--symalloc-steps", type=int, default=200, help="random allocation steps (symalloc)")
+    parser.add_argument("--a2a-cases", type=int, default=1000, help="all-to-all and broadcast cases (a2a_bcast)")
+    parser.add_argument("--p2p-cases", type=int, default=1000, help="point-to-point batches (p2p)")
     parser.add_argument("--seed", type=int, default=1234)
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]

@@ -1,10 +1,12 @@
 """A randomized model check of the CE runtime's signalling protocol, op for op as csrc/runtime/all_gather.cc (pull:
-staged, zero-copy, in place; push) and csrc/runtime/reduce_scatter.cc enqueue it: per rank a caller, comm, self and
-reduce stream (FIFO queues), flags written by peers, events. A random scheduler runs any stream whose head op is
+staged, zero-copy, in place; push), csrc/runtime/reduce_scatter.cc, csrc/runtime/all_to_all.cc (all-to-all, broadcast)
+and csrc/runtime/p2p.cc (send / recv channels) enqueue it: per rank a caller, comm, self and reduce stream and one
+stream per point-to-point channel (FIFO queues), flags written by peers, events. A random scheduler runs any stream whose head op is
 ready; copies and kernels are two-phase (start/end) so other streams interleave. Pool memory carries content tags, so
 a read of stale or half-written bytes, a write while someone reads, and a deadlock all raise `Race`.
 
-It checks the protocol, not the C++: keep the `ag` / `rs` methods in step with the enqueue code. `bugs` switches off
+It checks the protocol, not the C++: keep the `ag` / `rs` / `a2a` / `bcast` / `p2p_batch` methods in step with the
+enqueue code. `bugs` switches off
 one safeguard at a time; tests/runtime/test_protocol_model.py checks that each one is caught (the model has teeth).
 Pure Python, no torch:  python tests/runtime/protocol_model.py 3000
 """
@@ -39,7 +41,7 @@ class World:
         self.bugs = bugs
         self.B = (n - 1) * S          # bank bytes
         self.U0 = 2 * self.B          # user region start (staging is [0, 2B))
-        self.flags = [{"ready": [0] * n, "done": [0] * n} for _ in range(n)]
+        self.flags = [{"ready": [0] * n, "done": [0] * n, "credit": [0] * n, "landed": [0] * n} for _ in range(n)]
         self.mem = [[] for _ in range(n)]     # (lo, hi, tag)
         self.active = [[] for _ in range(n)]  # (lo, hi, mode, opid)
         self.streams = [{s: deque() for s in ("caller", "comm", "self", "red")} for _ in range(n)]
@@ -47,6 +49,11 @@ class World:
         self.done_waited = [0] * n
         self.ev = [{k: Ev() for k in ("caller", "self", "arrived", "bank0", "bank1", "end")} for _ in range(n)]
         self.op_counter = 0
+        # Point-to-point: per rank and peer, the last round used per direction; landing banks of L bytes.
+        self.p2p_round = [{("send", p): 0 for p in range(n)} | {("recv", p): 0 for p in range(n)} for _ in range(n)]
+        self.L = S
+        self.P0 = self.U0 + 100000    # landing region: slot per sender, 2 banks
+        self.D0 = self.U0 + 50000     # direct p2p buffers, one per channel (the same offset on both sides)
 
     # ---------- memory
     def write_start(self, r, lo, hi, opid):
@@ -238,6 +245,151 @@ class World:
         self.record(r, "comm", "end")
         self.wait_ev(r, "caller", "end")
 
+    def a2a(self, r, opid, variant, C, rounds_hint=1):
+        """all_to_all.cc: staged pull through staging slots of R = 2B / n per chunk, or zero-copy from a symmetric
+        input at X (chunk q at X + q*C)."""
+        n = self.n
+        X = self.U0 + 2 * n * 37 + 1000
+        R = (2 * self.B) // n
+        self.caller_prep(r, [(r, X, X + n * C, ("a2a", opid, r))] if variant == "a2a_symm" else [])
+        self.wait_ev(r, "self", "caller")
+        reads = [(r, X + r * C, X + (r + 1) * C, ("a2a", opid, r), "a2a self copy")] if variant == "a2a_symm" else []
+        self.copy(r, "self", reads, [])
+        self.record(r, "self", "self")
+        rounds = rounds_hint if variant == "a2a_staged" else 1
+        for k in range(rounds):
+            e = self.epoch_next[r]
+            self.epoch_next[r] += 1
+            if "a2a_no_done_wait" not in self.bugs:
+                self.wait_peers_done(r, e - 1)
+            if variant == "a2a_staged":
+                for q in range(n):
+                    if q != r:
+                        self.copy(r, "comm", [], [(r, q * R, (q + 1) * R, ("a2a", opid, k, r, q))])
+            self.post_ready(r, e)
+            for i in range(1, n):
+                p = (r + i) % n
+                self.wait_flag(r, "comm", "ready", p, e)
+                if variant == "a2a_staged":
+                    src = (p, r * R, (r + 1) * R, ("a2a", opid, k, p, r), "a2a pull staged")
+                else:
+                    src = (p, X + r * C, X + (r + 1) * C, ("a2a", opid, p), "a2a pull zero-copy")
+                self.copy(r, "comm", [src], [])
+                self.post_done(r, p, e)
+        if variant == "a2a_symm" and "a2a_no_final_wait" not in self.bugs:
+            self.wait_peers_done(r, e)
+        self.finish(r, False, [])
+
+    def bcast(self, r, opid, variant, root, N, rounds_hint=1):
+        """all_to_all.cc, broadcast: the root's bytes staged (rounds) or its symmetric tensor at Y read in place; every
+        rank posts to and waits for every peer."""
+        n = self.n
+        Y = self.U0 + 40000
+        symm = variant == "bc_symm"
+        # The caller's earlier use of its tensor: the root writes the bytes to send, the others last read (wrote) it.
+        self.caller_prep(r, [(r, Y, Y + N, ("bc", opid, root if r == root else -r))] if symm else [])
+        rounds = rounds_hint if not symm else 1
+        for k in range(rounds):
+            e = self.epoch_next[r]
+            self.epoch_next[r] += 1
+            self.wait_peers_done(r, e - 1)
+            if r == root and not symm:
+                self.copy(r, "comm", [], [(r, 0, self.B, ("bc", opid, k))])
+            self.post_ready(r, e)
+            for i in range(1, n):
+                p = (r + i) % n
+                if "bc_wait_root_only" in self.bugs and p != root:
+                    continue
+                self.wait_flag(r, "comm", "ready", p, e)
+                if p == root:
+                    if symm:
+                        self.copy(r, "comm", [(p, Y, Y + N, ("bc", opid, root), "bcast pull symmetric")],
+                                  [(r, Y, Y + N, ("bc", opid, root))])
+                    else:
+                        self.copy(r, "comm", [(p, 0, self.B, ("bc", opid, k), "bcast pull staged")], [])
+                if "bc_wait_root_only" in self.bugs and r != root:
+                    if p == root:
+                        self.post_done(r, p, e)
+                    continue
+                self.post_done(r, p, e)
+        if symm and r == root and "bc_root_no_final_wait" not in self.bugs:
+            self.wait_peers_done(r, e)
+        reads = [(r, Y, Y + N, ("bc", opid, root), "caller reads broadcast")] if symm else []
+        self.finish(r, True, reads)
+
+    # ---------- point-to-point (p2p.cc)
+    def p2p_stream(self, r, kind, peer):
+        name = "p2p" if "p2p_one_stream" in self.bugs else f"{kind}{peer}"
+        self.streams[r].setdefault(name, deque())
+        return name
+
+    def next_round(self, r, kind, peer):
+        self.p2p_round[r][(kind, peer)] += 1
+        return self.p2p_round[r][(kind, peer)]
+
+    def landing(self, sender, receiver, bank):
+        slot = sender if sender < receiver else sender - 1
+        return self.P0 + slot * 2 * self.L + bank * self.L
+
+    def direct_buf(self, sender, receiver):
+        return self.D0 + (sender * self.n + receiver) * self.L
+
+    def p2p_batch(self, r, ops):
+        """One rank's batch_isend_irecv: ops are (kind, peer, msg_id, rounds, direct). Every op's stream waits for the
+        caller once, at the batch start; the caller waits for every op's end after the batch."""
+        L = self.L
+        writes = []
+        for (kind, peer, m, rounds, direct) in ops:
+            if kind == "recv" and direct:  # the caller's last use of the buffer it receives into
+                D = self.direct_buf(peer, r)
+                writes.append((r, D, D + L, ("caller", r, m)))
+        if writes:
+            self.copy(r, "caller", [], writes)
+        self.record(r, "caller", "caller")
+        ends = []
+        for (kind, peer, m, rounds, direct) in ops:
+            st = self.p2p_stream(r, kind, peer)
+            if "p2p_no_caller_join" not in self.bugs:
+                self.wait_ev(r, st, "caller")
+            if direct:
+                rounds = 1
+            if kind == "send":
+                for k in range(rounds):
+                    t = self.next_round(r, "send", peer)
+                    bank = 0 if "p2p_one_bank" in self.bugs else t % 2
+                    lo = self.direct_buf(r, peer) if direct else self.landing(r, peer, bank)
+                    self.q(r, st, Op("waitflag", fkind="credit", peer=peer, value=t))
+                    self.copy(r, st, [], [(peer, lo, lo + L, ("p2p", m, k))])
+                    self.q(r, st, Op("setflag", dst=peer, fkind="landed", src_rank=r, value=t))
+            else:
+                ts = [self.next_round(r, "recv", peer) for _ in range(rounds)]
+
+                def credit(k):
+                    self.q(r, st, Op("setflag", dst=peer, fkind="credit", src_rank=r, value=ts[k]))
+
+                for k in range(min(2, rounds)):
+                    credit(k)
+                for k in range(rounds):
+                    if "p2p_no_landed_wait" not in self.bugs:
+                        self.q(r, st, Op("waitflag", fkind="landed", peer=peer, value=ts[k]))
+                    if not direct:
+                        bank = 0 if "p2p_one_bank" in self.bugs else ts[k] % 2
+                        lo = self.landing(peer, r, bank)
+                        if k + 2 < rounds and "p2p_credit_before_copy" in self.bugs:
+                            credit(k + 2)
+                        self.copy(r, st, [(r, lo, lo + L, ("p2p", m, k), f"copy-out of round {k}")], [])
+                        if k + 2 < rounds and "p2p_credit_before_copy" not in self.bugs:
+                            credit(k + 2)
+            ev = f"end_{kind}{peer}_{m}"
+            self.ev[r][ev] = Ev()
+            self.record(r, st, ev)
+            ends.append((ev, kind, peer, m, direct))
+        for (ev, kind, peer, m, direct) in ends:
+            self.wait_ev(r, "caller", ev)
+            if kind == "recv" and direct:
+                D = self.direct_buf(peer, r)
+                self.copy(r, "caller", [(r, D, D + L, ("p2p", m, 0), "caller reads the received buffer")], [])
+
     # ---------- execution
     def ready(self, op):
         if op.kind == "waitev":
@@ -281,7 +433,35 @@ class World:
             self.run(dq.popleft())
 
 
-KINDS = ["rs", "staged", "symm_input", "inplace", "push_inplace", "push_from_input"]
+KINDS = ["rs", "staged", "symm_input", "inplace", "push_inplace", "push_from_input", "a2a_staged", "a2a_symm",
+         "bc_staged", "bc_symm", "p2p"]
+
+
+def _p2p_batches(rng, n, j):
+    """A batch of random messages between random pairs (several per channel possible), and each rank's view of it:
+    its sends and receives interleaved at random, keeping the order of every channel (how the runtime matches them)."""
+    msgs = []
+    direct_channels = set()  # one direct message per channel and batch: a second would receive into the same buffer
+    for m in range(rng.randint(1, 2 * n)):
+        s, d = rng.sample(range(n), 2)
+        direct = rng.random() < 0.3 and (s, d) not in direct_channels
+        if direct:
+            direct_channels.add((s, d))
+        msgs.append((s, d, (j, m), rng.randint(1, 5), direct))
+    per_rank = []
+    for r in range(n):
+        queues = {}
+        for (s, d, mid, rounds, direct) in msgs:
+            if r == s:
+                queues.setdefault(("send", d), []).append(("send", d, mid, rounds, direct))
+            elif r == d:
+                queues.setdefault(("recv", s), []).append(("recv", s, mid, rounds, direct))
+        ops = []
+        while any(queues.values()):
+            key = rng.choice([k for k, v in queues.items() if v])
+            ops.append(queues[key].pop(0))
+        per_rank.append(ops)
+    return per_rank
 
 
 def one(seed, bugs=frozenset(), kinds=KINDS):
@@ -292,16 +472,23 @@ def one(seed, bugs=frozenset(), kinds=KINDS):
     seq = []
     for j in range(rng.randint(3, 10)):
         kind = rng.choice(kinds)
-        seq.append((kind, rng.randint(1, 5)))
+        seq.append((kind, rng.randint(1, 5), rng.randrange(n), _p2p_batches(rng, n, j) if kind == "p2p" else None))
     # Host enqueue: interleave ranks op by op in random order (host threads are independent).
-    for j, (kind, rounds) in enumerate(seq):
+    for j, (kind, rounds, root, batches) in enumerate(seq):
         for r in rng.sample(range(n), n):
             if kind == "rs":
                 w.rs(r, j, rounds)
+            elif kind.startswith("a2a"):
+                w.a2a(r, j, kind, 11, rounds_hint=rounds)
+            elif kind.startswith("bc"):
+                w.bcast(r, j, kind, root, 37, rounds_hint=rounds)
+            elif kind == "p2p":
+                if batches[r]:
+                    w.p2p_batch(r, batches[r])
             else:
                 w.ag(r, j, kind, 37, staged_rounds=rounds)
     w.execute(rng)
-    return n, seq
+    return n, [(kind, rounds) for kind, rounds, _, _ in seq]
 
 
 if __name__ == "__main__":

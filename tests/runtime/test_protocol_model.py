@@ -1,7 +1,8 @@
 """The signalling protocol of the CE collectives, checked on a model (tests/runtime/protocol_model.py, no GPU): random
-op sequences (all-gather pull staged / zero-copy / in place, push, reduce-scatter with 1-5 rounds) on 2-4 ranks under
-random stream schedules never read stale or half-written bytes, never write while a peer reads, never deadlock; and
-switching off any one safeguard of the enqueue code is caught."""
+op sequences (all-gather pull staged / zero-copy / in place, push, reduce-scatter with 1-5 rounds, all-to-all staged /
+zero-copy, broadcast staged / symmetric, batches of point-to-point messages staged / direct between random pairs) on
+2-4 ranks under random stream schedules never read stale or half-written bytes, never write while a peer reads, never
+deadlock; and switching off any one safeguard of the enqueue code is caught."""
 from __future__ import annotations
 
 import os
@@ -26,6 +27,15 @@ def test_random_schedules_are_safe():
     ("push_no_final_done_wait", ["push_inplace", "push_from_input"]),
     ("zero_copy_no_final_wait", ["symm_input", "inplace"]),
     ("no_done_wait_before_round", ["staged", "symm_input", "inplace"]),
+    ("a2a_no_done_wait", ["a2a_staged"]),
+    ("a2a_no_final_wait", ["a2a_symm"]),
+    ("bc_root_no_final_wait", ["bc_symm"]),
+    ("bc_wait_root_only", ["bc_staged", "bc_symm"]),
+    ("p2p_one_bank", ["p2p"]),
+    ("p2p_credit_before_copy", ["p2p"]),
+    ("p2p_no_landed_wait", ["p2p"]),
+    ("p2p_no_caller_join", ["p2p"]),
+    ("p2p_one_stream", ["p2p"]),  # one stream for every channel of a rank: opposite sends deadlock
 ])
 def test_each_safeguard_is_needed(bug, kinds):
     for seed in range(2000):

@@ -257,7 +257,8 @@ def test_reduce_scatter_bad_arguments_rejected(ops, bad, match):
 def test_internal_ops_exist(ops):
     for name in ("reduce_scatter_tensor", "reduce_scatter_tensor_out", "_symmetric_free_ranges", "_empty_symmetric_at",
                  "_pool_alignment", "_set_all_gather_mode", "_reduce_scatter_round_bytes", "_local_copy", "_tune",
-                 "_reduce_bench", "_local_copy_mode"):
+                 "_reduce_bench", "_local_copy_mode", "all_to_all_single", "all_to_all_single_out", "broadcast_",
+                 "_batch_p2p", "_p2p_wait", "_p2p_round_bytes"):
         assert hasattr(ops, name), name
     assert ops._pool_alignment() == 512
 
@@ -313,6 +314,100 @@ def test_tune_and_reduce_bench_refuse_without_group_or_gpu(ops):
         ops._reduce_bench(torch.empty(4), torch.empty(4), torch.empty(4), 16)
     assert ops._local_copy_mode() in ("memcpy", "ce-hint (no local copy yet)") or "batch API refused" in \
         ops._local_copy_mode() or ops._local_copy_mode() == "ce-hint"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# All-to-all, broadcast, point-to-point: Meta kernels, tracing, argument errors (the GPU side: gpu_worker.py)
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int64, torch.uint8])
+@pytest.mark.parametrize("shape,group_size", [((8, 5), 4), ((6,), 2), ((0, 3), 8), ((2, 3, 4), 1)])
+def test_all_to_all_meta_shape_matches_c10d(ops, dtype, shape, group_size):
+    x = torch.empty(shape, dtype=dtype, device="meta")
+    y = ops.all_to_all_single(x, group_size, "0")
+    assert (y.shape, y.dtype, y.device.type) == (x.shape, dtype, "meta")
+    ops.all_to_all_single_out(x, group_size, "0", out=torch.empty(x.numel(), dtype=dtype, device="meta"))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        xf = torch.empty(shape, dtype=dtype, device="cuda")
+        ours = ops.all_to_all_single(xf, group_size, "0")
+        split = [shape[0] // group_size] * group_size
+        ref = torch.ops._c10d_functional.all_to_all_single(xf, split, split, "0")
+        assert (ours.shape, ours.dtype) == (ref.shape, ref.dtype)
+
+
+def test_all_to_all_make_fx_and_compile(ops):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x):
+        return ops.wait_tensor(ops.all_to_all_single(x, 2, "0")) + 1
+
+    gm = make_fx(f, tracing_mode="symbolic")(torch.empty(8, 6))
+    assert any(n.target is torch.ops.ce_overlap.all_to_all_single.default for n in gm.graph.nodes)
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def g(x, out, t):  # the mutating variants must functionalize
+        ops.all_to_all_single_out(x, 2, "0", out=out)
+        ops.broadcast_(t, 1, 2, "0")
+        return out + 1, t * 2
+
+    a, b = g(torch.empty(4, 8, device="meta"), torch.empty(32, device="meta"), torch.empty(3, device="meta"))
+    assert a.shape == (32,) and b.shape == (3,)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda o: o.all_to_all_single(torch.empty(7, 2, device="meta"), 2, "0"), "not divisible by group_size"),
+    (lambda o: o.all_to_all_single(torch.empty(4, 6, device="meta").t(), 2, "0"), "contiguous"),
+    (lambda o: o.all_to_all_single(torch.empty((), device="meta"), 2, "0"), "at least one dimension"),
+    (lambda o: o.all_to_all_single_out(torch.empty(4, device="meta"), 2, "0", out=torch.empty(5, device="meta")),
+     "needs input.numel"),
+    (lambda o: o.all_to_all_single_out(torch.empty(4, device="meta"), 2, "0",
+                                       out=torch.empty(4, device="meta", dtype=torch.int32)), "dtype"),
+    (lambda o: o.broadcast_(torch.empty(4, device="meta"), 2, 2, "0"), "root 2 is not a rank"),
+    (lambda o: o.broadcast_(torch.empty(4, device="meta"), -1, 2, "0"), "root -1 is not a rank"),
+    (lambda o: o.broadcast_(torch.empty(4, 6, device="meta").t(), 0, 2, "0"), "contiguous"),
+    (lambda o: o._batch_p2p([torch.empty(4, device="meta")], [1, 0], [], [], "0", False), "1 send tensors but 2"),
+    (lambda o: o._batch_p2p([], [], [torch.empty(4, device="meta")], [], "0", False), "1 recv tensors but 0"),
+    (lambda o: o._batch_p2p([torch.empty(4, 6, device="meta").t()], [1], [], [], "0", False), "contiguous"),
+])
+def test_collective_and_p2p_bad_arguments_rejected(ops, bad, match):
+    with pytest.raises(RuntimeError, match=match):
+        bad(ops)
+
+
+def test_p2p_ops_need_a_rendezvous(ops):
+    with pytest.raises(RuntimeError, match=r"no-such-group.*rendezvous"):
+        ops._p2p_round_bytes("no-such-group")
+    with pytest.raises(RuntimeError, match="no pending point-to-point batch #12345"):
+        ops._p2p_wait(12345)
+
+
+def test_p2p_env_validated(ops, monkeypatch):
+    monkeypatch.setenv("CE_OVERLAP_POOL_MB", "64")
+    monkeypatch.setenv("CE_OVERLAP_STAGING_MB", "16")
+    for bad in ("0.5", "49"):  # below 1 MiB; staging + p2p beyond the pool
+        monkeypatch.setenv("CE_OVERLAP_P2P_MB", bad)
+        with pytest.raises(RuntimeError, match="CE_OVERLAP_P2P_MB"):
+            ops._pool_create("env-check-p2p", 0, 1, 0)
+    monkeypatch.setenv("CE_OVERLAP_P2P_MB", "many")
+    with pytest.raises(RuntimeError, match="CE_OVERLAP_P2P_MB='many' is not a positive number"):
+        ops._pool_create("env-check-p2p", 0, 1, 0)
+    assert ops._has_group("env-check-p2p") is False
+
+
+def test_p2p_python_api_validates_before_the_runtime(ops):
+    """The wrappers reject what they can name without a process group: an op that is neither send nor recv, and
+    (with torch.distributed uninitialized) any use of a group."""
+    with pytest.raises(RuntimeError, match="neither 'send' nor 'recv'"):
+        rt._p2p_kind("scatter")
+    assert rt._p2p_kind("send") == "send" and rt._p2p_kind(torch.distributed.irecv) == "recv"
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        with pytest.raises(RuntimeError, match="torch.distributed initialized"):
+            rt.send(torch.empty(4), 1)
+    work = rt.P2PWork(0)  # a batch with nothing to wait for
+    assert work.is_completed() and work.wait()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ def torchrun(mode: str, *args: str, env: dict[str, str], timeout_s: float) -> su
     killed and the test fails with each rank's last step and the partial output."""
     full_env = dict(os.environ)
     full_env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "PYTHONUNBUFFERED": "1",
-                     "CE_OVERLAP_POOL_MB": "128", "CE_OVERLAP_STAGING_MB": "1"})
+                     "CE_OVERLAP_POOL_MB": "128", "CE_OVERLAP_STAGING_MB": "1", "CE_OVERLAP_P2P_MB": "1"})
     full_env.update(env)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKER, mode, *args]
     with tempfile.TemporaryDirectory(prefix="ce_gpu_test_") as progress:
@@ -109,7 +109,8 @@ def test_collectives_bit_exact_vs_nccl_and_symmetric_allocation():
                     within tolerance), sum and avg, multi-round, non-multiple-of-16-byte sizes, in place, groups of one;
     symalloc        empty_symmetric agrees offsets when ranks free in different orders and at different times;
                     mismatched sizes and a full pool raise on every rank; all-gathers on the tensors are bit-exact;
-    nokernels       the CE all-gathers (pull and push) launch no kernel; the reduce-scatter only its reduction.
+    nokernels       the CE all-gathers (pull and push), all-to-alls, broadcasts and sends / receives (staged and
+                    direct) launch no kernel; the reduce-scatter only its reduction.
     Staging of 1 MiB makes larger cases multi-round; a 20 s timeout turns a protocol hang into an error, and a step
     that outlives it by 30 s ends the worker with its stacks. All-gather cases split their pulls (1-4 pieces, ranks
     differently); reduce-scatter cases vary the reduction CTAs (ranks differently) and end with 64 KiB rounds."""
@@ -118,11 +119,24 @@ def test_collectives_bit_exact_vs_nccl_and_symmetric_allocation():
     assert proc.returncode == 0, f"GPU checks failed:\n{proc.stdout[-8000:]}\n{proc.stderr[-6000:]}"
 
 
+def test_all_to_all_broadcast_and_p2p_bit_exact_vs_nccl():
+    """a2a_bcast  1000 randomized all-to-alls (staged multi-round, zero-copy symmetric input, the functional op) and
+                  broadcasts (staged, symmetric, every root), every dtype, 0-size, bit-exact vs NCCL, guard bands;
+    p2p           1000 randomized batches of sends / receives between random pairs (both directions, several messages
+                  per channel, staged multi-round through 512 KiB landing banks, direct into symmetric buffers, empty
+                  messages), each rank's ops in its own order, sync / async / torch P2POp / single send-recv: received
+                  bytes identical to the same batch over NCCL, nothing written behind the receive buffers."""
+    proc = torchrun("a2a_bcast,p2p", "--a2a-cases", "1000", "--p2p-cases", "1000",
+                    env={"CE_OVERLAP_TIMEOUT_S": "20"}, timeout_s=240)
+    assert proc.returncode == 0, f"GPU checks failed:\n{proc.stdout[-8000:]}\n{proc.stderr[-6000:]}"
+
+
 def test_timeouts_and_mismatches_are_reported():
     """timeout: a peer that never arrives raises within the timeout, releases the stream, fails the group.
     mismatch: all-gather sizes, reduce-scatter sizes, reduce-scatter dtypes, push vs pull: each raises on both ranks
     naming a "different collective" (4 timeouts of 4 s, each on its own process group), and the device drains after
-    each. Every step is bounded (4 s + 20 s), so a hang fails in seconds, naming the step."""
-    proc = torchrun("timeout,mismatch", env={"CE_OVERLAP_TIMEOUT_S": "4", "CE_TEST_STEP_DEADLINE_S": "24"},
-                    timeout_s=75)
+    each. p2p_faults: a send nobody receives, and a send / recv pair of different sizes, raise naming the peer.
+    Every step is bounded (4 s + 20 s), so a hang fails in seconds, naming the step."""
+    proc = torchrun("timeout,mismatch,p2p_faults", env={"CE_OVERLAP_TIMEOUT_S": "4", "CE_TEST_STEP_DEADLINE_S": "24"},
+                    timeout_s=100)
     assert proc.returncode == 0, f"timeout/mismatch checks failed:\n{proc.stdout[-8000:]}\n{proc.stderr[-6000:]}"

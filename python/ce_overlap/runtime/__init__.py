@@ -11,7 +11,11 @@ on the stream that uses it, so the work between the two overlaps the collective:
     torch.ops.ce_overlap.all_gather_into_tensor_out(input, group_size, group_name, out=out) -> ()
     torch.ops.ce_overlap.reduce_scatter_tensor(input, reduce_op, group_size, group_name) -> Tensor (then wait_tensor)
     torch.ops.ce_overlap.reduce_scatter_tensor_out(input, reduce_op, group_size, group_name, out=out) -> ()
+    torch.ops.ce_overlap.all_to_all_single(input, group_size, group_name) -> Tensor                (then wait_tensor)
+    torch.ops.ce_overlap.all_to_all_single_out(input, group_size, group_name, out=out) -> ()
+    torch.ops.ce_overlap.broadcast_(tensor, root, group_size, group_name) -> ()
     torch.ops.ce_overlap.wait_tensor(tensor) -> tensor   (joins the op's stream; raises if a CE collective timed out)
+Point-to-point (pipeline parallelism): send / recv / isend / irecv / batch_isend_irecv below.
 
 Environment (read at rendezvous, must match on every rank, unless noted):
     CE_OVERLAP_POOL_MB      symmetric pool per group and rank, MiB (default 1024)
@@ -21,6 +25,7 @@ Environment (read at rendezvous, must match on every rank, unless noted):
     CE_OVERLAP_RS_ROUND_MB  reduce-scatter bytes per rank and round (default 32; pipelines copies and reduction)
     CE_OVERLAP_REDUCE_SMS   CTAs of the reduce-scatter reduction kernel (default 32; may differ per rank)
     CE_OVERLAP_PULL_SPLIT   streams (copy engines) one pulled peer copy is split over, 1..4 (default 1; local)
+    CE_OVERLAP_P2P_MB       part of the pool that receives point-to-point messages (default min(64, pool/8))
     tune() changes the last three between ops.
     CE_OVERLAP_RUNTIME_LIB  explicit path of _runtime.so (otherwise found next to the package)
 """
@@ -38,7 +43,8 @@ import torch
 __all__ = [
     "Availability", "available", "library_loaded", "load_library", "rendezvous", "all_gather_into_tensor",
     "all_gather", "reduce_scatter_tensor", "reduce_scatter", "empty_symmetric", "is_symmetric", "synchronize",
-    "wait_tensor", "describe", "set_all_gather_mode", "tune",
+    "wait_tensor", "describe", "set_all_gather_mode", "tune", "all_to_all_single", "broadcast", "P2POp", "P2PWork",
+    "batch_isend_irecv", "send", "recv", "isend", "irecv",
 ]
 
 
@@ -243,6 +249,117 @@ def reduce_scatter(input: torch.Tensor, op: str = "sum", group=None) -> torch.Te
     name, world = _group_name_and_size(group)
     return torch.ops.ce_overlap.wait_tensor(
         torch.ops.ce_overlap.reduce_scatter_tensor(input, _reduce_op_name(op), world, name))
+
+
+def all_to_all_single(output: torch.Tensor, input: torch.Tensor, group=None) -> None:
+    """Like torch.distributed.all_to_all_single with equal splits, over copy engines: `input` holds world_size chunks
+    along dim 0, chunk p goes to rank p; `output` (as many elements, not overlapping `input`) receives rank p's chunk r
+    as its chunk p. Stream-ordered on the current stream. Zero-copy when `input` comes from empty_symmetric (on every
+    rank, at the same offset); otherwise staged through the pool."""
+    name, world = _group_name_and_size(group)
+    torch.ops.ce_overlap.all_to_all_single_out(input, world, name, out=output)
+
+
+def broadcast(tensor: torch.Tensor, src: int, group=None) -> None:
+    """Like torch.distributed.broadcast, over copy engines: every rank's `tensor` gets the bytes of rank `src`'s (the
+    rank in `group`). Stream-ordered on the current stream. Zero-copy when `tensor` comes from empty_symmetric on every
+    rank (one allocation, the same offset); otherwise staged through the root's pool."""
+    name, world = _group_name_and_size(group)
+    torch.ops.ce_overlap.broadcast_(tensor, int(src), world, name)
+
+
+class P2POp(NamedTuple):
+    """One point-to-point op of a batch: op is "send" or "recv" (or torch.distributed.isend / irecv), peer the other
+    rank IN `group` (torch.distributed.P2POp objects are accepted too, with their global peer)."""
+
+    op: object
+    tensor: torch.Tensor
+    peer: int
+    group: object = None
+
+
+class P2PWork:
+    """What isend / irecv / batch_isend_irecv(..., async_op=True) return: wait() makes the current stream wait for the
+    ops (no host wait) and raises if a CE op of the process failed (a peer that never arrived: the timeout error).
+    is_completed() is True once wait() ran."""
+
+    def __init__(self, ticket: int):
+        self._ticket = ticket
+        self._waited = ticket == 0
+
+    def wait(self, timeout=None) -> bool:  # noqa: ARG002 (torch's Work.wait signature; the watchdog bounds the wait)
+        if not self._waited:
+            self._waited = True
+            torch.ops.ce_overlap._p2p_wait(self._ticket)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._waited
+
+
+def _p2p_kind(op) -> str:
+    if op in ("send", "recv"):
+        return op
+    import torch.distributed as dist
+
+    if op in (dist.isend, dist.send):
+        return "send"
+    if op in (dist.irecv, dist.recv):
+        return "recv"
+    raise RuntimeError(f"ce_overlap.runtime.batch_isend_irecv: op {op!r} is neither 'send' nor 'recv'")
+
+
+def _p2p_batch(ops, group, async_op: bool) -> P2PWork:
+    import torch.distributed as dist
+
+    sends, send_peers, recvs, recv_peers = [], [], [], []
+    for o in ops:
+        if isinstance(o, dist.P2POp):  # torch's: peer is a global rank
+            kind, tensor, grp = _p2p_kind(o.op), o.tensor, o.group if o.group is not None else group
+            peer = dist.get_group_rank(_resolve_group(grp), o.peer)
+        else:
+            kind, tensor, peer = _p2p_kind(o.op), o.tensor, int(o.peer)
+            grp = o.group if o.group is not None else group
+        if grp is not group and _resolve_group(grp) is not _resolve_group(group):
+            raise RuntimeError("ce_overlap.runtime.batch_isend_irecv: every op of a batch must use the same group")
+        (sends if kind == "send" else recvs).append(tensor)
+        (send_peers if kind == "send" else recv_peers).append(peer)
+    name, _ = _group_name_and_size(group)
+    return P2PWork(int(torch.ops.ce_overlap._batch_p2p(sends, send_peers, recvs, recv_peers, name, async_op)))
+
+
+def batch_isend_irecv(ops, group=None, async_op: bool = False) -> P2PWork:
+    """Sends and receives over copy engines, as one batch (pipeline-parallel activations and gradients). Ops are
+    P2POp("send" | "recv", tensor, peer) with `peer` a rank in `group`, or torch.distributed.P2POp objects. Every op of
+    the batch starts after the current stream's work so far; sends and receives of one pair are matched in order, per
+    direction (as NCCL's). Each direction between two ranks has its own stream, so a batch never deadlocks, whatever
+    the order of its ops on either side. async_op=False (default): the current stream waits for the whole batch;
+    True: it does not, and the returned work's wait() joins it later. Both tensors of a pair must have the same number
+    of bytes. Zero-copy when both sides use one empty_symmetric buffer (the same offset); otherwise the sender pushes
+    into the receiver's landing banks (CE_OVERLAP_P2P_MB) and the receiver copies out, pipelined."""
+    return _p2p_batch(list(ops), group, async_op)
+
+
+def send(tensor: torch.Tensor, dst: int, group=None) -> None:
+    """Sends `tensor` to rank `dst` of `group`, stream-ordered (the current stream waits until it is sent). A send that
+    its peer answers only after its own send to us would deadlock on the streams: batch them (batch_isend_irecv) or
+    use isend / irecv."""
+    batch_isend_irecv([P2POp("send", tensor, dst)], group)
+
+
+def recv(tensor: torch.Tensor, src: int, group=None) -> None:
+    """Receives into `tensor` from rank `src` of `group`, stream-ordered (see send)."""
+    batch_isend_irecv([P2POp("recv", tensor, src)], group)
+
+
+def isend(tensor: torch.Tensor, dst: int, group=None) -> P2PWork:
+    """Asynchronous send: the current stream does not wait; wait() on the returned work joins it."""
+    return batch_isend_irecv([P2POp("send", tensor, dst)], group, async_op=True)
+
+
+def irecv(tensor: torch.Tensor, src: int, group=None) -> P2PWork:
+    """Asynchronous receive: `tensor` holds the message once wait() on the returned work was called."""
+    return batch_isend_irecv([P2POp("recv", tensor, src)], group, async_op=True)
 
 
 def _reduce_op_name(op) -> str:
