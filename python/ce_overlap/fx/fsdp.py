@@ -25,6 +25,10 @@ _RECOMPUTE_OPS = {
     torch.ops.aten.repeat.default,  # _LocalGather (the no-communication bound) recomputes like a re-gather
 }
 
+# torch's autograd-aware all-gather (its backward is a reduce-scatter). Newer torch names it all_gather_single_autograd
+# and warns on the old name, which older torch (2.11) still needs.
+_all_gather_autograd = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
+
 # Module paths containing this are FSDP plumbing (the parametrization modules), not user modules.
 PARAMETRIZATION_PATH_MARKER = ".parametrizations."
 
@@ -70,7 +74,7 @@ class GatherParameter(nn.Module):
         if self.local:
             full = _LocalGather.apply(x, self.group.size(), self.group.rank())
         else:
-            full = funcol.all_gather_tensor_autograd(x, gather_dim=0, group=self.group)
+            full = _all_gather_autograd(x, gather_dim=0, group=self.group)
         return full if full.shape[0] == self.full_rows else full[: self.full_rows]
 
     def forward(self, shard: torch.Tensor) -> torch.Tensor:
