@@ -3,6 +3,8 @@
 // contention kept apart, and the NCCL/CE decision. GB/s = 1e9 bytes/s, so bytes / (gbps * 1e3) is us.
 #include "cost_model.h"
 
+#include "../graph/analysis.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -511,6 +513,16 @@ std::vector<double> CostModel::durations_us(const Graph& g) const {
   std::vector<double> out;
   out.reserve(g.nodes.size());
   for (const Node& n : g.nodes) out.push_back(node_us(n));
+  const double hbm_us_per_byte = 1.0 / (profile_.gpu.hbm_gbps * 1e3 * profile_.efficiency.memory);
+  for (const FusionGroup& fg : fusion_groups(g)) {
+    double unfused = 0;
+    for (int m : fg.compute_nodes) unfused += out[m];
+    const double fused = std::max(static_cast<double>(fg.bytes_in + fg.bytes_out) * hbm_us_per_byte,
+                                  profile_.efficiency.kernel_launch_us);
+    if (unfused <= 0 || fused >= unfused) continue;  // fusion never makes a group slower than its kernels apart
+    const double scale = fused / unfused;
+    for (int m : fg.compute_nodes) out[m] *= scale;
+  }
   return out;
 }
 

@@ -87,6 +87,9 @@ class CostModel {
 
   // compute_us for compute nodes, collective_us for collectives, 0 otherwise.
   double node_us(const Node& node) const;
+  // Every node's time in the graph, kernel fusion included: each fusion group (analysis.h, fusion_groups) takes
+  // max(its bytes in + out at the HBM roofline, one launch), spread over its compute nodes in proportion to their
+  // node_us; GEMMs, attention and collectives keep node_us.
   std::vector<double> durations_us(const Graph& g) const;
 
  private:

@@ -438,6 +438,82 @@ MemoryEstimate peak_memory(const Graph& g, const std::vector<int>& order) {
   return result;
 }
 
+std::vector<FusionGroup> fusion_groups(const Graph& g) {
+  // Positions, not Node::id: the loader guarantees they agree, graphs built in memory need not.
+  const int n = static_cast<int>(g.nodes.size());
+  auto fusible = [&](int i) { return g.nodes[i].kind == NodeKind::Compute && g.nodes[i].flops == 0; };
+  auto member = [&](int i) { return fusible(i) || g.nodes[i].kind == NodeKind::View; };
+  // Union-find over producer -> consumer edges between members.
+  std::vector<int> parent(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) parent[i] = i;
+  auto find = [&](int x) {
+    while (parent[x] != x) {
+      parent[x] = parent[parent[x]];
+      x = parent[x];
+    }
+    return x;
+  };
+  std::vector<std::vector<int>> users(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    for (int in : g.nodes[i].inputs) {
+      if (in < 0 || in >= n) throw IrError("fusion_groups: node " + std::to_string(i) + " has input " +
+                                           std::to_string(in) + " outside the graph");
+      users[in].push_back(i);
+      if (member(i) && member(in)) parent[find(in)] = find(i);
+    }
+  }
+  // Members by group root, in node order.
+  std::unordered_map<int, std::vector<int>> by_root;
+  std::vector<int> roots;
+  for (int i = 0; i < n; ++i) {
+    if (!member(i)) continue;
+    auto [it, inserted] = by_root.try_emplace(find(i));
+    if (inserted) roots.push_back(find(i));
+    it->second.push_back(i);
+  }
+  auto inside = [&](int x, int root) { return member(x) && find(x) == root; };
+  std::vector<FusionGroup> groups;
+  for (int r : roots) {
+    FusionGroup fg;
+    std::unordered_set<int> read_producers;  // outside producers already counted
+    std::unordered_set<int> escaping;        // compute members whose output leaves the group
+    for (int m : by_root[r]) {
+      const Node& node = g.nodes[m];
+      if (node.kind == NodeKind::Compute) fg.compute_nodes.push_back(m);
+      for (int in : node.inputs) {
+        if (inside(in, r)) continue;
+        if (node.kind == NodeKind::View) {
+          fg.bytes_in += node.output_bytes();  // the group reads the viewed part, once per view
+        } else if (read_producers.insert(in).second) {
+          fg.bytes_in += g.nodes[in].output_bytes();
+        }
+      }
+      const bool leaves = users[m].empty() ||
+                          std::any_of(users[m].begin(), users[m].end(), [&](int u) { return !inside(u, r); });
+      if (!leaves) continue;
+      // A view read outside the group makes the compute members it aliases write their outputs.
+      std::vector<int> stack{m};
+      while (!stack.empty()) {
+        const int x = stack.back();
+        stack.pop_back();
+        if (g.nodes[x].kind == NodeKind::Compute) {
+          escaping.insert(x);
+          continue;
+        }
+        for (int in : g.nodes[x].inputs) {
+          if (inside(in, r)) stack.push_back(in);
+        }
+      }
+    }
+    if (fg.compute_nodes.empty()) continue;
+    for (int m : fg.compute_nodes) {
+      if (escaping.count(m)) fg.bytes_out += g.nodes[m].output_bytes();
+    }
+    groups.push_back(std::move(fg));
+  }
+  return groups;
+}
+
 Timeline simulate(const Graph& g, const std::vector<int>& order, const std::vector<double>& durations_us) {
   check_order(g, order);
   check_durations(g, durations_us);

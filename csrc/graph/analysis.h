@@ -43,6 +43,20 @@ struct MemoryEstimate {
 // the last use of the node or of any view/wait aliasing it; graph outputs stay live to the end.
 MemoryEstimate peak_memory(const Graph& g, const std::vector<int>& order);
 
+// Inductor fuses chains of pointwise and reduction kernels into one generated kernel, which reads what enters the
+// chain from HBM once and writes only what leaves it. The IR keeps the unfused post-grad nodes, so memory time summed
+// node by node counts every intermediate twice (written, read back). A fusion group approximates Inductor's fusion:
+// FLOP-free compute nodes (torch's flop counter counts only GEMMs, convolutions and attention, which stay separate
+// kernels) joined producer -> consumer, directly or through views, form one group.
+struct FusionGroup {
+  std::vector<int> compute_nodes;  // positions of the group's kernels (its views cost nothing)
+  int64_t bytes_in = 0;   // what enters: each outside producer's output once; read through a view, the view's bytes
+  int64_t bytes_out = 0;  // what leaves: outputs of its compute nodes read outside the group (directly or through
+                          // its views), or by nobody (kept: a graph output or an effect)
+};
+// The groups with at least one compute node, in order of their first node.
+std::vector<FusionGroup> fusion_groups(const Graph& g);
+
 enum class Stream { Compute = 0, Comm = 1 };
 
 struct TimelineEvent {

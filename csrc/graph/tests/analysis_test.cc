@@ -347,6 +347,70 @@ TEST(PeakMemory, ViewReturnedAsOutputKeepsItsOwnerAlive) {
 
 // ---- timeline ----
 
+TEST(FusionGroups, PointwiseChainBetweenGemmsIsOneKernel) {
+  // p -> mm1 -> cast -> v (view) -> mul(cast-view, q) -> add -> mm2 -> out, and add is also an output.
+  // {cast, v, mul, add} fuse: in = mm1's 100 + q's 10, out = add's 40 (read by mm2 and the output). cast's 80 and
+  // mul's 60 never reach HBM.
+  GraphBuilder g;
+  const int p = g.placeholder("p", bytes_tensor(1000));
+  const int q = g.placeholder("q", bytes_tensor(10));
+  const int mm1 = g.compute("mm1", {p}, bytes_tensor(100), /*flops=*/1000);
+  const int cast = g.compute("cast", {mm1}, bytes_tensor(80));
+  const int v = g.view("v", cast, bytes_tensor(80));
+  const int mul = g.compute("mul", {v, q}, bytes_tensor(60));
+  const int add = g.compute("add", {mul, mm1}, bytes_tensor(40));
+  const int mm2 = g.compute("mm2", {add}, bytes_tensor(30), /*flops=*/1000);
+  g.output({mm2, add});
+  validate(make_doc({g.graph()}));
+  const std::vector<FusionGroup> groups = fusion_groups(g.graph());
+  ASSERT_EQ(groups.size(), 1u);
+  EXPECT_EQ(groups[0].compute_nodes, (std::vector<int>{cast, mul, add}));
+  EXPECT_EQ(groups[0].bytes_in, 100 + 10);  // mm1 read once although cast and add both read it
+  EXPECT_EQ(groups[0].bytes_out, 40);
+  (void)v;
+}
+
+TEST(FusionGroups, ViewsReadOutsideMakeTheirProducerWriteAndUnusedOutputsCount) {
+  // a -> v -> mm (outside): a's output leaves through its view. b has no user at all: written (an effect).
+  // c reads a view of the GEMM: the view's 8 bytes enter, not the GEMM's 64.
+  GraphBuilder g;
+  const int p = g.placeholder("p", bytes_tensor(16));
+  const int a = g.compute("a", {p}, bytes_tensor(16));
+  const int v = g.view("v", a, bytes_tensor(16));
+  const int mm = g.compute("mm", {v}, bytes_tensor(64), /*flops=*/10);
+  const int b = g.compute("b", {a}, bytes_tensor(4));
+  const int slice = g.view("slice", mm, bytes_tensor(8));
+  const int c = g.compute("c", {slice}, bytes_tensor(2));
+  g.output({c});
+  validate(make_doc({g.graph()}));
+  const std::vector<FusionGroup> groups = fusion_groups(g.graph());
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].compute_nodes, (std::vector<int>{a, b}));
+  EXPECT_EQ(groups[0].bytes_in, 16);
+  EXPECT_EQ(groups[0].bytes_out, 16 + 4);
+  EXPECT_EQ(groups[1].compute_nodes, (std::vector<int>{c}));
+  EXPECT_EQ(groups[1].bytes_in, 8);
+  EXPECT_EQ(groups[1].bytes_out, 2);
+}
+
+TEST(FusionGroups, GemmsCollectivesAndWaitsSeparateGroups) {
+  // Two pointwise ops on either side of a collective and its wait do not fuse; no group without compute.
+  GraphBuilder g;
+  const int p = g.placeholder("p");
+  const int a = g.compute("a", {p});
+  const int ag = g.collective("ag", {a});
+  const int w = g.wait("w", ag);
+  const int b = g.compute("b", {w});
+  const int mm = g.compute("mm", {b}, tensor({4, 4}), 100);
+  const int v = g.view("v", mm);
+  g.output({v});
+  validate(make_doc({g.graph()}));
+  const std::vector<FusionGroup> groups = fusion_groups(g.graph());
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].compute_nodes, (std::vector<int>{a}));
+  EXPECT_EQ(groups[1].compute_nodes, (std::vector<int>{b}));
+}
+
 TEST(Simulate, OverlappedAndExposedCollectives) {
   // c1 (10 us) overlaps m1 (15 us): its wait finds it done, exposed 0.
   // c2 (8 us) needs m2 and is waited on at once: the compute stream idles 8 us, all exposed.
