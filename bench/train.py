@@ -245,30 +245,63 @@ def predict_only(args) -> None:
         model = Llama(cfg)
     tokens = torch.zeros((args.batch, args.seq_len), dtype=torch.long, device="meta")
     ir = ce_overlap.capture(model, (tokens, tokens), world_size=world)
-    report = ce_overlap.analyze(ir, args.profile)
-    result = {"profile": args.profile, "analyze": {}}
+    print(json.dumps(step_model(ir, args.profile, world)))
+
+
+# Fused AdamW over fp32 master shards, per parameter: reads param, grad, exp_avg, exp_avg_sq and writes param,
+# exp_avg, exp_avg_sq, 4 bytes each.
+ADAMW_BYTES_PER_PARAM = 28
+
+
+def step_model(ir, profile: str, world: int) -> dict:
+    """The cost model's view of one training step of the captured program, in pieces (microseconds):
+    per graph the compute (kernel fusion included), the exposed communication after ce_overlap's plan, the slowdown
+    the chosen backends cause to the kernels beside them, and the bucket copies the pass adds (a merged all-gather's
+    copy-out materializes every member: world x bucket bytes read and written; a merged reduce-scatter's copy-in
+    reads the gradients and writes the bucket); plus the optimizer step, which the capture does not hold (fused
+    AdamW: ADAMW_BYTES_PER_PARAM per local parameter at the profile's HBM roofline)."""
+    import ce_overlap
+    from ce_overlap import profiles
+
+    spec = json.loads(profiles.read_text(profile))
+    hbm_us_per_byte = 1.0 / (spec["gpu"]["hbm_gbps"] * 1e3 * spec["efficiency"]["memory"])
+    report = ce_overlap.analyze(ir, profile)
+    out = {"profile": profile, "analyze": {}, "plan": {}}
     for g in report.get("graphs", []):
-        result["analyze"][g["name"]] = {k: g.get(k) for k in ("compute_us", "comm_us", "exposed_comm_us", "makespan_us")}
-    plan = getattr(getattr(ce_overlap, "ir", None), "plan", None)
-    if plan is not None:
-        result["plan"] = {}
-        for name in ir.graph_names:
-            p = plan(ir, name, args.profile, {})
-            result["plan"][name] = p.get("summary", {})
-    print(json.dumps(result))
+        out["analyze"][g["name"]] = {k: g.get(k) for k in ("compute_us", "comm_us", "exposed_comm_us", "makespan_us")}
+    for name in ir.graph_names:
+        p = ce_overlap.ir.plan(ir, name, profile, {})
+        summary = dict(p.get("summary", {}))
+        slowdown = copies = 0.0
+        for b in p.get("buckets", []):
+            pred = b["predicted"]
+            cost = pred["ce_cost_us"] if b["backend"] == "ce" else pred["nccl_cost_us"]
+            slowdown += max(0.0, (cost or 0.0) - (pred["exposed_us"] or 0.0))
+            if len(b["members"]) > 1:
+                moved = b["group_size"] * b["bytes"] if b["type"] == "all_gather" else b["bytes"]
+                copies += 2 * moved * hbm_us_per_byte
+        summary["slowdown_us"] = slowdown
+        summary["bucket_copy_us"] = copies
+        out["plan"][name] = summary
+    local_params = -(-int(ir.meta.get("num_params", 0)) // world)
+    out["optimizer_us"] = ADAMW_BYTES_PER_PARAM * local_params * hbm_us_per_byte
+    return out
 
 
-def predicted_step_ms(pred: dict) -> float | None:
-    """Forward + backward: compute plus the exposed communication after planning (the optimizer step is not
-    modelled; it is a few hundred microseconds of fused AdamW over the shards)."""
-    total = 0.0
+def predicted_step_ms(pred: dict, no_comm: bool = False) -> float | None:
+    """One step from step_model's pieces: per graph compute + exposed communication after planning + slowdown +
+    bucket copies, plus the optimizer. no_comm: compute + optimizer (the no-communication bound)."""
     graphs = pred.get("analyze") or {}
     if not graphs:
         return None
+    total = pred.get("optimizer_us") or 0.0
     for name, g in graphs.items():
+        total += g.get("compute_us") or 0.0
+        if no_comm:
+            continue
         plan = (pred.get("plan") or {}).get(name) or {}
         exposed = plan.get("exposed_comm_us_after", g.get("exposed_comm_us") or 0.0)
-        total += (g.get("compute_us") or 0.0) + (exposed or 0.0)
+        total += (exposed or 0.0) + (plan.get("slowdown_us") or 0.0) + (plan.get("bucket_copy_us") or 0.0)
     return total / 1e3
 
 
@@ -342,11 +375,13 @@ def main(argv=None) -> int:
         prediction = predict(args, world, profile)
         pred_ms = predicted_step_ms(prediction)
         prediction["step_ms"] = pred_ms
-        ce = next((r for r in results if r.mode == "ce_overlap" and r.ok), None)
-        if pred_ms and ce:
-            log0(f"# predicted step (ce_overlap, profile {profile}): {pred_ms:.1f} ms, measured {ce.median_ms:.1f} ms "
-                 f"({100 * (pred_ms / ce.median_ms - 1):+.1f}%)")
-        else:
+        prediction["no_comm_step_ms"] = predicted_step_ms(prediction, no_comm=True)
+        for mode, key in (("ce_overlap", "step_ms"), ("no-comm", "no_comm_step_ms")):
+            r = next((r for r in results if r.mode == mode and r.ok), None)
+            if prediction[key] and r:
+                log0(f"# predicted step ({mode}, profile {profile}): {prediction[key]:.1f} ms, measured "
+                     f"{r.median_ms:.1f} ms ({100 * (prediction[key] / r.median_ms - 1):+.1f}%)")
+        if not pred_ms:
             log0(f"# prediction: {prediction}")
     save(prediction)
     dist.destroy_process_group()

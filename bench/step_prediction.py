@@ -1,0 +1,103 @@
+"""The cost model's predicted training step next to measured ones, without a GPU: captures the step of bench/train.py's
+model on fake tensors (CPU), runs the cost model and ce_overlap's planner (bench/train.py: step_model), and compares
+with the medians of a bench/train.py result file and/or numbers given on the command line. Prints a table; --out
+writes JSON. Re-run it after a cost-model change to see what the change does to the prediction of a measured run.
+
+    python bench/step_prediction.py --train-json bench/results/train-2026-11-22/train.json
+    python bench/step_prediction.py --layers 32 --world-size 2 --profile h200-sxm --measured no-comm=377.0
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+# The modes whose step the model predicts, and how (train.predicted_step_ms).
+PREDICTED = {"ce_overlap": False, "no-comm": True}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--train-json", help="a bench/train.py result: its shape, world size, GPU and medians")
+    ap.add_argument("--model", default="llama3-8b")
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--gqa", choices=["expand", "native"], default="expand")
+    ap.add_argument("--world-size", type=int)
+    ap.add_argument("--profile", help="default: the built-in profile of the result's GPU")
+    ap.add_argument("--measured", action="append", default=[], metavar="MODE=MS",
+                    help="a measured median step (ms) to compare with, e.g. no-comm=377.0 (repeatable)")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+
+    import torch
+
+    import train
+    import ce_overlap
+    from ce_overlap.models.llama import Llama
+    from ce_overlap.profiles import builtin_for_device
+
+    measured: dict[str, float] = {}
+    source = "command line"
+    if args.train_json:
+        with open(args.train_json) as f:
+            run = json.load(f)
+        for key in ("model", "seq_len", "batch", "gqa"):
+            setattr(args, key, run["args"].get(key, getattr(args, key)))
+        args.layers = args.layers or run["args"].get("layers")
+        args.world_size = args.world_size or run["info"]["world_size"]
+        args.profile = args.profile or builtin_for_device(run["info"]["gpu"], default="h100-sxm")
+        measured = {r["mode"]: r["median_ms"] for r in run["results"] if r.get("ok", True) and r.get("median_ms")}
+        source = f"{args.train_json} ({run['info'].get('gpu')}, torch {run['info'].get('torch')})"
+    for item in args.measured:
+        mode, _, ms = item.partition("=")
+        measured[mode] = float(ms)
+    if not args.world_size or not args.profile:
+        ap.error("give --train-json, or --world-size and --profile")
+
+    cfg = train.model_config(args)
+    with torch.device("meta"):
+        model = Llama(cfg)
+    tokens = torch.zeros((args.batch, args.seq_len), dtype=torch.long, device="meta")
+    t0 = time.perf_counter()
+    ir = ce_overlap.capture(model, (tokens, tokens), world_size=args.world_size)
+    capture_s = time.perf_counter() - t0
+    pieces = train.step_model(ir, args.profile, args.world_size)
+
+    print(f"# {args.model} widths, {cfg.n_layers} layers, seq {args.seq_len}, batch {args.batch}, world {args.world_size}, "
+          f"profile {args.profile}; measured: {source}")
+    print(f"{'graph':<10}{'compute ms':>11}{'exposed ms':>11}{'slowdown ms':>12}{'copies ms':>10}")
+    for name, g in pieces["analyze"].items():
+        plan = pieces["plan"][name]
+        print(f"{name:<10}{g['compute_us'] / 1e3:11.1f}{plan['exposed_comm_us_after'] / 1e3:11.1f}"
+              f"{plan['slowdown_us'] / 1e3:12.1f}{plan['bucket_copy_us'] / 1e3:10.1f}")
+    print(f"{'optimizer':<10}{pieces['optimizer_us'] / 1e3:11.1f}")
+    rows = []
+    print(f"\n{'mode':<12}{'predicted ms':>13}{'measured ms':>12}{'error':>8}")
+    for mode, no_comm in PREDICTED.items():
+        pred = train.predicted_step_ms(pieces, no_comm=no_comm)
+        meas = measured.get(mode)
+        err = 100 * (pred / meas - 1) if meas else None
+        rows.append({"mode": mode, "predicted_ms": pred, "measured_ms": meas, "error_pct": err})
+        print(f"{mode:<12}{pred:13.1f}{(f'{meas:.1f}' if meas else '-'):>12}{(f'{err:+.1f}%' if err is not None else '-'):>8}")
+    if args.out:
+        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        with open(args.out, "w") as f:
+            json.dump({"command": " ".join(["python"] + sys.argv), "git": git, "torch": torch.__version__,
+                       "machine": platform.machine(), "shape": {"model": args.model, "layers": cfg.n_layers,
+                       "seq_len": args.seq_len, "batch": args.batch, "gqa": args.gqa, "world_size": args.world_size},
+                       "profile": args.profile, "measured_source": source, "capture_s": round(capture_s, 1),
+                       "pieces": pieces, "rows": rows}, f, indent=1)
+        print(f"# wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
