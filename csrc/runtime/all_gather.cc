@@ -211,35 +211,19 @@ void enqueue_all_gather(Group& g, const AllGatherArgs& a) {
 
 namespace {
 
-PendingOp begin_op(Group& g, const AllGatherArgs& a, const Plan& plan) {
-  PendingOp op;
-  op.name = "all_gather_into_tensor";
-  op.seq = g.next_op_seq();
-  op.kind = OpKind::AllGather;
-  op.variant = plan.variant;
-  op.push_style = plan.variant == Variant::AgPush;
-  op.nbytes_per_rank = a.nbytes;
-  op.enqueued = Clock::now();
-  op.start = g.take_event();
-  op.end = g.take_event();
-  return op;
-}
-
-// 0. Join the caller's stream; the own shard goes on the self stream.
-void join_caller_and_copy_self(Group& g, const AllGatherArgs& a, const std::string& where, const Plan& plan,
-                               PendingOp& op) {
-  const cudaStream_t comm = g.comm_stream();
-  const cudaStream_t self = g.self_stream();
-  char* out = static_cast<char*>(a.output);
-  CE_CUDA_CHECK(cudaEventRecord(g.caller_ready_event(), a.caller), where);
-  CE_CUDA_CHECK(cudaStreamWaitEvent(comm, g.caller_ready_event(), 0), where);
+// 0. The op begins: join the caller's stream; the own shard goes on the self stream.
+PendingOp begin_and_copy_self(Group& g, const AllGatherArgs& a, const std::string& where, const Plan& plan) {
+  PendingOp op = begin_op(g, "all_gather_into_tensor", OpKind::AllGather, plan.variant, a.nbytes);
+  join_caller(g, a.caller, op, where);
   if (!plan.in_place) {
+    const cudaStream_t self = g.self_stream();
+    char* out = static_cast<char*>(a.output);
     CE_CUDA_CHECK(cudaStreamWaitEvent(self, g.caller_ready_event(), 0), where);
     CE_CUDA_CHECK(local_copy_async(out + static_cast<size_t>(g.rank()) * a.nbytes, a.input, a.nbytes, g.device(), self),
                   where + ": copying the own shard");
     CE_CUDA_CHECK(cudaEventRecord(g.self_done_event(), self), where);
   }
-  CE_CUDA_CHECK(cudaEventRecord(op.start, comm), where);
+  return op;
 }
 
 // Last step: join the self copy and hand the result back to the caller's stream.
@@ -256,8 +240,7 @@ void enqueue_pull_locked(Group& g, const AllGatherArgs& a, const std::string& wh
   const cudaStream_t comm = g.comm_stream();
   char* out = static_cast<char*>(a.output);
   const char* in = static_cast<const char*>(a.input);
-  PendingOp op = begin_op(g, a, plan);
-  join_caller_and_copy_self(g, a, where, plan, op);
+  PendingOp op = begin_and_copy_self(g, a, where, plan);
 
   for (size_t k = 0; k < plan.rounds; ++k) {
     const size_t chunk_offset = k * plan.round_capacity;
@@ -303,8 +286,7 @@ void enqueue_push_locked(Group& g, const AllGatherArgs& a, const std::string& wh
   const int rank = g.rank();
   const int n = g.world_size();
   const cudaStream_t comm = g.comm_stream();
-  PendingOp op = begin_op(g, a, plan);
-  join_caller_and_copy_self(g, a, where, plan, op);
+  PendingOp op = begin_and_copy_self(g, a, where, plan);
 
   // One round: the output is in the pool, so the bytes go straight to their final place.
   const uint32_t e = g.next_epoch();

@@ -51,26 +51,6 @@ struct Plan {
   size_t rounds = 0;
 };
 
-PendingOp new_op(Group& g, const char* name, OpKind kind, Variant variant, size_t nbytes) {
-  PendingOp op;
-  op.name = name;
-  op.seq = g.next_op_seq();
-  op.kind = kind;
-  op.variant = variant;
-  op.nbytes_per_rank = nbytes;
-  op.enqueued = Clock::now();
-  op.start = g.take_event();
-  op.end = g.take_event();
-  return op;
-}
-
-// 0. of both protocols: the comm stream joins the caller's stream.
-void join_caller(Group& g, cudaStream_t caller, const std::string& where, PendingOp& op) {
-  CE_CUDA_CHECK(cudaEventRecord(g.caller_ready_event(), caller), where);
-  CE_CUDA_CHECK(cudaStreamWaitEvent(g.comm_stream(), g.caller_ready_event(), 0), where);
-  CE_CUDA_CHECK(cudaEventRecord(op.start, g.comm_stream()), where);
-}
-
 void enqueue_a2a_locked(Group& g, const AllToAllArgs& a, const std::string& where, const Plan& plan) {
   SymmetricPool& pool = g.pool();
   const int rank = g.rank();
@@ -82,8 +62,8 @@ void enqueue_a2a_locked(Group& g, const AllToAllArgs& a, const std::string& wher
   char* out = static_cast<char*>(a.output);
   const size_t r = static_cast<size_t>(rank);
 
-  PendingOp op = new_op(g, "all_to_all_single", OpKind::AllToAll, plan.variant, C);
-  join_caller(g, a.caller, where, op);
+  PendingOp op = begin_op(g, "all_to_all_single", OpKind::AllToAll, plan.variant, C);
+  join_caller(g, a.caller, op, where);
   CE_CUDA_CHECK(cudaStreamWaitEvent(self, g.caller_ready_event(), 0), where);
   CE_CUDA_CHECK(local_copy_async(out + r * C, in + r * C, C, g.device(), self), where + ": copying the own chunk");
   CE_CUDA_CHECK(cudaEventRecord(g.self_done_event(), self), where);
@@ -136,8 +116,8 @@ void enqueue_bcast_locked(Group& g, const BroadcastArgs& a, const std::string& w
   const bool root = rank == a.root;
   char* t = static_cast<char*>(a.tensor);
 
-  PendingOp op = new_op(g, "broadcast", OpKind::Broadcast, plan.variant, a.nbytes);
-  join_caller(g, a.caller, where, op);
+  PendingOp op = begin_op(g, "broadcast", OpKind::Broadcast, plan.variant, a.nbytes);
+  join_caller(g, a.caller, op, where);
   for (size_t k = 0; k < plan.rounds; ++k) {
     const size_t o = k * plan.round_bytes;
     const size_t b = std::min(plan.round_bytes, a.nbytes - o);

@@ -242,6 +242,15 @@ void outbox_writes(PeerSignal* box, uint32_t* mirror, const PeerSignal& s, std::
   }
 }
 
+// Appends to `ops` the waits for `signal` (a flag in our own pool, written by a peer) to reach `epoch` (cyclic GEQ)
+// with our signature: the AND waits pass when the peer's signature bit equals ours, or when the watchdog set the
+// poison bit.
+void signal_waits(const PeerSignal* signal, uint32_t epoch, RoundSignature sig, std::vector<CUstreamBatchMemOpParams>& ops) {
+  ops.push_back(wait_op(&signal->epoch, epoch, CU_STREAM_WAIT_VALUE_GEQ));
+  ops.push_back(wait_op(&signal->sig_a, sig.sig_a | kPoisonBit, CU_STREAM_WAIT_VALUE_AND));
+  ops.push_back(wait_op(&signal->sig_b, sig.sig_b | kPoisonBit, CU_STREAM_WAIT_VALUE_AND));
+}
+
 // Polls a stream without blocking in the driver: a hung stream must not hang the watchdog.
 bool wait_stream_bounded(cudaStream_t stream, double seconds) {
   const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
@@ -476,10 +485,7 @@ void Group::post_ready(const PeerSignal& s) {
 void Group::wait_peer_ready(int peer, uint32_t epoch, RoundSignature sig) {
   FlagsRegion* flags = pool_->local_flags();
   std::vector<CUstreamBatchMemOpParams> ops;
-  ops.push_back(wait_op(&flags->ready[peer].epoch, epoch, CU_STREAM_WAIT_VALUE_GEQ));
-  // AND: passes when the peer's signature bit equals ours, or when the watchdog set the poison bit.
-  ops.push_back(wait_op(&flags->ready[peer].sig_a, sig.sig_a | kPoisonBit, CU_STREAM_WAIT_VALUE_AND));
-  ops.push_back(wait_op(&flags->ready[peer].sig_b, sig.sig_b | kPoisonBit, CU_STREAM_WAIT_VALUE_AND));
+  signal_waits(&flags->ready[peer], epoch, sig, ops);
   batch_mem_ops(comm_, ops, "group '" + name_ + "': waiting for rank " + std::to_string(peer) + " (epoch " +
                                 std::to_string(epoch) + ")");
 }
@@ -554,9 +560,7 @@ void Group::wait_p2p(int peer, bool credit, uint32_t round, RoundSignature sig, 
   FlagsRegion* flags = pool_->local_flags();
   PeerSignal* f = credit ? &flags->p2p_credit[peer] : &flags->p2p_landed[peer];
   std::vector<CUstreamBatchMemOpParams> ops;
-  ops.push_back(wait_op(&f->epoch, round, CU_STREAM_WAIT_VALUE_GEQ));
-  ops.push_back(wait_op(&f->sig_a, sig.sig_a | kPoisonBit, CU_STREAM_WAIT_VALUE_AND));
-  ops.push_back(wait_op(&f->sig_b, sig.sig_b | kPoisonBit, CU_STREAM_WAIT_VALUE_AND));
+  signal_waits(f, round, sig, ops);
   batch_mem_ops(stream, ops, "group '" + name_ + "': waiting for rank " + std::to_string(peer) + "'s " +
                                  (credit ? "receive credit" : "bytes") + " of round " + std::to_string(round));
 }
@@ -836,7 +840,7 @@ void Group::fail_locked(const std::string& message) {
 bool Group::poison() {
   // Epoch values "far in the future" (cyclically) satisfy every GEQ wait of every enqueued op; the
   // all-ones signature satisfies every AND wait. Only the peer-written arrays are overwritten. Reads
-  // only immutable state and epoch_hint_, so it works while an enqueue holds the group lock (an op
+  // only immutable state, epoch_hint_ and p2p_hint_, so it works while an enqueue holds the group lock (an op
   // enqueued after this write waits for epochs far below the poison, so it drains too).
   const uint32_t poison_epoch = epoch_hint_.load() + (1u << 29);
   const uint32_t poison_round = p2p_hint_.load() + (1u << 29);  // point-to-point channels count their own rounds
@@ -976,6 +980,31 @@ void Runtime::stop_watchdog() {
   }
   cv_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
+}
+
+PendingOp begin_op(Group& g, const char* name, OpKind kind, Variant variant, size_t nbytes_per_rank) {
+  PendingOp op;
+  op.name = name;
+  op.seq = g.next_op_seq();
+  op.kind = kind;
+  op.variant = variant;
+  op.push_style = variant == Variant::AgPush || variant == Variant::RsPush || variant == Variant::P2pStaged ||
+                  variant == Variant::P2pDirect;
+  op.nbytes_per_rank = nbytes_per_rank;
+  op.enqueued = Clock::now();
+  op.start = g.take_event();
+  op.end = g.take_event();
+  return op;
+}
+
+void start_on(Group& g, cudaStream_t stream, PendingOp& op, const std::string& where) {
+  CE_CUDA_CHECK(cudaStreamWaitEvent(stream, g.caller_ready_event(), 0), where);
+  CE_CUDA_CHECK(cudaEventRecord(op.start, stream), where);
+}
+
+void join_caller(Group& g, cudaStream_t caller, PendingOp& op, const std::string& where) {
+  CE_CUDA_CHECK(cudaEventRecord(g.caller_ready_event(), caller), where);
+  start_on(g, g.comm_stream(), op, where);
 }
 
 void hand_back(Group& g, PendingOp op, cudaStream_t caller, cudaEvent_t join, const std::string& where) {

@@ -310,6 +310,17 @@ class Group {
   Clock::time_point last_poison_{};           // watchdog thread only
 };
 
+// Every op's first step (under the group lock): a PendingOp numbered on this group, with its start and end events.
+// Push-style variants (AgPush, RsPush, P2p*: a peer's done / landed flag means "finished writing into us") are
+// marked so from the variant.
+PendingOp begin_op(Group& g, const char* name, OpKind kind, Variant variant, size_t nbytes_per_rank);
+// `stream` waits for the caller's work so far (g.caller_ready_event(), recorded on the caller's stream) and the op's
+// start is recorded there: the watchdog times the op from that point.
+void start_on(Group& g, cudaStream_t stream, PendingOp& op, const std::string& where);
+// Step 0 of every collective: records the caller's point into g.caller_ready_event() and starts `op` on the comm
+// stream after it (other streams of the op may wait for the same event).
+void join_caller(Group& g, cudaStream_t caller, PendingOp& op, const std::string& where);
+
 // Every op's last step: record the op's end on the comm stream, hand the result to the caller (its stream waits on
 // the end now, or, with a deferred-join event, in ce_overlap::wait_tensor), and let the watchdog track the op.
 void hand_back(Group& g, PendingOp op, cudaStream_t caller, cudaEvent_t join, const std::string& where);

@@ -208,19 +208,9 @@ void enqueue_p2p_batch(Group& g, const P2pBatchArgs& a) {
         if (join != nullptr) CE_CUDA_CHECK(cudaEventRecord(join, a.caller), what);
         continue;
       }
-      PendingOp op;
-      op.name = o.send ? "send" : "recv";
+      PendingOp op = begin_op(g, o.send ? "send" : "recv", o.send ? OpKind::Send : OpKind::Recv, p.variant, o.nbytes);
       op.peer = o.peer;
-      op.seq = g.next_op_seq();
-      op.kind = o.send ? OpKind::Send : OpKind::Recv;
-      op.variant = p.variant;
-      op.push_style = true;
-      op.nbytes_per_rank = o.nbytes;
-      op.enqueued = Clock::now();
-      op.start = g.take_event();
-      op.end = g.take_event();
-      CE_CUDA_CHECK(cudaStreamWaitEvent(stream, g.caller_ready_event(), 0), what);
-      CE_CUDA_CHECK(cudaEventRecord(op.start, stream), what);
+      start_on(g, stream, op, what);
       if (o.send) {
         enqueue_send(g, o, p, plan.landing, stream, op, what);
       } else {

@@ -115,21 +115,9 @@ void enqueue_locked(Group& g, const ReduceScatterArgs& a, const std::string& whe
   const size_t elem = reduce_elem_size(a.dtype);
   const uint64_t extra = static_cast<uint64_t>(a.dtype) << 8 | static_cast<uint64_t>(a.op);
 
-  PendingOp op;
-  op.name = "reduce_scatter_tensor";
-  op.seq = g.next_op_seq();
-  op.kind = OpKind::ReduceScatter;
-  op.variant = Variant::RsPush;
-  op.push_style = true;
-  op.nbytes_per_rank = C;
-  op.enqueued = Clock::now();
-  op.start = g.take_event();
-  op.end = g.take_event();
-
   // 0. Join the caller's stream.
-  CE_CUDA_CHECK(cudaEventRecord(g.caller_ready_event(), a.caller), where);
-  CE_CUDA_CHECK(cudaStreamWaitEvent(comm, g.caller_ready_event(), 0), where);
-  CE_CUDA_CHECK(cudaEventRecord(op.start, comm), where);
+  PendingOp op = begin_op(g, "reduce_scatter_tensor", OpKind::ReduceScatter, Variant::RsPush, C);
+  join_caller(g, a.caller, op, where);
 
   if (n == 1) {
     CE_CUDA_CHECK(cudaStreamWaitEvent(red, g.caller_ready_event(), 0), where);

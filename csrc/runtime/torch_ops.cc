@@ -161,6 +161,16 @@ void enqueue_maybe_deferred(Group& g, const at::Tensor& out, bool deferred, Enqu
   joins.add(out.storage().data_ptr().get(), g.device(), e);
 }
 
+// The streams that read `t` (and, for outputs, write it) after the enqueue returns keep the caching allocator from
+// handing its block out again before they are past it. Pool tensors are not the allocator's.
+void keep_alive_for(Group& g, const at::Tensor& t, std::initializer_list<cudaStream_t> streams) {
+  if (t.numel() == 0 || g.pool().contains(t.data_ptr())) return;
+  const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g.device());
+  for (cudaStream_t s : streams) {
+    c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), c10::cuda::getStreamFromExternal(s, device));
+  }
+}
+
 void run_all_gather(Group& g, const at::Tensor& input, at::Tensor& out, bool deferred = false) {
   const size_t nbytes = static_cast<size_t>(input.numel()) * input.element_size();
   if (nbytes == 0) return;
@@ -178,19 +188,10 @@ void run_all_gather(Group& g, const at::Tensor& input, at::Tensor& out, bool def
     enqueue_all_gather(g, AllGatherArgs{in, o, nbytes, caller.stream(), join});
   });
 
-  // The comm and self streams read `input` and write `out` after this call returns: keep the caching
-  // allocator from handing their blocks out again before those streams are past them. (Pool tensors
-  // are not the allocator's; their frees are deferred by the pool itself.)
-  const c10::cuda::CUDAStream comm = c10::cuda::getStreamFromExternal(g.comm_stream(), device);
-  const c10::cuda::CUDAStream self = c10::cuda::getStreamFromExternal(g.self_stream(), device);
-  if (!g.pool().contains(in)) {
-    c10::cuda::CUDACachingAllocator::recordStream(input.storage().data_ptr(), comm);
-    c10::cuda::CUDACachingAllocator::recordStream(input.storage().data_ptr(), self);
-  }
-  if (!g.pool().contains(o)) {
-    c10::cuda::CUDACachingAllocator::recordStream(out.storage().data_ptr(), comm);
-    c10::cuda::CUDACachingAllocator::recordStream(out.storage().data_ptr(), self);
-  }
+  // The comm and self streams read `input` and write `out` after this call returns (pool tensors' frees are
+  // deferred by the pool itself).
+  keep_alive_for(g, input, {g.comm_stream(), g.self_stream()});
+  keep_alive_for(g, out, {g.comm_stream(), g.self_stream()});
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -286,13 +287,8 @@ void run_reduce_scatter(Group& g, const at::Tensor& input, at::Tensor& out, cons
                                                 reduce_op_of(reduce_op, op), caller.stream(), join});
   });
   // The comm stream reads the input, the reduce stream reads it and writes out after this returns.
-  const c10::cuda::CUDAStream comm = c10::cuda::getStreamFromExternal(g.comm_stream(), device);
-  const c10::cuda::CUDAStream red = c10::cuda::getStreamFromExternal(g.reduce_stream(), device);
-  for (const at::Tensor* t : {&input, static_cast<const at::Tensor*>(&out)}) {
-    if (g.pool().contains(t->data_ptr())) continue;
-    c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), comm);
-    c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), red);
-  }
+  keep_alive_for(g, input, {g.comm_stream(), g.reduce_stream()});
+  keep_alive_for(g, out, {g.comm_stream(), g.reduce_stream()});
 }
 
 at::Tensor reduce_scatter_cuda(const at::Tensor& input, std::string reduce_op, int64_t group_size, std::string group_name) {
@@ -347,16 +343,6 @@ void check_a2a_out(const at::Tensor& input, const at::Tensor& out, const char* o
                   " elements; it needs input.numel() = ", input.sym_numel());
 }
 
-// The streams that read `t` (and, for outputs, write it) after the enqueue returns keep the caching allocator from
-// handing its block out again before they are past it. Pool tensors are not the allocator's.
-void keep_alive_for(Group& g, const at::Tensor& t, std::initializer_list<cudaStream_t> streams) {
-  if (t.numel() == 0 || g.pool().contains(t.data_ptr())) return;
-  const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g.device());
-  for (cudaStream_t s : streams) {
-    c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), c10::cuda::getStreamFromExternal(s, device));
-  }
-}
-
 void run_all_to_all(Group& g, const at::Tensor& input, at::Tensor& out, const char* op, bool deferred = false) {
   const size_t n = static_cast<size_t>(g.world_size());
   const size_t chunk = static_cast<size_t>(input.numel()) * input.element_size() / n;
@@ -371,9 +357,8 @@ void run_all_to_all(Group& g, const at::Tensor& input, at::Tensor& out, const ch
   enqueue_maybe_deferred(g, out, deferred, [&](cudaEvent_t join) {
     enqueue_all_to_all(g, AllToAllArgs{in, o, chunk, caller.stream(), join});
   });
-  for (const at::Tensor* t : {&input, static_cast<const at::Tensor*>(&out)}) {
-    keep_alive_for(g, *t, {g.comm_stream(), g.self_stream()});
-  }
+  keep_alive_for(g, input, {g.comm_stream(), g.self_stream()});
+  keep_alive_for(g, out, {g.comm_stream(), g.self_stream()});
 }
 
 at::Tensor all_to_all_cuda(const at::Tensor& input, int64_t group_size, std::string group_name) {
