@@ -62,10 +62,9 @@ def make_ag_variant(name: str, inp: torch.Tensor, group) -> C.Variant:
         if name in ("nccl", "ce_staged", "ce_symmetric"):
             return C.make_variant(name, inp, group)
         if name.startswith("ce_"):
-            ok, reason = rt.available()
-            if not ok:
-                return C.Variant(name, na_reason=reason)
-            rt.rendezvous(group)
+            why = C.ce_unavailable(group)
+            if why:
+                return C.Variant(name, na_reason=why)
             sym_out = rt.empty_symmetric((world * count,), inp.dtype, group)
             shard = sym_out.view(world, count)[rank]
             shard.copy_(inp)
@@ -122,10 +121,9 @@ def make_rs_variant(name: str, inp: torch.Tensor, group, op: str = "sum") -> C.V
             rop = dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.AVG
             return C.Variant(name, lambda: dist.reduce_scatter_tensor(out, inp, op=rop, group=group), lambda: out)
         if name in ("ce", "ce_symm_in"):
-            ok, reason = rt.available()
-            if not ok:
-                return C.Variant(name, na_reason=reason)
-            rt.rendezvous(group)
+            why = C.ce_unavailable(group)
+            if why:
+                return C.Variant(name, na_reason=why)
             src = inp
             keep = []
             if name == "ce_symm_in":
@@ -167,17 +165,6 @@ BC_HELP = {
 }
 
 
-def _ce_ready(name: str, group) -> str:
-    """'' when the CE runtime can run here (and the group is rendezvoused), else why not."""
-    import ce_overlap.runtime as rt
-
-    ok, reason = rt.available()
-    if not ok:
-        return reason
-    rt.rendezvous(group)
-    return ""
-
-
 def make_a2a_variant(name: str, inp: torch.Tensor, group) -> C.Variant:
     """All-to-all (equal splits) of `inp` (contiguous, 1-D, a multiple of world elements). Never raises."""
     import ce_overlap.runtime as rt
@@ -187,7 +174,7 @@ def make_a2a_variant(name: str, inp: torch.Tensor, group) -> C.Variant:
         if name == "nccl":
             return C.Variant(name, lambda: dist.all_to_all_single(out, inp, group=group), lambda: out)
         if name in ("ce_staged", "ce_symmetric"):
-            why = _ce_ready(name, group)
+            why = C.ce_unavailable(group)
             if why:
                 return C.Variant(name, na_reason=why)
             src, keep = inp, []
@@ -213,7 +200,7 @@ def make_bcast_variant(name: str, inp: torch.Tensor, group) -> C.Variant:
             root = dist.get_global_rank(group, 0)
             return C.Variant(name, lambda: dist.broadcast(buf, src=root, group=group), lambda: buf)
         if name in ("ce_staged", "ce_symmetric"):
-            why = _ce_ready(name, group)
+            why = C.ce_unavailable(group)
             if why:
                 return C.Variant(name, na_reason=why)
             buf = rt.empty_symmetric(inp.shape, inp.dtype, group) if name == "ce_symmetric" else torch.empty_like(inp)

@@ -109,6 +109,17 @@ def _enable_symm_mem(group) -> None:
             symm_mem.enable_symm_mem_for_group(group.group_name)
 
 
+def ce_unavailable(group) -> str:
+    """'' when the CE runtime can run here (the group is then rendezvoused), else why it cannot."""
+    import ce_overlap.runtime as rt
+
+    ok, reason = rt.available()
+    if not ok:
+        return reason
+    rt.rendezvous(group)
+    return ""
+
+
 def make_variant(name: str, inp: torch.Tensor, group) -> Variant:
     """Sets up `name` for the all-gather of `inp` (contiguous, 1-D). Never raises: failures become na_reason."""
     import ce_overlap.runtime as rt
@@ -120,10 +131,9 @@ def make_variant(name: str, inp: torch.Tensor, group) -> Variant:
             out = torch.empty(world * count, dtype=inp.dtype, device=inp.device)
             return Variant(name, lambda: dist.all_gather_into_tensor(out, inp, group=group), lambda: out)
         if name.startswith("ce_"):
-            ok, reason = rt.available()
-            if not ok:
-                return Variant(name, na_reason=reason)
-            rt.rendezvous(group)
+            why = ce_unavailable(group)
+            if why:
+                return Variant(name, na_reason=why)
             if name == "ce_staged":
                 out = torch.empty(world * count, dtype=inp.dtype, device=inp.device)
                 return Variant(name, lambda: rt.all_gather_into_tensor(out, inp, group), lambda: out, is_ce=True)

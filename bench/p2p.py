@@ -58,10 +58,9 @@ def make(name: str, pattern: str, nbytes: int, group, rank: int, world: int) -> 
                 for w in dist.batch_isend_irecv(ops) if ops else []:
                     w.wait()
             return C.Variant(name, run, lambda: out, keep=[data])
-        ok, reason = rt.available()
-        if not ok:
-            return C.Variant(name, na_reason=reason)
-        rt.rendezvous(group)
+        why = C.ce_unavailable(group)
+        if why:
+            return C.Variant(name, na_reason=why)
         if name == "ce_staged":
             send_t, out = data, torch.empty_like(data)
         elif name == "ce_direct":
