@@ -40,8 +40,6 @@ def main() -> int:
     import torch
 
     import train
-    import ce_overlap
-    from ce_overlap.models.llama import Llama
     from ce_overlap.profiles import builtin_for_device
 
     measured: dict[str, float] = {}
@@ -63,11 +61,8 @@ def main() -> int:
         ap.error("give --train-json, or --world-size and --profile")
 
     cfg = train.model_config(args)
-    with torch.device("meta"):
-        model = Llama(cfg)
-    tokens = torch.zeros((args.batch, args.seq_len), dtype=torch.long, device="meta")
     t0 = time.perf_counter()
-    ir = ce_overlap.capture(model, (tokens, tokens), world_size=args.world_size)
+    ir = train.capture_step(args, args.world_size)
     capture_s = time.perf_counter() - t0
     pieces = train.step_model(ir, args.profile, args.world_size)
 

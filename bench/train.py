@@ -235,17 +235,21 @@ def predict(args, world: int, profile: str) -> dict:
     return out
 
 
-def predict_only(args) -> None:
+def capture_step(args, world: int):
+    """The IR of this benchmark's training step for args' shape at `world` ranks: the model on the meta device,
+    captured on fake tensors over the fake process group (CPU, no memory)."""
     import ce_overlap
     from ce_overlap.models.llama import Llama
 
-    world = int(os.environ["CE_OVERLAP_PREDICT_WORLD"])
-    cfg = model_config(args)
     with torch.device("meta"):
-        model = Llama(cfg)
+        model = Llama(model_config(args))
     tokens = torch.zeros((args.batch, args.seq_len), dtype=torch.long, device="meta")
-    ir = ce_overlap.capture(model, (tokens, tokens), world_size=world)
-    print(json.dumps(step_model(ir, args.profile, world)))
+    return ce_overlap.capture(model, (tokens, tokens), world_size=world)
+
+
+def predict_only(args) -> None:
+    world = int(os.environ["CE_OVERLAP_PREDICT_WORLD"])
+    print(json.dumps(step_model(capture_step(args, world), args.profile, world)))
 
 
 # Fused AdamW over fp32 master shards, per parameter: reads param, grad, exp_avg, exp_avg_sq and writes param,
