@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -416,15 +417,22 @@ void SymmetricPool::open_peers(const std::vector<PoolHandleBlob>& blobs) {
       (void)cudaGetLastError();
     }
   }
+  // Fault injection (RELIABILITY.md): CE_OVERLAP_FAULT_INJECT=p2p_refused makes every pair of ranks look like
+  // GPUs without peer access, so the refusal below can be tested on machines that have it.
+  const char* inject = std::getenv("CE_OVERLAP_FAULT_INJECT");
+  const bool refuse_p2p = inject != nullptr && std::strcmp(inject, "p2p_refused") == 0;
   for (int a = 0; a < world_size_; ++a) {
     for (int b = 0; b < world_size_; ++b) {
       const int da = local_ordinal[static_cast<size_t>(a)], db = local_ordinal[static_cast<size_t>(b)];
-      if (a == b || da < 0 || db < 0 || da == db) continue;  // same GPU shared by two ranks: IPC is local
+      if (a == b || da < 0 || db < 0) continue;
+      if (da == db && !refuse_p2p) continue;  // same GPU shared by two ranks: IPC is local
       int can = 0;
-      CE_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, da, db), "checking P2P access for " + g);
+      if (!refuse_p2p) CE_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, da, db), "checking P2P access for " + g);
       if (!can) {
+        const char* why = refuse_p2p ? " (simulated: CE_OVERLAP_FAULT_INJECT=p2p_refused)"
+                                     : " (cudaDeviceCanAccessPeer is false)";
         throw std::runtime_error("ce_overlap: " + g + " is not fully P2P-connected: " + who(a) + " cannot access " +
-                                 who(b) + " (cudaDeviceCanAccessPeer is false); keep this group on NCCL");
+                                 who(b) + why + "; keep this group on NCCL");
       }
     }
   }

@@ -10,6 +10,11 @@
 Modes can be chained (comma list) to share one start-up. Every mode prints what it checked; the process exits 0 when
 every mode passed, 1 otherwise (with the details printed).
 
+On a machine with one GPU (CE_TEST_SHARED_GPU=1, which tests/runtime/test_runtime_gpu.py sets there) both ranks share
+GPU 0: the CE protocol (CUDA IPC, stream memory operations, copies, the reduction kernel, timeouts) runs on real CUDA,
+but NCCL refuses two ranks on one GPU, so the references run over gloo on host copies of the bytes (bit-exact for
+data movement; reduce-scatter's reference sums in fp32 on the host). Bandwidth means nothing there.
+
 Hangs are bounded: every step (mode set-up, each case, each synchronize) first calls step(), which names it in this
 rank's progress file ($CE_TEST_PROGRESS_DIR/rank<r>.txt, printed by the test when the run fails or hangs; echoed to
 stdout by the timeout/mismatch modes) and re-arms a deadline (faulthandler.dump_traceback_later): a step that does
@@ -37,6 +42,9 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64
           torch.int8]
 INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 GUARD_BYTES = 4096
+
+
+SHARED_GPU = os.environ.get("CE_TEST_SHARED_GPU") == "1"
 
 
 def log(msg: str) -> None:
@@ -77,9 +85,82 @@ def wait_device_idle(seconds: float) -> bool:
 
 
 def setup() -> None:
+    if SHARED_GPU:  # every rank on GPU 0; references over gloo (NCCL refuses two ranks on one GPU)
+        torch.cuda.set_device(0)
+        dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+        return
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank), timeout=timedelta(seconds=120))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# References: NCCL on the tensors themselves, or (shared GPU) gloo on host copies of their bytes. Data movement
+# is compared bitwise, so moving bytes is the exact reference whatever the dtype.
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
+
+
+def ref_all_gather(ref: torch.Tensor, inp: torch.Tensor, group) -> None:
+    if not SHARED_GPU:
+        dist.all_gather_into_tensor(ref, inp.contiguous(), group=group)
+        return
+    host = torch.empty(ref.numel() * ref.element_size(), dtype=torch.uint8)
+    dist.all_gather_into_tensor(host, _bytes(inp.contiguous()).cpu(), group=group)
+    _bytes(ref).copy_(host)
+
+
+def ref_all_to_all(ref: torch.Tensor, inp: torch.Tensor, group) -> None:
+    if not SHARED_GPU:
+        dist.all_to_all_single(ref, inp, group=group)
+        return
+    host = torch.empty(ref.numel() * ref.element_size(), dtype=torch.uint8)
+    dist.all_to_all_single(host, _bytes(inp.contiguous()).cpu(), group=group)
+    _bytes(ref).copy_(host)
+
+
+def ref_broadcast(t: torch.Tensor, src: int, group) -> None:
+    """src: the global rank."""
+    if not SHARED_GPU:
+        dist.broadcast(t, src=src, group=group)
+        return
+    host = _bytes(t).cpu()
+    dist.broadcast(host, src=src, group=group)
+    _bytes(t).copy_(host)
+
+
+def ref_reduce_scatter(ref: torch.Tensor, inp: torch.Tensor, op: str, group) -> None:
+    if not SHARED_GPU:
+        dist.reduce_scatter_tensor(ref, inp.clone(), op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.AVG,
+                                   group=group)
+        return
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    host = torch.empty(world * inp.numel(), dtype=torch.float32)
+    dist.all_gather_into_tensor(host, inp.reshape(-1).float().cpu(), group=group)
+    total = host.view(world, -1).sum(0)  # one rounding to the dtype below, as NCCL's for two ranks
+    if op == "avg":
+        total = total / world
+    ref.copy_(total.view(world, -1)[rank].view(ref.shape).to(ref.dtype))
+
+
+def ref_p2p(sends: list, recvs: list, group) -> None:
+    """sends: (tensor, global dst); recvs: (tensor, global src); all complete on return."""
+    if not SHARED_GPU:
+        ops = [dist.P2POp(dist.isend, t, peer, group) for t, peer in sends]
+        ops += [dist.P2POp(dist.irecv, t, peer, group) for t, peer in recvs]
+        if ops:
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+        return
+    host_recvs = [(t, torch.empty(t.numel() * t.element_size(), dtype=torch.uint8)) for t, _ in recvs]
+    ops = [dist.P2POp(dist.isend, _bytes(t).cpu(), peer, group) for t, peer in sends]
+    ops += [dist.P2POp(dist.irecv, h, peer, group) for (_, h), (_, peer) in zip(host_recvs, recvs)]
+    if ops:
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+    for t, h in host_recvs:
+        _bytes(t).copy_(h)
 
 
 def random_bits(shape, dtype, gen: torch.Generator) -> torch.Tensor:
@@ -98,7 +179,7 @@ def count_wrong(got: torch.Tensor, want: torch.Tensor) -> int:
 
 def failed_on_all_ranks(failures: int) -> int:
     """Every rank's failure count summed: a failure on one rank fails the mode on all (and they agree on it)."""
-    total = torch.tensor([failures], device="cuda")
+    total = torch.tensor([failures], device="cpu" if SHARED_GPU else "cuda")
     dist.all_reduce(total)
     return int(total.item())
 
@@ -149,10 +230,10 @@ def run_case(case: dict, group, world: int, rank: int, side: torch.cuda.Stream) 
     inp_data = random_bits(shape, dtype, gen)
     out_shape = [shape[0] * world, *shape[1:]]
 
-    # Reference through NCCL (bitwise for every dtype).
+    # The reference (NCCL, or gloo when the ranks share a GPU), compared bitwise for every dtype.
     ref = torch.empty(out_shape, dtype=dtype, device="cuda")
     if numel > 0:
-        dist.all_gather_into_tensor(ref, inp_data.contiguous(), group=group)
+        ref_all_gather(ref, inp_data, group)
 
     stream_ctx = torch.cuda.stream(side) if case["side_stream"] else torch.cuda.stream(torch.cuda.current_stream())
     problems = []
@@ -468,7 +549,8 @@ def mode_nokernels(args) -> int:
 
     ok = True
     seen: dict[str, collections.Counter] = {}
-    for label, fn in (("nccl", lambda: dist.all_gather_into_tensor(out, x, group=group)),
+    nccl = [] if SHARED_GPU else [("nccl", lambda: dist.all_gather_into_tensor(out, x, group=group))]
+    for label, fn in (*nccl,
                       ("ce_staged", lambda: rt.all_gather_into_tensor(out, x, group)),
                       ("ce_symmetric", lambda: rt.all_gather_into_tensor(out, sym, group)),
                       ("ce_symmetric_inplace", lambda: rt.all_gather_into_tensor(sym_out, inplace_in, group)),
@@ -502,10 +584,13 @@ def mode_nokernels(args) -> int:
             ok = False
         elif label.endswith("_split3"):
             # 16 MiB per rank in 3 pieces: 2 more peer copies per op than unsplit (the flag copies count too), 3 ops.
-            peer = {k: sum(c for n, c in v.items() if "PtoP" in n) for k, v in seen.items()}
-            if peer[label] != peer["ce_symmetric_inplace"] + 6:
-                log(f"FAILED: {label}: expected {peer['ce_symmetric_inplace'] + 6} peer copies (unsplit + 2 pieces "
-                    f"x 3 ops), got {peer[label]}: {dict(names)}")
+            # (Two ranks sharing one GPU copy device to device, not peer to peer.)
+            copy_kind = "DtoD" if SHARED_GPU else "PtoP"
+            # (Not `peer`: the ring lambdas above read that name when they run.)
+            copies = {k: sum(c for n, c in v.items() if copy_kind in n) for k, v in seen.items()}
+            if copies[label] != copies["ce_symmetric_inplace"] + 6:
+                log(f"FAILED: {label}: expected {copies['ce_symmetric_inplace'] + 6} peer copies (unsplit + 2 pieces "
+                    f"x 3 ops), got {copies[label]}: {dict(names)}")
                 ok = False
     rt.synchronize(group)
     return 0 if ok else 1
@@ -556,8 +641,7 @@ def run_rs_case(case: dict, group, world: int, rank: int, side: torch.cuda.Strea
     out_shape = [shape[0] // world, *shape[1:]]
     ref = torch.empty(out_shape, dtype=dtype, device="cuda")
     if numel > 0:
-        dist.reduce_scatter_tensor(ref, inp_data.clone(), op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.AVG,
-                                   group=group)
+        ref_reduce_scatter(ref, inp_data, op, group)
     problems = []
     elem = torch.empty((), dtype=dtype).element_size()
     out_bytes = numel * elem
@@ -691,7 +775,7 @@ def _check_ag_on(sym_in: torch.Tensor, group, world: int, rank: int, push: bool)
     sym_in.view(torch.uint8).copy_(torch.randint(0, 256, (sym_in.numel() * sym_in.element_size(),), device="cuda",
                                                  dtype=torch.uint8))
     ref = torch.empty(world * sym_in.numel(), dtype=sym_in.dtype, device="cuda")
-    dist.all_gather_into_tensor(ref, sym_in.reshape(-1), group=group)
+    ref_all_gather(ref, sym_in.reshape(-1), group)
     out = torch.empty_like(ref)
     sym_out = rt.empty_symmetric(ref.shape, ref.dtype, group)
     sym_out.view(world, -1)[rank].copy_(sym_in.reshape(-1))
@@ -823,7 +907,7 @@ def _run_a2a_bcast_case(case: dict, group, world: int, rank: int) -> tuple[int, 
     if kind == "a2a":
         ref = torch.empty_like(data)
         if numel:
-            dist.all_to_all_single(ref, data, group=group)
+            ref_all_to_all(ref, data, group)
         backing = torch.full((numel * elem + GUARD_BYTES,), 0xA5, dtype=torch.uint8, device="cuda")
         out = backing[:numel * elem].view(dtype)
         if mode == "symmetric":
@@ -847,7 +931,7 @@ def _run_a2a_bcast_case(case: dict, group, world: int, rank: int) -> tuple[int, 
     root = case["root"]
     ref = data.clone()
     if numel:
-        dist.broadcast(ref, src=dist.get_global_rank(group, root), group=group)
+        ref_broadcast(ref, dist.get_global_rank(group, root), group)
     if mode == "symmetric":
         t = rt.empty_symmetric([numel], dtype, group)
         t.copy_(data)
@@ -935,19 +1019,10 @@ def _run_p2p_case(msgs: list[dict], style: str, order_seed: int, group, rank: in
             sends.append((j, m, data))
         elif rank == m["dst"]:
             recvs.append((j, m))
-    # NCCL reference.
-    ref = {}
-    nccl_ops = []
-    for j, m, data in sends:
-        if m["numel"]:
-            nccl_ops.append(dist.P2POp(dist.isend, data, m["dst"], group))
-    for j, m in recvs:
-        ref[j] = torch.empty([m["numel"]], dtype=m["dtype"], device="cuda")
-        if m["numel"]:
-            nccl_ops.append(dist.P2POp(dist.irecv, ref[j], m["src"], group))
-    if nccl_ops:
-        for w in dist.batch_isend_irecv(nccl_ops):
-            w.wait()
+    # The reference (NCCL, or gloo when the ranks share a GPU).
+    ref = {j: torch.empty([m["numel"]], dtype=m["dtype"], device="cuda") for j, m in recvs}
+    ref_p2p([(data, m["dst"]) for j, m, data in sends if m["numel"]],
+            [(ref[j], m["src"]) for j, m in recvs if m["numel"]], group)
     torch.cuda.synchronize()
     # The CE runtime: the same messages, each rank's ops in its own random order (per channel order kept).
     got, ce_ops = {}, []
@@ -1063,11 +1138,138 @@ def mode_p2p_faults(args) -> int:
     return 0 if ok else 1
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Faults: a rank that dies, a pool that cannot be allocated, a group without P2P (RELIABILITY.md)
+
+def _die(reason: str) -> None:
+    """This rank vanishes at once, as a crashed process does: no Python teardown, no collective goodbye. Exit
+    status 0, so that torchrun lets the survivors report instead of killing them."""
+    log(f"dying on purpose: {reason}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _expect_error(label: str, fn, needles: list[str], within_s: float) -> bool:
+    """fn() must raise RuntimeError within `within_s` seconds, naming every needle."""
+    t0 = time.time()
+    try:
+        fn()
+        log(f"FAILED [{label}]: no error")
+        return False
+    except RuntimeError as e:
+        elapsed, msg = time.time() - t0, str(e)
+        log(f"[{label}] raised after {elapsed:.1f} s: {msg[:500]}")
+        missing = [n for n in needles if n not in msg]
+        if missing:
+            log(f"FAILED [{label}]: the message does not name {missing}")
+        if elapsed > within_s:
+            log(f"FAILED [{label}]: raised after {elapsed:.1f} s, expected within {within_s:.0f} s")
+        return not missing and elapsed <= within_s
+
+
+def mode_die_before_rendezvous(args) -> int:
+    """Rank 1 dies before the CE rendezvous: rank 0's rendezvous raises within the timeout naming rank 1."""
+    rank = dist.get_rank()
+    dist.barrier()
+    if rank == 1:
+        _die("before the CE rendezvous")
+    step("die_before_rendezvous: rendezvous with a dead peer", deadline_s=ce_timeout_s() + 30, echo=True)
+    ok = _expect_error("rendezvous, peer dead", lambda: rt.rendezvous(dist.group.WORLD),
+                       ["timed out", "ranks [1] never published"], ce_timeout_s() + 10)
+    return 0 if ok else 1
+
+
+def mode_die_mid_collective(args) -> int:
+    """Both ranks enqueue a 32-round all-gather; rank 1 dies right after enqueueing it, its part still queued behind
+    ~0.5 s of GPU work (without that, its part may finish before the process is gone, and rank 0 then rightly
+    completes: seen in 3 of 20 repeats). Rank 0's synchronize raises within the timeout naming the op, and its
+    streams drain."""
+    group = dist.group.WORLD
+    rank = dist.get_rank()
+    rt.rendezvous(group)
+    x = torch.randn(8 << 20, device="cuda")  # 32 MiB per rank: 32 rounds through 1 MiB of staging
+    out = torch.empty(2 * x.numel(), device="cuda")
+    torch.cuda.synchronize()
+    dist.barrier()
+    step("die_mid_collective: all-gather with a peer that dies", deadline_s=ce_timeout_s() + 30, echo=True)
+    if rank == 1:
+        torch.cuda._sleep(int(1e9))  # the op's comm stream joins the caller's stream: its part waits behind this
+    rt.all_gather_into_tensor(out, x, group)
+    if rank == 1:
+        _die("with an all-gather in flight")
+    ok = _expect_error("all-gather, peer died", lambda: rt.synchronize(group),
+                       ["timeout", "all_gather_into_tensor"], ce_timeout_s() + 10)
+    step("die_mid_collective: the streams must drain", deadline_s=30, echo=True)
+    if not wait_device_idle(15):
+        log("FAILED: the device is still busy 15 s after the error: a stream was not released")
+        ok = False
+    return 0 if ok else 1
+
+
+def _fresh_group_works(label: str) -> bool:
+    """A new group after a failed one: rendezvous and a bit-exact all-gather (the failure left nothing behind)."""
+    g = dist.new_group(list(range(dist.get_world_size())))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = torch.full((4096,), float(rank + 1), device="cuda")
+    out = torch.empty(world * x.numel(), device="cuda")
+    rt.all_gather_into_tensor(out, x, g)
+    rt.synchronize(g)
+    want = torch.arange(1, world + 1, device="cuda", dtype=torch.float32).repeat_interleave(x.numel())
+    if not torch.equal(out, want):
+        log(f"FAILED [{label}]: the all-gather on a fresh group after the failure is wrong")
+        return False
+    log(f"[{label}] a fresh group works afterwards")
+    return True
+
+
+def mode_pool_alloc_failure(args) -> int:
+    """Rank 1 asks for a pool no GPU has: its rendezvous raises naming the allocation and CE_OVERLAP_POOL_MB, rank 0's
+    raises within the timeout naming rank 1; a fresh group works afterwards."""
+    rank = dist.get_rank()
+    g = dist.new_group(list(range(dist.get_world_size())))
+    saved = os.environ.get("CE_OVERLAP_POOL_MB")
+    if rank == 1:
+        os.environ["CE_OVERLAP_POOL_MB"] = str(100 << 20)  # 100 TiB
+    step("pool_alloc_failure: rendezvous", deadline_s=ce_timeout_s() + 30, echo=True)
+    try:
+        needles = ["CE_OVERLAP_POOL_MB"] if rank == 1 else ["timed out", "ranks [1] never published"]
+        ok = _expect_error("pool allocation failure", lambda: rt.rendezvous(g), needles, ce_timeout_s() + 10)
+    finally:
+        if saved is None:
+            os.environ.pop("CE_OVERLAP_POOL_MB", None)
+        else:
+            os.environ["CE_OVERLAP_POOL_MB"] = saved
+    dist.barrier()
+    step("pool_alloc_failure: a fresh group", echo=True)
+    ok &= _fresh_group_works("pool allocation failure")
+    return 0 if ok else 1
+
+
+def mode_p2p_refused(args) -> int:
+    """A group whose GPUs lack peer access (simulated, CE_OVERLAP_FAULT_INJECT=p2p_refused): every rank's rendezvous
+    raises at once naming the pair; a fresh group without the injection works."""
+    g = dist.new_group(list(range(dist.get_world_size())))
+    os.environ["CE_OVERLAP_FAULT_INJECT"] = "p2p_refused"
+    step("p2p_refused: rendezvous", deadline_s=ce_timeout_s() + 30, echo=True)
+    try:
+        ok = _expect_error("P2P refused", lambda: rt.rendezvous(g), ["not fully P2P-connected", "simulated"],
+                           ce_timeout_s() + 10)
+    finally:
+        os.environ.pop("CE_OVERLAP_FAULT_INJECT", None)
+    dist.barrier()
+    step("p2p_refused: a fresh group", echo=True)
+    ok &= _fresh_group_works("P2P refused")
+    return 0 if ok else 1
+
+
 MODES = {"correctness": mode_correctness, "reduce_scatter": mode_reduce_scatter, "symalloc": mode_symalloc,
          "nokernels": mode_nokernels, "timeout": mode_timeout, "mismatch": mode_mismatch, "a2a_bcast": mode_a2a_bcast,
-         "p2p": mode_p2p, "p2p_faults": mode_p2p_faults}
-# Modes that leave a CE group failed on purpose (they run on their own groups, or last).
-BREAKING = ("timeout", "mismatch", "p2p_faults")
+         "p2p": mode_p2p, "p2p_faults": mode_p2p_faults, "die_before_rendezvous": mode_die_before_rendezvous,
+         "die_mid_collective": mode_die_mid_collective, "pool_alloc_failure": mode_pool_alloc_failure,
+         "p2p_refused": mode_p2p_refused}
+# Modes that leave a CE group failed on purpose (they run on their own groups, or last), or a rank dead.
+BREAKING = ("timeout", "mismatch", "p2p_faults", "die_before_rendezvous", "die_mid_collective")
 
 
 def main() -> int:

@@ -1,0 +1,117 @@
+"""Fault injection, repeated: every fault of RELIABILITY.md's "never hangs" table, N times each, on 2 ranks (two GPUs,
+or both ranks sharing one GPU where the box has one; tests/runtime/gpu_worker.py says how that differs). Each
+repeat is one torchrun launch of tests/runtime/gpu_worker.py with the fault's modes; the worker checks that every
+surviving rank raised within the timeout naming the problem, that the streams drained and (where the ranks survive)
+that a fresh group works. A launch that outlives its hard limit is a hang: its process tree is killed and counted.
+
+    python bench/fault_repeats.py --repeats 20 --parallel 4 --out bench/results/.../faults.json
+
+Prints a table (fault, repeats, passed, failed, hangs, slowest launch) and writes every launch's result as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(REPO, "tests", "runtime", "gpu_worker.py")
+sys.path.insert(0, os.path.join(REPO, "tests", "runtime"))
+
+# fault -> the worker modes that inject and check it
+FAULTS = {
+    "stall (a peer never calls the collective)": "timeout",
+    "mismatched sizes / dtypes / variants": "mismatch",
+    "send / recv faults (no receive, sizes differ)": "p2p_faults",
+    "rank dies before rendezvous": "die_before_rendezvous",
+    "rank dies mid-collective": "die_mid_collective",
+    "pool allocation fails on one rank": "pool_alloc_failure",
+    "P2P refused (simulated)": "p2p_refused",
+}
+
+
+def gpu_count() -> int:
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return len([line for line in out.stdout.splitlines() if line.startswith("GPU ")]) if out.returncode == 0 else 0
+
+
+def launch(modes: str, timeout_s: float, env: dict) -> dict:
+    from test_runtime_gpu import _kill_tree  # noqa: PLC0415 (the GPU tests' process-tree killer)
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKER, modes]
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="ce_fault_") as progress:
+        proc = subprocess.Popen(cmd, env={**env, "CE_TEST_PROGRESS_DIR": progress}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+            hang = False
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc)
+            out, _ = proc.communicate()
+            hang = True
+    wall = time.time() - t0
+    failed_lines = [line for line in out.splitlines() if "FAILED" in line and "[rank" in line]
+    return {"modes": modes, "rc": proc.returncode, "hang": hang, "wall_s": round(wall, 1),
+            "ok": proc.returncode == 0 and not hang, "failed_lines": failed_lines[:6],
+            "raised": [line[:300] for line in out.splitlines() if "raised" in line][:6],
+            "tail": "" if proc.returncode == 0 and not hang else out[-3000:]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--parallel", type=int, default=2, help="launches at once (each is 2 processes)")
+    p.add_argument("--timeout-s", type=float, default=2.0, help="CE_OVERLAP_TIMEOUT_S of the launches")
+    p.add_argument("--faults", default=",".join(FAULTS.values()), help="comma list of worker modes to repeat")
+    p.add_argument("--out", default=None, help="JSON results")
+    args = p.parse_args(argv)
+    n_gpus = gpu_count()
+    if n_gpus < 1:
+        print("no GPU: nothing to inject faults into")
+        return 1
+    env = dict(os.environ)
+    env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "PYTHONUNBUFFERED": "1",
+                "CE_OVERLAP_POOL_MB": "128", "CE_OVERLAP_STAGING_MB": "1", "CE_OVERLAP_P2P_MB": "1",
+                "CE_OVERLAP_TIMEOUT_S": str(args.timeout_s), "CE_TEST_STEP_DEADLINE_S": str(args.timeout_s + 25)})
+    if n_gpus == 1:
+        env["CE_TEST_SHARED_GPU"] = "1"
+    modes = [m for m in args.faults.split(",") if m]
+    # A launch's hard limit: start-up, every timeout its modes wait for (mismatch: 4), and a margin. Beyond it: a hang.
+    limit = 90 + 8 * args.timeout_s
+    jobs = [(m, i) for i in range(args.repeats) for m in modes]
+    results: dict[str, list] = {m: [] for m in modes}
+    t0 = time.time()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        futures = {pool.submit(launch, m, limit, env): m for m, _ in jobs}
+        for f in concurrent.futures.as_completed(futures):
+            r = f.result()
+            results[futures[f]].append(r)
+            if not r["ok"]:
+                print(f"FAILED launch of {r['modes']}: rc={r['rc']} hang={r['hang']}\n{r['tail'][-1500:]}", flush=True)
+    names = {v: k for k, v in FAULTS.items()}
+    print(f"\n{'fault':<48}{'worker mode':<24}{'repeats':>8}{'passed':>8}{'failed':>8}{'hangs':>7}{'slowest s':>10}")
+    for m in modes:
+        rs = results[m]
+        print(f"{names.get(m, m):<48}{m:<24}{len(rs):>8}{sum(r['ok'] for r in rs):>8}"
+              f"{sum(not r['ok'] and not r['hang'] for r in rs):>8}{sum(r['hang'] for r in rs):>7}"
+              f"{max(r['wall_s'] for r in rs):>10.1f}")
+    all_ok = all(r["ok"] for rs in results.values() for r in rs)
+    print(f"# {sum(len(v) for v in results.values())} launches in {time.time() - t0:.0f} s, {n_gpus} GPU(s)"
+          f"{' (both ranks on one GPU)' if n_gpus == 1 else ''}, CE_OVERLAP_TIMEOUT_S={args.timeout_s}: "
+          f"{'all passed' if all_ok else 'FAILURES'}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"command": " ".join([os.path.basename(sys.executable)] + sys.argv), "gpus": n_gpus,
+                       "shared_gpu": n_gpus == 1, "timeout_s": args.timeout_s, "repeats": args.repeats,
+                       "results": results}, f, indent=1)
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
