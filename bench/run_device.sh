@@ -17,10 +17,33 @@ set -o pipefail
 cd "$(dirname "$0")/.."
 
 BUDGET_S=${CE_DEVICE_BUDGET_S:-540}
-STAGES=${CE_DEVICE_STAGES:-probe gpu_tests collectives p2p overlap cpu_tests}
+STAGES=${CE_DEVICE_STAGES:-probe gpu_tests collectives p2p overlap cpu_tests sanitizer}
 source bench/_device_lib.sh
 
 want() { [[ " $STAGES " == *" $1 "* ]]; }
+
+# sanitize TOOL MODES: tests/runtime/gpu_worker.py MODES on 2 ranks, each rank its own process under
+# compute-sanitizer TOOL (launched directly: under torchrun the sanitizer did not follow the workers), one log per
+# rank; any report fails the stage (exit code 99). On a 1-GPU box both ranks share the GPU (gpu_worker.py).
+sanitize() {
+  local tool=$1 modes=$2 cs=${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer
+  [ -x "$cs" ] || cs=$(command -v compute-sanitizer) || { echo "compute-sanitizer not found"; return 1; }
+  "$cs" --version | tail -n 1
+  local shared=0 port=$((29600 + RANDOM % 400)) pids=() rc=0 r
+  [ "$(nvidia-smi -L | wc -l)" -lt 2 ] && shared=1 && echo "one GPU: both ranks share it"
+  for r in 0 1; do
+    RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      CE_TEST_SHARED_GPU=$shared CE_OVERLAP_POOL_MB=128 CE_OVERLAP_STAGING_MB=1 CE_OVERLAP_P2P_MB=1 \
+      CE_OVERLAP_TIMEOUT_S=120 CE_TEST_STEP_DEADLINE_S=300 \
+      "$cs" --tool "$tool" --error-exitcode 99 --print-limit 20 --log-file "$OUT/sanitizer-$tool-rank$r.log" \
+      "$PY" tests/runtime/gpu_worker.py "$modes" --cases 60 --rs-cases 36 --a2a-cases 60 --p2p-cases 60 &
+    pids+=($!)
+  done
+  for r in 0 1; do wait "${pids[$r]}" || rc=$?; done
+  for r in 0 1; do echo "-- rank $r: $(grep -c . "$OUT/sanitizer-$tool-rank$r.log") lines"; tail -n 4 "$OUT/sanitizer-$tool-rank$r.log"; done
+  return $rc
+}
+export -f sanitize
 
 stage env 30 env_info
 stage build 150 build
@@ -28,7 +51,7 @@ stage build 150 build
 # (c) reduce-scatter over reduction CTAs x round size, GEMM beside; (d) the reduction kernel alone. First: new data.
 want probe && stage probe 100 torchrun2 bench/ce_probe.py --out "$OUT/ce_probe.json"
 # GPU tests: 2 torchrun launches (collectives vs NCCL + symmetric allocation; timeouts + mismatches).
-want gpu_tests && stage gpu_tests 420 env CE_OVERLAP_REQUIRE_GPU_TESTS=1 "$PY" -m pytest tests/runtime/test_runtime_gpu.py -v -s -rs
+want gpu_tests && stage gpu_tests ${CE_DEVICE_GPU_TESTS_S:-420} env CE_OVERLAP_REQUIRE_GPU_TESTS=1 "$PY" -m pytest tests/runtime/test_runtime_gpu.py -v -s -rs
 # all-gather (7 variants), reduce-scatter (4), all-to-all (3), broadcast (3), 64 KiB .. 1 GiB per rank.
 want collectives && stage collectives 120 torchrun2 bench/collectives.py --out "$OUT/collectives.json"
 # send / recv: NCCL, CE staged, CE direct; one way and exchange, 64 KiB .. 1 GiB.
@@ -36,6 +59,14 @@ want p2p && stage p2p 90 torchrun2 bench/p2p.py --out "$OUT/p2p.json"
 # GEMM and 1 GiB add beside every all-gather and reduce-scatter variant, 256 MiB per rank.
 want overlap && stage overlap 60 torchrun2 bench/overlap.py --out "$OUT/overlap.json"
 want cpu_tests && stage cpu_tests 60 "$PY" -m pytest tests/runtime/test_runtime_cpu.py -q -rs
+# Every fault of RELIABILITY.md, repeated (bench/fault_repeats.py): error on every survivor within the timeout, no hang.
+want faults && stage faults ${CE_DEVICE_FAULTS_S:-300} "$PY" bench/fault_repeats.py --repeats "${CE_DEVICE_FAULT_REPEATS:-20}" \
+  --parallel 6 --out "$OUT/faults.json"
+# compute-sanitizer over the GPU worker (fewer cases: everything runs ~10-100x slower under it). memcheck: every
+# collective; racecheck and synccheck: the reduce-scatter, whose reduction is the runtime's only kernel.
+want sanitizer && stage memcheck ${CE_DEVICE_MEMCHECK_S:-240} sanitize memcheck correctness,a2a_bcast,p2p,reduce_scatter
+want sanitizer && stage racecheck 150 sanitize racecheck reduce_scatter
+want sanitizer && stage synccheck 150 sanitize synccheck reduce_scatter
 
 summary "ce_overlap runtime device run"
 [ "${CE_DEVICE_PACK:-1}" = 1 ] && pack runtime
