@@ -78,7 +78,8 @@ def test_tiny_flops_match_the_closed_form(tiny_ir):
     kv = cfg.n_kv_heads * hd
     linear = cfg.n_layers * (2 * cfg.dim * cfg.dim + 2 * cfg.dim * kv + 3 * cfg.dim * cfg.ffn_dim) \
         + cfg.vocab_size * cfg.dim
-    attention_fwd = cfg.n_layers * 4 * heads * seq * seq * hd  # GQA: K/V heads broadcast to query heads
+    # GQA: K/V heads broadcast to query heads; causal: the s (s + 1) / 2 pairs at or below the diagonal
+    attention_fwd = cfg.n_layers * 4 * heads * (seq * (seq + 1) // 2) * hd
     fwd = sum(n["flops"] for n in _nodes(tiny_ir, "forward"))
     bwd = sum(n["flops"] for n in _nodes(tiny_ir, "backward"))
     assert fwd == 2 * tokens * linear + attention_fwd
