@@ -146,6 +146,8 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
     double comm_us = 0;
     double exposed_us = 0;
     int64_t collectives = 0;
+    // Where compute time goes: attention kernels, other compute-bound ops (GEMMs), memory-bound ops.
+    double matmul_us = 0, attention_us = 0, memory_bound_us = 0;
     for (size_t i = 0; i < n; ++i) {
       const Node& node = g.nodes[i];
       Row& row = rows[static_cast<size_t>(node.block + 1)];
@@ -157,6 +159,10 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
       if (node.kind != NodeKind::Collective) {
         compute_us += durations[i];
         row.compute_us += durations[i];
+        if (node.kind == NodeKind::Compute) {
+          (is_attention_op(node.op) ? attention_us : model.compute_bound(node) ? matmul_us : memory_bound_us) +=
+              durations[i];
+        }
         continue;
       }
       const CollectiveInfo& c = *node.collective;
@@ -186,7 +192,7 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
       }
     }
 
-    ordered_json gj = object_with_capacity(10);
+    ordered_json gj = object_with_capacity(11);
     gj["name"] = g.name;
     gj["nodes"] = n;
     gj["compute_us"] = compute_us;
@@ -197,6 +203,11 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
     gj["peak_memory_bytes"] = mem.peak_bytes;
     gj["input_bytes"] = mem.input_bytes;
     gj["collectives"] = collectives;
+    ordered_json by_class = object_with_capacity(3);
+    by_class["matmul"] = matmul_us;
+    by_class["attention"] = attention_us;
+    by_class["memory_bound"] = memory_bound_us;
+    gj["compute_by_class_us"] = std::move(by_class);
     graphs.push_back(std::move(gj));
 
     for (const TimelineEvent& ev : tl.events) {

@@ -143,7 +143,12 @@ CostModel::Roofline CostModel::roofline(const Node& node) const {
   // Written as (F + ramp) / (peak x gemm) the time is monotone in F.
   const double flops = static_cast<double>(node.flops);
   Roofline r;
-  r.flops_us = flops > 0 ? (flops + eff.gemm_ramp_flops) / (peak_tflops * 1e6 * eff.gemm) : 0.0;
+  if (flops > 0 && is_attention_op(node.op)) {  // its own efficiency, no GEMM ramp
+    const bool backward = node.op.find("backward") != std::string::npos;
+    r.flops_us = flops / (peak_tflops * 1e6 * eff.attention_or_gemm(backward));
+  } else {
+    r.flops_us = flops > 0 ? (flops + eff.gemm_ramp_flops) / (peak_tflops * 1e6 * eff.gemm) : 0.0;
+  }
   r.memory_us = static_cast<double>(node.bytes_accessed) / (gpu.hbm_gbps * 1e3 * eff.memory);
   return r;
 }

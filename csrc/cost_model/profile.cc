@@ -481,11 +481,15 @@ Profile profile_from_json(const json& j) {
 
   p.topology = read_topology(root.field("topology", "an object"), "topology");
 
-  ObjectReader eff = root.object("efficiency", {"gemm", "gemm_ramp_flops", "memory", "kernel_launch_us"});
+  ObjectReader eff = root.object("efficiency", {"gemm", "gemm_ramp_flops", "memory", "kernel_launch_us", "attention",
+                                                "attention_backward", "optimizer"});
   p.efficiency.gemm = eff.fraction("gemm");
   p.efficiency.gemm_ramp_flops = eff.non_negative_number("gemm_ramp_flops");
   p.efficiency.memory = eff.fraction("memory");
   p.efficiency.kernel_launch_us = eff.non_negative_number("kernel_launch_us");
+  if (eff.has("attention")) p.efficiency.attention = eff.fraction("attention");
+  if (eff.has("attention_backward")) p.efficiency.attention_backward = eff.fraction("attention_backward");
+  if (eff.has("optimizer")) p.efficiency.optimizer = eff.fraction("optimizer");
 
   ObjectReader nccl = root.object("nccl", {"channels", "protocols", "reduction_bandwidth_factor",
                                            "inter_node_step_latency_us", "inter_node_bus_efficiency"});
@@ -546,6 +550,21 @@ Profile load_profile(const std::string& json_text) {
   return profile_from_json(j);
 }
 
+namespace {
+
+json efficiency_to_json(const EfficiencySpec& e) {
+  json j = {{"gemm", e.gemm},
+            {"gemm_ramp_flops", e.gemm_ramp_flops},
+            {"memory", e.memory},
+            {"kernel_launch_us", e.kernel_launch_us}};
+  if (e.attention > 0) j["attention"] = e.attention;  // optional ones only when given: absent means "the default"
+  if (e.attention_backward > 0) j["attention_backward"] = e.attention_backward;
+  if (e.optimizer > 0) j["optimizer"] = e.optimizer;
+  return j;
+}
+
+}  // namespace
+
 json profile_to_json(const Profile& p) {
   json protocols = json::array();
   for (const NcclProtocol& q : p.nccl.protocols) {
@@ -573,11 +592,7 @@ json profile_to_json(const Profile& p) {
         {"copy_engines", p.gpu.copy_engines},
         {"memory_gib", p.gpu.memory_gib}}},
       {"topology", topology_to_json(p.topology)},
-      {"efficiency",
-       {{"gemm", p.efficiency.gemm},
-        {"gemm_ramp_flops", p.efficiency.gemm_ramp_flops},
-        {"memory", p.efficiency.memory},
-        {"kernel_launch_us", p.efficiency.kernel_launch_us}}},
+      {"efficiency", efficiency_to_json(p.efficiency)},
       {"nccl",
        {{"channels", p.nccl.channels},
         {"protocols", protocols},

@@ -59,6 +59,17 @@ struct EfficiencySpec {
   double gemm_ramp_flops = 0;  // FLOPs at which a GEMM reaches half of `gemm` (0: no ramp)
   double memory = 0;           // of HBM bandwidth, memory-bound kernels
   double kernel_launch_us = 0; // floor per compute kernel
+  // Optional (0: absent). Attention kernels (forward / backward) on the FLOPs they execute (causal masking
+  // discounted), of peak tensor-core FLOP/s; absent: `gemm`. A fused optimizer step (AdamW) of HBM bandwidth;
+  // absent: `memory`. The cost model does not charge optimizers itself; step models (bench/train.py) read it.
+  double attention = 0;
+  double attention_backward = 0;
+  double optimizer = 0;
+
+  double attention_or_gemm(bool backward) const {
+    const double e = backward ? attention_backward : attention;
+    return e > 0 ? e : gemm;
+  }
 };
 
 // One line of NCCL's cost model: time = base + steps x per_step + bus_bytes / (link x bus_efficiency).

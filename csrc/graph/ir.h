@@ -34,6 +34,9 @@ NodeKind node_kind_from_string(const std::string& s);            // throws IrErr
 CollectiveType collective_type_from_string(const std::string& s);  // throws IrError listing the accepted names
 // Bytes per element of a dtype name from docs/ir.md; throws IrError listing the accepted names.
 int64_t dtype_itemsize(const std::string& dtype);
+// An attention kernel (scaled-dot-product attention, any backend, forward or backward), by its op name:
+// "aten._scaled_dot_product_flash_attention.default", "aten._scaled_dot_product_cudnn_attention_backward.default".
+bool is_attention_op(const std::string& op);
 
 struct TensorInfo {
   std::vector<int64_t> shape;

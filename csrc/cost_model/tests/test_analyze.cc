@@ -137,10 +137,14 @@ TEST(Analyze, TwoBlockDocument) {
   const ordered_json& f = r["graphs"][0];
   EXPECT_EQ(keys_of(f), (std::vector<std::string>{"name", "nodes", "compute_us", "comm_us", "exposed_comm_us",
                                                   "makespan_us", "critical_path_us", "peak_memory_bytes",
-                                                  "input_bytes", "collectives"}));
+                                                  "input_bytes", "collectives", "compute_by_class_us"}));
   EXPECT_EQ(f["name"], "forward");
   EXPECT_EQ(f["nodes"], 7);
   EXPECT_NEAR(f["compute_us"].get<double>(), kReluUs + kMmUs, kEps);
+  // The split of compute_us: the mm carries FLOPs, the relu none; no attention here.
+  EXPECT_NEAR(f["compute_by_class_us"]["matmul"].get<double>(), kMmUs, kEps);
+  EXPECT_NEAR(f["compute_by_class_us"]["memory_bound"].get<double>(), kReluUs, kEps);
+  EXPECT_EQ(f["compute_by_class_us"]["attention"].get<double>(), 0.0);
   EXPECT_NEAR(f["comm_us"].get<double>(), kAgUs, kEps);
   // The relu hides 5 us of the all-gather; the wait blocks the rest.
   EXPECT_NEAR(f["exposed_comm_us"].get<double>(), kAgUs - kReluUs, kEps);

@@ -243,6 +243,29 @@ TEST(Profile, EfficiencyMustBeFraction) {
   EXPECT_TRUE(starts_with(error_of(j), "ce.bidirectional_efficiency: expected a number in (0, 1]")) << error_of(j);
 }
 
+TEST(Profile, OptionalEfficiencies) {
+  // Absent: not written back (the defaults apply); present: fractions, round-tripped.
+  json j = profile_to_json(round_profile());
+  EXPECT_FALSE(j["efficiency"].contains("attention"));
+  EXPECT_FALSE(j["efficiency"].contains("optimizer"));
+  j["efficiency"]["attention"] = 0.5;
+  j["efficiency"]["attention_backward"] = 0.4;
+  j["efficiency"]["optimizer"] = 0.7;
+  Profile p = profile_from_json(j);
+  EXPECT_EQ(p.efficiency.attention, 0.5);
+  EXPECT_EQ(p.efficiency.attention_or_gemm(true), 0.4);
+  EXPECT_EQ(p.efficiency.optimizer, 0.7);
+  EXPECT_EQ(profile_to_json(p)["efficiency"], j["efficiency"]);
+  for (const char* key : {"attention", "attention_backward", "optimizer"}) {
+    for (double bad : {0.0, 1.2, -1.0}) {
+      json k = j;
+      k["efficiency"][key] = bad;
+      EXPECT_TRUE(starts_with(error_of(k), std::string("efficiency.") + key + ": expected a number in (0, 1]"))
+          << error_of(k);
+    }
+  }
+}
+
 TEST(Profile, NcclAndCeSmsChecked) {
   json j = profile_to_json(round_profile());
   j["nccl"]["channels"] = 100;
