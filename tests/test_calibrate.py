@@ -156,6 +156,41 @@ def test_writer_fits_what_was_measured(built):
         assert abs(pred - meas) * 100 < 1.5, s
 
 
+def test_compute_kernels_fit_attention_optimizer_and_memory(base):
+    """Attention efficiencies on executed (causal) FLOPs, the fused AdamW bandwidth, and the memory efficiency as
+    the median of the activation-sized kernels (the 1 GiB add only where those are missing)."""
+    from ce_overlap.fx.flops import attention_backward_flops, attention_flops
+
+    m = synthetic()
+    q = (1, 32, 4096, 128)
+    fwd, bwd = attention_flops(q, q, q, True), attention_backward_flops(q, q, q, True)
+    assert fwd == 4 * 32 * 128 * (4096 * 4097 // 2)  # causal: the pairs at or below the diagonal
+    m["attention"] = {"batch": 1, "heads": 32, "seq": 4096, "head_dim": 128, "causal": True,
+                      "forward_us": fwd / (PEAK * 1e6 * 0.5), "backward_us": bwd / (PEAK * 1e6 * 0.4)}
+    m["optimizer"] = {"params": 1 << 28, "bytes": 28 << 28, "us": (28 << 28) / (4800 * 0.7) / 1e3}
+    m["memory_kernels"] = [{"name": f"k{e}", "bytes": 1 << 26, "us": (1 << 26) / (4800 * e) / 1e3}
+                           for e in (0.6, 0.7, 0.9)]
+    prof, notes = calibrate.build_profile(base, m)
+    eff = prof["efficiency"]
+    assert eff["attention"] == pytest.approx(0.5, abs=1e-4)
+    assert eff["attention_backward"] == pytest.approx(0.4, abs=1e-4)
+    assert eff["optimizer"] == pytest.approx(0.7, abs=1e-4)
+    assert eff["memory"] == pytest.approx(0.7, abs=1e-4)  # the median, not the add's 0.78
+    assert any(n.startswith("efficiency.attention 0.500 / attention_backward 0.400") for n in notes)
+    # The C++ loader takes the new fields, and attention ops are charged by them.
+    p = _core.Profile.from_json(json.dumps(prof))
+    assert json.loads(p.to_json())["efficiency"]["attention_backward"] == eff["attention_backward"]
+    # Above-peak attention (non-causal counting of a causal kernel would do that) is refused.
+    m["attention"]["forward_us"] /= 3
+    with pytest.raises(CeOverlapError, match="attention.forward_us: .* above the base profile's bf16 peak"):
+        calibrate.build_profile(base, m)
+    m = synthetic()
+    m["attention"] = {"batch": 1, "heads": 0, "seq": 4096, "head_dim": 128, "causal": True, "forward_us": 1.0,
+                      "backward_us": 1.0}
+    with pytest.raises(CeOverlapError, match="attention.heads: expected a number > 0"):
+        calibrate.build_profile(base, m)
+
+
 def test_ce_reduce_scatter_curve_fits_the_reduction_rate(base):
     m = synthetic()
     h200 = profiles.load("h200-sxm")

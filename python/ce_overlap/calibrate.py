@@ -37,6 +37,18 @@ MEASUREMENTS_SCHEMA = "ce_overlap.calibration/1"
 MIB = 1 << 20
 
 GEMM_SIZES = (2048, 4096, 8192)
+# Causal attention at Llama-3-8B's shape and sequence 4096 (batch, heads, sequence, head dim): the efficiency of
+# the attention kernels on the FLOPs they execute (python/ce_overlap/fx/flops.py counts them the same way).
+ATTENTION_SHAPE = (1, 32, 4096, 128)
+# Fused AdamW over fp32 master weights, per parameter: reads param, grad, exp_avg, exp_avg_sq and writes param,
+# exp_avg, exp_avg_sq, 4 bytes each (bench/train.py's step model charges the same).
+ADAMW_BYTES_PER_PARAM = 28
+OPTIMIZER_PARAMS = 256 << 20
+# The GEMMs of a Llama-3-8B block and its output layer at 4096 tokens, (tokens, out features, in features): each
+# measured as its forward (x @ w.T), input-gradient (dy @ w) and weight-gradient (dy.T @ x) product. They check the
+# GEMM efficiency curve that the square GEMMs fit at the shapes a training step runs (fit_report prints them).
+TRANSFORMER_GEMMS = ((4096, 4096, 4096), (4096, 1024, 4096), (4096, 14336, 4096), (4096, 4096, 14336),
+                     (4096, 128256, 4096))
 MEMBOUND_BYTES_PER_OPERAND = 1 << 30  # add of two 1 GiB bf16 tensors into a third: 3 GiB through HBM
 COMPUTE_KINDS = {"gemm": "compute_bound", "memory_bound": "memory_bound"}  # measurement -> kernel class
 COLLECTIVES = ("all_gather", "reduce_scatter", "send", "recv")
@@ -164,6 +176,29 @@ def check_measurements(m: dict) -> tuple[dict, list[str]]:
     if m.get("peer_copy") is not None:
         _path_num(m["peer_copy"], "bytes", "peer_copy")
         _path_num(m["peer_copy"], "us", "peer_copy")
+    if m.get("optimizer") is not None:
+        _path_num(m["optimizer"], "bytes", "optimizer")
+        _path_num(m["optimizer"], "us", "optimizer")
+    if m.get("attention") is not None:
+        a = m["attention"]
+        for key in ("batch", "heads", "seq", "head_dim"):
+            v = _path_num(a, key, "attention")
+            if v != int(v) or v < 1:
+                raise CeOverlapError(f"measurements: attention.{key}: expected a positive integer, got {a[key]!r}")
+        _path_num(a, "forward_us", "attention")
+        _path_num(a, "backward_us", "attention")
+        if not isinstance(a.get("causal"), bool):
+            raise CeOverlapError(f"measurements: attention.causal: expected true or false, got {a.get('causal')!r}")
+    for i, k in enumerate(m.get("memory_kernels") or []):
+        _path_num(k, "bytes", f"memory_kernels[{i}]")
+        _path_num(k, "us", f"memory_kernels[{i}]")
+    for i, g in enumerate(m.get("transformer_gemms") or []):
+        for key in ("m", "n", "k"):
+            v = _path_num(g, key, f"transformer_gemms[{i}]")
+            if v != int(v) or v < 1:
+                raise CeOverlapError(f"measurements: transformer_gemms[{i}].{key}: expected a positive integer, "
+                                     f"got {g[key]!r}")
+        _path_num(g, "us", f"transformer_gemms[{i}]")
 
     seen: dict[tuple, int] = {}
     for i, c in enumerate(_path_list(m, "collectives", "measurements")):
@@ -393,16 +428,55 @@ def build_profile(base: dict, measurements: dict, *, name: str | None = None,
     else:
         kept.append("efficiency.gemm")
     mb = m.get("memory_bound")
-    if mb:
-        gbps = mb["bytes"] / mb["us"] / 1e3
-        hbm = float(p["gpu"]["hbm_gbps"])
+    hbm = float(p["gpu"]["hbm_gbps"])
+    kernels = m.get("memory_kernels") or []
+    for k in ([mb] if mb else []) + kernels:
+        gbps = k["bytes"] / k["us"] / 1e3
         if gbps > hbm:
-            raise CeOverlapError(f"measurements: memory_bound: {gbps:.0f} GB/s, above the base profile's HBM "
-                                 f"{hbm:g} GB/s: wrong base profile (--base) or a broken measurement")
+            raise CeOverlapError(f"measurements: {k.get('name', 'memory_bound')}: {gbps:.0f} GB/s, above the base "
+                                 f"profile's HBM {hbm:g} GB/s: wrong base profile (--base) or a broken measurement")
+    if kernels:  # activation-sized kernels as a step runs them: their median
+        effs = sorted(k["bytes"] / k["us"] / 1e3 / hbm for k in kernels)
+        p["efficiency"]["memory"] = round(statistics.median(effs), 4)
+        fitted.append(f"efficiency.memory {statistics.median(effs):.3f}, the median of {len(kernels)} activation-sized "
+                      f"memory-bound kernels ({effs[0]:.3f}..{effs[-1]:.3f})")
+    elif mb:
+        gbps = mb["bytes"] / mb["us"] / 1e3
         p["efficiency"]["memory"] = round(gbps / hbm, 4)
         fitted.append(f"efficiency.memory {gbps / hbm:.3f} ({gbps:.0f} GB/s, memory-bound add)")
     else:
         kept.append("efficiency.memory")
+
+    att = m.get("attention")
+    if att:
+        fwd_f, bwd_f = attention_executed_flops(int(att["batch"]), int(att["heads"]), int(att["seq"]),
+                                                int(att["head_dim"]), att["causal"])
+        for key, flops, us in (("attention", fwd_f, att["forward_us"]), ("attention_backward", bwd_f,
+                                                                         att["backward_us"])):
+            eff = flops / (peak * 1e6 * us)
+            if eff > 1.0:
+                raise CeOverlapError(f"measurements: attention.{'forward' if key == 'attention' else 'backward'}_us: "
+                                     f"{flops / us / 1e6:.0f} TFLOP/s executed, above the base profile's bf16 peak of "
+                                     f"{peak:g}: wrong base profile (--base) or a broken measurement")
+            p["efficiency"][key] = round(eff, 4)
+        fitted.append(f"efficiency.attention {p['efficiency']['attention']:.3f} / attention_backward "
+                      f"{p['efficiency']['attention_backward']:.3f} from {'causal ' if att['causal'] else ''}attention "
+                      f"{int(att['batch'])}x{int(att['heads'])}x{int(att['seq'])}x{int(att['head_dim'])} "
+                      f"({fwd_f / att['forward_us'] / 1e6:.0f} / {bwd_f / att['backward_us'] / 1e6:.0f} TFLOP/s "
+                      f"executed)")
+    else:
+        kept.append("efficiency.attention")
+    opt = m.get("optimizer")
+    if opt:
+        gbps = opt["bytes"] / opt["us"] / 1e3
+        hbm = float(p["gpu"]["hbm_gbps"])
+        if gbps > hbm:
+            raise CeOverlapError(f"measurements: optimizer: {gbps:.0f} GB/s, above the base profile's HBM {hbm:g} GB/s: "
+                                 f"wrong base profile (--base) or a broken measurement")
+        p["efficiency"]["optimizer"] = round(gbps / hbm, 4)
+        fitted.append(f"efficiency.optimizer {gbps / hbm:.3f} (fused AdamW, {gbps:.0f} GB/s)")
+    else:
+        kept.append("efficiency.optimizer")
 
     curves = {(c["collective"], c["backend"], c["group_size"]): c["points"] for c in m.get("collectives", [])}
     analytic = copy.deepcopy(p)  # fits of the analytic model run without curves (they would mask it)
@@ -593,6 +667,21 @@ def fit_report(profile: dict, measurements: dict) -> list[str]:
         pred = _core.estimate_collective(prof, c["collective"], b, c["group_size"], c["backend"])
         out.append(f"{c['collective']:<15} {c['backend']:<5} {format_bytes(b):>10}: measured {t:9.1f} us, "
                    f"profile {pred:9.1f} us")
+    eff = profile["efficiency"]
+    peak = float(profile["gpu"]["peak_bf16_tflops"])
+    hbm = float(profile["gpu"]["hbm_gbps"])
+    for k in m.get("memory_kernels", []):
+        pred = k["bytes"] / (hbm * 1e3 * eff["memory"])  # CostModel::roofline's memory side
+        out.append(f"{k['name']:<22}: measured {k['us']:9.1f} us, profile {pred:9.1f} us ({100 * (pred / k['us'] - 1):+.1f}%)")
+    if m.get("optimizer"):
+        o = m["optimizer"]
+        pred = o["bytes"] / (hbm * 1e3 * eff.get("optimizer", eff["memory"]))
+        out.append(f"fused AdamW {o['params'] / 2 ** 20:.0f}M params: measured {o['us']:9.1f} us, profile {pred:9.1f} us")
+    for g in m.get("transformer_gemms", []):
+        flops = 2.0 * g["m"] * g["n"] * g["k"]
+        pred = (flops + eff["gemm_ramp_flops"]) / (peak * 1e6 * eff["gemm"])  # CostModel::roofline's FLOP side
+        out.append(f"GEMM {int(g['m'])}x{int(g['k'])} @ {int(g['k'])}x{int(g['n'])} ({g.get('kind', '')}): measured "
+                   f"{g['us']:9.1f} us, profile {pred:9.1f} us ({100 * (pred / g['us'] - 1):+.1f}%)")
     for s in m.get("slowdowns", []):
         meas = (s["compute_beside_us"] / s["compute_alone_us"] - 1) * 100
         pred = predicted_slowdown(prof, s["collective"], s["bytes"], s["group_size"], s["backend"], s["compute"])
@@ -703,6 +792,98 @@ def make_compute(kind: str):
         z = torch.empty_like(x)
         return (lambda: torch.add(x, y, out=z)), {"bytes": 3 * numel * 2}
     raise ValueError(kind)
+
+
+def attention_executed_flops(batch: int, heads: int, seq: int, head_dim: int, causal: bool = True) -> tuple[int, int]:
+    """(forward, backward) FLOPs of self-attention as the analyzer counts them (python/ce_overlap/fx/flops.py:
+    executed work, causal masking discounted)."""
+    from .fx.flops import attention_backward_flops, attention_flops
+
+    q = (batch, heads, seq, head_dim)
+    return attention_flops(q, q, q, causal), attention_backward_flops(q, q, q, causal)
+
+
+# Memory-bound kernels the size of a training step's activations (4096 tokens x 4096 .. 14336 bf16 is 32-112 MiB),
+# as Inductor fuses them: elementwise adds (2 reads, 1 write), SwiGLU's silu(a) * b, and a row-wise RMSNorm-like
+# reduction (1 read, 1 write). Their median efficiency is efficiency.memory: a 1 GiB add streams faster than these.
+MEMORY_KERNEL_MIB = (32, 112)
+
+
+def measure_memory_kernels(iters: int, warmup: int) -> list[dict]:
+    """[{name, bytes, us}] for the memory-bound kernels above, each at MEMORY_KERNEL_MIB per operand."""
+    torch = _torch()
+    out = []
+    for mib in MEMORY_KERNEL_MIB:
+        numel = (mib << 20) // 2
+        a = torch.randn(numel // 4096, 4096, dtype=torch.bfloat16, device="cuda")
+        b = torch.randn_like(a)
+        c = torch.empty_like(a)
+        silu_mul = torch.compile(lambda x, y: torch.nn.functional.silu(x) * y)
+        rms = torch.compile(lambda x: x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(x.dtype))
+        for name, fn, nbytes in (("add", lambda: torch.add(a, b, out=c), 3 * numel * 2),
+                                 ("silu_mul", lambda: silu_mul(a, b), 3 * numel * 2),
+                                 ("rmsnorm", lambda: rms(a), 2 * numel * 2)):
+            out.append({"name": f"{name} {mib} MiB", "bytes": nbytes, "us": median_us(fn, iters, warmup)})
+        del a, b, c
+    torch.cuda.empty_cache()
+    return out
+
+
+def measure_optimizer(iters: int, warmup: int, numel: int = OPTIMIZER_PARAMS) -> dict:
+    """One fused AdamW step (torch.optim.AdamW(fused=True)) over `numel` fp32 parameters in 64 tensors, as a training
+    step runs it over fp32 master shards: ADAMW_BYTES_PER_PARAM bytes of HBM traffic per parameter."""
+    torch = _torch()
+    n = numel // 64
+    params = [torch.nn.Parameter(torch.randn(n, device="cuda")) for _ in range(64)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
+    us = median_us(opt.step, iters, warmup)
+    del opt, params
+    torch.cuda.empty_cache()
+    return {"params": 64 * n, "bytes": ADAMW_BYTES_PER_PARAM * 64 * n, "us": us}
+
+
+def measure_attention(iters: int, warmup: int, shape: tuple[int, int, int, int] = ATTENTION_SHAPE) -> dict:
+    """Causal bf16 scaled-dot-product attention as the models call it: forward alone, and forward + backward (the
+    backward is the difference), medians in us."""
+    torch = _torch()
+    import torch.nn.functional as F
+
+    b, h, s, d = shape
+    q, k, v = (torch.randn(b, h, s, d, dtype=torch.bfloat16, device="cuda", requires_grad=True) for _ in range(3))
+    grad = torch.randn(b, h, s, d, dtype=torch.bfloat16, device="cuda")
+
+    def forward():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def forward_backward():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.autograd.grad(out, (q, k, v), grad)
+
+    fwd = median_us(forward, iters, warmup)
+    both = median_us(forward_backward, iters, warmup)
+    return {"batch": b, "heads": h, "seq": s, "head_dim": d, "causal": True, "forward_us": fwd,
+            "backward_us": max(both - fwd, 1e-3)}
+
+
+def measure_transformer_gemms(iters: int, warmup: int) -> list[dict]:
+    """bf16 GEMMs of TRANSFORMER_GEMMS, each as forward / input gradient / weight gradient: [{m, n, k, kind, us}]
+    where the product is (m x k) @ (k x n)."""
+    torch = _torch()
+    out = []
+    for tokens, n_out, n_in in TRANSFORMER_GEMMS:
+        x = torch.randn(tokens, n_in, dtype=torch.bfloat16, device="cuda")
+        w = torch.randn(n_out, n_in, dtype=torch.bfloat16, device="cuda")
+        dy = torch.randn(tokens, n_out, dtype=torch.bfloat16, device="cuda")
+        for kind, fn, (m, n, k) in (("forward", lambda: x @ w.t(), (tokens, n_out, n_in)),
+                                    ("input_grad", lambda: dy @ w, (tokens, n_in, n_out)),
+                                    ("weight_grad", lambda: dy.t() @ x, (n_out, n_in, tokens))):
+            out.append({"m": m, "n": n, "k": k, "kind": kind, "us": median_us(fn, iters, warmup)})
+        del x, w, dy
+    torch.cuda.empty_cache()
+    return out
 
 
 def pool_env(max_bytes_per_rank: int, world: int) -> None:
@@ -1016,7 +1197,7 @@ def measure(args, progress_enabled: bool = True) -> dict:
     colls = ["all_gather", "reduce_scatter", "send"] if world > 1 else []
     n_points = len(sizes) * (2 * 2 + 1) if world > 1 else 0
     n_slow = 4 * 2 if world > 1 else 0
-    prog = Progress(len(GEMM_SIZES) + 1 + n_points + n_slow + 2, enabled=progress_enabled and rank == 0)
+    prog = Progress(len(GEMM_SIZES) + 5 + n_points + n_slow + 2, enabled=progress_enabled and rank == 0)
     prog.show("starting")
 
     for n in GEMM_SIZES:
@@ -1029,6 +1210,17 @@ def measure(args, progress_enabled: bool = True) -> dict:
     del fn
     torch.cuda.empty_cache()
     prog.step("memory-bound add")
+    m["attention"] = measure_attention(args.iters, args.warmup)
+    prog.step("causal attention")
+    m["transformer_gemms"] = measure_transformer_gemms(args.iters, args.warmup)
+    prog.step("transformer GEMMs")
+    m["optimizer"] = measure_optimizer(args.iters, args.warmup)
+    prog.step("fused AdamW")
+    try:
+        m["memory_kernels"] = measure_memory_kernels(args.iters, args.warmup)
+    except Exception as e:  # noqa: BLE001 (torch.compile may be unusable here; the 1 GiB add then sets the efficiency)
+        m["skipped"]["memory kernels"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    prog.step("memory-bound kernels")
 
     if world == 1:
         m["skipped"]["collectives"] = ("1 GPU: no NCCL/CE curves and no contention (run under torchrun "
