@@ -22,6 +22,33 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 PREDICTED = {"ce_overlap": False, "no-comm": True}
 
 
+# The model's compute classes (the analysis report's compute_by_class_us) and the measured kernel classes
+# (train.kernel_class) that do that work.
+CLASS_MATCH = (("matmul", "GEMMs", ("gemm",)),
+               ("attention", "attention", ("attention",)),
+               ("memory_bound", "fused / memory-bound kernels", ("fused", "other", "copy")))
+
+
+def compare_classes(pieces: dict, kernels: dict | None) -> list[dict]:
+    """Predicted vs measured ms per step by class, plus the optimizer and the time no kernel ran (host gaps)."""
+    if not kernels:
+        return []
+    measured = kernels.get("by_class_ms", {})
+    rows = []
+
+    def row(label, pred_ms, meas_ms):
+        err = 100 * (pred_ms / meas_ms - 1) if meas_ms else None
+        rows.append({"class": label, "predicted_ms": pred_ms, "measured_ms": meas_ms, "error_pct": err})
+
+    for key, label, kinds in CLASS_MATCH:
+        pred = sum((g.get("compute_by_class_us") or {}).get(key, 0.0) for g in pieces["analyze"].values()) / 1e3
+        row(label, pred, sum(measured.get(k, 0.0) for k in kinds))
+    row("optimizer", pieces["optimizer_us"] / 1e3, measured.get("optimizer"))
+    busy = kernels.get("busy_ms") or sum(measured.values())
+    row("kernel busy time (sum of the above)", sum(r["predicted_ms"] for r in rows), busy)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--train-json", help="a bench/train.py result: its shape, world size, GPU and medians")
@@ -43,6 +70,7 @@ def main() -> int:
     from ce_overlap.profiles import builtin_for_device
 
     measured: dict[str, float] = {}
+    kernels: dict[str, dict] = {}  # mode -> its kernel profile (train.py --kernel-profile)
     source = "command line"
     if args.train_json:
         with open(args.train_json) as f:
@@ -53,6 +81,7 @@ def main() -> int:
         args.world_size = args.world_size or run["info"]["world_size"]
         args.profile = args.profile or builtin_for_device(run["info"]["gpu"], default="h100-sxm")
         measured = {r["mode"]: r["median_ms"] for r in run["results"] if r.get("ok", True) and r.get("median_ms")}
+        kernels = {r["mode"]: r["kernels"] for r in run["results"] if r.get("kernels")}
         source = f"{args.train_json} ({run['info'].get('gpu')}, torch {run['info'].get('torch')})"
     for item in args.measured:
         mode, _, ms = item.partition("=")
@@ -82,6 +111,15 @@ def main() -> int:
         err = 100 * (pred / meas - 1) if meas else None
         rows.append({"mode": mode, "predicted_ms": pred, "measured_ms": meas, "error_pct": err})
         print(f"{mode:<12}{pred:13.1f}{(f'{meas:.1f}' if meas else '-'):>12}{(f'{err:+.1f}%' if err is not None else '-'):>8}")
+    by_class = compare_classes(pieces, kernels.get("no-comm"))
+    if by_class:
+        print(f"\n# where the no-comm step's time goes: the model's compute by class vs the GPU kernel time measured by "
+              f"class (train.py --kernel-profile)")
+        print(f"{'class':<34}{'predicted ms':>13}{'measured ms':>12}{'error':>8}")
+        for r in by_class:
+            err = f"{r['error_pct']:+.1f}%" if r["error_pct"] is not None else "-"
+            meas = f"{r['measured_ms']:.1f}" if r["measured_ms"] is not None else "-"
+            print(f"{r['class']:<34}{r['predicted_ms']:13.1f}{meas:>12}{err:>8}")
     if args.out:
         git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         with open(args.out, "w") as f:
@@ -89,7 +127,7 @@ def main() -> int:
                        "machine": platform.machine(), "shape": {"model": args.model, "layers": cfg.n_layers,
                        "seq_len": args.seq_len, "batch": args.batch, "gqa": args.gqa, "world_size": args.world_size},
                        "profile": args.profile, "measured_source": source, "capture_s": round(capture_s, 1),
-                       "pieces": pieces, "rows": rows}, f, indent=1)
+                       "pieces": pieces, "rows": rows, "by_class": by_class}, f, indent=1)
         print(f"# wrote {args.out}")
     return 0
 

@@ -82,6 +82,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gqa", choices=["expand", "native"], default="expand",
                    help="expand: repeat K/V heads before SDPA in every mode (torch 2.11's overlap scheduler "
                         "rejects enable_gqa); native: SDPA enable_gqa")
+    p.add_argument("--kernel-profile", type=int, default=0, metavar="STEPS",
+                   help="after each mode's measured steps, profile this many more steps (torch.profiler) and record "
+                        "the GPU kernel time per step by class (GEMM, attention, fused, optimizer, ...)")
     p.add_argument("--predict", action="store_true", help="print the cost model's predicted step time (captures "
                                                           "the same shape on CPU in a subprocess)")
     p.add_argument("--profile", default=None, help="cost model profile for --predict (default: from the GPU name)")
@@ -141,6 +144,54 @@ def batch_for(step: int, cfg, args, rank: int) -> tuple[torch.Tensor, torch.Tens
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
+# Kernel classes by name (first match wins; names lower-cased). Triton templates ("triton_tem_") are Inductor's
+# GEMMs; other Triton kernels are its fused pointwise / reduction kernels.
+KERNEL_CLASSES = (
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "triton_tem_", "splitk")),
+    ("collective", ("nccl",)),
+    ("optimizer", ("multi_tensor", "adam")),
+    ("copy", ("memcpy", "memset")),
+    ("fused", ("triton",)),
+)
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    for cls, needles in KERNEL_CLASSES:
+        if any(n in low for n in needles):
+            return cls
+    return "other"
+
+
+def profile_kernels(run_step, steps: int) -> dict:
+    """GPU kernel time per step by class (ms; kernels on different streams overlap, so the sum is busy time, not
+    wall time), the steps' wall time, and the 12 kernels that took longest."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run_step()
+        sync()
+    wall_ms = 1e3 * (time.perf_counter() - t0) / steps
+    by_class: dict[str, float] = {}
+    by_name: dict[str, float] = {}
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        ms = (ev.time_range.end - ev.time_range.start) / 1e3 / steps
+        cls = kernel_class(ev.name)
+        by_class[cls] = by_class.get(cls, 0.0) + ms
+        by_name[ev.name] = by_name.get(ev.name, 0.0) + ms
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
+    return {"steps": steps, "wall_ms": round(wall_ms, 3), "by_class_ms": {k: round(v, 3) for k, v in
+                                                                         sorted(by_class.items())},
+            "busy_ms": round(sum(by_class.values()), 3),
+            "top": [{"name": n[:160], "class": kernel_class(n), "ms": round(v, 3)} for n, v in top]}
+
+
 @dataclasses.dataclass
 class ModeResult:
     mode: str
@@ -154,6 +205,7 @@ class ModeResult:
     tps: float = 0.0
     tflops: float = 0.0
     mfu: float = 0.0
+    kernels: dict = dataclasses.field(default_factory=dict)
 
 
 def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
@@ -208,6 +260,17 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
         res.ok = False
         first = next(i for i, v in enumerate(res.losses, 1) if not math.isfinite(v))
         res.error = f"loss is not finite from step {first}: the mode computes garbage, its speed means nothing"
+    if args.kernel_profile and DEVICE == "cuda" and res.ok:
+        def one_step():
+            tokens, labels = batch_for(0, cfg, args, rank)
+            step_fn(tokens, labels).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        res.kernels = profile_kernels(one_step, args.kernel_profile)
+        log0(f"[{mode}] kernels per step (ms, busy time by class): "
+             + ", ".join(f"{k} {v:.1f}" for k, v in res.kernels["by_class_ms"].items())
+             + f"; wall {res.kernels['wall_ms']:.1f} under the profiler")
     res.median_ms = statistics.median(res.step_ms)
     res.tps = tokens_per_step / (res.median_ms / 1e3)
     res.tflops = flops_per_token * res.tps / 1e12
@@ -263,16 +326,21 @@ def step_model(ir, profile: str, world: int) -> dict:
     the chosen backends cause to the kernels beside them, and the bucket copies the pass adds (a merged all-gather's
     copy-out materializes every member: world x bucket bytes read and written; a merged reduce-scatter's copy-in
     reads the gradients and writes the bucket); plus the optimizer step, which the capture does not hold (fused
-    AdamW: ADAMW_BYTES_PER_PARAM per local parameter at the profile's HBM roofline)."""
+    AdamW: ADAMW_BYTES_PER_PARAM per local parameter at the profile's optimizer bandwidth, efficiency.optimizer,
+    else its memory efficiency)."""
     import ce_overlap
     from ce_overlap import profiles
 
     spec = json.loads(profiles.read_text(profile))
     hbm_us_per_byte = 1.0 / (spec["gpu"]["hbm_gbps"] * 1e3 * spec["efficiency"]["memory"])
+    # The fused optimizer's own calibrated bandwidth where the profile has it (ce-overlap calibrate measures it).
+    optimizer_us_per_byte = 1.0 / (spec["gpu"]["hbm_gbps"] * 1e3 * spec["efficiency"].get(
+        "optimizer", spec["efficiency"]["memory"]))
     report = ce_overlap.analyze(ir, profile)
     out = {"profile": profile, "analyze": {}, "plan": {}}
     for g in report.get("graphs", []):
-        out["analyze"][g["name"]] = {k: g.get(k) for k in ("compute_us", "comm_us", "exposed_comm_us", "makespan_us")}
+        out["analyze"][g["name"]] = {k: g.get(k) for k in ("compute_us", "comm_us", "exposed_comm_us", "makespan_us",
+                                                            "compute_by_class_us")}
     for name in ir.graph_names:
         p = ce_overlap.ir.plan(ir, name, profile, {})
         summary = dict(p.get("summary", {}))
@@ -288,7 +356,7 @@ def step_model(ir, profile: str, world: int) -> dict:
         summary["bucket_copy_us"] = copies
         out["plan"][name] = summary
     local_params = -(-int(ir.meta.get("num_params", 0)) // world)
-    out["optimizer_us"] = ADAMW_BYTES_PER_PARAM * local_params * hbm_us_per_byte
+    out["optimizer_us"] = ADAMW_BYTES_PER_PARAM * local_params * optimizer_us_per_byte
     return out
 
 
