@@ -80,7 +80,7 @@ def _last_steps(progress_dir: str) -> str:
     return "\n".join(lines) or "  (no rank reported a step)"
 
 
-def torchrun(mode: str, *args: str, env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess:
+def torchrun(mode: str, *args: str, env: dict[str, str], timeout_s: float, nproc: int = 2) -> subprocess.CompletedProcess:
     """Runs gpu_worker.py on 2 GPUs. The worker bounds every step itself (it dumps its stacks and exits when a step
     hangs); timeout_s is the backstop for a hang outside its reach (start-up, torchrun): the whole process tree is
     killed and the test fails with each rank's last step and the partial output."""
@@ -92,7 +92,7 @@ def torchrun(mode: str, *args: str, env: dict[str, str], timeout_s: float) -> su
         full_env["CE_TEST_SHARED_GPU"] = "1"
         print("one GPU: both ranks share it (references over gloo); NVLink needs a 2-GPU machine")
     timeout_s *= 2 if SHARED_GPU else 1  # two ranks time-slice one GPU, and the references go through the host
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKER, mode, *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), WORKER, mode, *args]
     with tempfile.TemporaryDirectory(prefix="ce_gpu_test_") as progress:
         full_env["CE_TEST_PROGRESS_DIR"] = progress
         proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -165,3 +165,15 @@ def test_rank_death_pool_failure_and_p2p_refusal():
     for modes in ("die_before_rendezvous", "die_mid_collective", "pool_alloc_failure,p2p_refused"):
         proc = torchrun(modes, env=env, timeout_s=100)
         assert proc.returncode == 0, f"{modes} failed:\n{proc.stdout[-8000:]}\n{proc.stderr[-6000:]}"
+
+
+@pytest.mark.parametrize("nproc", [3, 4])
+def test_three_and_four_ranks(nproc):
+    """Groups of 3 and 4 ranks (on a box with fewer GPUs, the ranks share GPU 0): 300 randomized cases each of
+    reduce-scatter (the reduction kernel specialized for that rank count), all-gather, all-to-all / broadcast and
+    send / recv batches (ranks that take no part in a batch included), against the references."""
+    if not SHARED_GPU and torch.cuda.device_count() < nproc:
+        pytest.skip(f"needs {nproc} GPUs or one GPU to share, this machine has {torch.cuda.device_count()}")
+    proc = torchrun("reduce_scatter,correctness,a2a_bcast,p2p", "--cases", "300", "--rs-cases", "300", "--a2a-cases",
+                    "300", "--p2p-cases", "300", env={"CE_OVERLAP_TIMEOUT_S": "20"}, timeout_s=240, nproc=nproc)
+    assert proc.returncode == 0, f"{nproc}-rank checks failed:\n{proc.stdout[-8000:]}\n{proc.stderr[-6000:]}"

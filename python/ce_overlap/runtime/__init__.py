@@ -325,6 +325,8 @@ def _p2p_batch(ops, group, async_op: bool) -> P2PWork:
         (sends if kind == "send" else recvs).append(tensor)
         (send_peers if kind == "send" else recv_peers).append(peer)
     name, _ = _group_name_and_size(group)
+    if not sends and not recvs:  # this rank takes no part in the batch: nothing to enqueue, nothing to wait for
+        return P2PWork(0)
     return P2PWork(int(torch.ops.ce_overlap._batch_p2p(sends, send_peers, recvs, recv_peers, name, async_op)))
 
 
@@ -336,7 +338,8 @@ def batch_isend_irecv(ops, group=None, async_op: bool = False) -> P2PWork:
     the order of its ops on either side. async_op=False (default): the current stream waits for the whole batch;
     True: it does not, and the returned work's wait() joins it later. Both tensors of a pair must have the same number
     of bytes. Zero-copy when both sides use one empty_symmetric buffer (the same offset); otherwise the sender pushes
-    into the receiver's landing banks (CE_OVERLAP_P2P_MB) and the receiver copies out, pipelined."""
+    into the receiver's landing banks (CE_OVERLAP_P2P_MB) and the receiver copies out, pipelined. An empty batch (a
+    rank with nothing to send or receive this time) is a no-op and returns a completed work."""
     return _p2p_batch(list(ops), group, async_op)
 
 
