@@ -666,11 +666,17 @@ TEST(Decide, ReasonsReadAsOneLine) {
   EXPECT_TRUE(starts_with(alone.reason, "ce: saves ")) << alone.reason;
   EXPECT_TRUE(contains(alone.reason, "64 MiB in ")) << alone.reason;
 
-  Decision rs = m.decide(coll(CollectiveType::ReduceScatter, 2, 128 * kMiB), {});
+  // h200-sxm's reduction kernel (84 GB/s per CTA, measured) keeps up with the link: CE wins a lone reduce-scatter.
+  Decision rs_fast = m.decide(coll(CollectiveType::ReduceScatter, 2, 128 * kMiB), {});
+  EXPECT_EQ(rs_fast.choice, Backend::Ce) << rs_fast.reason;
+  // A kernel a quarter as fast sets the pace, and the reason names it.
+  Profile slow_kernel = builtin_profile("h200-sxm");
+  slow_kernel.ce.reduce_gbps_per_sm /= 4;
+  Decision rs = CostModel(slow_kernel).decide(coll(CollectiveType::ReduceScatter, 2, 128 * kMiB), {});
   EXPECT_EQ(rs.choice, Backend::Nccl);
   EXPECT_TRUE(contains(rs.reason, "32-SM reduction kernel")) << rs.reason;
 
-  for (const Decision& d : {tiny, gemm, alone, rs}) {
+  for (const Decision& d : {tiny, gemm, alone, rs_fast, rs}) {
     EXPECT_EQ(d.reason.find('\n'), std::string::npos);
     ASSERT_TRUE(d.ce.has_value());
     EXPECT_EQ(d.choice == Backend::Ce, d.ce->cost_us < d.nccl.cost_us - 1e-9 * d.nccl.cost_us);
