@@ -12,7 +12,8 @@
 (c) Reduce-scatter (sum, bf16, ordinary input), 64 MiB and 256 MiB output per rank: NCCL vs ce_overlap for every
     CE_OVERLAP_REDUCE_SMS in {16, 32, 64} x CE_OVERLAP_RS_ROUND_MB in {8, 32} (set between ops on both ranks with
     ce_overlap.runtime.tune); time, busbw, GEMM slowdown beside, bit-exact vs NCCL (integer-valued data).
-(d) The reduction kernel alone (out = a + b, bf16, 256 MiB each, as the reduce-scatter runs it for 2 ranks) for
+(d) The reduction kernel alone (out = a + b, bf16, 256 MiB each, as the reduce-scatter runs it for 2 ranks), and a
+    bf16 8192^3 GEMM beside it running back to back (one GPU is enough), for
     8..132 CTAs: GB/s of HBM traffic (3 x 256 MiB per call).
 
     torchrun --standalone --nproc-per-node 2 bench/ce_probe.py --out $OUT/ce_probe.json
@@ -361,13 +362,27 @@ def probe_reduce_kernel(args, results: dict) -> None:
                          "exact": bool(torch.equal(out, want))})
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
+    # The bf16 8192^3 GEMM beside the kernel running back to back on a side stream (its SM share is what a
+    # reduce-scatter costs the compute beside it).
+    mm = gemm()
+    gemm_alone = time_alone(mm, args.iters, 3, torch.cuda.synchronize)
+    for r in rows:
+        if r["ctas"] > 64:
+            continue
+        fn = lambda c=r["ctas"]: torch.ops.ce_overlap._reduce_bench(out, a, b, c)  # noqa: E731
+        # Enough kernels per GEMM to cover it: GEMM time / kernel time, plus one.
+        per = int(gemm_alone / (r["time_us"] / 1e3)) + 1
+        beside, _ = time_beside(mm, fn, args.iters, 3, per, per, torch.cuda.synchronize)
+        r["gemm_alone_ms"], r["gemm_beside_ms"] = gemm_alone, beside
+        r["gemm_slowdown_pct"] = 100 * (beside / gemm_alone - 1)
     results["reduce_kernel"] = rows
     C.log0()
     C.log0("# (d) reduction kernel alone: out = a + b, bf16, 256 MiB each (fp32 accumulation, 16-byte loads); "
            "GB/s = 3 x 256 MiB / time")
-    C.log0(f"{'CTAs':>5} {'time(us)':>9} {'GB/s':>7} {'exact':>6}")
+    C.log0(f"{'CTAs':>5} {'time(us)':>9} {'GB/s':>7} {'exact':>6} {'GEMM beside':>12}")
     for r in rows:
-        C.log0(f"{r['ctas']:>5} {r['time_us']:>9.1f} {r['hbm_gbps']:>7.0f} {'y' if r['exact'] else 'N':>6}")
+        slow = f"{r['gemm_slowdown_pct']:+.1f}%" if "gemm_slowdown_pct" in r else "-"
+        C.log0(f"{r['ctas']:>5} {r['time_us']:>9.1f} {r['hbm_gbps']:>7.0f} {'y' if r['exact'] else 'N':>6} {slow:>12}")
 
 
 def main() -> int:
