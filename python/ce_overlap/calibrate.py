@@ -358,6 +358,15 @@ def predicted_slowdown(profile, coll: str, nbytes: int, n: int, backend: str, co
     return entry[f"{COMPUTE_KINDS[compute]}_slowdown"]
 
 
+def _hbm_fraction(label: str, kernel: dict, hbm_gbps: float) -> float:
+    """A memory-bound measurement ({bytes, us}) as a fraction of the base profile's HBM bandwidth; above 1 is refused."""
+    gbps = kernel["bytes"] / kernel["us"] / 1e3
+    if gbps > hbm_gbps:
+        raise CeOverlapError(f"measurements: {label}: {gbps:.0f} GB/s, above the base profile's HBM {hbm_gbps:g} GB/s: "
+                             f"wrong base profile (--base) or a broken measurement")
+    return gbps / hbm_gbps
+
+
 def build_profile(base: dict, measurements: dict, *, name: str | None = None,
                   keep_topology: bool = False) -> tuple[dict, list[str]]:
     """The calibrated profile (a dict in schema ce_overlap.profile/2) and notes on what was measured, fitted and
@@ -431,12 +440,9 @@ def build_profile(base: dict, measurements: dict, *, name: str | None = None,
     hbm = float(p["gpu"]["hbm_gbps"])
     kernels = m.get("memory_kernels") or []
     for k in ([mb] if mb else []) + kernels:
-        gbps = k["bytes"] / k["us"] / 1e3
-        if gbps > hbm:
-            raise CeOverlapError(f"measurements: {k.get('name', 'memory_bound')}: {gbps:.0f} GB/s, above the base "
-                                 f"profile's HBM {hbm:g} GB/s: wrong base profile (--base) or a broken measurement")
+        _hbm_fraction(k.get("name", "memory_bound"), k, hbm)
     if kernels:  # activation-sized kernels as a step runs them: their median
-        effs = sorted(k["bytes"] / k["us"] / 1e3 / hbm for k in kernels)
+        effs = sorted(_hbm_fraction(k["name"], k, hbm) for k in kernels)
         p["efficiency"]["memory"] = round(statistics.median(effs), 4)
         fitted.append(f"efficiency.memory {statistics.median(effs):.3f}, the median of {len(kernels)} activation-sized "
                       f"memory-bound kernels ({effs[0]:.3f}..{effs[-1]:.3f})")
@@ -468,13 +474,9 @@ def build_profile(base: dict, measurements: dict, *, name: str | None = None,
         kept.append("efficiency.attention")
     opt = m.get("optimizer")
     if opt:
-        gbps = opt["bytes"] / opt["us"] / 1e3
-        hbm = float(p["gpu"]["hbm_gbps"])
-        if gbps > hbm:
-            raise CeOverlapError(f"measurements: optimizer: {gbps:.0f} GB/s, above the base profile's HBM {hbm:g} GB/s: "
-                                 f"wrong base profile (--base) or a broken measurement")
-        p["efficiency"]["optimizer"] = round(gbps / hbm, 4)
-        fitted.append(f"efficiency.optimizer {gbps / hbm:.3f} (fused AdamW, {gbps:.0f} GB/s)")
+        eff = _hbm_fraction("optimizer", opt, hbm)
+        p["efficiency"]["optimizer"] = round(eff, 4)
+        fitted.append(f"efficiency.optimizer {eff:.3f} (fused AdamW, {eff * hbm:.0f} GB/s)")
     else:
         kept.append("efficiency.optimizer")
 
