@@ -15,7 +15,7 @@ sys.path.insert(0, BENCH)
 
 
 @pytest.mark.parametrize("script", ["collectives.py", "p2p.py", "overlap.py", "ce_probe.py", "train.py",
-                                    "step_prediction.py", "cost_model_validation.py"])
+                                    "step_prediction.py", "cost_model_validation.py", "fault_repeats.py"])
 def test_bench_script_imports_and_parses_help(script):
     proc = subprocess.run([sys.executable, os.path.join(BENCH, script), "--help"], capture_output=True, text=True,
                           timeout=300, cwd=REPO)
@@ -47,3 +47,33 @@ def test_step_model_pieces_add_up():
     assert train.predicted_step_ms({}) is None
     # AdamW over fp32 master shards moves 28 bytes per local parameter.
     assert train.ADAMW_BYTES_PER_PARAM == 7 * 4
+
+
+def test_kernel_classes_and_the_class_comparison():
+    """train.py's kernel classes (by name, as torch.profiler reports them) and step_prediction.py's pairing of them
+    with the analysis report's compute_by_class_us."""
+    import step_prediction
+    import train
+
+    for name, cls in (("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "gemm"), ("triton_tem_fused_mm_3", "gemm"),
+                      ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16", "attention"),
+                      ("flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", "attention"),
+                      ("triton_poi_fused__to_copy_7", "fused"), ("Memcpy DtoD (Device -> Device)", "copy"),
+                      ("void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata<4>>", "optimizer"),
+                      ("ncclDevKernel_AllGather_RING_LL", "collective"),
+                      ("void at::native::vectorized_elementwise_kernel<4>", "other")):
+        assert train.kernel_class(name) == cls, name
+    pieces = {"optimizer_us": 20000.0,
+              "analyze": {"forward": {"compute_by_class_us": {"matmul": 30000.0, "attention": 3000.0,
+                                                              "memory_bound": 6000.0}},
+                          "backward": {"compute_by_class_us": {"matmul": 40000.0, "attention": 5000.0,
+                                                               "memory_bound": 12000.0}}}}
+    kernels = {"by_class_ms": {"gemm": 80.0, "attention": 8.0, "fused": 15.0, "other": 2.0, "copy": 1.0,
+                               "optimizer": 25.0}, "busy_ms": 131.0}
+    rows = {r["class"]: r for r in step_prediction.compare_classes(pieces, kernels)}
+    assert rows["GEMMs"]["predicted_ms"] == 70.0 and rows["GEMMs"]["measured_ms"] == 80.0
+    assert rows["GEMMs"]["error_pct"] == pytest.approx(-12.5)
+    assert rows["fused / memory-bound kernels"]["measured_ms"] == 18.0  # fused + other + copy
+    assert rows["optimizer"]["predicted_ms"] == 20.0
+    assert rows["kernel busy time (sum of the above)"]["predicted_ms"] == pytest.approx(70 + 8 + 18 + 20)
+    assert step_prediction.compare_classes(pieces, None) == []
