@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# One-shot device run of the CE runtime, from the repo root on the 2-GPU box (no network there): build (with the
+# One-shot device run of the CE runtime, from the repo root on the GPU box (no network there): build (with the
 # runtime ON), the runtime's GPU tests, the probe (bench/ce_probe.py: same-GPU copies on copy engines? all-gather
 # pull vs push), bench/collectives.py (all-gather, reduce-scatter, all-to-all, broadcast), bench/p2p.py (send / recv),
-# bench/overlap.py, then the CPU tests.
+# bench/overlap.py, the CPU tests, then compute-sanitizer (memcheck, racecheck, synccheck). Opt-in stage `faults`:
+# every fault of RELIABILITY.md 20 times (bench/fault_repeats.py, ~250 s). On a 1-GPU box the GPU tests, faults and
+# sanitizers run with the ranks sharing the GPU; the benchmarks need two GPUs.
 # Every stage logs to $OUT/<stage>.log (JSON results next to them) and has its own timeout under one global
 # deadline, so a failed or stuck stage never keeps the later ones from running; $OUT/summary.txt lists each
-# stage's exit code and duration. One device call may run 10 minutes: the default budget is 540 s. Expected: env 6 s,
-# build ~45 s, probe ~50 s, GPU tests ~70 s for the all-gather / reduce-scatter launches plus the all-to-all,
-# broadcast and p2p launch (not timed yet; every step of the workers is bounded, so a hang fails within ~50 s naming
-# the step), collectives ~50 s, p2p ~30 s, overlap ~35 s, CPU tests ~25 s.
+# stage's exit code and duration. One device call may run 10 minutes: the default budget is 540 s. Measured on one
+# shared H200 (2026-11-23): env 6 s, build ~30 s, GPU tests ~180 s (6 launches), sanitizers ~30 s; on 2x H200
+# (2026-11-22) probe ~50 s, collectives ~50 s, overlap ~35 s; p2p not timed yet.
 #
 #   bash bench/run_device.sh            # needs .devdeps/nlohmann-json3-dev_*.deb carried along (see DEVICE.md)
 #   CE_DEVICE_BUDGET_S=540 OUT=/tmp/out bash bench/run_device.sh
 #   CE_DEVICE_STAGES="gpu_tests probe" bash bench/run_device.sh   # only these stages (env and build always run)
+#   CE_DEVICE_STAGES="faults" CE_DEVICE_FAULTS_S=500 bash bench/run_device.sh
 set -o pipefail
 cd "$(dirname "$0")/.."
 
