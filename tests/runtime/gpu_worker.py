@@ -102,22 +102,23 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def ref_all_gather(ref: torch.Tensor, inp: torch.Tensor, group) -> None:
+def _moved(collective, out: torch.Tensor, inp: torch.Tensor, group) -> None:
+    """collective(out, inp, group=group), a data-movement collective with equal shares: on the tensors (NCCL), or
+    (shared GPU) over gloo on host copies of their bytes."""
     if not SHARED_GPU:
-        dist.all_gather_into_tensor(ref, inp.contiguous(), group=group)
+        collective(out, inp.contiguous(), group=group)
         return
-    host = torch.empty(ref.numel() * ref.element_size(), dtype=torch.uint8)
-    dist.all_gather_into_tensor(host, _bytes(inp.contiguous()).cpu(), group=group)
-    _bytes(ref).copy_(host)
+    host = torch.empty(out.numel() * out.element_size(), dtype=torch.uint8)
+    collective(host, _bytes(inp.contiguous()).cpu(), group=group)
+    _bytes(out).copy_(host)
+
+
+def ref_all_gather(ref: torch.Tensor, inp: torch.Tensor, group) -> None:
+    _moved(dist.all_gather_into_tensor, ref, inp, group)
 
 
 def ref_all_to_all(ref: torch.Tensor, inp: torch.Tensor, group) -> None:
-    if not SHARED_GPU:
-        dist.all_to_all_single(ref, inp, group=group)
-        return
-    host = torch.empty(ref.numel() * ref.element_size(), dtype=torch.uint8)
-    dist.all_to_all_single(host, _bytes(inp.contiguous()).cpu(), group=group)
-    _bytes(ref).copy_(host)
+    _moved(dist.all_to_all_single, ref, inp, group)
 
 
 def ref_broadcast(t: torch.Tensor, src: int, group) -> None:
