@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 
+from ce_overlap.cli import _positive_int  # the CLI's option type: an integer >= 1, with a message naming the option
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "tests", "runtime", "gpu_worker.py")
 sys.path.insert(0, os.path.join(REPO, "tests", "runtime"))
@@ -65,12 +67,18 @@ def launch(modes: str, timeout_s: float, env: dict) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--parallel", type=int, default=2, help="launches at once (each is 2 processes)")
+    p.add_argument("--repeats", type=_positive_int("--repeats"), default=20)
+    p.add_argument("--parallel", type=_positive_int("--parallel"), default=2,
+                   help="launches at once (each is 2 processes)")
     p.add_argument("--timeout-s", type=float, default=2.0, help="CE_OVERLAP_TIMEOUT_S of the launches")
     p.add_argument("--faults", default=",".join(FAULTS.values()), help="comma list of worker modes to repeat")
     p.add_argument("--out", default=None, help="JSON results")
     args = p.parse_args(argv)
+    if not args.timeout_s > 0:
+        p.error(f"--timeout-s must be > 0, got {args.timeout_s}")
+    unknown = [m for m in args.faults.split(",") if m and m not in FAULTS.values()]
+    if unknown or not args.faults.strip(","):
+        p.error(f"--faults: unknown or no worker modes {unknown}; choose from {list(FAULTS.values())}")
     n_gpus = gpu_count()
     if n_gpus < 1:
         print("no GPU: nothing to inject faults into")

@@ -96,6 +96,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     bad = [m for m in args.modes.split(",") if m not in MODES]
     if bad:
         p.error(f"unknown mode(s) {bad}; known: {MODES}")
+    if args.kernel_profile < 0:
+        p.error(f"--kernel-profile: steps must be >= 0 (0: off), got {args.kernel_profile}")
     return args
 
 
