@@ -421,6 +421,10 @@ void SymmetricPool::open_peers(const std::vector<PoolHandleBlob>& blobs) {
   // GPUs without peer access, so the refusal below can be tested on machines that have it.
   const char* inject = std::getenv("CE_OVERLAP_FAULT_INJECT");
   const bool refuse_p2p = inject != nullptr && std::strcmp(inject, "p2p_refused") == 0;
+  if (inject != nullptr && *inject != '\0' && !refuse_p2p) {
+    throw std::runtime_error("ce_overlap: " + g + ": CE_OVERLAP_FAULT_INJECT=" + inject +
+                             " is not a fault this runtime injects (known: p2p_refused); unset it");
+  }
   for (int a = 0; a < world_size_; ++a) {
     for (int b = 0; b < world_size_; ++b) {
       const int da = local_ordinal[static_cast<size_t>(a)], db = local_ordinal[static_cast<size_t>(b)];
