@@ -19,6 +19,10 @@
 //   push:              CE_OVERLAP_AG_MODE=push (or _set_all_gather_mode) and the output lies in the user
 //                      region at O. Every rank WRITES its input into O + r * bytes of every peer's pool.
 //                      One round; the input may be anywhere (no staging).
+//   Several parts (all_gather_into_tensors) are one op over the concatenation of their shards (S = sum of
+//   the parts' bytes): staged, with the staging copies and the pulls split at part boundaries, so each byte
+//   goes from its part's input to its part's output without a bucket buffer. Every step below is unchanged;
+//   the part sizes are hashed into the signature, so ranks that split S differently never exchange bytes.
 //
 // PULL, rank r, comm stream:
 //   0. wait for the caller's stream (event); the self stream does too and copies the own shard
@@ -161,6 +165,7 @@ struct Plan {
   size_t offset = 0;          // posted in the signal: staging / input / output pool offset
   size_t round_capacity = 0;  // bytes per rank per round
   size_t rounds = 0;
+  uint64_t extra = 0;         // signature: the part sizes of a multi-part op
 };
 
 void enqueue_pull_locked(Group& g, const AllGatherArgs& a, const std::string& where, const Plan& plan);
@@ -168,39 +173,54 @@ void enqueue_push_locked(Group& g, const AllGatherArgs& a, const std::string& wh
 
 }  // namespace
 
+size_t AllGatherArgs::nbytes() const { return parts_bytes(parts); }
+
+namespace {
+
+const char* op_name(const AllGatherArgs& a) {
+  return a.parts.size() == 1 ? "all_gather_into_tensor" : "all_gather_into_tensors";
+}
+
+}  // namespace
+
 void enqueue_all_gather(Group& g, const AllGatherArgs& a) {
   const AllGatherMode mode = all_gather_mode();  // may throw (bad CE_OVERLAP_AG_MODE): before anything is consumed
+  const size_t nbytes = a.nbytes();
   auto plan_op = [&] {
     SymmetricPool& pool = g.pool();
     const int n = g.world_size();
-    const char* out = static_cast<const char*>(a.output);
-    const char* in = static_cast<const char*>(a.input);
-    const std::optional<size_t> out_offset = pool.user_region_offset(out, a.nbytes * static_cast<size_t>(n));
-    const std::optional<size_t> in_offset = pool.user_region_offset(in, a.nbytes);
     Plan plan;
-    plan.in_place = in == out + static_cast<size_t>(g.rank()) * a.nbytes;
+    plan.extra = parts_hash(a.parts);
+    std::optional<size_t> out_offset, in_offset;
+    if (a.parts.size() == 1) {  // zero-copy variants: one tensor only
+      const char* out = static_cast<const char*>(a.parts[0].output);
+      const char* in = static_cast<const char*>(a.parts[0].input);
+      out_offset = pool.user_region_offset(out, nbytes * static_cast<size_t>(n));
+      in_offset = pool.user_region_offset(in, nbytes);
+      plan.in_place = in == out + static_cast<size_t>(g.rank()) * nbytes;
+    }
     if (n > 1 && out_offset && mode == AllGatherMode::Push) {
       plan.variant = Variant::AgPush;
       plan.offset = *out_offset;
-      plan.round_capacity = a.nbytes;
+      plan.round_capacity = nbytes;
     } else if (out_offset && plan.in_place) {
       plan.variant = Variant::AgInPlace;
       plan.offset = *out_offset;
-      plan.round_capacity = a.nbytes;
+      plan.round_capacity = nbytes;
     } else if (in_offset) {
       plan.variant = Variant::AgSymmetricInput;
       plan.offset = *in_offset;
-      plan.round_capacity = a.nbytes;
+      plan.round_capacity = nbytes;
     } else {
       plan.variant = Variant::AgStaged;
       plan.offset = pool.staging_offset();
       plan.round_capacity = pool.staging_bytes();
     }
     // A group of one has no peers: only the self copy remains.
-    plan.rounds = n == 1 ? 0 : (a.nbytes + plan.round_capacity - 1) / plan.round_capacity;
+    plan.rounds = n == 1 ? 0 : (nbytes + plan.round_capacity - 1) / plan.round_capacity;
     return plan;
   };
-  enqueue_op(g, "all_gather_into_tensor", a.nbytes == 0, a.caller, plan_op, [&](const std::string& where, const Plan& plan) {
+  enqueue_op(g, op_name(a), nbytes == 0, a.caller, plan_op, [&](const std::string& where, const Plan& plan) {
     if (plan.variant == Variant::AgPush) {
       enqueue_push_locked(g, a, where, plan);
     } else {
@@ -213,14 +233,18 @@ namespace {
 
 // 0. The op begins: join the caller's stream; the own shard goes on the self stream.
 PendingOp begin_and_copy_self(Group& g, const AllGatherArgs& a, const std::string& where, const Plan& plan) {
-  PendingOp op = begin_op(g, "all_gather_into_tensor", OpKind::AllGather, plan.variant, a.nbytes);
+  PendingOp op = begin_op(g, op_name(a), OpKind::AllGather, plan.variant, a.nbytes());
   join_caller(g, a.caller, op, where);
   if (!plan.in_place) {
     const cudaStream_t self = g.self_stream();
-    char* out = static_cast<char*>(a.output);
     CE_CUDA_CHECK(cudaStreamWaitEvent(self, g.caller_ready_event(), 0), where);
-    CE_CUDA_CHECK(local_copy_async(out + static_cast<size_t>(g.rank()) * a.nbytes, a.input, a.nbytes, g.device(), self),
-                  where + ": copying the own shard");
+    for (const AllGatherPart& part : a.parts) {
+      if (part.bytes == 0) continue;
+      char* out = static_cast<char*>(part.output);
+      CE_CUDA_CHECK(local_copy_async(out + static_cast<size_t>(g.rank()) * part.bytes, part.input, part.bytes,
+                                     g.device(), self),
+                    where + ": copying the own shard");
+    }
     CE_CUDA_CHECK(cudaEventRecord(g.self_done_event(), self), where);
   }
   return op;
@@ -238,24 +262,26 @@ void enqueue_pull_locked(Group& g, const AllGatherArgs& a, const std::string& wh
   const int rank = g.rank();
   const int n = g.world_size();
   const cudaStream_t comm = g.comm_stream();
-  char* out = static_cast<char*>(a.output);
-  const char* in = static_cast<const char*>(a.input);
+  const size_t nbytes = a.nbytes();
   PendingOp op = begin_and_copy_self(g, a, where, plan);
 
   for (size_t k = 0; k < plan.rounds; ++k) {
     const size_t chunk_offset = k * plan.round_capacity;
-    const size_t chunk = std::min(plan.round_capacity, a.nbytes - chunk_offset);
+    const size_t chunk = std::min(plan.round_capacity, nbytes - chunk_offset);
     const uint32_t e = g.next_epoch();
-    const RoundSignature sig =
-        round_signature(OpKind::AllGather, plan.variant, a.nbytes, static_cast<uint32_t>(k), chunk, plan.offset);
+    const RoundSignature sig = round_signature(OpKind::AllGather, plan.variant, nbytes, static_cast<uint32_t>(k), chunk,
+                                               plan.offset, plan.extra);
 
     // 1. Peers are done with our previous round (protects the staging region and the epoch window).
     if (k == 0 && !epoch_ge(g.last_done_waited(), e - 1)) op.done_needed_before = e - 1;
     g.wait_peers_done(e - 1);
-    // 2. Stage.
+    // 2. Stage (piece by piece when the op has several parts).
     if (plan.variant == Variant::AgStaged) {
-      CE_CUDA_CHECK(local_copy_async(pool.local_base() + plan.offset, in + chunk_offset, chunk, g.device(), comm),
-                    where + ": staging the input into the symmetric pool");
+      char* staging = pool.local_base() + plan.offset;
+      for_each_piece(a.parts, chunk_offset, chunk, [&](const AllGatherPart& part, size_t from, size_t at, size_t len) {
+        CE_CUDA_CHECK(local_copy_async(staging + at, static_cast<const char*>(part.input) + from, len, g.device(), comm),
+                      where + ": staging the input into the symmetric pool");
+      });
     }
     // 3. Announce.
     g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b, kind_round_word(OpKind::AllGather, plan.variant, static_cast<uint32_t>(k)),
@@ -264,11 +290,14 @@ void enqueue_pull_locked(Group& g, const AllGatherArgs& a, const std::string& wh
     for (int i = 1; i < n; ++i) {
       const int p = (rank + i) % n;
       // Where peer p's bytes of this round lie in its pool.
-      const size_t src = plan.variant == Variant::AgInPlace ? plan.offset + static_cast<size_t>(p) * a.nbytes
+      const size_t src = plan.variant == Variant::AgInPlace ? plan.offset + static_cast<size_t>(p) * nbytes
                                                              : plan.offset;
       g.wait_peer_ready(p, e, sig);
-      g.pull_copy(out + static_cast<size_t>(p) * a.nbytes + chunk_offset, pool.peer_base(p) + src, chunk,
-                  where + ": pulling the shard of rank " + std::to_string(p));
+      const std::string what = where + ": pulling the shard of rank " + std::to_string(p);
+      for_each_piece(a.parts, chunk_offset, chunk, [&](const AllGatherPart& part, size_t from, size_t at, size_t len) {
+        char* out = static_cast<char*>(part.output) + static_cast<size_t>(p) * part.bytes + from;
+        g.pull_copy(out, pool.peer_base(p) + src + at, len, what);
+      });
       g.post_done(p);
     }
     op.rounds.push_back(RoundInfo{e, sig, static_cast<uint32_t>(k), chunk, plan.offset});
@@ -286,29 +315,31 @@ void enqueue_push_locked(Group& g, const AllGatherArgs& a, const std::string& wh
   const int rank = g.rank();
   const int n = g.world_size();
   const cudaStream_t comm = g.comm_stream();
+  // Push needs the output in the pool, so the op has one part (plan_op).
+  const AllGatherPart& part = a.parts.at(0);
   PendingOp op = begin_and_copy_self(g, a, where, plan);
 
   // One round: the output is in the pool, so the bytes go straight to their final place.
   const uint32_t e = g.next_epoch();
-  const RoundSignature sig = round_signature(OpKind::AllGather, plan.variant, a.nbytes, 0, a.nbytes, plan.offset);
+  const RoundSignature sig = round_signature(OpKind::AllGather, plan.variant, part.bytes, 0, part.bytes, plan.offset);
   // 1. The epoch window, and every peer is finished with our pool for the previous round.
   if (!epoch_ge(g.last_done_waited(), e - 1)) op.done_needed_before = e - 1;
   g.wait_peers_done(e - 1);
   // 2. Our output accepts writes.
-  g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b, kind_round_word(OpKind::AllGather, plan.variant, 0), a.nbytes,
+  g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b, kind_round_word(OpKind::AllGather, plan.variant, 0), part.bytes,
                           plan.offset});
   // 3. Push our shard into every peer's output, in (rank + i) % n order.
-  const size_t dst = plan.offset + static_cast<size_t>(rank) * a.nbytes;
+  const size_t dst = plan.offset + static_cast<size_t>(rank) * part.bytes;
   for (int i = 1; i < n; ++i) {
     const int p = (rank + i) % n;
     g.wait_peer_ready(p, e, sig);
-    CE_CUDA_CHECK(cudaMemcpyAsync(pool.peer_base(p) + dst, a.input, a.nbytes, cudaMemcpyDeviceToDevice, comm),
+    CE_CUDA_CHECK(cudaMemcpyAsync(pool.peer_base(p) + dst, part.input, part.bytes, cudaMemcpyDeviceToDevice, comm),
                   where + ": pushing our shard into rank " + std::to_string(p));
     g.post_done(p);
   }
   // 4. Every peer's shard has landed in our output.
   g.wait_peers_done(e);
-  op.rounds.push_back(RoundInfo{e, sig, 0, a.nbytes, plan.offset});
+  op.rounds.push_back(RoundInfo{e, sig, 0, part.bytes, plan.offset});
   finish_op(g, a, where, plan, std::move(op));
 }
 

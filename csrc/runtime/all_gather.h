@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace ce_overlap {
 
@@ -20,14 +21,25 @@ AllGatherMode all_gather_mode();
 // Sets the mode ("pull" or "push"); returns the previous one. Throws std::invalid_argument otherwise.
 std::string set_all_gather_mode(const std::string& mode);
 
+// One tensor of an all-gather: `bytes` per rank in, world_size * bytes out, rank p's shard at byte p * bytes.
+struct AllGatherPart {
+  const void* input;  // bytes, contiguous
+  void* output;       // world_size * bytes, contiguous
+  size_t bytes;
+};
+
 struct AllGatherArgs {
-  const void* input;    // nbytes, contiguous; zero-copy when it lies in the group's user region
-  void* output;         // world_size * nbytes, contiguous; shard p at byte p * nbytes
-  size_t nbytes;        // per rank
-  cudaStream_t caller;  // the output is ready on this stream when the op is done
+  // One part (all_gather_into_tensor), or several gathered as ONE op (all_gather_into_tensors): the protocol
+  // moves their shards as one concatenated shard of sum(bytes) (what a bucketed all-gather moves), but every
+  // copy reads from and writes to the parts' own tensors, so no kernel packs or unpacks a bucket buffer.
+  // A single part is zero-copy when its input or output lies in the group's user region; several are staged.
+  std::vector<AllGatherPart> parts;
+  cudaStream_t caller;  // the outputs are ready on this stream when the op is done
   // Deferred join (functional ops in graphs): when set, the op's end is recorded into this event and the caller's
   // stream does NOT wait here; ce_overlap::wait_tensor makes it wait, so compute between the two overlaps the op.
   cudaEvent_t join = nullptr;
+
+  size_t nbytes() const;  // per rank, over all parts
 };
 
 // Enqueues the op; returns at once (stream-ordered). Throws on bad state (group failed, CUDA graph

@@ -13,6 +13,7 @@
 #include "cuda_util.h"
 #include "symmetric_pool.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -354,6 +355,42 @@ void enqueue_op(Group& g, const char* op, bool empty, cudaStream_t caller, PlanF
                          "' is now unusable: this rank's epochs are out of step with its peers)");
     throw;
   }
+}
+
+// Multi-part ops (several tensors moved as one collective, as a bucket is): a part type with a `bytes` field (its
+// bytes per rank). The op moves the concatenation of the parts' per-rank bytes; these two helpers map it back.
+//
+// Calls f(part, offset in the part's per-rank bytes, offset in [lo, lo + len), length) for each piece of the
+// range [lo, lo + len) of the concatenation, in order.
+template <typename Part, typename F>
+void for_each_piece(const std::vector<Part>& parts, size_t lo, size_t len, F&& f) {
+  const size_t hi = lo + len;
+  size_t start = 0;
+  for (const Part& part : parts) {
+    const size_t end = start + part.bytes;
+    const size_t b = std::max(lo, start);
+    const size_t e = std::min(hi, end);
+    if (b < e) f(part, b - start, b - lo, e - b);
+    if (end >= hi) break;
+    start = end;
+  }
+}
+
+// The part sizes, hashed (FNV-1a) for a round signature's `extra`, so ranks that split the same byte count into
+// different parts never exchange bytes; 0 for a single part (a one-tensor op's signature does not change).
+template <typename Part>
+uint64_t parts_hash(const std::vector<Part>& parts) {
+  if (parts.size() <= 1) return 0;
+  uint64_t h = 1469598103934665603ull;
+  for (const Part& part : parts) h = (h ^ static_cast<uint64_t>(part.bytes)) * 1099511628211ull;
+  return h == 0 ? 1 : h;
+}
+
+template <typename Part>
+size_t parts_bytes(const std::vector<Part>& parts) {
+  size_t total = 0;
+  for (const Part& part : parts) total += part.bytes;
+  return total;
 }
 
 // Process-wide registry of groups, keyed by c10d group name. Never destroyed (a leaked singleton):

@@ -25,6 +25,9 @@
 //        fp32 accumulation, avg divides by n; then records bank_event(k % 2).
 //   After the last round: comm waits for the last reduction (the reduce stream is in order, so for all of
 //   them), records `end`; the caller's stream waits on `end`.
+//   Several parts (reduce_scatter_tensors) are one op over the concatenation of their chunks (C = sum of the parts'
+//   chunk bytes): the pushes of 4 and the reduction of 6 are split at part boundaries (one copy / one launch per
+//   piece), reading each part's own chunks where they lie. The part sizes are hashed into the signature.
 //   A group of one: the reduce stream waits for the caller and runs the kernel over the chunk (sum or
 //   avg of one input), no epoch.
 //   The reduction kernels are loaded when the group is created (group.cc): a first launch under lazy
@@ -86,6 +89,10 @@ Layout layout_of(Group& g) {
 
 int slot_of(int sender, int receiver) { return sender < receiver ? sender : sender - 1; }
 
+const char* op_name(const ReduceScatterArgs& a) {
+  return a.parts.size() == 1 ? "reduce_scatter_tensor" : "reduce_scatter_tensors";
+}
+
 void enqueue_locked(Group& g, const ReduceScatterArgs& a, const std::string& where, const Layout& l, size_t rounds);
 
 }  // namespace
@@ -94,9 +101,10 @@ size_t reduce_scatter_round_bytes(Group& g) { return layout_of(g).round_bytes; }
 
 void enqueue_reduce_scatter(Group& g, const ReduceScatterArgs& a) {
   auto plan_op = [&] { return layout_of(g); };  // may throw (staging too small): nothing consumed yet
-  enqueue_op(g, "reduce_scatter_tensor", a.chunk_bytes == 0, a.caller, plan_op,
+  const size_t C = a.chunk_bytes();
+  enqueue_op(g, op_name(a), C == 0, a.caller, plan_op,
              [&](const std::string& where, const Layout& l) {
-               const size_t rounds = g.world_size() == 1 ? 0 : (a.chunk_bytes + l.round_bytes - 1) / l.round_bytes;
+               const size_t rounds = g.world_size() == 1 ? 0 : (C + l.round_bytes - 1) / l.round_bytes;
                enqueue_locked(g, a, where, l, rounds);
              });
 }
@@ -109,20 +117,26 @@ void enqueue_locked(Group& g, const ReduceScatterArgs& a, const std::string& whe
   const int n = g.world_size();
   const cudaStream_t comm = g.comm_stream();
   const cudaStream_t red = g.reduce_stream();
-  const char* in = static_cast<const char*>(a.input);
   char* out = static_cast<char*>(a.output);
-  const size_t C = a.chunk_bytes;
+  const size_t C = a.chunk_bytes();
   const size_t elem = reduce_elem_size(a.dtype);
-  const uint64_t extra = static_cast<uint64_t>(a.dtype) << 8 | static_cast<uint64_t>(a.op);
+  const uint64_t extra = (static_cast<uint64_t>(a.dtype) << 8 | static_cast<uint64_t>(a.op)) ^ parts_hash(a.parts);
+  // The reduction of the bytes [o, o + b) of our chunk; `slots` holds the peers' bytes of that range (nullptr: n = 1).
+  auto reduce = [&](size_t o, size_t b, const char* slots, size_t slot_stride) {
+    for_each_piece(a.parts, o, b, [&](const ReduceScatterPart& part, size_t from, size_t at, size_t len) {
+      const char* own = static_cast<const char*>(part.input) + static_cast<size_t>(rank) * part.bytes + from;
+      ReduceParams p{out + o + at, own, slots ? slots + at : nullptr, slot_stride, len / elem, n, rank, a.op};
+      CE_CUDA_CHECK(launch_reduce(a.dtype, p, g.reduce_ctas(), red), where + ": launching the reduction");
+    });
+  };
 
   // 0. Join the caller's stream.
-  PendingOp op = begin_op(g, "reduce_scatter_tensor", OpKind::ReduceScatter, Variant::RsPush, C);
+  PendingOp op = begin_op(g, op_name(a), OpKind::ReduceScatter, Variant::RsPush, C);
   join_caller(g, a.caller, op, where);
 
   if (n == 1) {
     CE_CUDA_CHECK(cudaStreamWaitEvent(red, g.caller_ready_event(), 0), where);
-    ReduceParams p{out, in, nullptr, 0, C / elem, 1, 0, a.op};
-    CE_CUDA_CHECK(launch_reduce(a.dtype, p, g.reduce_ctas(), red), where + ": launching the reduction");
+    reduce(0, C, nullptr, 0);
     CE_CUDA_CHECK(cudaEventRecord(g.bank_event(0), red), where);
     CE_CUDA_CHECK(cudaStreamWaitEvent(comm, g.bank_event(0), 0), where);
   }
@@ -143,13 +157,16 @@ void enqueue_locked(Group& g, const ReduceScatterArgs& a, const std::string& whe
     // 3. Our bank accepts chunks.
     g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b,
                             kind_round_word(OpKind::ReduceScatter, Variant::RsPush, static_cast<uint32_t>(k)), b, recv});
-    // 4. Push chunk p of this round into peer p's slot for us.
+    // 4. Push chunk p of this round into peer p's slot for us (piece by piece when the op has several parts).
     for (int i = 1; i < n; ++i) {
       const int p = (rank + i) % n;
       g.wait_peer_ready(p, e, sig);
       char* dst = pool.peer_base(p) + recv + static_cast<size_t>(slot_of(rank, p)) * l.slot_bytes;
-      CE_CUDA_CHECK(cudaMemcpyAsync(dst, in + static_cast<size_t>(p) * C + o, b, cudaMemcpyDeviceToDevice, comm),
-                    where + ": pushing chunk " + std::to_string(p) + " to rank " + std::to_string(p));
+      for_each_piece(a.parts, o, b, [&](const ReduceScatterPart& part, size_t from, size_t at, size_t len) {
+        const char* src = static_cast<const char*>(part.input) + static_cast<size_t>(p) * part.bytes + from;
+        CE_CUDA_CHECK(cudaMemcpyAsync(dst + at, src, len, cudaMemcpyDeviceToDevice, comm),
+                      where + ": pushing chunk " + std::to_string(p) + " to rank " + std::to_string(p));
+      });
       g.post_done(p);
     }
     // 5. Every peer's chunk of this round is in our bank.
@@ -157,9 +174,7 @@ void enqueue_locked(Group& g, const ReduceScatterArgs& a, const std::string& whe
     // 6. Reduce it on the reduce stream.
     CE_CUDA_CHECK(cudaEventRecord(g.arrived_event(), comm), where);
     CE_CUDA_CHECK(cudaStreamWaitEvent(red, g.arrived_event(), 0), where);
-    ReduceParams p{out + o, in + static_cast<size_t>(rank) * C + o, pool.local_base() + recv, l.slot_bytes, b / elem, n,
-                   rank, a.op};
-    CE_CUDA_CHECK(launch_reduce(a.dtype, p, g.reduce_ctas(), red), where + ": launching the reduction");
+    reduce(o, b, pool.local_base() + recv, l.slot_bytes);
     CE_CUDA_CHECK(cudaEventRecord(g.bank_event(bank), red), where);
     op.rounds.push_back(RoundInfo{e, sig, static_cast<uint32_t>(k), b, recv});
   }

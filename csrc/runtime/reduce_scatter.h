@@ -6,17 +6,28 @@
 #include "reduce_kernels.h"
 
 #include <cstddef>
+#include <vector>
 
 namespace ce_overlap {
 
+// One tensor of a reduce-scatter: world_size * bytes in, chunk p (bytes [p * bytes, (p + 1) * bytes)) for rank p.
+struct ReduceScatterPart {
+  const void* input;  // world_size * bytes, contiguous
+  size_t bytes;       // chunk bytes per rank (a multiple of the element size)
+};
+
 struct ReduceScatterArgs {
-  const void* input;    // world_size * chunk_bytes, contiguous; chunk p (bytes [p*chunk, (p+1)*chunk)) goes to rank p
-  void* output;         // chunk_bytes, contiguous; may be the input's own chunk (in place)
-  size_t chunk_bytes;   // per rank (a multiple of the element size)
+  // One part (reduce_scatter_tensor), or several reduced as ONE op (reduce_scatter_tensors): rank r's output is the
+  // concatenation of every part's chunk r, reduced. The pushes read the parts' own chunks and the reduction writes
+  // the output, so no kernel packs a bucket buffer. All parts have the op's dtype.
+  std::vector<ReduceScatterPart> parts;
+  void* output;         // sum of the parts' bytes, contiguous; with one part it may be the input's own chunk (in place)
   ReduceDType dtype;
   ReduceOp op;
   cudaStream_t caller;  // the output is ready on this stream when the op is done
   cudaEvent_t join = nullptr;  // deferred join, as in AllGatherArgs
+
+  size_t chunk_bytes() const { return parts_bytes(parts); }  // per rank, over all parts
 };
 
 // Enqueues the op; returns at once (stream-ordered). Throws on bad state (group failed, CUDA graph

@@ -108,12 +108,21 @@ class DeferredJoins {
     free_[device].push_back(e);
   }
 
-  void add(const void* storage, int device, cudaEvent_t e) {
+  // Registers the op's event under each of its outputs' storages (several for a multi-output op: the event goes
+  // back to the free list once every one of them was waited for or replaced).
+  void add(const std::vector<const void*>& storages, int device, cudaEvent_t e) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto [it, inserted] = pending_.try_emplace(storage, Entry{device, e});
-    if (!inserted) {  // a result that was never waited for, whose memory now holds this one: its op is done
-      free_[it->second.device].push_back(it->second.event);
-      it->second = Entry{device, e};
+    refs_[e] += storages.size();
+    for (const void* storage : storages) {
+      auto [it, inserted] = pending_.try_emplace(storage, Entry{device, e});
+      if (!inserted) {  // a result that was never waited for, whose memory now holds this one: its op is done
+        release_locked(it->second);
+        it->second = Entry{device, e};
+      }
+    }
+    if (refs_[e] == 0) {  // no storage at all
+      refs_.erase(e);
+      free_[device].push_back(e);
     }
   }
 
@@ -128,7 +137,10 @@ class DeferredJoins {
       pending_.erase(it);
     }
     const cudaError_t st = cudaStreamWaitEvent(stream, entry.event, 0);
-    give_back(entry.device, entry.event);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      release_locked(entry);
+    }
     TORCH_CHECK(st == cudaSuccess, "ce_overlap.wait_tensor: cudaStreamWaitEvent failed: ", cudaGetErrorString(st));
     return true;
   }
@@ -138,14 +150,24 @@ class DeferredJoins {
     int device = 0;
     cudaEvent_t event = nullptr;
   };
+  // One reference of `entry`'s event is gone; the last one frees it (cudaStreamWaitEvent snapshots the event, so
+  // it may be recorded again by a later op).
+  void release_locked(const Entry& entry) {
+    auto it = refs_.find(entry.event);
+    if (it == refs_.end() || --it->second > 0) return;
+    refs_.erase(it);
+    free_[entry.device].push_back(entry.event);
+  }
+
   std::mutex mu_;
   std::unordered_map<const void*, Entry> pending_;
+  std::unordered_map<cudaEvent_t, size_t> refs_;  // pending entries per event
   std::map<int, std::vector<cudaEvent_t>> free_;
 };
 
-// Enqueues with a deferred join registered under out's storage (functional ops), or joins the caller now.
+// Enqueues with a deferred join registered under the outputs' storages (functional ops), or joins the caller now.
 template <typename Enqueue>
-void enqueue_maybe_deferred(Group& g, const at::Tensor& out, bool deferred, Enqueue&& enqueue) {
+void enqueue_maybe_deferred(Group& g, const std::vector<at::Tensor>& outs, bool deferred, Enqueue&& enqueue) {
   if (!deferred) {
     enqueue(static_cast<cudaEvent_t>(nullptr));
     return;
@@ -158,7 +180,17 @@ void enqueue_maybe_deferred(Group& g, const at::Tensor& out, bool deferred, Enqu
     joins.give_back(g.device(), e);
     throw;
   }
-  joins.add(out.storage().data_ptr().get(), g.device(), e);
+  std::vector<const void*> storages;
+  for (const at::Tensor& out : outs) {
+    const void* storage = out.storage().data_ptr().get();
+    if (std::find(storages.begin(), storages.end(), storage) == storages.end()) storages.push_back(storage);
+  }
+  joins.add(storages, g.device(), e);
+}
+
+template <typename Enqueue>
+void enqueue_maybe_deferred(Group& g, const at::Tensor& out, bool deferred, Enqueue&& enqueue) {
+  enqueue_maybe_deferred(g, std::vector<at::Tensor>{out}, deferred, std::forward<Enqueue>(enqueue));
 }
 
 // The streams that read `t` (and, for outputs, write it) after the enqueue returns keep the caching allocator from
@@ -185,7 +217,7 @@ void run_all_gather(Group& g, const at::Tensor& input, at::Tensor& out, bool def
   c10::cuda::CUDAGuard guard(device);
   const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device);
   enqueue_maybe_deferred(g, out, deferred, [&](cudaEvent_t join) {
-    enqueue_all_gather(g, AllGatherArgs{in, o, nbytes, caller.stream(), join});
+    enqueue_all_gather(g, AllGatherArgs{{AllGatherPart{in, o, nbytes}}, caller.stream(), join});
   });
 
   // The comm and self streams read `input` and write `out` after this call returns (pool tensors' frees are
@@ -227,6 +259,57 @@ void all_gather_out_meta(const at::Tensor& input, int64_t group_size, std::strin
   (void)group_name;
   check_input(input, group_size, "all_gather_into_tensor_out");
   check_out(input, out, group_size, "all_gather_into_tensor_out");
+}
+
+// all_gather_into_tensors: several tensors gathered as one op (a bucket without a bucket buffer). Output i is what
+// all_gather_into_tensor(inputs[i]) returns.
+void check_parts(at::TensorList inputs, int64_t group_size, const char* op, bool scatter) {
+  TORCH_CHECK(!inputs.empty(), "ce_overlap.", op, ": needs at least one input tensor");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_input(inputs[i], group_size, op, scatter);
+    TORCH_CHECK(inputs[i].device() == inputs[0].device(), "ce_overlap.", op, ": inputs[", i, "] is on ",
+                inputs[i].device(), " but inputs[0] is on ", inputs[0].device());
+  }
+}
+
+std::vector<at::Tensor> all_gather_tensors_cuda(at::TensorList inputs, int64_t group_size, std::string group_name) {
+  static const char* kOp = "all_gather_into_tensors";
+  check_parts(inputs, group_size, kOp, /*scatter=*/false);
+  std::shared_ptr<Group> g = group_for(group_name, group_size, inputs[0], kOp);
+  const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g->device());
+  c10::cuda::CUDAGuard guard(device);
+  std::vector<at::Tensor> outs;
+  AllGatherArgs args;
+  for (const at::Tensor& input : inputs) {
+    std::vector<int64_t> sizes = input.sizes().vec();
+    sizes[0] *= group_size;
+    outs.push_back(at::empty(sizes, input.options()));
+    args.parts.push_back(AllGatherPart{input.data_ptr(), outs.back().data_ptr(),
+                                       static_cast<size_t>(input.numel()) * input.element_size()});
+  }
+  if (args.nbytes() == 0) return outs;
+  args.caller = c10::cuda::getCurrentCUDAStream(device).stream();
+  enqueue_maybe_deferred(*g, outs, /*deferred=*/true, [&](cudaEvent_t join) {
+    args.join = join;
+    enqueue_all_gather(*g, args);
+  });
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    keep_alive_for(*g, inputs[i], {g->comm_stream(), g->self_stream()});
+    keep_alive_for(*g, outs[i], {g->comm_stream(), g->self_stream()});
+  }
+  return outs;
+}
+
+std::vector<at::Tensor> all_gather_tensors_meta(at::TensorList inputs, int64_t group_size, std::string group_name) {
+  (void)group_name;
+  check_parts(inputs, group_size, "all_gather_into_tensors", /*scatter=*/false);
+  std::vector<at::Tensor> outs;
+  for (const at::Tensor& input : inputs) {
+    std::vector<c10::SymInt> sizes = input.sym_sizes().vec();
+    sizes[0] = sizes[0] * group_size;
+    outs.push_back(at::empty_symint(sizes, input.options()));
+  }
+  return outs;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -283,7 +366,7 @@ void run_reduce_scatter(Group& g, const at::Tensor& input, at::Tensor& out, cons
   c10::cuda::CUDAGuard guard(device);
   const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device);
   enqueue_maybe_deferred(g, out, deferred, [&](cudaEvent_t join) {
-    enqueue_reduce_scatter(g, ReduceScatterArgs{in, o, chunk, reduce_dtype_of(input.scalar_type(), op),
+    enqueue_reduce_scatter(g, ReduceScatterArgs{{ReduceScatterPart{in, chunk}}, o, reduce_dtype_of(input.scalar_type(), op),
                                                 reduce_op_of(reduce_op, op), caller.stream(), join});
   });
   // The comm stream reads the input, the reduce stream reads it and writes out after this returns.
@@ -325,6 +408,55 @@ void reduce_scatter_out_meta(const at::Tensor& input, std::string reduce_op, int
   (void)group_name;
   check_rs_input(input, reduce_op, group_size, "reduce_scatter_tensor_out");
   check_rs_out(input, out, group_size, "reduce_scatter_tensor_out");
+}
+
+// reduce_scatter_tensors: several tensors reduce-scattered as one op (a bucket without a bucket buffer). The output
+// is 1-D: the concatenation, in input order, of what reduce_scatter_tensor(inputs[i]) returns, flattened.
+void check_rs_parts(at::TensorList inputs, const std::string& reduce_op, int64_t group_size, const char* op) {
+  check_parts(inputs, group_size, op, /*scatter=*/true);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_rs_input(inputs[i], reduce_op, group_size, op);
+    TORCH_CHECK(inputs[i].scalar_type() == inputs[0].scalar_type(), "ce_overlap.", op, ": inputs[", i, "] has dtype ",
+                inputs[i].scalar_type(), " but inputs[0] has ", inputs[0].scalar_type(), " (one op reduces one dtype)");
+  }
+}
+
+at::Tensor reduce_scatter_tensors_cuda(at::TensorList inputs, std::string reduce_op, int64_t group_size,
+                                       std::string group_name) {
+  static const char* kOp = "reduce_scatter_tensors";
+  check_rs_parts(inputs, reduce_op, group_size, kOp);
+  std::shared_ptr<Group> g = group_for(group_name, group_size, inputs[0], kOp);
+  const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g->device());
+  c10::cuda::CUDAGuard guard(device);
+  int64_t numel = 0;
+  ReduceScatterArgs args{};
+  for (const at::Tensor& input : inputs) {
+    numel += input.numel() / group_size;
+    args.parts.push_back(ReduceScatterPart{input.data_ptr(),
+                                           static_cast<size_t>(input.numel() / group_size) * input.element_size()});
+  }
+  at::Tensor out = at::empty({numel}, inputs[0].options());
+  if (numel == 0) return out;
+  args.output = out.data_ptr();
+  args.dtype = reduce_dtype_of(inputs[0].scalar_type(), kOp);
+  args.op = reduce_op_of(reduce_op, kOp);
+  args.caller = c10::cuda::getCurrentCUDAStream(device).stream();
+  enqueue_maybe_deferred(*g, out, /*deferred=*/true, [&](cudaEvent_t join) {
+    args.join = join;
+    enqueue_reduce_scatter(*g, args);
+  });
+  for (const at::Tensor& input : inputs) keep_alive_for(*g, input, {g->comm_stream(), g->reduce_stream()});
+  keep_alive_for(*g, out, {g->comm_stream(), g->reduce_stream()});
+  return out;
+}
+
+at::Tensor reduce_scatter_tensors_meta(at::TensorList inputs, std::string reduce_op, int64_t group_size,
+                                       std::string group_name) {
+  (void)group_name;
+  check_rs_parts(inputs, reduce_op, group_size, "reduce_scatter_tensors");
+  c10::SymInt numel = 0;
+  for (const at::Tensor& input : inputs) numel = numel + input.sym_numel() / group_size;
+  return at::empty_symint({numel}, inputs[0].options());
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -777,7 +909,11 @@ TORCH_LIBRARY(ce_overlap, m) {
   m.def("all_gather_into_tensor(Tensor input, int group_size, str group_name) -> Tensor", pt2);
   // Returns nothing: torch.compile functionalizes mutating custom ops only when no output aliases an input.
   m.def("all_gather_into_tensor_out(Tensor input, int group_size, str group_name, *, Tensor(a!) out) -> ()", pt2);
+  // Several tensors as one collective (a bucket with no bucket buffer): output i / the chunks of input i are what
+  // the one-tensor op gives for tensor i.
+  m.def("all_gather_into_tensors(Tensor[] inputs, int group_size, str group_name) -> Tensor[]", pt2);
   m.def("reduce_scatter_tensor(Tensor input, str reduce_op, int group_size, str group_name) -> Tensor", pt2);
+  m.def("reduce_scatter_tensors(Tensor[] inputs, str reduce_op, int group_size, str group_name) -> Tensor", pt2);
   m.def("reduce_scatter_tensor_out(Tensor input, str reduce_op, int group_size, str group_name, *, Tensor(a!) out) -> ()",
         pt2);
   // Hands back its input, and says so: the alias annotation keeps torch's custom-op aliasing check (an error
@@ -816,6 +952,8 @@ TORCH_LIBRARY(ce_overlap, m) {
 TORCH_LIBRARY_IMPL(ce_overlap, CUDA, m) {
   m.impl("all_gather_into_tensor", TORCH_FN(ce_overlap::all_gather_cuda));
   m.impl("all_gather_into_tensor_out", TORCH_FN(ce_overlap::all_gather_out_cuda));
+  m.impl("all_gather_into_tensors", TORCH_FN(ce_overlap::all_gather_tensors_cuda));
+  m.impl("reduce_scatter_tensors", TORCH_FN(ce_overlap::reduce_scatter_tensors_cuda));
   m.impl("reduce_scatter_tensor", TORCH_FN(ce_overlap::reduce_scatter_cuda));
   m.impl("reduce_scatter_tensor_out", TORCH_FN(ce_overlap::reduce_scatter_out_cuda));
   m.impl("all_to_all_single", TORCH_FN(ce_overlap::all_to_all_cuda));
@@ -827,6 +965,8 @@ TORCH_LIBRARY_IMPL(ce_overlap, CUDA, m) {
 TORCH_LIBRARY_IMPL(ce_overlap, Meta, m) {
   m.impl("all_gather_into_tensor", TORCH_FN(ce_overlap::all_gather_meta));
   m.impl("all_gather_into_tensor_out", TORCH_FN(ce_overlap::all_gather_out_meta));
+  m.impl("all_gather_into_tensors", TORCH_FN(ce_overlap::all_gather_tensors_meta));
+  m.impl("reduce_scatter_tensors", TORCH_FN(ce_overlap::reduce_scatter_tensors_meta));
   m.impl("reduce_scatter_tensor", TORCH_FN(ce_overlap::reduce_scatter_meta));
   m.impl("reduce_scatter_tensor_out", TORCH_FN(ce_overlap::reduce_scatter_out_meta));
   m.impl("all_to_all_single", TORCH_FN(ce_overlap::all_to_all_meta));

@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py correctness --cases 1000
     torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py reduce_scatter --rs-cases 300
+    torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py parts --parts-cases 300
     torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py symalloc
     torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py nokernels
     torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py a2a_bcast,p2p --a2a-cases 1000 --p2p-cases 1000
@@ -185,6 +186,17 @@ def failed_on_all_ranks(failures: int) -> int:
     return int(total.item())
 
 
+def finish_cases(label: str, cases: int, failed_here: int, table: list[str], t0: float, group) -> int:
+    """The end of a randomized mode: every rank agrees on the failure count (a failure on one rank fails the mode on
+    all), rank 0 prints the table of cases, every rank its closing line. Returns the mode's exit code."""
+    nfail = failed_on_all_ranks(failed_here)
+    if dist.get_rank() == 0:
+        print("\n".join(table))
+    log(f"{label}: {cases} cases, {failed_here} failed here, {nfail} failed on all ranks, {time.time() - t0:.1f} s; "
+        f"{rt.describe(group)}")
+    return 0 if nfail == 0 else 1
+
+
 def draw_case(rng: random.Random) -> dict:
     dtype = rng.choice(DTYPES)
     bucket = rng.random()
@@ -339,16 +351,9 @@ def mode_correctness(args) -> int:
         if (i + 1) % 200 == 0:
             log(f"{i + 1}/{args.cases} cases, {len(failures)} failed, {time.time() - t0:.1f} s")
     rt.tune(group, pull_split=1)
-    # Every rank must agree: a failure on one rank fails the run on all.
     step("correctness: all_reduce of the failure count")
-    nfail = failed_on_all_ranks(len(failures))
-    if rank == 0:
-        print(f"{'mode':<20} {'dtype':<10} cases")
-        for (mode, dtype), n in sorted(stats.items()):
-            print(f"{mode:<20} {dtype:<10} {n}")
-    log(f"correctness: {args.cases} cases, {len(failures)} failed here, {nfail} failed on all ranks, "
-        f"{time.time() - t0:.1f} s; {rt.describe(group)}")
-    return 0 if nfail == 0 else 1
+    table = [f"{'mode':<20} {'dtype':<10} cases"] + [f"{m:<20} {d:<10} {n}" for (m, d), n in sorted(stats.items())]
+    return finish_cases("correctness", args.cases, len(failures), table, t0, group)
 
 
 def mode_timeout(args) -> int:
@@ -439,7 +444,7 @@ def mode_mismatch(args) -> int:
     every torch kernel the cases need is loaded) before the first case: nothing but the CE ops runs between them."""
     rank = dist.get_rank()
     step("mismatch: 4 process groups + rendezvous + inputs", echo=True)
-    groups = [dist.new_group(list(range(dist.get_world_size()))) for _ in range(4)]
+    groups = [dist.new_group(list(range(dist.get_world_size()))) for _ in range(5)]
     for g in groups:
         rt.rendezvous(g)
     n = 1024 if rank == 0 else 2048
@@ -453,6 +458,9 @@ def mode_mismatch(args) -> int:
     sym_out = rt.empty_symmetric((2 * 4096,), torch.float32, g3)
     shard = sym_out.view(2, -1)[rank]
     shard.fill_(rank)
+    # The same bytes in different parts: [1000, 3000] elements on rank 0, [3000, 1000] on rank 1.
+    split = [1000, 3000] if rank == 0 else [3000, 1000]
+    parts_in = [torch.randn(k, device="cuda") for k in split]
     torch.cuda.synchronize()
     dist.barrier()
     ok = True
@@ -476,6 +484,10 @@ def mode_mismatch(args) -> int:
             rt.set_all_gather_mode(previous)
 
     ok &= _expect_timeout("all_gather push vs pull", g3, push_vs_pull, ["different collective", "push"])
+    g4 = groups[4]
+    ok &= _expect_timeout("all_gather_into_tensors parts", g4,
+                          lambda: torch.ops.ce_overlap.all_gather_into_tensors(parts_in, dist.get_world_size(), g4.group_name),
+                          ["different collective", "all_gather_into_tensors"])
     return 0 if ok else 1
 
 
@@ -548,6 +560,12 @@ def mode_nokernels(args) -> int:
                 rt.tune(group, pull_split=1)
         return run
 
+    def ag_parts():  # three parts of one bucket: staged piece by piece, pulled straight into the three outputs
+        return torch.ops.ce_overlap.all_gather_into_tensors([x, x[:1000], x[:5]], world, group.group_name)
+
+    def rs_parts():
+        return torch.ops.ce_overlap.reduce_scatter_tensors([rs_in, rs_in[:world * 1000]], "sum", world, group.group_name)
+
     ok = True
     seen: dict[str, collections.Counter] = {}
     nccl = [] if SHARED_GPU else [("nccl", lambda: dist.all_gather_into_tensor(out, x, group=group))]
@@ -565,7 +583,9 @@ def mode_nokernels(args) -> int:
                       ("ce_broadcast_symmetric", lambda: rt.broadcast(sym_bc, 0, group)),
                       ("ce_p2p_staged", ring(p2p_in, p2p_out)),
                       ("ce_p2p_direct", ring(bufs[rank], bufs[src])),
-                      ("ce_reduce_scatter", lambda: rt.reduce_scatter_tensor(rs_out, rs_in, "sum", group))):
+                      ("ce_reduce_scatter", lambda: rt.reduce_scatter_tensor(rs_out, rs_in, "sum", group)),
+                      ("ce_all_gather_into_tensors", lambda: [rt.wait_tensor(t) for t in ag_parts()]),
+                      ("ce_reduce_scatter_tensors", lambda: rt.wait_tensor(rs_parts()))):
         step(f"nokernels: {label}")
         names = gpu_activities(fn)
         seen[label] = names
@@ -574,7 +594,7 @@ def mode_nokernels(args) -> int:
         if label == "nccl":
             if not kernels:
                 log("note: the profiler saw no NCCL kernel, so it may not see kernels at all; the CE check is weak")
-        elif label == "ce_reduce_scatter":
+        elif label.startswith("ce_reduce_scatter"):
             # Exactly one kernel per op and round: the bounded reduction. Nothing else.
             others = {n: c for n, c in kernels.items() if "reduce_kernel" not in n}
             if others or not kernels:
@@ -756,6 +776,142 @@ def mode_reduce_scatter(args) -> int:
     log(f"reduce_scatter: {args.rs_cases} cases ({multi_round} multi-round), {len(failures)} failed here, "
         f"{nfail} failed on all ranks, {time.time() - t0:.1f} s; {rt.describe(group)}")
     return 0 if nfail == 0 else 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Multi-tensor ops (a bucket without a bucket buffer): all_gather_into_tensors / reduce_scatter_tensors
+
+def draw_parts_case(rng: random.Random, world: int, round_elems: dict) -> dict:
+    """1-12 parts of mixed sizes (zero, odd, multi-round); all-gather parts of mixed dtypes, reduce-scatter parts of
+    one dtype (dim 0 a multiple of the group size)."""
+    kind = rng.choice(["all_gather", "all_gather", "reduce_scatter"])
+    dtype = rng.choice(RS_DTYPES)
+    parts = []
+    for _ in range(rng.choice([1, 2, 3, 5, 9, 12])):
+        pdt = rng.choice(DTYPES) if kind == "all_gather" else dtype
+        b = rng.random()
+        if b < 0.1:
+            n = 0
+        elif b < 0.5:
+            n = rng.randint(1, 64)
+        elif b < 0.85:
+            n = rng.randint(65, 70000)
+        else:
+            n = rng.randint(round_elems[torch.float32] // 4, round_elems[torch.float32])  # with others: multi-round
+        cols = rng.choice([1, 2, 3]) if n % 6 == 0 else 1
+        rows = n // cols if kind == "all_gather" else world * (n // cols)
+        parts.append({"dtype": pdt, "shape": [rows, cols] if cols > 1 else [rows]})
+    return {"kind": kind, "parts": parts, "op": rng.choice(["sum", "avg"]),
+            "data": rng.choice(["int", "int", "random"]), "side_stream": rng.random() < 0.2,
+            "wait": rng.choice(["all", "reversed", "first_only"]), "busy": rng.random() < 0.3,
+            "seed": rng.randrange(1 << 30)}
+
+
+def run_parts_case(case: dict, group, world: int, rank: int, side: torch.cuda.Stream) -> tuple[int, str]:
+    """Returns (#wrong elements, problem or ''): all-gather parts bit-exact vs the reference per part; reduce-scatter
+    output vs the per-part references concatenated (integer-valued data bit-exact, random within tolerance)."""
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(case["seed"] * 613 + rank)
+    rs = case["kind"] == "reduce_scatter"
+    inputs = []
+    for part in case["parts"]:
+        if not rs:
+            inputs.append(random_bits(part["shape"], part["dtype"], gen))
+        elif case["data"] == "int":
+            inputs.append(torch.randint(-8, 9, part["shape"], device="cuda", generator=gen).to(part["dtype"]))
+        else:
+            inputs.append(torch.randn(part["shape"], device="cuda", generator=gen).to(part["dtype"]))
+    refs = []
+    for x in inputs:
+        if rs:
+            ref = torch.empty([x.shape[0] // world, *x.shape[1:]], dtype=x.dtype, device="cuda")
+            if x.numel():
+                ref_reduce_scatter(ref, x, case["op"], group)
+        else:
+            ref = torch.empty([x.shape[0] * world, *x.shape[1:]], dtype=x.dtype, device="cuda")
+            if x.numel():
+                ref_all_gather(ref, x, group)
+        refs.append(ref)
+    problems = []
+    stream_ctx = torch.cuda.stream(side) if case["side_stream"] else torch.cuda.stream(torch.cuda.current_stream())
+    with stream_ctx:
+        if case["side_stream"]:
+            side.wait_stream(torch.cuda.default_stream())
+        cur = torch.cuda.current_stream()
+        ins = [x.clone() for x in inputs]
+        if rs:
+            outs = [torch.ops.ce_overlap.reduce_scatter_tensors(ins, case["op"], world, group.group_name)]
+        else:
+            outs = list(torch.ops.ce_overlap.all_gather_into_tensors(ins, world, group.group_name))
+        if case["busy"]:
+            busy = torch.randn(512, 512, device="cuda")
+            for _ in range(4):
+                busy = busy @ busy  # caller-stream work between the op and its wait (overlaps it)
+        order = list(range(len(outs)))
+        if case["wait"] == "reversed":
+            order.reverse()
+        elif case["wait"] == "first_only":  # one output's wait joins the op for all of them (one event, shared)
+            order = order[:1]
+        for i in order:
+            outs[i] = rt.wait_tensor(outs[i])
+        for x in ins:
+            if x.numel():
+                x.view(INT_OF_SIZE[x.element_size()]).fill_(0x5A)  # stream order: the op is done with the inputs
+        if cur is not torch.cuda.default_stream():
+            torch.cuda.default_stream().wait_stream(cur)
+    rt.synchronize(group)
+    torch.cuda.synchronize()
+    if rs:
+        want = torch.cat([r.reshape(-1) for r in refs]) if refs else None
+        got = outs[0]
+        if got.dim() != 1 or got.numel() != want.numel() or got.dtype != want.dtype:
+            return -1, f"output {tuple(got.shape)} {got.dtype}, want ({want.numel()},) {want.dtype}"
+        if case["data"] == "int" and count_wrong(got, want):
+            problems.append(f"integer-valued data is not bit-exact ({count_wrong(got, want)} elements differ)")
+        tol = RS_TOL[got.dtype]
+        bad = int((~torch.isclose(got.float(), want.float(), rtol=tol, atol=tol)).sum().item()) if got.numel() else 0
+        return bad, "; ".join(problems)
+    wrong = 0
+    for i, (got, want) in enumerate(zip(outs, refs)):
+        if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+            problems.append(f"output {i}: {tuple(got.shape)} {got.dtype}, want {tuple(want.shape)} {want.dtype}")
+            continue
+        wrong += count_wrong(got, want)
+    return wrong, "; ".join(problems)
+
+
+def mode_parts(args) -> int:
+    group = dist.group.WORLD
+    rank, world = dist.get_rank(), dist.get_world_size()
+    name = rt.rendezvous(group)
+    round_bytes = int(torch.ops.ce_overlap._reduce_scatter_round_bytes(name))
+    round_elems = {dt: round_bytes // torch.empty((), dtype=dt).element_size() for dt in RS_DTYPES}
+    side = torch.cuda.Stream()
+    rng = random.Random(args.seed + 7)
+    stats = collections.Counter()
+    failures = []
+    t0 = time.time()
+    for i in range(args.parts_cases):
+        case = draw_parts_case(rng, world, round_elems)
+        split = rng.choice([1, 2, 3])  # drawn on every rank (the cases are SPMD); used by rank 0 only
+        rt.tune(group, pull_split=split if rank == 0 else 1)
+        total = sum(int(torch.Size(p["shape"]).numel()) * torch.empty((), dtype=p["dtype"]).element_size()
+                    for p in case["parts"])
+        step(f"parts case {i}: {case['kind']} {len(case['parts'])} parts, {total} bytes, wait {case['wait']}")
+        try:
+            wrong, problem = run_parts_case(case, group, world, rank, side)
+        except Exception as e:  # noqa: BLE001
+            wrong, problem = -1, f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+        stats[(case["kind"], len(case["parts"]))] += 1
+        if wrong != 0 or problem:
+            failures.append(i)
+            log(f"parts case {i} FAILED: {case} wrong={wrong} {problem}")
+            if wrong == -1:
+                break
+    rt.tune(group, pull_split=1)
+    table = [f"{'op':<15} {'parts':>5} cases"] + [f"{k:<15} {n:>5} {c}" for (k, n), c in sorted(stats.items())]
+    return finish_cases("parts", args.parts_cases, len(failures), table, t0, group)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1264,7 +1420,8 @@ def mode_p2p_refused(args) -> int:
     return 0 if ok else 1
 
 
-MODES = {"correctness": mode_correctness, "reduce_scatter": mode_reduce_scatter, "symalloc": mode_symalloc,
+MODES = {"correctness": mode_correctness, "reduce_scatter": mode_reduce_scatter, "parts": mode_parts,
+         "symalloc": mode_symalloc,
          "nokernels": mode_nokernels, "timeout": mode_timeout, "mismatch": mode_mismatch, "a2a_bcast": mode_a2a_bcast,
          "p2p": mode_p2p, "p2p_faults": mode_p2p_faults, "die_before_rendezvous": mode_die_before_rendezvous,
          "die_mid_collective": mode_die_mid_collective, "pool_alloc_failure": mode_pool_alloc_failure,
@@ -1279,6 +1436,7 @@ def main() -> int:
                                       "start-up per mode); timeout uses WORLD's CE group, so it runs last but mismatch")
     parser.add_argument("--cases", type=int, default=1000, help="all-gather cases (correctness)")
     parser.add_argument("--rs-cases", type=int, default=300, help="reduce-scatter cases")
+    parser.add_argument("--parts-cases", type=int, default=300, help="multi-tensor all-gathers / reduce-scatters (parts)")
     parser.add_argument("--symalloc-steps", type=int, default=200, help="random allocation steps (symalloc)")
     parser.add_argument("--a2a-cases", type=int, default=1000, help="all-to-all and broadcast cases (a2a_bcast)")
     parser.add_argument("--p2p-cases", type=int, default=1000, help="point-to-point batches (p2p)")

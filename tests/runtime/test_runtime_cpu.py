@@ -581,3 +581,41 @@ def test_symalloc_agree_missing_rank_times_out_naming_it():
     store = dist.HashStore()
     with pytest.raises(S.SymmetricAllocError, match=r"ranks \[1\] did not reach this allocation"):
         S.agree(S.StoreExchange(store, 0.5), "pp", 1, 0, 2, 512, lambda block: (0, [(0, 4096)]), 512)
+
+
+def test_multi_tensor_ops_meta_shapes(ops):
+    """A bucket as one op: output i of all_gather_into_tensors is all_gather_into_tensor(inputs[i]); the output of
+    reduce_scatter_tensors is the inputs' reduce-scatters flattened and concatenated."""
+    xs = [torch.empty(6, 4, device="meta", dtype=torch.bfloat16), torch.empty(2, device="meta", dtype=torch.bfloat16),
+          torch.empty(0, 3, device="meta", dtype=torch.bfloat16)]
+    outs = ops.all_gather_into_tensors(xs, 2, "0")
+    assert [tuple(o.shape) for o in outs] == [(12, 4), (4,), (0, 3)]
+    assert all(o.dtype == torch.bfloat16 and o.device.type == "meta" for o in outs)
+    mixed = ops.all_gather_into_tensors([xs[0], torch.empty(5, device="meta", dtype=torch.int64)], 3, "0")
+    assert [(tuple(o.shape), o.dtype) for o in mixed] == [((18, 4), torch.bfloat16), ((15,), torch.int64)]
+    flat = ops.reduce_scatter_tensors(xs, "avg", 2, "0")
+    assert tuple(flat.shape) == (12 + 1 + 0,) and flat.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda ops: ops.reduce_scatter_tensors([torch.empty(4, device="meta"),
+                                             torch.empty(4, device="meta", dtype=torch.bfloat16)], "sum", 2, "0"),
+     r"inputs\[1\] has dtype BFloat16 but inputs\[0\] has Float"),
+    (lambda ops: ops.reduce_scatter_tensors([torch.empty(3, device="meta")], "sum", 2, "0"), "not divisible"),
+    (lambda ops: ops.reduce_scatter_tensors([torch.empty(4, device="meta", dtype=torch.int32)], "sum", 2, "0"),
+     "not supported"),
+    (lambda ops: ops.all_gather_into_tensors([torch.empty(4, 2, device="meta").t()], 2, "0"), "contiguous"),
+    (lambda ops: ops.all_gather_into_tensors([torch.empty(4, device="meta")], 0, "0"), "group_size must be >= 1"),
+])
+def test_multi_tensor_ops_reject_bad_inputs(ops, call, match):
+    with pytest.raises(RuntimeError, match=match):
+        call(ops)
+
+
+def test_multi_tensor_python_api_refuses_an_empty_list(ops):
+    import ce_overlap.runtime as rt
+
+    with pytest.raises(ValueError, match="at least one input"):
+        rt.all_gather_many([], "0")
+    with pytest.raises(ValueError, match="at least one input"):
+        rt.reduce_scatter_many([], "sum", "0")

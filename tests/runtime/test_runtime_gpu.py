@@ -112,11 +112,13 @@ def torchrun(mode: str, *args: str, env: dict[str, str], timeout_s: float, nproc
 
 
 def test_collectives_bit_exact_vs_nccl_and_symmetric_allocation():
-    """One launch, four modes (each prints its own result line "== mode <name>: ok|FAILED"):
+    """One launch, five modes (each prints its own result line "== mode <name>: ok|FAILED"):
     correctness     1000 randomized all-gathers bit-exact vs NCCL: pull (staged, zero-copy, in place) and push,
                     dtypes, shapes, 0-size, odd byte counts, unaligned inputs, side streams, multi-round staging;
     reduce_scatter  300 randomized reduce-scatters vs NCCL (integer-valued data bit-exact, random bf16/fp16/fp32
                     within tolerance), sum and avg, multi-round, non-multiple-of-16-byte sizes, in place, groups of one;
+    parts           300 multi-tensor all-gathers (1-12 parts, mixed dtypes, bit-exact per part) and reduce-scatters
+                    (the parts' reduced chunks concatenated), zero-size and multi-round parts, one shared join event;
     symalloc        empty_symmetric agrees offsets when ranks free in different orders and at different times;
                     mismatched sizes and a full pool raise on every rank; all-gathers on the tensors are bit-exact;
     nokernels       the CE all-gathers (pull and push), all-to-alls, broadcasts and sends / receives (staged and
@@ -124,8 +126,8 @@ def test_collectives_bit_exact_vs_nccl_and_symmetric_allocation():
     Staging of 1 MiB makes larger cases multi-round; a 20 s timeout turns a protocol hang into an error, and a step
     that outlives it by 30 s ends the worker with its stacks. All-gather cases split their pulls (1-4 pieces, ranks
     differently); reduce-scatter cases vary the reduction CTAs (ranks differently) and end with 64 KiB rounds."""
-    proc = torchrun("correctness,reduce_scatter,symalloc,nokernels", "--cases", "1000", "--rs-cases", "300",
-                    "--symalloc-steps", "200", env={"CE_OVERLAP_TIMEOUT_S": "20"}, timeout_s=120)
+    proc = torchrun("correctness,reduce_scatter,parts,symalloc,nokernels", "--cases", "1000", "--rs-cases", "300",
+                    "--parts-cases", "300", "--symalloc-steps", "200", env={"CE_OVERLAP_TIMEOUT_S": "20"}, timeout_s=120)
     assert proc.returncode == 0, f"GPU checks failed:\n{proc.stdout[-8000:]}\n{proc.stderr[-6000:]}"
 
 
@@ -174,6 +176,7 @@ def test_three_and_four_ranks(nproc):
     send / recv batches (ranks that take no part in a batch included), against the references."""
     if not SHARED_GPU and torch.cuda.device_count() < nproc:
         pytest.skip(f"needs {nproc} GPUs or one GPU to share, this machine has {torch.cuda.device_count()}")
-    proc = torchrun("reduce_scatter,correctness,a2a_bcast,p2p", "--cases", "300", "--rs-cases", "300", "--a2a-cases",
+    proc = torchrun("reduce_scatter,correctness,parts,a2a_bcast,p2p", "--cases", "300", "--rs-cases", "300",
+                    "--parts-cases", "100", "--a2a-cases",
                     "300", "--p2p-cases", "300", env={"CE_OVERLAP_TIMEOUT_S": "20"}, timeout_s=240, nproc=nproc)
     assert proc.returncode == 0, f"{nproc}-rank checks failed:\n{proc.stdout[-8000:]}\n{proc.stderr[-6000:]}"

@@ -42,7 +42,7 @@ import torch
 
 __all__ = [
     "Availability", "available", "library_loaded", "load_library", "rendezvous", "all_gather_into_tensor",
-    "all_gather", "reduce_scatter_tensor", "reduce_scatter", "empty_symmetric", "is_symmetric", "synchronize",
+    "all_gather", "all_gather_many", "reduce_scatter_tensor", "reduce_scatter", "reduce_scatter_many", "empty_symmetric", "is_symmetric", "synchronize",
     "wait_tensor", "describe", "set_all_gather_mode", "tune", "all_to_all_single", "broadcast", "P2POp", "P2PWork",
     "batch_isend_irecv", "send", "recv", "isend", "irecv",
 ]
@@ -232,6 +232,28 @@ def all_gather(input: torch.Tensor, group=None) -> torch.Tensor:
     current stream (the op plus its wait_tensor)."""
     name, world = _group_name_and_size(group)
     return torch.ops.ce_overlap.wait_tensor(torch.ops.ce_overlap.all_gather_into_tensor(input, world, name))
+
+
+def all_gather_many(inputs: list[torch.Tensor], group=None) -> list[torch.Tensor]:
+    """Several tensors gathered as ONE collective (a bucket without a bucket buffer): output i is what
+    all_gather(inputs[i]) returns; every byte goes from its input to its output on copy engines, with no kernel to
+    pack or unpack a bucket. Ready on the current stream."""
+    if not inputs:
+        raise ValueError("all_gather_many: needs at least one input tensor")
+    name, world = _group_name_and_size(group)
+    outs = torch.ops.ce_overlap.all_gather_into_tensors(list(inputs), world, name)
+    return [torch.ops.ce_overlap.wait_tensor(t) for t in outs]
+
+
+def reduce_scatter_many(inputs: list[torch.Tensor], op: str = "sum", group=None) -> torch.Tensor:
+    """Several tensors of one dtype reduce-scattered as ONE collective: returns a 1-D tensor, the concatenation in
+    input order of reduce_scatter(inputs[i]).flatten(). The copies read each input's chunks where they lie (no
+    bucket buffer). Ready on the current stream."""
+    if not inputs:
+        raise ValueError("reduce_scatter_many: needs at least one input tensor")
+    name, world = _group_name_and_size(group)
+    return torch.ops.ce_overlap.wait_tensor(
+        torch.ops.ce_overlap.reduce_scatter_tensors(list(inputs), _reduce_op_name(op), world, name))
 
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: str = "sum", group=None) -> None:
