@@ -10,6 +10,8 @@ Modes:
   compile+inductor-overlap   + Inductor's own overlap scheduler and FSDP bucketing (the best it offers)
   ce_overlap-nccl            + ce_overlap's pass with CE off: our bucketing and reordering on NCCL
   ce_overlap                 + ce_overlap's pass with the cost model's NCCL/CE choice
+  ce_overlap-packed          ce_overlap with pack_ce_buckets=True: CE buckets packed into one buffer (copy-in /
+                             copy-out kernels) instead of one multi-tensor CE op (what the in-place op saves)
   no-comm                    each all-gather replaced by a local op of the same shape, no reduce-scatter:
                              the bound no overlap scheme can pass
 
@@ -55,7 +57,7 @@ def max_over_ranks(value: float) -> float:
     return float(t.item())
 
 
-MODES = ["eager", "compile", "compile+inductor-overlap", "ce_overlap-nccl", "ce_overlap", "no-comm"]
+MODES = ["eager", "compile", "compile+inductor-overlap", "ce_overlap-nccl", "ce_overlap", "ce_overlap-packed", "no-comm"]
 
 # torchtitan's peak bf16 dense TFLOP/s table (torchtitan/tools/utils.py get_peak_flops), by device name.
 _PEAK_TFLOPS = [("H200", 989.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("A100", 312.0),
@@ -136,6 +138,8 @@ def compile_options(mode: str) -> dict | None:
         return {"aten_distributed_optimizations.enable_overlap_scheduling": True}
     import ce_overlap
 
+    if mode == "ce_overlap-packed":
+        return ce_overlap.inductor_options(ce="auto", pack_ce_buckets=True)
     return ce_overlap.inductor_options(ce="off" if mode == "ce_overlap-nccl" else "auto")
 
 
@@ -224,7 +228,7 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
     if mode != "eager":
         opts = compile_options(mode)
         step_fn = torch.compile(model, options=opts) if opts else torch.compile(model)
-    if mode == "ce_overlap":
+    if mode in ("ce_overlap", "ce_overlap-packed"):
         import ce_overlap.runtime as rt
 
         if rt.available():
@@ -325,9 +329,10 @@ ADAMW_BYTES_PER_PARAM = 28
 def step_model(ir, profile: str, world: int) -> dict:
     """The cost model's view of one training step of the captured program, in pieces (microseconds):
     per graph the compute (kernel fusion included), the exposed communication after ce_overlap's plan, the slowdown
-    the chosen backends cause to the kernels beside them, and the bucket copies the pass adds (a merged all-gather's
-    copy-out materializes every member: world x bucket bytes read and written; a merged reduce-scatter's copy-in
-    reads the gradients and writes the bucket); plus the optimizer step, which the capture does not hold (fused
+    the chosen backends cause to the kernels beside them, and the bucket copies the pass adds to NCCL buckets (a
+    merged all-gather's copy-out materializes every member: world x bucket bytes read and written; a merged
+    reduce-scatter's copy-in reads the gradients and writes the bucket; CE buckets run as one multi-tensor op that
+    reads and writes the members in place, so they have none); plus the optimizer step, which the capture does not hold (fused
     AdamW: ADAMW_BYTES_PER_PARAM per local parameter at the profile's optimizer bandwidth, efficiency.optimizer,
     else its memory efficiency)."""
     import ce_overlap
@@ -351,7 +356,7 @@ def step_model(ir, profile: str, world: int) -> dict:
             pred = b["predicted"]
             cost = pred["ce_cost_us"] if b["backend"] == "ce" else pred["nccl_cost_us"]
             slowdown += max(0.0, (cost or 0.0) - (pred["exposed_us"] or 0.0))
-            if len(b["members"]) > 1:
+            if len(b["members"]) > 1 and b["backend"] != "ce":
                 moved = b["group_size"] * b["bytes"] if b["type"] == "all_gather" else b["bytes"]
                 copies += 2 * moved * hbm_us_per_byte
         summary["slowdown_us"] = slowdown

@@ -100,7 +100,7 @@ def test_config_defaults_and_plan_config():
     ("bucket_patterns", "layers"), ("bucket_patterns", ["("]), ("bucket_patterns", [""]), ("profile", "h900"),
     ("profile", ""), ("profile", "/nonexistent/profile.json"), ("dump_dir", 3), ("verbose", "yes"),
     ("ce_collectives", "all_gather"), ("ce_collectives", ["all_reduce"]), ("keep_inductor_overlap", None),
-    ("check_numerics", "yes"),
+    ("check_numerics", "yes"), ("pack_ce_buckets", 0),
 ])
 def test_bad_config_values_name_the_field(field, value):
     with pytest.raises(ce_overlap.CeOverlapError, match=rf"PassConfig\.{field}"):
@@ -583,10 +583,22 @@ def test_handmade_layouts_are_exact(backend):
         got = run_emulated(gm, real, g, rank=2)
     for i, (a, b) in enumerate(zip(want, got)):
         assert torch.equal(a, b), i
-    # every new node carries a fake value
-    for n in gm.graph.nodes:
-        if n.name.startswith("ce_overlap_b"):
-            assert isinstance(n.meta.get("val"), torch.Tensor), n.name
+    # every new node carries a fake value (a list of them for a multi-tensor CE op)
+    created = [n for n in gm.graph.nodes if n.name.startswith("ce_overlap_b")]
+    for n in created:
+        val = n.meta.get("val")
+        vals = val if isinstance(val, list) else [val]
+        assert vals and all(isinstance(v, torch.Tensor) for v in vals), n.name
+    # NCCL buckets are packed into one buffer (cat) and unpacked (clones); a CE bucket is one multi-tensor op
+    # that reads and writes the members where they lie: its only copy makes the transposed input contiguous.
+    targets = collections.Counter(n.target for n in created)
+    if backend == "ce":
+        assert targets[torch.ops.aten.cat.default] == 1, targets  # the all-reduce bucket (NCCL)
+        assert targets[torch.ops.aten.clone.default] == 1, targets
+        assert targets[torch.ops.ce_overlap.all_gather_into_tensors.default] == 1, targets
+        assert targets[torch.ops.ce_overlap.reduce_scatter_tensors.default] == 1, targets
+    else:
+        assert targets[torch.ops.aten.cat.default] == 3, targets  # the all-gather, reduce-scatter and all-reduce buckets
 
 
 # --------------------------------------------------------------------------------------------------
@@ -660,8 +672,16 @@ def cpu_ce_kernels(monkeypatch):
         assert group_size == 1 and reduce_op == "sum" and inp.is_contiguous()
         return inp.clone()
 
+    def all_gather_many(inputs, group_size, group_name):
+        return [all_gather(x, group_size, group_name) for x in inputs]
+
+    def reduce_scatter_many(inputs, reduce_op, group_size, group_name):
+        return torch.cat([reduce_scatter(x, reduce_op, group_size, group_name).reshape(-1) for x in inputs])
+
     lib.impl("all_gather_into_tensor", all_gather, "CPU")
     lib.impl("reduce_scatter_tensor", reduce_scatter, "CPU")
+    lib.impl("all_gather_into_tensors", all_gather_many, "CPU")
+    lib.impl("reduce_scatter_tensors", reduce_scatter_many, "CPU")
     monkeypatch.setattr(pass_, "ce_runtime_state", lambda device: (True, "test: CPU kernels"))
     monkeypatch.setattr(pass_, "_group_ready", lambda group: (True, ""))
     yield
@@ -722,9 +742,13 @@ def test_check_numerics_stops_a_wrong_ce_all_gather(gloo_world1, cpu_ce_kernels)
         out.view(-1)[3] += 1  # one element off
         return out
 
+    def wrong_all_gather_many(inputs, group_size, group_name):
+        return [wrong_all_gather(x, group_size, group_name) if i == 0 else x.clone() for i, x in enumerate(inputs)]
+
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # overriding the fixture's kernel warns
+        warnings.simplefilter("ignore")  # overriding the fixture's kernels warns
         lib.impl("all_gather_into_tensor", wrong_all_gather, "CPU")
+        lib.impl("all_gather_into_tensors", wrong_all_gather_many, "CPU")
     try:
         model, _, tokens = _tiny_fsdp_pair()
         compiled = torch.compile(model, options=_ce_opts(check_numerics=True), fullgraph=True)

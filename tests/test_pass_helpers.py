@@ -202,6 +202,15 @@ class EmulatedCollectives(torch.fx.Interpreter):
     def _ranks(self, x):
         return [x + k for k in range(self.g)] if x.dtype.is_floating_point else [x for _ in range(self.g)]
 
+    def _all_gather(self, x):
+        return torch.cat(self._ranks(x))
+
+    def _reduce_scatter(self, x):
+        total = torch.zeros_like(x)
+        for xk in self._ranks(x):
+            total = total + xk
+        return total.chunk(self.g)[self.rank].clone()
+
     def call_function(self, target, args, kwargs):
         if isinstance(target, torch._ops.OpOverload) and target.namespace in ("_c10d_functional", "c10d_functional",
                                                                               "ce_overlap"):
@@ -209,13 +218,13 @@ class EmulatedCollectives(torch.fx.Interpreter):
             if name == "wait_tensor":
                 return args[0]
             if name == "all_gather_into_tensor":
-                return torch.cat(self._ranks(args[0]))
+                return self._all_gather(args[0])
+            if name == "all_gather_into_tensors":  # ce_overlap's multi-tensor form: one all-gather per input
+                return [self._all_gather(x) for x in args[0]]
             if name == "reduce_scatter_tensor":
-                x = args[0]
-                total = torch.zeros_like(x)
-                for xk in self._ranks(x):
-                    total = total + xk
-                return total.chunk(self.g)[self.rank].clone()
+                return self._reduce_scatter(args[0])
+            if name == "reduce_scatter_tensors":  # the inputs' reduce-scatters, flattened and concatenated
+                return torch.cat([self._reduce_scatter(x).reshape(-1) for x in args[0]])
             if name == "all_reduce":
                 total = torch.zeros_like(args[0])
                 for xk in self._ranks(args[0]):

@@ -17,6 +17,7 @@ _MIB = 1 << 20
 CE_MODES = ("auto", "on", "off")
 CE_COLLECTIVE_TYPES = ("all_gather", "reduce_scatter")
 ENV_PREFIX = "CE_OVERLAP_PASS_"
+_BOOL_FIELDS = ("enabled", "verbose", "check_numerics", "keep_inductor_overlap", "pack_ce_buckets")
 
 
 def _is_number(value: Any) -> bool:
@@ -65,6 +66,11 @@ class PassConfig:
     is not listed stays on NCCL with the same buckets and order, e.g. ("all_gather",) keeps every
     reduce-scatter on NCCL."""
 
+    pack_ce_buckets: bool = False
+    """False (default): a CE bucket runs as ONE multi-tensor collective over its members' own tensors (the copy
+    engines read and write them where they lie: no kernel packs or unpacks a bucket buffer). True: packed like an
+    NCCL bucket (one copy-in kernel, one collective, copy-out kernels), for comparisons."""
+
     dump_dir: str | None = None
     """If set, every compiled graph's Plan JSON and IR JSON are written here (file names per graph,
     deterministic: <graph>-<ir hash>[-rank<r>].plan.json / .ir.json)."""
@@ -87,7 +93,7 @@ class PassConfig:
         def bad(field: str, expected: str, value: Any):
             raise CeOverlapError(f"PassConfig.{field}: expected {expected}, got {value!r}")
 
-        for field in ("enabled", "verbose", "check_numerics", "keep_inductor_overlap"):
+        for field in _BOOL_FIELDS:
             if not isinstance(getattr(self, field), bool):
                 bad(field, "True or False", getattr(self, field))
         if not _is_number(self.bucket_cap_mb) or not 0 < self.bucket_cap_mb <= (1 << 30):
@@ -176,7 +182,7 @@ class PassConfig:
 
 def _parse_env(var: str, field: str, text: str) -> Any:
     text = text.strip()
-    if field in ("enabled", "verbose", "check_numerics", "keep_inductor_overlap"):
+    if field in _BOOL_FIELDS:
         low = text.lower()
         if low in ("1", "true", "yes", "on"):
             return True

@@ -131,7 +131,8 @@ def _runtime_fingerprint() -> str:
     lib = runtime.library_loaded()
     parts = [f"lib={lib.ok}"]
     if lib.ok:
-        parts.append(f"ops={[n for n in rewrite.CE_OPS.values() if hasattr(torch.ops.ce_overlap, n)]}")
+        names = [*rewrite.CE_OPS.values(), *rewrite.CE_MANY_OPS.values()]
+        parts.append(f"ops={[n for n in names if hasattr(torch.ops.ce_overlap, n)]}")
         parts.append(f"available={runtime.available().ok}")
         parts.append(f"groups={sorted(runtime._groups)}")
     return ";".join(parts)
@@ -149,6 +150,7 @@ def register_ce_lowerings() -> None:
     (seen on torch 2.14: `buf3 = buf1; del buf1  # reuse` then mm(buf2=wait(buf1), out=buf3))."""
     from torch._inductor import ir
     from torch._inductor.lowering import add_layout_constraint, constrain_to_fx_strides, register_lowering
+    from torch.utils import _pytree as pytree
 
     def register(op):
         add_layout_constraint(op, constrain_to_fx_strides)
@@ -165,9 +167,35 @@ def register_ce_lowerings() -> None:
 
         register(packet)(lower_collective)
         _lowered.add(name)
+    # The multi-tensor ops (a whole bucket): lowered like the coalesced functional collectives.
+    for name in rewrite.CE_MANY_OPS.values():
+        if name in _lowered or not hasattr(torch.ops.ce_overlap, name):
+            continue
+        packet = getattr(torch.ops.ce_overlap, name)
+
+        def lower_many(inputs, *args, _op=packet.default):
+            inputs = [ir.ExternKernel.require_contiguous(x) for x in inputs]
+            return pytree.tree_map(ir.TensorBox.create, ir._CollectiveKernel.create_out_of_place(_op, inputs, *args))
+
+        register(packet)(lower_many)
+        _lowered.add(name)
+
+    class _CeWaitKernel(ir._WaitKernel):
+        """Inductor's wait keeps the collective's input alive until it runs ("volatile reads"), but for a
+        multi-output collective only input i for output i. A CE multi-tensor op reads every input for every
+        output (one staged stream of bytes), so each of its waits keeps ALL of the op's inputs alive: no buffer
+        of the bucket is reused while the copy engines may still read it."""
+
+        def get_volatile_reads(self):
+            inp = self.inputs[0]
+            coll = inp.inputs[0] if isinstance(inp, ir.MultiOutput) and inp.inputs else inp
+            if isinstance(coll, ir._CollectiveKernel) and not isinstance(coll, ir._WaitKernel):
+                return [x for x in coll.inputs if isinstance(x, ir.IRNode)]
+            return super().get_volatile_reads()
+
     if "wait_tensor" not in _lowered and hasattr(torch.ops.ce_overlap, "wait_tensor"):
         def lower_wait(inp):
-            ir._WaitKernel.create_wait(torch.ops.ce_overlap.wait_tensor.default, inp)
+            _CeWaitKernel.create_wait(torch.ops.ce_overlap.wait_tensor.default, inp)
             return inp
 
         register(torch.ops.ce_overlap.wait_tensor)(lower_wait)
@@ -365,7 +393,8 @@ def run_pass(graph: torch.fx.Graph, config: PassConfig | None = None, *, planner
         return refuse(f"refused the plan: {e}", ir_text, plan)
     t0 = time.perf_counter()
     results = rewrite.apply_plan(graph, checked, _backend_chooser(config, name),
-                                 check_where=name if config.check_numerics and not _capture_only.get() else None)
+                                 check_where=name if config.check_numerics and not _capture_only.get() else None,
+                                 pack_ce=config.pack_ce_buckets)
     if any(b.backend == "ce" for b in results) and not _capture_only.get():
         register_ce_lowerings()
     rewrite.check_invariants(graph)

@@ -3,7 +3,10 @@
 check_plan() verifies every rule of the Plan against the FX graph and raises PlanRuleError naming the
 rule and the node; apply_plan() then reorders the nodes to the Plan's `order` and rewrites each bucket:
 one copy-in, one collective (NCCL `_c10d_functional.*` or `ce_overlap.*`), one wait, and a copy-out
-that replaces every member wait. check_invariants() is the structural checker the pass runs on its
+that replaces every member wait. A CE bucket (unless packed on request) is instead ONE multi-tensor op,
+`ce_overlap.all_gather_into_tensors` / `reduce_scatter_tensors`, over the members' own inputs: the copy
+engines read every input and (all-gather) write every output where they lie, so it has no copy-in and
+no copy-out kernel; an all-gather has one wait per member output, a reduce-scatter one wait and views. check_invariants() is the structural checker the pass runs on its
 result (and the tests run on every rewritten graph).
 
 Layouts (G = group size, members in bucket layout order, n_i = member i's per-rank element count):
@@ -52,6 +55,12 @@ CE_OPS = {
     "all_gather": "all_gather_into_tensor",
     "reduce_scatter": "reduce_scatter_tensor",
 }
+# Its multi-tensor form: a whole bucket as one collective that reads every member's input where it lies (and, for
+# all-gathers, writes every member's output), so the bucket needs no copy-in / copy-out kernels.
+CE_MANY_OPS = {
+    "all_gather": "all_gather_into_tensors",
+    "reduce_scatter": "reduce_scatter_tensors",
+}
 
 
 class PlanRuleError(CeOverlapError):
@@ -83,8 +92,8 @@ def is_functional_collective(node: torch.fx.Node) -> bool:
 
 
 def is_ce_collective(node: torch.fx.Node) -> bool:
-    return _is_op(node, ("ce_overlap",)) and node.target._opname in set(CE_OPS.values()) | {
-        "all_gather_into_tensor_out"}
+    return _is_op(node, ("ce_overlap",)) and node.target._opname in set(CE_OPS.values()) | set(
+        CE_MANY_OPS.values()) | {"all_gather_into_tensor_out"}
 
 
 def is_wait(node: torch.fx.Node) -> bool:
@@ -493,6 +502,20 @@ def ce_op_for(ctype: str):
     return op, ""
 
 
+def ce_many_op_for(ctype: str):
+    """The runtime's multi-tensor op for a collective type, or None (then a bucket is packed into one buffer)."""
+    name = CE_MANY_OPS.get(ctype)
+    if name is None or not ce_op_for(ctype)[0]:
+        return None
+    try:
+        op = getattr(torch.ops.ce_overlap, name).default
+    except (AttributeError, RuntimeError):
+        return None
+    names = [a.name for a in op._schema.arguments]
+    return op if names and names[0] == "inputs" and set(names) <= {"inputs", "group_size", "group_name",
+                                                                    "reduce_op"} else None
+
+
 def _ce_args(op, **values) -> list:
     return [values[a.name] for a in op._schema.arguments]
 
@@ -512,7 +535,7 @@ def _add_check(build: "_Builder", graph: torch.fx.Graph, result: torch.fx.Node, 
 
 
 def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos: dict[torch.fx.Node, int],
-                    check_where: str | None = None) -> list[str]:
+                    check_where: str | None = None, pack_ce: bool = False) -> list[str]:
     members = cb.members
     first_coll = min((c.node for c in members), key=pos.__getitem__)
     first_wait = min(cb.waits, key=pos.__getitem__)
@@ -533,15 +556,34 @@ def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos:
         outs = [wait]
         if check_where is not None:
             _add_check(build, graph, wait, x, cb, check_where)
+    elif ce and not pack_ce and ce_many_op_for(cb.type) is not None:  # one multi-tensor CE op: no copy kernels
+        op = ce_many_op_for(cb.type)
+        with graph.inserting_before(first_coll):
+            ins = [build.contiguous(c.input, f"in{i}") for i, c in enumerate(members)]
+            coll = build(op, _ce_args(op, inputs=ins, reduce_op=c0.reduce_op_arg, group_size=g,
+                                      group_name=str(c0.group_name)), name=cb.type)
+        if cb.type == "all_gather":
+            with graph.inserting_before(first_wait):
+                outs = [build(wait_op, [build(operator.getitem, [coll, i], name=f"part{i}")], name=f"wait{i}")
+                        for i in range(len(members))]
+            if check_where is not None:
+                for out, x in zip(outs, ins):
+                    _add_check(build, graph, out, x, cb, check_where)
+        else:
+            with graph.inserting_before(first_wait):
+                # The check compares with torch.distributed on the packed bucket (check mode only).
+                buf = _pack_reduce_scatter(build, members, g, ins) if check_where is not None else None
+                wait = build(wait_op, [coll], name="wait")
+                outs = _scattered_views(build, wait, members, g)
+            if check_where is not None:
+                _add_check(build, graph, wait, buf, cb, check_where)
     else:
         vals = [c.input.meta["val"] for c in members]
         numels = [int(v.numel()) for v in vals]
         with graph.inserting_before(first_coll):
             if cb.type == "reduce_scatter":
-                parts = [build(aten.view.default, [build.contiguous(c.input, f"in{i}"), [g, n // g]], name=f"in{i}")
-                         for i, (c, n) in enumerate(zip(members, numels))]
-                cat = build(aten.cat.default, [parts, 1], name="cat")
-                buf = build(aten.view.default, [cat, [sum(numels)]], name="buf")
+                buf = _pack_reduce_scatter(build, members, g, [build.contiguous(c.input, f"in{i}")
+                                                              for i, c in enumerate(members)])
             else:
                 parts = [build(aten.view.default, [build.contiguous(c.input, f"in{i}"), [n]], name=f"in{i}")
                          for i, (c, n) in enumerate(zip(members, numels))]
@@ -570,14 +612,14 @@ def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos:
                     dense = build(aten.clone.default, [sl], {"memory_format": torch.contiguous_format}, f"copy{i}")
                     outs.append(build(aten.view.default, [dense, [g * v.shape[0], *v.shape[1:]]], name=f"out{i}"))
                     off += n
+            elif cb.type == "reduce_scatter":
+                outs = _scattered_views(build, wait, members, g)
             else:
                 off = 0
                 for i, (v, n) in enumerate(zip(vals, numels)):
-                    shape = [v.shape[0] // g, *v.shape[1:]] if cb.type == "reduce_scatter" else list(v.shape)
-                    m = n // g if cb.type == "reduce_scatter" else n
-                    sl = build(aten.slice.Tensor, [wait, 0, off, off + m], name=f"slice{i}")
-                    outs.append(build(aten.view.default, [sl, shape], name=f"out{i}"))
-                    off += m
+                    sl = build(aten.slice.Tensor, [wait, 0, off, off + n], name=f"slice{i}")
+                    outs.append(build(aten.view.default, [sl, list(v.shape)], name=f"out{i}"))
+                    off += n
     for w, out in zip(cb.waits, outs):
         want = w.meta.get("val")
         got = out.meta["val"]
@@ -594,15 +636,36 @@ def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos:
     return [n.name for n in build.created]
 
 
+def _pack_reduce_scatter(build: "_Builder", members: list, g: int, ins: list[torch.fx.Node]) -> torch.fx.Node:
+    """The packed input of a merged reduce-scatter: rank p's chunk is every member's chunk p, in member order."""
+    numels = [int(c.input.meta["val"].numel()) for c in members]
+    parts = [build(aten.view.default, [x, [g, n // g]], name=f"in{i}") for i, (x, n) in enumerate(zip(ins, numels))]
+    cat = build(aten.cat.default, [parts, 1], name="cat")
+    return build(aten.view.default, [cat, [sum(numels)]], name="buf")
+
+
+def _scattered_views(build: "_Builder", wait: torch.fx.Node, members: list, g: int) -> list[torch.fx.Node]:
+    """Each member's reduce-scattered result: a view of the bucket's output (the members' chunks, concatenated)."""
+    outs, off = [], 0
+    for i, c in enumerate(members):
+        v = c.input.meta["val"]
+        m = int(v.numel()) // g
+        sl = build(aten.slice.Tensor, [wait, 0, off, off + m], name=f"slice{i}")
+        outs.append(build(aten.view.default, [sl, [v.shape[0] // g, *v.shape[1:]]], name=f"out{i}"))
+        off += m
+    return outs
+
+
 BackendChooser = Callable[[CheckedBucket], "tuple[str, str]"]
 
 
 def apply_plan(graph: torch.fx.Graph, checked: CheckedPlan, choose_backend: BackendChooser | None = None,
-               check_where: str | None = None) -> list[BucketResult]:
+               check_where: str | None = None, pack_ce: bool = False) -> list[BucketResult]:
     """Reorders `graph` to the checked plan's order and rewrites its buckets. `choose_backend(bucket)`
     returns the backend to use and why (default: the plan's backend); "ce" needs the CE op. With
     `check_where` (a label such as the graph's name), every CE bucket gets a first-call comparison against
-    torch.distributed (fx/check.py)."""
+    torch.distributed (fx/check.py). `pack_ce`: CE buckets are packed into one buffer like NCCL buckets
+    instead of running as one multi-tensor op (PassConfig.pack_ce_buckets)."""
     reorder(graph, checked.order)
     pos = {n: i for i, n in enumerate(checked.order)}
     results = []
@@ -614,7 +677,7 @@ def apply_plan(graph: torch.fx.Graph, checked: CheckedPlan, choose_backend: Back
                 backend, reason = "nccl", f"nccl: {why}"
         nodes: list[str] = []
         if len(cb.members) > 1 or backend == "ce":
-            nodes = _rewrite_bucket(graph, cb, backend, pos, check_where if backend == "ce" else None)
+            nodes = _rewrite_bucket(graph, cb, backend, pos, check_where if backend == "ce" else None, pack_ce)
         results.append(BucketResult(id=cb.id, type=cb.type, members=len(cb.members), bytes=int(cb.raw["bytes"]),
                                     planned_backend=cb.backend, backend=backend, reason=reason, nodes=nodes))
     graph.lint()
