@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One-shot device run of the CE runtime, from the repo root on the GPU box (no network there): build (with the
 # runtime ON), the runtime's GPU tests, the probe (bench/ce_probe.py: same-GPU copies on copy engines? all-gather
-# pull vs push), bench/collectives.py (all-gather, reduce-scatter, all-to-all, broadcast), bench/p2p.py (send / recv),
-# bench/overlap.py, the CPU tests, then compute-sanitizer (memcheck, racecheck, synccheck). Opt-in stage `faults`:
-# every fault of RELIABILITY.md 20 times (bench/fault_repeats.py, ~250 s). On a 1-GPU box the GPU tests, faults and
-# sanitizers run with the ranks sharing the GPU; the benchmarks need two GPUs.
+# pull vs push), the pass's GPU check (tests/pass_gpu), bench/collectives.py (all-gather, reduce-scatter,
+# all-to-all, broadcast), bench/p2p.py (send / recv), bench/overlap.py, the CPU tests, then compute-sanitizer
+# (memcheck, racecheck, synccheck). Opt-in stage `faults`: every fault of RELIABILITY.md 20 times
+# (bench/fault_repeats.py, ~250 s). On a 1-GPU box the GPU tests, the pass check, faults and sanitizers run with
+# the ranks sharing the GPU; the benchmarks need two GPUs.
 # Every stage logs to $OUT/<stage>.log (JSON results next to them) and has its own timeout under one global
 # deadline, so a failed or stuck stage never keeps the later ones from running; $OUT/summary.txt lists each
 # stage's exit code and duration. One device call may run 10 minutes: the default budget is 540 s. Measured on one
@@ -19,7 +20,7 @@ set -o pipefail
 cd "$(dirname "$0")/.."
 
 BUDGET_S=${CE_DEVICE_BUDGET_S:-540}
-STAGES=${CE_DEVICE_STAGES:-probe gpu_tests collectives p2p overlap cpu_tests sanitizer}
+STAGES=${CE_DEVICE_STAGES:-probe gpu_tests pass_gpu collectives p2p overlap cpu_tests sanitizer}
 source bench/_device_lib.sh
 
 want() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -38,7 +39,7 @@ sanitize() {
       CE_TEST_SHARED_GPU=$shared CE_OVERLAP_POOL_MB=128 CE_OVERLAP_STAGING_MB=1 CE_OVERLAP_P2P_MB=1 \
       CE_OVERLAP_TIMEOUT_S=120 CE_TEST_STEP_DEADLINE_S=300 \
       "$cs" --tool "$tool" --error-exitcode 99 --print-limit 20 --log-file "$OUT/sanitizer-$tool-rank$r.log" \
-      "$PY" tests/runtime/gpu_worker.py "$modes" --cases 60 --rs-cases 36 --a2a-cases 60 --p2p-cases 60 &
+      "$PY" tests/runtime/gpu_worker.py "$modes" --cases 60 --rs-cases 36 --parts-cases 30 --a2a-cases 60 --p2p-cases 60 &
     pids+=($!)
   done
   for r in 0 1; do wait "${pids[$r]}" || rc=$?; done
@@ -54,6 +55,11 @@ stage build 150 build
 want probe && stage probe 100 torchrun2 bench/ce_probe.py --out "$OUT/ce_probe.json"
 # GPU tests: 2 torchrun launches (collectives vs NCCL + symmetric allocation; timeouts + mismatches).
 want gpu_tests && stage gpu_tests ${CE_DEVICE_GPU_TESTS_S:-420} env CE_OVERLAP_REQUIRE_GPU_TESTS=1 "$PY" -m pytest tests/runtime/test_runtime_gpu.py -v -s -rs
+# The pass on real Inductor code and the runtime (tests/pass_gpu/run_pass_gpu.py): on 2 GPUs every variant against
+# NCCL; on one GPU (ranks share it, gloo) the all-CE variants, multi-tensor CE buckets vs packed ones bit for bit.
+want pass_gpu && stage pass_gpu ${CE_DEVICE_PASS_S:-240} torchrun2 tests/pass_gpu/run_pass_gpu.py \
+  --models "${CE_DEVICE_PASS_MODELS:-llama3-tiny,llama3-1b}" ${CE_DEVICE_PASS_VARIANTS:+--variants "$CE_DEVICE_PASS_VARIANTS"} \
+  --out "$OUT/pass_gpu.json"
 # all-gather (7 variants), reduce-scatter (4), all-to-all (3), broadcast (3), 64 KiB .. 1 GiB per rank.
 want collectives && stage collectives 120 torchrun2 bench/collectives.py --out "$OUT/collectives.json"
 # send / recv: NCCL, CE staged, CE direct; one way and exchange, 64 KiB .. 1 GiB.
@@ -65,9 +71,10 @@ want cpu_tests && stage cpu_tests 60 "$PY" -m pytest tests/runtime/test_runtime_
 want faults && stage faults ${CE_DEVICE_FAULTS_S:-300} "$PY" bench/fault_repeats.py --repeats "${CE_DEVICE_FAULT_REPEATS:-20}" \
   --parallel 6 --out "$OUT/faults.json"
 # compute-sanitizer over the GPU worker (fewer cases: everything runs ~10-100x slower under it). memcheck: every
-# collective; racecheck and synccheck: the reduce-scatter, whose reduction is the runtime's only kernel.
-want sanitizer && stage memcheck ${CE_DEVICE_MEMCHECK_S:-240} sanitize memcheck correctness,a2a_bcast,p2p,reduce_scatter
-want sanitizer && stage racecheck 150 sanitize racecheck reduce_scatter
+# collective; racecheck and synccheck: the reduce-scatters (one- and multi-tensor), whose reduction is the runtime's
+# only kernel.
+want sanitizer && stage memcheck ${CE_DEVICE_MEMCHECK_S:-240} sanitize memcheck correctness,a2a_bcast,p2p,reduce_scatter,parts
+want sanitizer && stage racecheck 150 sanitize racecheck reduce_scatter,parts
 want sanitizer && stage synccheck 150 sanitize synccheck reduce_scatter
 
 summary "ce_overlap runtime device run"

@@ -11,7 +11,10 @@ synthetic tokens per rank and step) is compiled in these variants, one after ano
   pass-nccl        the pass with ce="off": our bucketing and reordering, NCCL only
   pass-on-nccl     the pass with ce="on" but ce_collectives=(): the CE plan's buckets and order, all on NCCL
   pass-ce-ag       ce="on", ce_collectives=("all_gather",): all-gathers on the CE runtime, reduce-scatters NCCL
-  pass-ce-all      ce="on": all-gathers and reduce-scatters on CE (where the runtime has the op)
+  pass-ce-all      ce="on": all-gathers and reduce-scatters on CE (where the runtime has the op); a bucket of
+                   several members is one multi-tensor CE op over the members' own tensors
+  pass-ce-packed   pass-ce-all with pack_ce_buckets=True: the same buckets packed into one buffer (copy-in and
+                   copy-out kernels) around the one-tensor CE ops
   pass-no-runtime  ce="on" with the CE runtime made unavailable (ce_overlap.runtime.library_loaded patched
                    to fail, as when _runtime.so is missing): the pass must keep NCCL and say so once
 
@@ -23,8 +26,18 @@ Checks (PASS/FAIL table on rank 0, exit code 1 if any fails):
     and parameters are bit-identical to pass-on-nccl (same buckets and order; a CE all-gather copies bytes);
   * pass-ce-all moved reduce-scatter buckets to CE (or logged why not) and matches pass-on-nccl within
     tolerance (the reduction runs in a different kernel);
+  * pass-ce-packed: the same CE buckets as pass-ce-all, and bit-identical to it (a multi-tensor CE op moves and
+    reduces exactly the bytes of the packed one: the reduction sums each element over the ranks in rank order
+    either way);
   * pass-no-runtime has no CE op, logged "CE runtime unavailable (...): keeping NCCL" exactly once, and
     is bit-identical to pass-on-nccl.
+A check whose reference variant was not asked for is skipped (said in the log), not failed.
+
+One GPU (--shared-gpu, or CE_TEST_SHARED_GPU=1): every rank on GPU 0 over gloo (NCCL refuses two ranks on one GPU).
+Only the variants that put every collective on CE can run there (gloo's in-graph collectives on CUDA tensors do not
+work in torch 2.11), so the default variants are pass-ce-all,pass-ce-packed: real CUDA, real Inductor code, the
+runtime's IPC copies and reduction kernel; no NVLink and no NCCL reference.
+
 Tolerance: |loss - ref| <= 1e-3 * max(1, |ref|); per-tensor relative L2 error <= 1e-2 for gradients and
 1e-3 for parameters. Deterministic algorithms are on (torch.use_deterministic_algorithms,
 CUBLAS_WORKSPACE_CONFIG, Inductor deterministic): without them attention backward is nondeterministic and
@@ -64,8 +77,12 @@ VARIANTS = {
     "pass-on-nccl": dict(ce="on", ce_collectives=()),
     "pass-ce-ag": dict(ce="on", ce_collectives=("all_gather",)),
     "pass-ce-all": dict(ce="on"),
+    "pass-ce-packed": dict(ce="on", pack_ce_buckets=True),
     "pass-no-runtime": dict(ce="on"),
 }
+# Variants that run every collective on CE (the only ones a shared GPU can run: no NCCL there).
+ALL_CE = ("pass-ce-all", "pass-ce-packed")
+SHARED_GPU = os.environ.get("CE_TEST_SHARED_GPU") == "1"
 LOSS_TOL, GRAD_TOL, PARAM_TOL = 1e-3, 1e-2, 1e-3
 
 
@@ -181,21 +198,24 @@ def compare(x: dict, ref: dict) -> dict:
     identical = float(all(a == b for a, b in zip(x["losses"], ref["losses"]))
                       and all(torch.equal(a, b) for ga, gb in zip(x["grads"], ref["grads"]) for a, b in zip(ga, gb))
                       and all(torch.equal(a, b) for a, b in zip(x["params"], ref["params"])))
-    t = torch.tensor([loss_err, grad_err, param_err, 1.0 - identical], dtype=torch.float64, device="cuda")
+    t = torch.tensor([loss_err, grad_err, param_err, 1.0 - identical], dtype=torch.float64,
+                     device="cpu" if SHARED_GPU else "cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return {"loss_err": t[0].item(), "grad_err": t[1].item(), "param_err": t[2].item(), "identical": t[3].item() == 0}
 
 
 def ce_counts(res: dict) -> dict:
-    counts = {"all_gather": 0, "reduce_scatter": 0}
+    counts = {"all_gather": 0, "reduce_scatter": 0, "multi_member": 0}
     for r in res["reports"]:
         for b in r["buckets"]:
             if b["backend"] == "ce" and b["type"] in counts:
                 counts[b["type"]] += 1
+                counts["multi_member"] += b["members"] > 1
     return counts
 
 
 def main(argv=None) -> int:
+    global SHARED_GPU
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="llama3-tiny,llama3-1b")
     p.add_argument("--variants", default=",".join(VARIANTS), help="subset of: " + ", ".join(VARIANTS))
@@ -206,12 +226,26 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--bucket-cap-mb", type=float, default=4096.0)
     p.add_argument("--verbose", action="store_true", help="log every bucket decision")
+    p.add_argument("--shared-gpu", action="store_true", default=SHARED_GPU,
+                   help="every rank on GPU 0 over gloo (default: CE_TEST_SHARED_GPU=1, or more local ranks than GPUs); "
+                        "all-CE variants only")
     p.add_argument("--out", default=None, help="JSON results (default: $OUT/pass_gpu.json when OUT is set)")
     args = p.parse_args(argv)
 
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank), timeout=timedelta(seconds=600))
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    SHARED_GPU = args.shared_gpu or ranks_here > torch.cuda.device_count()  # more ranks than GPUs: share GPU 0
+    if SHARED_GPU:
+        if args.variants == ",".join(VARIANTS):
+            args.variants = ",".join(ALL_CE)
+        needs_nccl = [v for v in args.variants.split(",") if v and v not in ALL_CE]
+        if needs_nccl:
+            raise SystemExit(f"--shared-gpu runs only the all-CE variants {list(ALL_CE)}; {needs_nccl} need NCCL")
+        torch.cuda.set_device(0)
+        dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    else:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank), timeout=timedelta(seconds=600))
     # Bit-exact comparisons need a deterministic step: cuDNN and flash attention backward are
     # nondeterministic unless deterministic algorithms are on without warn_only.
     torch.use_deterministic_algorithms(True)
@@ -224,11 +258,12 @@ def main(argv=None) -> int:
             logging.getLogger("ce_overlap").setLevel(logging.INFO)
 
     avail = rt.available()
-    log0(f"torch {torch.__version__}, {dist.get_world_size()} x {torch.cuda.get_device_name()}, "
-         f"CE runtime: {avail.reason}")
+    log0(f"torch {torch.__version__}, {dist.get_world_size()} ranks on "
+         f"{'one shared ' if SHARED_GPU else ''}{torch.cuda.get_device_name()}, CE runtime: {avail.reason}")
     if avail:
         rt.rendezvous(dist.group.WORLD)  # CE ops need the group's pool before the first compiled step
-        ops = [n for n in ("all_gather_into_tensor", "reduce_scatter_tensor") if hasattr(torch.ops.ce_overlap, n)]
+        ops = [n for n in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_gather_into_tensors",
+                           "reduce_scatter_tensors") if hasattr(torch.ops.ce_overlap, n)]
         log0(f"CE ops: {ops}")
 
     variants = [v for v in args.variants.split(",") if v]
@@ -237,7 +272,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"unknown variants {unknown}; known: {list(VARIANTS)}")
     rows: list[dict] = []
     results: dict = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
-                     "world_size": dist.get_world_size(), "runtime": avail.reason, "models": {}}
+                     "world_size": dist.get_world_size(), "shared_gpu": SHARED_GPU, "runtime": avail.reason,
+                     "models": {}}
 
     def check(model: str, name: str, ok: bool, detail: str) -> None:
         rows.append({"model": model, "check": name, "ok": bool(ok), "detail": detail})
@@ -274,6 +310,9 @@ def main(argv=None) -> int:
                       graphs == ["backward", "forward"] and not refused, f"rewritten: {graphs}" + (f"; refused: {refused}" if refused else ""))
 
             def against(ref: str, name: str, exact: bool):
+                if ref not in variants:
+                    log0(f"  skipped  {name}: reference {ref} not asked for")
+                    return
                 if ref not in ran:
                     check(model, name, False, f"reference {ref} did not run")
                     return
@@ -297,6 +336,13 @@ def main(argv=None) -> int:
                 check(model, "pass-ce-all: reduce-scatters on CE (or the reason they are not)",
                       counts["reduce_scatter"] > 0 if rs_op else bool(why), f"CE buckets {counts}; {why or ''}")
                 against("pass-on-nccl", "pass-ce-all matches pass-on-nccl (tolerance)", exact=False)
+            elif v == "pass-ce-packed":
+                if "pass-ce-all" in ran:
+                    same = summary["pass-ce-all"]["ce_buckets"] == counts
+                    check(model, "pass-ce-packed: the same CE buckets as pass-ce-all", same and counts["multi_member"] > 0,
+                          f"CE buckets {counts} vs {summary['pass-ce-all']['ce_buckets']}")
+                against("pass-ce-all", "pass-ce-packed bit-identical to pass-ce-all (multi-tensor vs packed)",
+                        exact=True)
             elif v == "pass-no-runtime":
                 unavailable = [m for m in res["messages"] if "CE runtime unavailable" in m]
                 check(model, "pass-no-runtime: NCCL only, said so once",
@@ -305,7 +351,7 @@ def main(argv=None) -> int:
                 against("pass-on-nccl", "pass-no-runtime bit-identical to pass-on-nccl", exact=True)
             if v == "pass-on-nccl":
                 ran.pop("inductor", None)  # keep at most two runs' tensors in GPU memory
-            if v in ("pass-nccl",):
+            if v in ("pass-nccl", "pass-ce-packed"):
                 ran.pop(v, None)
         results["models"][model] = summary
         ran.clear()
