@@ -21,6 +21,18 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // Traffic is never charged more than this share of the achievable HBM bandwidth: the sharing
 // formula R / (H - R) would diverge at R = H.
 constexpr double kMaxHbmShare = 0.9;
+// The CE reduce-scatter's round: at most this many bytes of every chunk, and one staging bank's slot for each of
+// the n - 1 senders (the runtime's defaults: CE_OVERLAP_RS_ROUND_MB = 32, a 256 MiB staging region in 2 banks;
+// docs/runtime.md).
+constexpr double kCeReduceRoundBytes = 32.0 * 1024 * 1024;
+constexpr double kCeStagingBankBytes = 128.0 * 1024 * 1024;
+
+// Time the CE reduction kernel runs in an estimate (the phases that hold it).
+double reduction_us(const CollectiveEstimate& e) {
+  double us = 0;
+  for (const CollectivePhase& ph : e.phases) us += ph.reduction ? ph.us : 0.0;
+  return us;
+}
 
 double us_for(double bytes, double gbps) { return bytes / (gbps * 1e3); }
 
@@ -327,11 +339,33 @@ CollectiveEstimate CostModel::ce_estimate(const CollectiveInfo& c) const {
       e.algorithm = "ce/pull";
       add(pull_all(bytes / n));
       break;
-    case CollectiveType::ReduceScatter:
+    case CollectiveType::ReduceScatter: {
+      // The runtime moves rounds of at most kCeReduceRoundBytes per chunk, reducing round k (reduce stream) while
+      // the copies of round k+1 run: a two-stage pipeline of R rounds, copy c and reduction d per round.
       e.algorithm = "ce/a2a+reduce";
-      add(pull_all(bytes / n));
-      add(reduce(bytes / n));
+      const double chunk = bytes / n;
+      const double round_bytes = std::min(kCeReduceRoundBytes, kCeStagingBankBytes / (n - 1));
+      const double rounds = std::max(1.0, std::ceil(chunk / round_bytes));
+      const auto [copy_latency, copy_all] = pull_all(chunk / rounds);
+      const auto [reduce_latency, reduce_all] = reduce(chunk / rounds);
+      // Per round: the copies (with their per-copy latency) and one reduction launch; the op's signalling once.
+      const double c_us = copy_all.us - ce.signal_latency_us, d_us = reduce_all.us;
+      const double copy_rate = copy_all.hbm_bytes / c_us, reduce_rate = reduce_all.hbm_bytes / d_us;
+      // Copies alone, copies beside the reduction, then the reduction alone (sums to R max(c, d) + min(c, d)).
+      const double both_us = (rounds - 1) * std::min(c_us, d_us);
+      const double copy_alone_us = ce.signal_latency_us + (c_us >= d_us ? rounds * c_us - both_us : c_us);
+      const double reduce_alone_us = c_us >= d_us ? d_us : rounds * d_us - both_us;
+      e.latency_us = copy_latency + reduce_latency;
+      e.us = copy_alone_us + both_us + reduce_alone_us;
+      e.phases.push_back(CollectivePhase{copy_alone_us, 0, copy_rate * copy_alone_us});
+      if (both_us > 0) {
+        e.phases.push_back(CollectivePhase{both_us, ce.reduce_sms, (copy_rate + reduce_rate) * both_us, true,
+                                           reduce_rate * both_us});
+      }
+      e.phases.push_back(CollectivePhase{reduce_alone_us, ce.reduce_sms, reduce_rate * reduce_alone_us, true,
+                                         reduce_rate * reduce_alone_us});
       break;
+    }
     case CollectiveType::AllReduce:
       e.algorithm = "ce/a2a+reduce+pull";
       add(pull_all(bytes / n));
@@ -389,14 +423,24 @@ double CostModel::collective_us(const CollectiveInfo& c) const { return estimate
 
 Slowdown CostModel::slowdown_beside(const CollectivePhase& phase) const {
   if (phase.us <= 0) return {};
-  const double sms = profile_.gpu.sms;
-  const double sm_term = phase.sms / (sms - phase.sms);  // validation keeps phase.sms < sms
-  const double hbm = profile_.gpu.hbm_gbps * profile_.efficiency.memory;
-  const double rate_gbps = std::min(phase.hbm_bytes / phase.us / 1e3, kMaxHbmShare * hbm);
-  const double hbm_term = rate_gbps / (hbm - rate_gbps);
   const ContentionSpec& con = profile_.contention;
-  return {con.compute_bound.sm_sensitivity * sm_term + con.compute_bound.hbm_sensitivity * hbm_term,
-          con.memory_bound.sm_sensitivity * sm_term + con.memory_bound.hbm_sensitivity * hbm_term};
+  // A measured reduction kernel stands for itself: only the rest of the phase's traffic (copies) goes through the
+  // formula below, with no SMs taken.
+  const bool measured_reduction = phase.reduction && con.ce_reduction.has_value();
+  const int sms_taken = measured_reduction ? 0 : phase.sms;
+  const double bytes = measured_reduction ? phase.hbm_bytes - phase.reduction_hbm_bytes : phase.hbm_bytes;
+  const double sms = profile_.gpu.sms;
+  const double sm_term = sms_taken / (sms - sms_taken);  // validation keeps phase.sms < sms
+  const double hbm = profile_.gpu.hbm_gbps * profile_.efficiency.memory;
+  const double rate_gbps = std::min(std::max(0.0, bytes) / phase.us / 1e3, kMaxHbmShare * hbm);
+  const double hbm_term = rate_gbps / (hbm - rate_gbps);
+  Slowdown s{con.compute_bound.sm_sensitivity * sm_term + con.compute_bound.hbm_sensitivity * hbm_term,
+             con.memory_bound.sm_sensitivity * sm_term + con.memory_bound.hbm_sensitivity * hbm_term};
+  if (measured_reduction) {
+    s.compute_bound += con.ce_reduction->compute_bound;
+    s.memory_bound += con.ce_reduction->memory_bound;
+  }
+  return s;
 }
 
 BackendCost CostModel::cost(const CollectiveInfo& c, Backend backend, const OverlapWindow& window) const {
@@ -489,11 +533,11 @@ Decision CostModel::decide(const CollectiveInfo& c, const OverlapWindow& window)
   const CollectiveEstimate& ce_est = ce.estimate;
   if (ce_est.latency_us >= 0.5 * ce_est.us) {
     d.reason = "nccl: " + size + " is latency-bound; CE per-copy latency loses";
-  } else if (reduces(c.type) && ce_est.phases.size() >= 2 && ce_est.phases[1].us >= saved) {
+  } else if (reduces(c.type) && reduction_us(ce_est) > 0 && reduction_us(ce_est) >= saved) {
     std::string type = to_string(c.type);
     std::replace(type.begin(), type.end(), '_', '-');
     d.reason = "nccl: saves " + format_us(saved) + " (CE " + type + " adds a " +
-               std::to_string(profile_.ce.reduce_sms) + "-SM reduction kernel of " + format_us(ce_est.phases[1].us) +
+               std::to_string(profile_.ce.reduce_sms) + "-SM reduction kernel of " + format_us(reduction_us(ce_est)) +
                ")";
   } else if (ce.slowdown_us - nccl.slowdown_us > nccl.exposed_us - ce.exposed_us && ce.slowdown_us > nccl.slowdown_us) {
     d.reason = "nccl: saves " + format_us(saved) + " (CE traffic " + slows(ce) + ")";

@@ -12,12 +12,18 @@
 
 namespace ce_overlap {
 
-// A stretch of a collective with steady resource use: a CE reduce-scatter is a copy phase (no SMs)
-// followed by a reduction kernel (reduce_sms SMs).
+// A stretch of a collective with steady resource use. A CE reduce-scatter pipelines its rounds (the runtime
+// reduces round k while the copies of round k+1 run): copies alone, copies beside the reduction kernel
+// (reduce_sms SMs), then the last reduction alone.
 struct CollectivePhase {
   double us = 0;
   int sms = 0;           // SMs it holds
   double hbm_bytes = 0;  // bytes it moves through this GPU's HBM (reads + writes)
+  // The CE reduction kernel runs throughout the phase; reduction_hbm_bytes of hbm_bytes are its own traffic.
+  // With contention.ce_reduction in the profile, its measured slowdown prices the kernel instead of the SM/HBM
+  // formula (which charges its CTAs as SMs taken away).
+  bool reduction = false;
+  double reduction_hbm_bytes = 0;
 };
 
 struct CollectiveEstimate {

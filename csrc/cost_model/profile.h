@@ -113,11 +113,22 @@ struct CollectiveSensitivity {
   double memory_bound = 0;
 };
 
+// Measured fractional slowdown of compute-bound / memory-bound kernels while some other kernel runs beside them.
+struct KernelClassSlowdown {
+  double compute_bound = 0;
+  double memory_bound = 0;
+};
+
 struct ContentionSpec {
   KernelSensitivity compute_bound;
   KernelSensitivity memory_bound;
   CollectiveSensitivity nccl_beside_compute;
   CollectiveSensitivity ce_beside_compute;
+  // Optional: the CE reduction kernel (ce.reduce_sms CTAs, running non-stop) beside each kernel class, measured
+  // (bench/ce_probe.py (d), ce-overlap calibrate). Its CTAs share SMs with the kernels beside rather than taking
+  // them, so the SM/HBM formula, which is used without this, overcharges it (one H200: GEMM +10% measured at
+  // 8..32 CTAs, +42% by the formula at 32).
+  std::optional<KernelClassSlowdown> ce_reduction;
 };
 
 enum class Backend { Nccl, Ce };

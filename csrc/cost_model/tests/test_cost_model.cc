@@ -266,6 +266,66 @@ TEST(CostModel, CeFormulaPerType) {
   EXPECT_EQ(rs.algorithm, "ce/a2a+reduce");
 }
 
+TEST(CostModel, CeReduceScatterPipelinesItsRounds) {
+  // 4 ranks, 1 GiB in: 256 MiB chunks in 8 rounds of 32 MiB. Per round: copies c = 2 + 3 x 32 MiB at 50 GB/s,
+  // reduction d = 5 + 5 x 32 MiB at 10 SMs x 10 GB/s. The runtime reduces round k beside the copies of k+1.
+  Profile p = round_profile();
+  const double b = 1024.0 * kMiB, r = 32.0 * kMiB;
+  const double c = 2 + 3 * r / 50e3, d = 5 + 5 * r / 100e3;
+  ASSERT_GT(c, d);  // copy-bound
+  CollectiveEstimate rs = CostModel(p).estimate(coll(CollectiveType::ReduceScatter, 4, static_cast<int64_t>(b)),
+                                                Backend::Ce);
+  EXPECT_NEAR(rs.us, 10 + 8 * c + d, 1e-6);  // not 10 + 8c + 8d: only the last reduction is exposed
+  ASSERT_EQ(rs.phases.size(), 3u);
+  EXPECT_NEAR(rs.phases[0].us, 10 + 8 * c - 7 * d, 1e-6);  // copies alone
+  EXPECT_EQ(rs.phases[0].sms, 0);
+  EXPECT_FALSE(rs.phases[0].reduction);
+  EXPECT_NEAR(rs.phases[1].us, 7 * d, 1e-6);  // copies beside the reduction
+  EXPECT_TRUE(rs.phases[1].reduction);
+  EXPECT_EQ(rs.phases[1].sms, 10);
+  EXPECT_NEAR(rs.phases[1].reduction_hbm_bytes, 7 * 5 * r, 1e-3);
+  EXPECT_NEAR(rs.phases[1].hbm_bytes - rs.phases[1].reduction_hbm_bytes, 7 * d / c * 2 * 3 * r, 1e-3);
+  EXPECT_NEAR(rs.phases[2].us, d, 1e-6);  // the last reduction alone
+  EXPECT_NEAR(rs.phases[2].hbm_bytes, 5 * r, 1e-3);
+
+  // A slow reduction (10 SMs x 2 GB/s) bounds it instead: the first copies, then one reduction after another.
+  p.ce.reduce_gbps_per_sm = 2;
+  const double slow_d = 5 + 5 * r / 20e3;
+  CollectiveEstimate slow = CostModel(p).estimate(coll(CollectiveType::ReduceScatter, 4, static_cast<int64_t>(b)),
+                                                  Backend::Ce);
+  EXPECT_NEAR(slow.us, 10 + c + 8 * slow_d, 1e-6);
+  EXPECT_NEAR(slow.phases[1].us, 7 * c, 1e-6);
+  EXPECT_NEAR(slow.phases[2].us, 8 * slow_d - 7 * c, 1e-6);
+}
+
+TEST(CostModel, MeasuredReductionKernelContentionReplacesTheSmFormula) {
+  Profile p = round_profile();
+  const CollectiveInfo rs = coll(CollectiveType::ReduceScatter, 4, static_cast<int64_t>(1024.0 * kMiB));
+  const CollectiveEstimate e = CostModel(p).estimate(rs, Backend::Ce);
+  const CollectivePhase& both = e.phases.at(1);
+  const CollectivePhase& alone = e.phases.at(2);
+  auto hbm_term = [](double bytes, double us) {
+    const double rate = bytes / us / 1e3;
+    return rate / (1000 - rate);
+  };
+  // Without a measurement: the kernel's 10 CTAs count as 10 of 100 SMs taken, plus all of the phase's traffic.
+  const Slowdown formula = CostModel(p).slowdown_beside(alone);
+  EXPECT_NEAR(formula.compute_bound, 10.0 / 90 + 0.1 * hbm_term(alone.hbm_bytes, alone.us), 1e-9);
+  // Measured: the kernel costs what was measured; the copies' traffic beside it still goes through the formula.
+  p.contention.ce_reduction = KernelClassSlowdown{0.08, 0.5};
+  CostModel m(p);
+  const Slowdown s_alone = m.slowdown_beside(alone);
+  EXPECT_NEAR(s_alone.compute_bound, 0.08, 1e-9);
+  EXPECT_NEAR(s_alone.memory_bound, 0.5, 1e-9);
+  const Slowdown s_both = m.slowdown_beside(both);
+  const double copies = hbm_term(both.hbm_bytes - both.reduction_hbm_bytes, both.us);
+  EXPECT_NEAR(s_both.compute_bound, 0.08 + 0.1 * copies, 1e-9);
+  EXPECT_NEAR(s_both.memory_bound, 0.5 + 1.0 * copies, 1e-9);
+  // Phases without the kernel are unchanged.
+  EXPECT_DOUBLE_EQ(m.slowdown_beside(e.phases.at(0)).compute_bound,
+                   CostModel(round_profile()).slowdown_beside(e.phases.at(0)).compute_bound);
+}
+
 TEST(CostModel, CeLimitedByEnginesAndSlowPairs) {
   Profile p = round_profile();
   p.gpu.copy_engines = 1;
@@ -386,7 +446,14 @@ TEST(CostModel, LatencyAndBandwidthBound) {
       switch (t) {
         case CollectiveType::AllGather: bandwidth_us = h / (both * 1e3); break;
         case CollectiveType::AllToAll: bandwidth_us = h / 2 / (both * 1e3); break;
-        case CollectiveType::ReduceScatter: bandwidth_us = h / 2 / (both * 1e3) + 1.5 * h / (reduce * 1e3); break;
+        case CollectiveType::ReduceScatter: {
+          // Rounds of 32 MiB per chunk, the reduction of one beside the copies of the next: the slower stage
+          // (with its per-round copy latency or reduction launch) bounds it, not their sum.
+          const double rounds = std::ceil(h / 2 / (32.0 * 1024 * 1024));
+          bandwidth_us = std::max(h / 2 / (both * 1e3) + rounds * p.ce.copy_latency_us,
+                                  1.5 * h / (reduce * 1e3) + rounds * p.efficiency.kernel_launch_us);
+          break;
+        }
         case CollectiveType::AllReduce: bandwidth_us = h / (both * 1e3) + 1.5 * h / (reduce * 1e3); break;
         default: bandwidth_us = h / (one * 1e3); break;
       }

@@ -380,5 +380,27 @@ TEST(Profile, CostModelRejectsInvalidProfileBuiltInMemory) {
   EXPECT_THROW(CostModel{p}, IrError);
 }
 
+TEST(Profile, OptionalReductionKernelContention) {
+  // Absent in a profile: absent after loading (the SM/HBM formula prices the reduction kernel).
+  Profile p = round_profile();
+  EXPECT_FALSE(profile_from_json(profile_to_json(p)).contention.ce_reduction.has_value());
+  EXPECT_FALSE(profile_to_json(p)["contention"].contains("ce_reduction"));
+  // Present: round-trips; a negative or missing value, or an unknown key, is refused naming the field.
+  p.contention.ce_reduction = KernelClassSlowdown{0.1, 0.6};
+  json j = profile_to_json(p);
+  const Profile back = profile_from_json(j);
+  ASSERT_TRUE(back.contention.ce_reduction.has_value());
+  EXPECT_DOUBLE_EQ(back.contention.ce_reduction->compute_bound, 0.1);
+  EXPECT_DOUBLE_EQ(back.contention.ce_reduction->memory_bound, 0.6);
+  j["contention"]["ce_reduction"]["compute_bound"] = -0.1;
+  EXPECT_TRUE(starts_with(error_of(j), "contention.ce_reduction.compute_bound:")) << error_of(j);
+  j = profile_to_json(p);
+  j["contention"]["ce_reduction"].erase("memory_bound");
+  EXPECT_TRUE(starts_with(error_of(j), "contention.ce_reduction.memory_bound: missing")) << error_of(j);
+  j = profile_to_json(p);
+  j["contention"]["ce_reduction"]["sms"] = 32;
+  EXPECT_TRUE(starts_with(error_of(j), "contention.ce_reduction")) << error_of(j);
+}
+
 }  // namespace
 }  // namespace ce_overlap
