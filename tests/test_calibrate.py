@@ -226,6 +226,27 @@ def test_analyze_uses_the_calibrated_profile(cli, tmp_path):
     assert b["graphs"][0]["comm_us"] > 1.2 * a["graphs"][0]["comm_us"]
 
 
+def test_reduction_kernel_measured_directly_sets_its_rate_and_contention(base):
+    """One GPU measures the CE reduction kernel alone and a GEMM / memory-bound kernel beside it: ce.reduce_sms,
+    ce.reduce_gbps_per_sm and contention.ce_reduction come from it, and the model then prices the kernel by it."""
+    m = synthetic()
+    m["reduction_kernel"] = {"ctas": 24, "bytes": 3 * 256 * MIB, "us": 400.0,
+                             "gemm": {"alone_us": 1400.0, "beside_us": 1540.0},
+                             "memory_bound": {"alone_us": 900.0, "beside_us": 1800.0}}
+    prof, notes = calibrate.build_profile(base, m)
+    assert prof["ce"]["reduce_sms"] == 24
+    assert prof["ce"]["reduce_gbps_per_sm"] == pytest.approx(3 * 256 * MIB / 400.0 / 1e3 / 24, rel=1e-3)
+    assert prof["contention"]["ce_reduction"] == {"compute_bound": pytest.approx(0.1), "memory_bound": pytest.approx(1.0)}
+    assert any("contention.ce_reduction" in n for n in notes)
+    # The kernel of a CE reduce-scatter now costs a GEMM beside it about the measured 10% while it runs (the copies'
+    # traffic adds a little), not the SM formula's 24/(132-24) = 22%.
+    p = _core.Profile.from_json(json.dumps(prof))
+    gemm = calibrate.predicted_slowdown(p, "reduce_scatter", 2 * 256 * MIB, 2, "ce", "gemm")
+    assert 0.0 < gemm < 0.2
+    # The class sensitivities are still fitted from the collectives (the measured kernel's share held fixed).
+    assert any(n.startswith("contention.compute_bound") for n in notes)
+
+
 def _mutate(f):
     m = synthetic()
     f(m)
@@ -258,6 +279,15 @@ REJECTED = {
     "missing_gpu": (lambda m: m.pop("gpu"), "gpu.name: missing"),
     "bad_compute": (lambda m: m["slowdowns"][1].update(compute="attention"),
                     "slowdowns[1].compute: expected gemm or memory_bound, got 'attention'"),
+    "reduction_kernel_ctas": (lambda m: m.update(reduction_kernel={"ctas": 500, "bytes": 1.0, "us": 1.0}),
+                              "reduction_kernel.ctas: expected an integer in 1..gpu.sms - 1, got 500"),
+    "reduction_kernel_no_gemm": (lambda m: m.update(reduction_kernel={"ctas": 32, "bytes": 1.0, "us": 1.0}),
+                                 "reduction_kernel.gemm: expected an object with alone_us and beside_us"),
+    "reduction_kernel_faster_beside": (
+        lambda m: m.update(reduction_kernel={"ctas": 32, "bytes": 1.0, "us": 1.0,
+                                             "gemm": {"alone_us": 1400.0, "beside_us": 1000.0},
+                                             "memory_bound": {"alone_us": 900.0, "beside_us": 950.0}}),
+        "reduction_kernel.gemm: 1000.0 us beside the reduction kernel but 1400.0 us alone"),
 }
 
 

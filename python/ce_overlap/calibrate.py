@@ -250,6 +250,25 @@ def check_measurements(m: dict) -> tuple[dict, list[str]]:
         c["points"] = clean
         c["group_size"] = int(n)
 
+    rk = m.get("reduction_kernel")
+    if rk is not None:
+        p = "reduction_kernel"
+        if not isinstance(rk, dict):
+            raise CeOverlapError(f"measurements: {p}: expected an object")
+        ctas = _path_num(rk, "ctas", p)
+        if ctas != int(ctas) or not 1 <= ctas < _path_num(m["gpu"], "sms", "gpu"):
+            raise CeOverlapError(f"measurements: {p}.ctas: expected an integer in 1..gpu.sms - 1, got {rk['ctas']!r}")
+        _path_num(rk, "bytes", p)
+        _path_num(rk, "us", p)
+        for k in COMPUTE_KINDS:
+            if not isinstance(rk.get(k), dict):
+                raise CeOverlapError(f"measurements: {p}.{k}: expected an object with alone_us and beside_us")
+            alone = _path_num(rk[k], "alone_us", f"{p}.{k}")
+            beside = _path_num(rk[k], "beside_us", f"{p}.{k}")
+            if beside / alone - 1 < MIN_SLOWDOWN:
+                raise CeOverlapError(f"measurements: {p}.{k}: {beside:.1f} us beside the reduction kernel but "
+                                     f"{alone:.1f} us alone: inconsistent; measure again")
+
     for i, s in enumerate(_path_list(m, "slowdowns", "measurements")):
         p = f"slowdowns[{i}]"
         if not isinstance(s, dict):
@@ -386,6 +405,18 @@ def build_profile(base: dict, measurements: dict, *, name: str | None = None,
     if m.get("ce_reduce_sms"):  # the runtime's reduction kernel ran on this many CTAs (CE_OVERLAP_REDUCE_SMS)
         p["ce"]["reduce_sms"] = int(m["ce_reduce_sms"])
         fitted.append(f"ce.reduce_sms {int(m['ce_reduce_sms'])} (CE_OVERLAP_REDUCE_SMS of the run)")
+    rk = m.get("reduction_kernel")
+    if rk:  # the CE reduction kernel alone and beside each kernel class (one GPU is enough)
+        ctas = int(rk["ctas"])
+        per_cta = rk["bytes"] / rk["us"] / 1e3 / ctas
+        slow = {COMPUTE_KINDS[k]: max(0.0, rk[k]["beside_us"] / rk[k]["alone_us"] - 1) for k in COMPUTE_KINDS}
+        p["ce"]["reduce_sms"] = ctas
+        p["ce"]["reduce_gbps_per_sm"] = round(per_cta, 2)
+        p["contention"]["ce_reduction"] = {k: round(v, 4) for k, v in slow.items()}
+        fitted.append(f"ce.reduce_sms {ctas}, ce.reduce_gbps_per_sm {per_cta:.1f} (the reduction kernel alone: "
+                      f"{rk['bytes'] / rk['us'] / 1e3:.0f} GB/s), contention.ce_reduction compute_bound "
+                      f"{slow['compute_bound']:.3f} memory_bound {slow['memory_bound']:.3f} (GEMM and memory-bound "
+                      f"kernel beside it)")
     if p["nccl"]["channels"] >= p["gpu"]["sms"] or p["ce"]["reduce_sms"] >= p["gpu"]["sms"]:
         raise CeOverlapError(f"measurements: gpu.sms: {gpu['sms']} SMs, but the profile uses {p['nccl']['channels']} "
                              f"for NCCL and {p['ce']['reduce_sms']} for the CE reduction: wrong base profile (--base) "
@@ -555,7 +586,9 @@ def build_profile(base: dict, measurements: dict, *, name: str | None = None,
     else:
         kept.append("ce.bidirectional_efficiency, ce.signal_latency_us")
     ce_rs = curves.get(("reduce_scatter", "ce", world))
-    if ce_rs and len(ce_rs) >= 2 and ce_rs[-1][1] > ce_rs[-2][1]:
+    if rk:
+        pass  # measured directly above
+    elif ce_rs and len(ce_rs) >= 2 and ce_rs[-1][1] > ce_rs[-2][1]:
         (b1, t1), (b2, t2) = ce_rs[-2], ce_rs[-1]
 
         def with_rate(r):
@@ -609,8 +642,11 @@ def build_profile(base: dict, measurements: dict, *, name: str | None = None,
         for s in slow:
             if s["compute"] != compute:
                 continue
+            # The slowdown is linear in the two sensitivities plus what they do not scale (a measured reduction
+            # kernel, contention.ce_reduction): probe zero and the two unit vectors, fit to what is left.
             probes = []
-            for unit in ({"sm_sensitivity": 1.0, "hbm_sensitivity": 0.0}, {"sm_sensitivity": 0.0, "hbm_sensitivity": 1.0}):
+            for unit in ({"sm_sensitivity": 0.0, "hbm_sensitivity": 0.0}, {"sm_sensitivity": 1.0, "hbm_sensitivity": 0.0},
+                         {"sm_sensitivity": 0.0, "hbm_sensitivity": 1.0}):
                 d = copy.deepcopy(p)
                 d["contention"][cls] = unit
                 probes.append(predicted_slowdown(_core_profile(d), s["collective"], s["bytes"], s["group_size"],
@@ -619,7 +655,8 @@ def build_profile(base: dict, measurements: dict, *, name: str | None = None,
                 notes.append(f"slowdown beside {s['collective']}/{s['backend']}: the model has no {s['backend']} for "
                              f"{s['group_size']} ranks here; not fitted")
                 continue
-            rows.append((probes[0], probes[1], s["compute_beside_us"] / s["compute_alone_us"] - 1))
+            fixed = probes[0]
+            rows.append((probes[1] - fixed, probes[2] - fixed, s["compute_beside_us"] / s["compute_alone_us"] - 1 - fixed))
             used.append(f"{s['collective']}/{s['backend']}")
         if rows:
             sm, hbm = _nnls2(rows)
@@ -820,8 +857,11 @@ def measure_memory_kernels(iters: int, warmup: int) -> list[dict]:
         a = torch.randn(numel // 4096, 4096, dtype=torch.bfloat16, device="cuda")
         b = torch.randn_like(a)
         c = torch.empty_like(a)
-        silu_mul = torch.compile(lambda x, y: torch.nn.functional.silu(x) * y)
-        rms = torch.compile(lambda x: x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(x.dtype))
+        # dynamic=False: the same code at a second size would otherwise recompile as a dynamic-shape kernel,
+        # which is not what a training step's static shapes run.
+        silu_mul = torch.compile(lambda x, y: torch.nn.functional.silu(x) * y, dynamic=False)
+        rms = torch.compile(lambda x: x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(x.dtype),
+                            dynamic=False)
         for name, fn, nbytes in (("add", lambda: torch.add(a, b, out=c), 3 * numel * 2),
                                  ("silu_mul", lambda: silu_mul(a, b), 3 * numel * 2),
                                  ("rmsnorm", lambda: rms(a), 2 * numel * 2)):
@@ -1145,6 +1185,39 @@ def measure_beside(compute_fn, coll_fn, settle, compute_alone_us: float, coll_al
     return max_over_ranks(statistics.median(comp)), max_over_ranks(statistics.median(coll))
 
 
+def measure_reduction_kernel(iters: int, warmup: int) -> dict:
+    """The CE reduce-scatter's reduction kernel (out = a + b, bf16, 256 MiB operands, on the runtime's CTA count,
+    CE_OVERLAP_REDUCE_SMS) alone, and the bf16 GEMM and the memory-bound add each beside it running non-stop: what
+    ce.reduce_gbps_per_sm and contention.ce_reduction come from. One GPU is enough."""
+    torch = _torch()
+    from . import runtime
+
+    lib = runtime.library_loaded()
+    if not lib:
+        raise NotAvailable(f"CE runtime unavailable ({lib.reason})")
+    if not hasattr(torch.ops.ce_overlap, "_reduce_bench"):
+        raise NotAvailable("the CE runtime has no _reduce_bench op")
+    ctas = int(float(os.environ.get("CE_OVERLAP_REDUCE_SMS", "32")))
+    numel = 256 * MIB // 2
+    a = torch.randn(numel, device="cuda").to(torch.bfloat16)
+    b = torch.randn(numel, device="cuda").to(torch.bfloat16)
+    out = torch.empty_like(a)
+
+    def kernel():
+        torch.ops.ce_overlap._reduce_bench(out, a, b, ctas)
+
+    k_us = median_us(kernel, iters, warmup)
+    r: dict = {"ctas": ctas, "bytes": 3 * numel * 2, "us": k_us}
+    for compute in COMPUTE_KINDS:
+        cfn, _ = make_compute(compute)
+        alone = median_us(cfn, iters, warmup)
+        beside, _ = measure_beside(cfn, kernel, torch.cuda.synchronize, alone, k_us, iters)
+        r[compute] = {"alone_us": alone, "beside_us": beside}
+        del cfn
+        torch.cuda.empty_cache()
+    return r
+
+
 def measure_peer_copy(nbytes: int = 256 * MIB, iters: int = 5) -> dict:
     """One-way cudaMemcpy from this process's GPU into the next visible one (torch copy between devices: peer
     access, not a ce_overlap collective). Only the link's bandwidth is taken from it."""
@@ -1199,7 +1272,7 @@ def measure(args, progress_enabled: bool = True) -> dict:
     colls = ["all_gather", "reduce_scatter", "send"] if world > 1 else []
     n_points = len(sizes) * (2 * 2 + 1) if world > 1 else 0
     n_slow = 4 * 2 if world > 1 else 0
-    prog = Progress(len(GEMM_SIZES) + 5 + n_points + n_slow + 2, enabled=progress_enabled and rank == 0)
+    prog = Progress(len(GEMM_SIZES) + 6 + n_points + n_slow + 2, enabled=progress_enabled and rank == 0)
     prog.show("starting")
 
     for n in GEMM_SIZES:
@@ -1223,6 +1296,13 @@ def measure(args, progress_enabled: bool = True) -> dict:
     except Exception as e:  # noqa: BLE001 (torch.compile may be unusable here; the 1 GiB add then sets the efficiency)
         m["skipped"]["memory kernels"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     prog.step("memory-bound kernels")
+    try:
+        m["reduction_kernel"] = measure_reduction_kernel(args.iters, args.warmup)
+    except NotAvailable as e:
+        m["skipped"]["CE reduction kernel"] = str(e)
+    except Exception as e:  # noqa: BLE001
+        m["skipped"]["CE reduction kernel"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    prog.step("CE reduction kernel")
 
     if world == 1:
         m["skipped"]["collectives"] = ("1 GPU: no NCCL/CE curves and no contention (run under torchrun "
