@@ -15,7 +15,10 @@ Modes:
   no-comm                    each all-gather replaced by a local op of the same shape, no reduce-scatter:
                              the bound no overlap scheme can pass
 
-Per step a torchtitan-style line; at the end a table (median tokens/s per GPU, TFLOP/s, MFU by torchtitan's
+Step time: CUDA events between consecutive step ends; the host never waits for the GPU inside the measured loop
+(losses are read after it), so the host's launch work overlaps the previous step as in a real training run
+(--sync-every-step: the earlier host-timed, synchronized steps). Per step a torchtitan-style line (printed after
+the mode's run); at the end a table (median tokens/s per GPU, TFLOP/s, MFU by torchtitan's
 formula and peak table, peak memory, loss) and, with --predict, the cost model's step time next to the measured
 one. JSON results go to --out (bench/plot_train.py draws the chart from it).
 
@@ -87,6 +90,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kernel-profile", type=int, default=0, metavar="STEPS",
                    help="after each mode's measured steps, profile this many more steps (torch.profiler) and record "
                         "the GPU kernel time per step by class (GEMM, attention, fused, optimizer, ...)")
+    p.add_argument("--sync-every-step", action="store_true",
+                   help="time each step on the host, synchronized before and after (the method of results before "
+                        "2026-11-24; adds the host's launch latency to every step). Default: CUDA events between "
+                        "step ends, no host wait inside the measured loop")
     p.add_argument("--predict", action="store_true", help="print the cost model's predicted step time (captures "
                                                           "the same shape on CPU in a subprocess)")
     p.add_argument("--profile", default=None, help="cost model profile for --predict (default: from the GPU name)")
@@ -184,6 +191,7 @@ def profile_kernels(run_step, steps: int) -> dict:
     wall_ms = 1e3 * (time.perf_counter() - t0) / steps
     by_class: dict[str, float] = {}
     by_name: dict[str, float] = {}
+    spans = []
     for ev in prof.events():
         if ev.device_type != torch.autograd.DeviceType.CUDA:
             continue
@@ -191,11 +199,24 @@ def profile_kernels(run_step, steps: int) -> dict:
         cls = kernel_class(ev.name)
         by_class[cls] = by_class.get(cls, 0.0) + ms
         by_name[ev.name] = by_name.get(ev.name, 0.0) + ms
+        spans.append((ev.time_range.start, ev.time_range.end))
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
     return {"steps": steps, "wall_ms": round(wall_ms, 3), "by_class_ms": {k: round(v, 3) for k, v in
                                                                          sorted(by_class.items())},
             "busy_ms": round(sum(by_class.values()), 3),
+            "activities_per_step": round(len(spans) / steps, 1),
+            "gpu_idle_ms": round(idle_between(spans) / 1e3 / steps, 3),
             "top": [{"name": n[:160], "class": kernel_class(n), "ms": round(v, 3)} for n, v in top]}
+
+
+def idle_between(spans: list) -> float:
+    """Time (in the spans' unit) inside [first start, last end] that no span covers: where the GPU ran nothing."""
+    idle, reach = 0.0, None
+    for start, end in sorted(spans):
+        if reach is not None and start > reach:
+            idle += start - reach
+        reach = end if reach is None else max(reach, end)
+    return idle
 
 
 @dataclasses.dataclass
@@ -236,27 +257,50 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
     tokens_per_step = args.batch * args.seq_len
     flops_per_token = model.flops_per_token(args.seq_len)
     total_mem = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory if DEVICE == "cuda" else 1
+    # Every batch on the device before the timed loop: a copy from pageable host memory would synchronize the stream.
+    batches = [batch_for(step, cfg, args, rank) for step in range(1, args.warmup + args.steps + 1)]
+    # Timed on the GPU (default): an event at the end of every step; the host never waits for the GPU inside the
+    # loop (losses are read afterwards, as torchtitan reads them only at its log steps), so host-side launch work
+    # overlaps the previous step's kernels as in a real run. --sync-every-step: host time of a step synchronized
+    # before and after (what results before 2026-11-24 used; it adds the host's launch latency to every step).
+    on_gpu = DEVICE == "cuda" and not args.sync_every_step
+    ends, losses_dev, host_s = [], [], []
+    sync()
+    start = torch.cuda.Event(enable_timing=True) if on_gpu else None
+    if on_gpu:
+        start.record()
     t_compile = time.perf_counter()
-    for step in range(1, args.warmup + args.steps + 1):
-        tokens, labels = batch_for(step, cfg, args, rank)
-        sync()
+    for step, (tokens, labels) in enumerate(batches, 1):
+        if not on_gpu:
+            sync()
         t0 = time.perf_counter()
         loss = step_fn(tokens, labels)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        sync()
-        dt = time.perf_counter() - t0
+        if on_gpu:
+            ends.append(torch.cuda.Event(enable_timing=True))
+            ends[-1].record()
+        else:
+            sync()
+        host_s.append(time.perf_counter() - t0)
         if step == 1:
+            sync()
             res.compile_s = time.perf_counter() - t_compile
         lv = loss.detach().float()
         dist.all_reduce(lv, op=dist.ReduceOp.AVG)
+        losses_dev.append(lv)
+    sync()
+    step_s = ([start.elapsed_time(ends[0]) / 1e3] + [a.elapsed_time(b) / 1e3 for a, b in zip(ends, ends[1:])]
+              if on_gpu else host_s)
+    step_s_max = torch.tensor(step_s, dtype=torch.float64, device=DEVICE)
+    dist.all_reduce(step_s_max, op=dist.ReduceOp.MAX)
+    mem = torch.cuda.max_memory_reserved() if DEVICE == "cuda" else 0
+    for step, (dt_max, lv) in enumerate(zip(step_s_max.tolist(), losses_dev), 1):
         loss_v = float(lv.item())
-        dt_max = max_over_ranks(dt)
         res.losses.append(loss_v)
         tps = tokens_per_step / dt_max
         tflops = flops_per_token * tps / 1e12
-        mem = torch.cuda.max_memory_reserved() if DEVICE == "cuda" else 0
         log0(f"[{mode}] step: {step:3d}  loss: {loss_v:8.4f}  memory: {mem / 2**30:5.2f}GiB"
              f"({100 * mem / total_mem:.2f}%)  tps: {tps:,.0f}  tflops: {tflops:.2f}  mfu: {100 * tflops / peak:.2f}%"
              + ("  (warm-up)" if step <= args.warmup else ""))
@@ -276,7 +320,8 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
         res.kernels = profile_kernels(one_step, args.kernel_profile)
         log0(f"[{mode}] kernels per step (ms, busy time by class): "
              + ", ".join(f"{k} {v:.1f}" for k, v in res.kernels["by_class_ms"].items())
-             + f"; wall {res.kernels['wall_ms']:.1f} under the profiler")
+             + f"; wall {res.kernels['wall_ms']:.1f} under the profiler, GPU idle {res.kernels['gpu_idle_ms']:.1f} "
+               f"between {res.kernels['activities_per_step']:.0f} kernels and copies")
     res.median_ms = statistics.median(res.step_ms)
     res.tps = tokens_per_step / (res.median_ms / 1e3)
     res.tflops = flops_per_token * res.tps / 1e12

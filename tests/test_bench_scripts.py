@@ -49,6 +49,17 @@ def test_step_model_pieces_add_up():
     assert train.ADAMW_BYTES_PER_PARAM == 7 * 4
 
 
+def test_gpu_idle_between_kernels():
+    """train.py's idle time: what no kernel or copy covers between the first start and the last end (overlapping
+    streams count once)."""
+    import train
+
+    assert train.idle_between([]) == 0
+    assert train.idle_between([(0, 10)]) == 0
+    assert train.idle_between([(0, 10), (12, 20), (25, 30)]) == 2 + 5
+    assert train.idle_between([(12, 20), (0, 15), (16, 18), (22, 24)]) == 2  # unordered, overlapping, nested
+
+
 def test_kernel_classes_and_the_class_comparison():
     """train.py's kernel classes (by name, as torch.profiler reports them) and step_prediction.py's pairing of them
     with the analysis report's compute_by_class_us."""
