@@ -261,20 +261,27 @@ void all_gather_out_meta(const at::Tensor& input, int64_t group_size, std::strin
   check_out(input, out, group_size, "all_gather_into_tensor_out");
 }
 
-// all_gather_into_tensors: several tensors gathered as one op (a bucket without a bucket buffer). Output i is what
-// all_gather_into_tensor(inputs[i]) returns.
-void check_parts(at::TensorList inputs, int64_t group_size, const char* op, bool scatter) {
+// The inputs of a multi-tensor op: at least one, each passing the one-tensor op's checks (check_one), all on one
+// device.
+template <typename CheckOne>
+void check_parts(at::TensorList inputs, const char* op, CheckOne&& check_one) {
   TORCH_CHECK(!inputs.empty(), "ce_overlap.", op, ": needs at least one input tensor");
   for (size_t i = 0; i < inputs.size(); ++i) {
-    check_input(inputs[i], group_size, op, scatter);
+    check_one(i, inputs[i]);
     TORCH_CHECK(inputs[i].device() == inputs[0].device(), "ce_overlap.", op, ": inputs[", i, "] is on ",
                 inputs[i].device(), " but inputs[0] is on ", inputs[0].device());
   }
 }
 
+// all_gather_into_tensors: several tensors gathered as one op (a bucket without a bucket buffer). Output i is what
+// all_gather_into_tensor(inputs[i]) returns.
+void check_ag_parts(at::TensorList inputs, int64_t group_size, const char* op) {
+  check_parts(inputs, op, [&](size_t, const at::Tensor& t) { check_input(t, group_size, op); });
+}
+
 std::vector<at::Tensor> all_gather_tensors_cuda(at::TensorList inputs, int64_t group_size, std::string group_name) {
   static const char* kOp = "all_gather_into_tensors";
-  check_parts(inputs, group_size, kOp, /*scatter=*/false);
+  check_ag_parts(inputs, group_size, kOp);
   std::shared_ptr<Group> g = group_for(group_name, group_size, inputs[0], kOp);
   const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g->device());
   c10::cuda::CUDAGuard guard(device);
@@ -302,7 +309,7 @@ std::vector<at::Tensor> all_gather_tensors_cuda(at::TensorList inputs, int64_t g
 
 std::vector<at::Tensor> all_gather_tensors_meta(at::TensorList inputs, int64_t group_size, std::string group_name) {
   (void)group_name;
-  check_parts(inputs, group_size, "all_gather_into_tensors", /*scatter=*/false);
+  check_ag_parts(inputs, group_size, "all_gather_into_tensors");
   std::vector<at::Tensor> outs;
   for (const at::Tensor& input : inputs) {
     std::vector<c10::SymInt> sizes = input.sym_sizes().vec();
@@ -413,12 +420,11 @@ void reduce_scatter_out_meta(const at::Tensor& input, std::string reduce_op, int
 // reduce_scatter_tensors: several tensors reduce-scattered as one op (a bucket without a bucket buffer). The output
 // is 1-D: the concatenation, in input order, of what reduce_scatter_tensor(inputs[i]) returns, flattened.
 void check_rs_parts(at::TensorList inputs, const std::string& reduce_op, int64_t group_size, const char* op) {
-  check_parts(inputs, group_size, op, /*scatter=*/true);
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    check_rs_input(inputs[i], reduce_op, group_size, op);
-    TORCH_CHECK(inputs[i].scalar_type() == inputs[0].scalar_type(), "ce_overlap.", op, ": inputs[", i, "] has dtype ",
-                inputs[i].scalar_type(), " but inputs[0] has ", inputs[0].scalar_type(), " (one op reduces one dtype)");
-  }
+  check_parts(inputs, op, [&](size_t i, const at::Tensor& t) {
+    check_rs_input(t, reduce_op, group_size, op);
+    TORCH_CHECK(t.scalar_type() == inputs[0].scalar_type(), "ce_overlap.", op, ": inputs[", i, "] has dtype ",
+                t.scalar_type(), " but inputs[0] has ", inputs[0].scalar_type(), " (one op reduces one dtype)");
+  });
 }
 
 at::Tensor reduce_scatter_tensors_cuda(at::TensorList inputs, std::string reduce_op, int64_t group_size,
