@@ -156,29 +156,25 @@ def register_ce_lowerings() -> None:
         add_layout_constraint(op, constrain_to_fx_strides)
         return register_lowering(op)
 
-    for name in rewrite.CE_OPS.values():
-        if name in _lowered or not hasattr(torch.ops.ce_overlap, name):
-            continue
-        packet = getattr(torch.ops.ce_overlap, name)
-
-        def lower_collective(inp, *args, _op=packet.default):
+    def lower_one(op):
+        def lowering(inp, *args):
             inp = ir.ExternKernel.require_contiguous(inp)
-            return ir.TensorBox.create(ir._CollectiveKernel.create_out_of_place(_op, inp, *args))
+            return ir.TensorBox.create(ir._CollectiveKernel.create_out_of_place(op, inp, *args))
+        return lowering
 
-        register(packet)(lower_collective)
-        _lowered.add(name)
-    # The multi-tensor ops (a whole bucket): lowered like the coalesced functional collectives.
-    for name in rewrite.CE_MANY_OPS.values():
-        if name in _lowered or not hasattr(torch.ops.ce_overlap, name):
-            continue
-        packet = getattr(torch.ops.ce_overlap, name)
-
-        def lower_many(inputs, *args, _op=packet.default):
+    def lower_many(op):  # a whole bucket in one op: lowered like the coalesced functional collectives
+        def lowering(inputs, *args):
             inputs = [ir.ExternKernel.require_contiguous(x) for x in inputs]
-            return pytree.tree_map(ir.TensorBox.create, ir._CollectiveKernel.create_out_of_place(_op, inputs, *args))
+            return pytree.tree_map(ir.TensorBox.create, ir._CollectiveKernel.create_out_of_place(op, inputs, *args))
+        return lowering
 
-        register(packet)(lower_many)
-        _lowered.add(name)
+    for names, make in ((rewrite.CE_OPS.values(), lower_one), (rewrite.CE_MANY_OPS.values(), lower_many)):
+        for name in names:
+            if name in _lowered or not hasattr(torch.ops.ce_overlap, name):
+                continue
+            packet = getattr(torch.ops.ce_overlap, name)
+            register(packet)(make(packet.default))
+            _lowered.add(name)
 
     class _CeWaitKernel(ir._WaitKernel):
         """Inductor's wait keeps the collective's input alive until it runs ("volatile reads"), but for a

@@ -6,8 +6,9 @@ one copy-in, one collective (NCCL `_c10d_functional.*` or `ce_overlap.*`), one w
 that replaces every member wait. A CE bucket (unless packed on request) is instead ONE multi-tensor op,
 `ce_overlap.all_gather_into_tensors` / `reduce_scatter_tensors`, over the members' own inputs: the copy
 engines read every input and (all-gather) write every output where they lie, so it has no copy-in and
-no copy-out kernel; an all-gather has one wait per member output, a reduce-scatter one wait and views. check_invariants() is the structural checker the pass runs on its
-result (and the tests run on every rewritten graph).
+no copy-out kernel; an all-gather has one wait per member output, a reduce-scatter one wait and views.
+check_invariants() is the structural checker the pass runs on its result (and the tests run on every
+rewritten graph).
 
 Layouts (G = group size, members in bucket layout order, n_i = member i's per-rank element count):
   all-gather      copy-in:  cat(flatten(x_i))                          -> [N]      N = sum n_i
@@ -556,8 +557,7 @@ def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos:
         outs = [wait]
         if check_where is not None:
             _add_check(build, graph, wait, x, cb, check_where)
-    elif ce and not pack_ce and ce_many_op_for(cb.type) is not None:  # one multi-tensor CE op: no copy kernels
-        op = ce_many_op_for(cb.type)
+    elif ce and not pack_ce and (op := ce_many_op_for(cb.type)) is not None:  # one multi-tensor op: no copy kernels
         with graph.inserting_before(first_coll):
             ins = [build.contiguous(c.input, f"in{i}") for i, c in enumerate(members)]
             coll = build(op, _ce_args(op, inputs=ins, reduce_op=c0.reduce_op_arg, group_size=g,
