@@ -197,19 +197,21 @@ def finish_cases(label: str, cases: int, failed_here: int, table: list[str], t0:
     return 0 if nfail == 0 else 1
 
 
+def draw_size(rng: random.Random, bands: list[tuple[float, int, int]]) -> int:
+    """A size from bands [(cumulative probability, lo, hi)]: one rng.random() picks the first band whose bound it
+    is below, then rng.randint(lo, hi) in it; a band (p, 0, 0) is the size 0 and draws nothing more."""
+    x = rng.random()
+    for bound, lo, hi in bands:
+        if x < bound or bound >= 1.0:
+            return 0 if hi == 0 else rng.randint(lo, hi)
+    raise AssertionError(f"bands {bands} end below 1")
+
+
 def draw_case(rng: random.Random) -> dict:
     dtype = rng.choice(DTYPES)
-    bucket = rng.random()
-    if bucket < 0.03:
-        numel = 0
-    elif bucket < 0.35:
-        numel = rng.randint(1, 64)
-    elif bucket < 0.65:
-        numel = rng.randint(65, 8192)
-    elif bucket < 0.93:
-        numel = rng.randint(8193, 1 << 20)
-    else:
-        numel = rng.randint(1 << 20, 3 << 20)  # multi-round when staged (CE_OVERLAP_STAGING_MB=1)
+    # The last band is multi-round when staged (CE_OVERLAP_STAGING_MB=1).
+    numel = draw_size(rng, [(0.03, 0, 0), (0.35, 1, 64), (0.65, 65, 8192), (0.93, 8193, 1 << 20),
+                            (1.0, 1 << 20, 3 << 20)])
     # Factor numel into a shape of 1-3 dims (dim 0 is what gets gathered along).
     ndim = rng.choice([1, 2, 3])
     shape = [numel]
@@ -624,20 +626,19 @@ RS_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 RS_TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
 
 
+def rendezvous_rs_rounds(group) -> tuple[int, dict]:
+    """Rendezvous on `group`; its reduce-scatter round (bytes per rank) and that round in elements per dtype."""
+    name = rt.rendezvous(group)
+    round_bytes = int(torch.ops.ce_overlap._reduce_scatter_round_bytes(name))
+    return round_bytes, {dt: round_bytes // torch.empty((), dtype=dt).element_size() for dt in RS_DTYPES}
+
+
 def draw_rs_case(rng: random.Random, round_elems: dict) -> dict:
     dtype = rng.choice(RS_DTYPES)
-    bucket = rng.random()
-    if bucket < 0.03:
-        numel = 0
-    elif bucket < 0.35:
-        numel = rng.randint(1, 64)  # most of these are not multiples of 16 bytes
-    elif bucket < 0.65:
-        numel = rng.randint(65, 8192)
-    elif bucket < 0.85:
-        numel = rng.randint(8193, 1 << 18)
-    else:  # several rounds (and both banks) of the reduce-scatter
-        r = round_elems[dtype]
-        numel = rng.randint(r + 1, 5 * r + 3)
+    # 1..64: most of these are not multiples of 16 bytes; the last band: several rounds (and both banks).
+    r = round_elems[dtype]
+    numel = draw_size(rng, [(0.03, 0, 0), (0.35, 1, 64), (0.65, 65, 8192), (0.85, 8193, 1 << 18),
+                            (1.0, r + 1, 5 * r + 3)])
     cols = rng.choice([1, 1, 2, 3]) if numel % 6 == 0 else 1
     return {
         "dtype": dtype, "numel": numel, "cols": cols, "op": rng.choice(["sum", "avg"]),
@@ -719,9 +720,7 @@ def run_rs_case(case: dict, group, world: int, rank: int, side: torch.cuda.Strea
 def mode_reduce_scatter(args) -> int:
     group = dist.group.WORLD
     rank, world = dist.get_rank(), dist.get_world_size()
-    name = rt.rendezvous(group)
-    round_bytes = int(torch.ops.ce_overlap._reduce_scatter_round_bytes(name))
-    round_elems = {dt: round_bytes // torch.empty((), dtype=dt).element_size() for dt in RS_DTYPES}
+    round_bytes, round_elems = rendezvous_rs_rounds(group)
     log(f"{rt.describe(group)}; reduce-scatter round {round_bytes} bytes per rank")
     side = torch.cuda.Stream()
     rng = random.Random(args.seed + 1)
@@ -789,15 +788,8 @@ def draw_parts_case(rng: random.Random, world: int, round_elems: dict) -> dict:
     parts = []
     for _ in range(rng.choice([1, 2, 3, 5, 9, 12])):
         pdt = rng.choice(DTYPES) if kind == "all_gather" else dtype
-        b = rng.random()
-        if b < 0.1:
-            n = 0
-        elif b < 0.5:
-            n = rng.randint(1, 64)
-        elif b < 0.85:
-            n = rng.randint(65, 70000)
-        else:
-            n = rng.randint(round_elems[torch.float32] // 4, round_elems[torch.float32])  # with others: multi-round
+        r = round_elems[torch.float32]  # the last band, with the other parts: multi-round
+        n = draw_size(rng, [(0.1, 0, 0), (0.5, 1, 64), (0.85, 65, 70000), (1.0, r // 4, r)])
         cols = rng.choice([1, 2, 3]) if n % 6 == 0 else 1
         rows = n // cols if kind == "all_gather" else world * (n // cols)
         parts.append({"dtype": pdt, "shape": [rows, cols] if cols > 1 else [rows]})
@@ -883,9 +875,7 @@ def run_parts_case(case: dict, group, world: int, rank: int, side: torch.cuda.St
 def mode_parts(args) -> int:
     group = dist.group.WORLD
     rank, world = dist.get_rank(), dist.get_world_size()
-    name = rt.rendezvous(group)
-    round_bytes = int(torch.ops.ce_overlap._reduce_scatter_round_bytes(name))
-    round_elems = {dt: round_bytes // torch.empty((), dtype=dt).element_size() for dt in RS_DTYPES}
+    _, round_elems = rendezvous_rs_rounds(group)
     side = torch.cuda.Stream()
     rng = random.Random(args.seed + 7)
     stats = collections.Counter()
@@ -1041,16 +1031,7 @@ def mode_symalloc(args) -> int:
 def _draw_numel(rng: random.Random, multiple: int) -> int:
     """0, tiny, medium or multi-round sizes (with CE_OVERLAP_STAGING_MB=1 / CE_OVERLAP_P2P_MB=1), a multiple of
     `multiple` elements."""
-    bucket = rng.random()
-    if bucket < 0.03:
-        return 0
-    if bucket < 0.35:
-        units = rng.randint(1, 64)
-    elif bucket < 0.7:
-        units = rng.randint(65, 8192)
-    else:
-        units = rng.randint(8193, 1 << 19)
-    return units * multiple
+    return draw_size(rng, [(0.03, 0, 0), (0.35, 1, 64), (0.7, 65, 8192), (1.0, 8193, 1 << 19)]) * multiple
 
 
 def _run_a2a_bcast_case(case: dict, group, world: int, rank: int) -> tuple[int, str]:
