@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # One device call that runs several device scripts back to back into one $OUT, archiving after each so a call cut
 # short by its time limit still brings back what finished (the device tool returns only a few files per call).
+#
+#   bash bench/device_session.sh
+#   CE_TRAIN_PASS_CHECK=0 CE_SESSION_TRAIN_S=330 CE_SESSION_FAULTS_S=180 bash bench/device_session.sh
 set -o pipefail
 R=$OUT
 export CE_DEVICE_PACK=0
 archive() { (cd "$R" && tar czf all.tgz --exclude=all.tgz . 2>/dev/null); }
-OUT=$R/train CE_DEVICE_BUDGET_S=${CE_SESSION_TRAIN_S:-290} CE_TRAIN_PASS_CHECK=1 \
+OUT=$R/train CE_DEVICE_BUDGET_S=${CE_SESSION_TRAIN_S:-290} CE_TRAIN_PASS_CHECK=${CE_TRAIN_PASS_CHECK:-1} \
   CE_TRAIN_MODES=${CE_TRAIN_MODES:-compile,compile+inductor-overlap,ce_overlap,ce_overlap-packed,no-comm} \
   bash bench/train_device.sh > "$R/train.out" 2>&1
 archive
@@ -13,5 +16,12 @@ mkdir -p "$R/cal"
 timeout "${CE_SESSION_VALIDATION_S:-70}" python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
   bench/cost_model_validation.py --out "$R/cal" > "$R/cal/validation.log" 2>&1
 archive
+# Optional: every fault of RELIABILITY.md, CE_SESSION_FAULTS_S seconds at most (bench/run_device.sh stage faults).
+if [ -n "${CE_SESSION_FAULTS_S:-}" ]; then
+  OUT=$R/faults CE_DEVICE_STAGES=faults CE_DEVICE_BUDGET_S=$((CE_SESSION_FAULTS_S + 20)) \
+    CE_DEVICE_FAULTS_S=$CE_SESSION_FAULTS_S bash bench/run_device.sh > "$R/faults.out" 2>&1
+  archive
+  tail -n 12 "$R/faults/faults.log"
+fi
 cat "$R/train/summary.txt"; grep -E "PASS|FAIL" "$R/train/pass_gpu.log" | tail -14
 grep -E "^(compile|ce_overlap|no-comm|# pred|# larg)|ce_overlap: " "$R/train/train.log" | tail -14; tail -12 "$R/cal/validation.log"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One-shot device run of the CE runtime, from the repo root on the GPU box (no network there): build (with the
-# runtime ON), the runtime's GPU tests, the probe (bench/ce_probe.py: same-GPU copies on copy engines? all-gather
-# pull vs push), the pass's GPU check (tests/pass_gpu), bench/collectives.py (all-gather, reduce-scatter,
-# all-to-all, broadcast), bench/p2p.py (send / recv), bench/overlap.py, the CPU tests, then compute-sanitizer
-# (memcheck, racecheck, synccheck). Opt-in stage `faults`: every fault of RELIABILITY.md 20 times
+# runtime ON), the benchmarks first (bench/collectives.py: all-gather, reduce-scatter, all-to-all, broadcast;
+# bench/overlap.py; bench/p2p.py: send / recv), then the runtime's GPU tests, the pass's GPU check (tests/pass_gpu),
+# the probe (bench/ce_probe.py: same-GPU copies on copy engines? all-gather pull split vs push), the CPU tests, then
+# compute-sanitizer (memcheck, racecheck, synccheck). Opt-in stage `faults`: every fault of RELIABILITY.md 20 times
 # (bench/fault_repeats.py, ~250 s). On a 1-GPU box the GPU tests, the pass check, faults and sanitizers run with
 # the ranks sharing the GPU; the benchmarks need two GPUs.
 # Every stage logs to $OUT/<stage>.log (JSON results next to them) and has its own timeout under one global
@@ -20,7 +20,7 @@ set -o pipefail
 cd "$(dirname "$0")/.."
 
 BUDGET_S=${CE_DEVICE_BUDGET_S:-540}
-STAGES=${CE_DEVICE_STAGES:-probe gpu_tests pass_gpu collectives p2p overlap cpu_tests sanitizer}
+STAGES=${CE_DEVICE_STAGES:-collectives overlap p2p gpu_tests pass_gpu probe cpu_tests sanitizer}
 source bench/_device_lib.sh
 
 want() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -50,9 +50,12 @@ export -f sanitize
 
 stage env 30 env_info
 stage build 150 build
-# (a) same-GPU copy APIs beside a GEMM; (b) all-gather pull split 1/2/3 vs push, 64/256 MiB, GEMM beside;
-# (c) reduce-scatter over reduction CTAs x round size, GEMM beside; (d) the reduction kernel alone. First: new data.
-want probe && stage probe 100 torchrun2 bench/ce_probe.py --out "$OUT/ce_probe.json"
+# all-gather (7 variants), reduce-scatter (4), all-to-all (3), broadcast (3), 64 KiB .. 1 GiB per rank.
+want collectives && stage collectives 120 torchrun2 bench/collectives.py --out "$OUT/collectives.json"
+# send / recv: NCCL, CE staged, CE direct; one way and exchange, 64 KiB .. 1 GiB.
+want p2p && stage p2p 90 torchrun2 bench/p2p.py --out "$OUT/p2p.json"
+# GEMM and 1 GiB add beside every all-gather and reduce-scatter variant, 256 MiB per rank.
+want overlap && stage overlap 60 torchrun2 bench/overlap.py --out "$OUT/overlap.json"
 # GPU tests: 2 torchrun launches (collectives vs NCCL + symmetric allocation; timeouts + mismatches).
 want gpu_tests && stage gpu_tests ${CE_DEVICE_GPU_TESTS_S:-420} env CE_OVERLAP_REQUIRE_GPU_TESTS=1 "$PY" -m pytest tests/runtime/test_runtime_gpu.py -v -s -rs
 # The pass on real Inductor code and the runtime (tests/pass_gpu/run_pass_gpu.py): on 2 GPUs every variant against
@@ -60,12 +63,9 @@ want gpu_tests && stage gpu_tests ${CE_DEVICE_GPU_TESTS_S:-420} env CE_OVERLAP_R
 want pass_gpu && stage pass_gpu ${CE_DEVICE_PASS_S:-240} torchrun2 tests/pass_gpu/run_pass_gpu.py \
   --models "${CE_DEVICE_PASS_MODELS:-llama3-tiny,llama3-1b}" ${CE_DEVICE_PASS_VARIANTS:+--variants "$CE_DEVICE_PASS_VARIANTS"} \
   --out "$OUT/pass_gpu.json"
-# all-gather (7 variants), reduce-scatter (4), all-to-all (3), broadcast (3), 64 KiB .. 1 GiB per rank.
-want collectives && stage collectives 120 torchrun2 bench/collectives.py --out "$OUT/collectives.json"
-# send / recv: NCCL, CE staged, CE direct; one way and exchange, 64 KiB .. 1 GiB.
-want p2p && stage p2p 90 torchrun2 bench/p2p.py --out "$OUT/p2p.json"
-# GEMM and 1 GiB add beside every all-gather and reduce-scatter variant, 256 MiB per rank.
-want overlap && stage overlap 60 torchrun2 bench/overlap.py --out "$OUT/overlap.json"
+# (a) same-GPU copy APIs beside a GEMM; (b) all-gather pull split 1/2/3 vs push, 64/256 MiB, GEMM beside;
+# (c) reduce-scatter over reduction CTAs x round size, GEMM beside; (d) the reduction kernel alone. First: new data.
+want probe && stage probe 100 torchrun2 bench/ce_probe.py --out "$OUT/ce_probe.json"
 want cpu_tests && stage cpu_tests 60 "$PY" -m pytest tests/runtime/test_runtime_cpu.py -q -rs
 # Every fault of RELIABILITY.md, repeated (bench/fault_repeats.py): error on every survivor within the timeout, no hang.
 want faults && stage faults ${CE_DEVICE_FAULTS_S:-300} "$PY" bench/fault_repeats.py --repeats "${CE_DEVICE_FAULT_REPEATS:-20}" \
