@@ -191,6 +191,64 @@ def time_op_ms(fn: Callable[[], None], iters: int, warmup: int, settle: Callable
     return [start.elapsed_time(end) for start, end in events]
 
 
+class ClockSampler:
+    """SM clock (MHz) and board power (W) of this rank's GPU, sampled through NVML every `period_s` while the block
+    runs (`with ClockSampler() as s: ...; s.stats()`). A slowdown beside a collective may come from the clocks (a
+    board at its power limit lowers them for everything) rather than from SMs or HBM: these numbers tell which.
+    Without NVML (nvidia-ml-py) or where a query fails, stats() is {} and the benchmark runs unchanged."""
+
+    def __init__(self, period_s: float = 0.005):
+        import threading  # noqa: PLC0415
+
+        self.period_s, self.samples, self._stop, self._thread = period_s, [], threading.Event(), None
+        self.error = ""
+        try:
+            import pynvml  # noqa: PLC0415
+
+            pynvml.nvmlInit()
+            index = torch.cuda.current_device()
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            if visible:
+                index = int(visible.split(",")[index])
+            self._nvml, self._handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception as e:  # noqa: BLE001 (no NVML: no samples, nothing else changes)
+            self._nvml = self._handle = None
+            self.error = f"{type(e).__name__}: {e}"
+
+    def _run(self) -> None:
+        nv = self._nvml
+        while not self._stop.wait(self.period_s):
+            try:
+                self.samples.append((nv.nvmlDeviceGetClockInfo(self._handle, nv.NVML_CLOCK_SM),
+                                     nv.nvmlDeviceGetPowerUsage(self._handle) / 1e3))
+            except Exception as e:  # noqa: BLE001
+                self.error = f"{type(e).__name__}: {e}"
+                return
+
+    def __enter__(self) -> ClockSampler:
+        import threading  # noqa: PLC0415
+
+        self.samples = []
+        if self._handle is not None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def stats(self) -> dict:
+        if not self.samples:
+            return {}
+        clocks, watts = zip(*self.samples)
+        return {"sm_clock_mhz": statistics.median(clocks), "sm_clock_min_mhz": min(clocks),
+                "power_w": statistics.median(watts), "power_max_w": max(watts), "samples": len(clocks)}
+
+
 def max_over_ranks(value: float) -> float:
     t = torch.tensor([value], dtype=torch.float64, device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)

@@ -6,7 +6,9 @@ that a fresh group works. A launch that outlives its hard limit is a hang: its p
 
     python bench/fault_repeats.py --repeats 20 --parallel 4 --out bench/results/.../faults.json
 
-Prints a table (fault, repeats, passed, failed, hangs, slowest launch) and writes every launch's result as JSON.
+Prints a line per finished launch, then a table (fault, repeats, passed, failed, hangs, slowest launch), and writes
+every launch's result as JSON after each launch; a SIGTERM (a time limit) prints the table of what finished and
+keeps the JSON ("complete": false).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -43,7 +46,7 @@ def gpu_count() -> int:
 
 
 def launch(modes: str, timeout_s: float, env: dict) -> dict:
-    from test_runtime_gpu import _kill_tree  # noqa: PLC0415 (the GPU tests' process-tree killer)
+    from test_runtime_gpu import _kill_tree
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKER, modes]
     t0 = time.time()
@@ -95,29 +98,53 @@ def main(argv=None) -> int:
     jobs = [(m, i) for i in range(args.repeats) for m in modes]
     results: dict[str, list] = {m: [] for m in modes}
     t0 = time.time()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        futures = {pool.submit(launch, m, limit, env): m for m, _ in jobs}
-        for f in concurrent.futures.as_completed(futures):
-            r = f.result()
-            results[futures[f]].append(r)
-            if not r["ok"]:
-                print(f"FAILED launch of {r['modes']}: rc={r['rc']} hang={r['hang']}\n{r['tail'][-1500:]}", flush=True)
-    names = {v: k for k, v in FAULTS.items()}
-    print(f"\n{'fault':<48}{'worker mode':<24}{'repeats':>8}{'passed':>8}{'failed':>8}{'hangs':>7}{'slowest s':>10}")
-    for m in modes:
-        rs = results[m]
-        print(f"{names.get(m, m):<48}{m:<24}{len(rs):>8}{sum(r['ok'] for r in rs):>8}"
-              f"{sum(not r['ok'] and not r['hang'] for r in rs):>8}{sum(r['hang'] for r in rs):>7}"
-              f"{max(r['wall_s'] for r in rs):>10.1f}")
-    all_ok = all(r["ok"] for rs in results.values() for r in rs)
-    print(f"# {sum(len(v) for v in results.values())} launches in {time.time() - t0:.0f} s, {n_gpus} GPU(s)"
-          f"{' (both ranks on one GPU)' if n_gpus == 1 else ''}, CE_OVERLAP_TIMEOUT_S={args.timeout_s}: "
-          f"{'all passed' if all_ok else 'FAILURES'}")
-    if args.out:
-        with open(args.out, "w") as f:
+
+    def report(final: bool) -> bool:
+        """The table and the JSON of the launches finished so far (also when cut short: SIGTERM from a time limit)."""
+        names = {v: k for k, v in FAULTS.items()}
+        print(f"\n{'fault':<48}{'worker mode':<24}{'repeats':>8}{'passed':>8}{'failed':>8}{'hangs':>7}{'slowest s':>10}")
+        for m in modes:
+            rs = results[m]
+            print(f"{names.get(m, m):<48}{m:<24}{len(rs):>8}{sum(r['ok'] for r in rs):>8}"
+                  f"{sum(not r['ok'] and not r['hang'] for r in rs):>8}{sum(r['hang'] for r in rs):>7}"
+                  f"{max((r['wall_s'] for r in rs), default=0.0):>10.1f}")
+        done = sum(len(v) for v in results.values())
+        all_ok = done == len(jobs) and all(r["ok"] for rs in results.values() for r in rs)
+        verdict = "all passed" if all_ok else ("FAILURES" if any(not r["ok"] for rs in results.values() for r in rs)
+                                               else f"CUT SHORT: {len(jobs) - done} launches not run")
+        print(f"# {done} of {len(jobs)} launches in {time.time() - t0:.0f} s, {n_gpus} GPU(s)"
+              f"{' (both ranks on one GPU)' if n_gpus == 1 else ''}, CE_OVERLAP_TIMEOUT_S={args.timeout_s}: {verdict}",
+              flush=True)
+        write_json(final and done == len(jobs))
+        return all_ok
+
+    def write_json(complete: bool) -> None:
+        if not args.out:
+            return
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
             json.dump({"command": " ".join([os.path.basename(sys.executable)] + sys.argv), "gpus": n_gpus,
                        "shared_gpu": n_gpus == 1, "timeout_s": args.timeout_s, "repeats": args.repeats,
-                       "results": results}, f, indent=1)
+                       "complete": complete, "launches_planned": len(jobs), "results": results}, f, indent=1)
+        os.replace(tmp, args.out)
+
+    def on_term(signum, _frame):
+        print(f"# signal {signum}: stopping; what finished so far:", flush=True)
+        report(final=False)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        futures = {pool.submit(launch, m, limit, env): m for m, _ in jobs}
+        for n, f in enumerate(concurrent.futures.as_completed(futures), 1):
+            r = f.result()
+            results[futures[f]].append(r)
+            print(f"[{n}/{len(jobs)} {time.time() - t0:5.0f} s] {r['modes']}: "
+                  f"{'ok' if r['ok'] else 'HANG' if r['hang'] else 'FAILED'} in {r['wall_s']} s", flush=True)
+            if not r["ok"]:
+                print(f"FAILED launch of {r['modes']}: rc={r['rc']} hang={r['hang']}\n{r['tail'][-1500:]}", flush=True)
+            write_json(False)  # after every launch: a run cut short keeps what finished
+    all_ok = report(final=True)
     return 0 if all_ok else 1
 
 

@@ -7,7 +7,9 @@ ce_overlap, symm_mem) loops back to back on its own stream. Prints the slowdown 
 
 The compute kernel is timed with CUDA events on the compute stream, median over --iters launches; the collective
 stream is kept busy for the whole window (two collectives are enqueued per compute launch, plus a lead-in), and its
-own achieved bus bandwidth beside the compute is reported too. Max over ranks.
+own achieved bus bandwidth beside the compute is reported too. Max over ranks. Where NVML is there (nvidia-ml-py), the
+median SM clock (slowest rank) and board power (highest rank) while each measurement ran are printed next to it:
+a slowdown with the clock down is the power limit, not SM or HBM contention.
 """
 from __future__ import annotations
 
@@ -43,6 +45,13 @@ def make_compute(kind: str):
 def time_compute_alone(fn, iters: int, warmup: int) -> float:
     times = C.time_op_ms(fn, iters, warmup, torch.cuda.synchronize)
     return C.max_over_ranks(C.median(times[2:] if len(times) > 4 else times))
+
+
+def clocks_min_over_ranks(stats: dict) -> dict:
+    """The slowest rank's SM clock and the highest power: one GPU held back holds the collective back."""
+    if C.sum_over_ranks(0 if stats else 1):  # a rank without samples: none reported
+        return {}
+    return {"sm_clock_mhz": -C.max_over_ranks(-stats["sm_clock_mhz"]), "power_w": C.max_over_ranks(stats["power_w"])}
 
 
 def time_compute_beside(fn, v: C.Variant, iters: int, warmup: int, group, per_launch: int, lead_in: int):
@@ -113,6 +122,9 @@ def main() -> int:
 
     results, na = [], {}
     failed_ce = ""
+    sampler = C.ClockSampler()
+    if sampler.error:
+        C.log0(f"# SM clock / power not sampled: {sampler.error}")
     # Collective alone, for reference.
     coll_alone = {}
     for name in variants:
@@ -133,8 +145,10 @@ def main() -> int:
     for kind in computes:
         label, fn, work = make_compute(kind)
         dist.barrier()
-        alone_ms = time_compute_alone(fn, args.iters, args.warmup)
-        row = {"compute": kind, "label": label, "variant": None, "compute_ms": alone_ms, "slowdown_pct": 0.0}
+        with sampler:
+            alone_ms = time_compute_alone(fn, args.iters, args.warmup)
+        row = {"compute": kind, "label": label, "variant": None, "compute_ms": alone_ms, "slowdown_pct": 0.0,
+               **clocks_min_over_ranks(sampler.stats())}
         if "flops" in work:
             row["tflops"] = work["flops"] / (alone_ms / 1e3) / 1e12
         if "bytes" in work:
@@ -153,8 +167,9 @@ def main() -> int:
                 continue
             try:
                 dist.barrier()
-                beside_ms, coll_ms = time_compute_beside(fn, v, args.iters, args.warmup, group, args.per_launch,
-                                                         lead_in=3)
+                with sampler:
+                    beside_ms, coll_ms = time_compute_beside(fn, v, args.iters, args.warmup, group,
+                                                             args.per_launch, lead_in=3)
             except Exception as e:  # noqa: BLE001
                 C.print_exc_rank()
                 reason = C.format_exc_line(e)
@@ -168,7 +183,7 @@ def main() -> int:
                  "slowdown_pct": (beside_ms / alone_ms - 1) * 100,
                  "collective_ms_beside": coll_ms,
                  "collective_busbw_beside_gbps": nbytes * (world - 1) / (coll_ms / 1e3) / 1e9,  # = algbw*(n-1)/n
-                 "collective_ms_alone": coll_alone.get(name)}
+                 "collective_ms_alone": coll_alone.get(name), **clocks_min_over_ranks(sampler.stats())}
             if "flops" in work:
                 r["tflops"] = work["flops"] / (beside_ms / 1e3) / 1e12
             if "bytes" in work:
@@ -181,7 +196,7 @@ def main() -> int:
     C.log0(f"# collective alone (256 MiB per rank unless --size-mib): "
            + ", ".join(f"{k} {v * 1e3:.0f} us" for k, v in coll_alone.items()))
     C.log0(f"{'compute':<28} {'beside':<24} {'compute(us)':>12} {'slowdown%':>10} {'TFLOP/s|GB/s':>13} "
-           f"{'coll(us)':>10} {'coll busbw':>11}")
+           f"{'coll(us)':>10} {'coll busbw':>11} {'SM MHz':>7} {'W':>5}")
     for r in results:
         if "compute_ms" not in r:
             C.log0(f"{r['label']:<28} {r['variant']:<24} n/a: {r.get('na') or r.get('error')}")
@@ -190,7 +205,8 @@ def main() -> int:
         coll = r.get("collective_ms_beside")
         C.log0(f"{r['label']:<28} {(r['variant'] or 'alone'):<24} {r['compute_ms'] * 1e3:>12.1f} "
                f"{r['slowdown_pct']:>+10.1f} {rate:>13.1f} "
-               + (f"{coll * 1e3:>10.1f} {r['collective_busbw_beside_gbps']:>11.1f}" if coll else f"{'-':>10} {'-':>11}"))
+               + (f"{coll * 1e3:>10.1f} {r['collective_busbw_beside_gbps']:>11.1f}" if coll else f"{'-':>10} {'-':>11}")
+               + (f" {r['sm_clock_mhz']:>7.0f} {r['power_w']:>5.0f}" if "sm_clock_mhz" in r else f" {'-':>7} {'-':>5}"))
     C.finish(group, args.out, {"schema": "ce_overlap.bench.overlap/1", "args": vars(args),
                                "size_bytes_per_rank": nbytes, "collective_alone_ms": coll_alone,
                                "results": results}, na, info)

@@ -1,9 +1,12 @@
 """The GPU benchmarks in bench/ run only on the device, so CPU CI at least imports each one and parses its arguments
 (an import error or a broken option list would otherwise surface first on the lent machine, costing device time); the
-pieces that need no GPU are checked for real: the size sweep and the step model's arithmetic."""
+pieces that need no GPU are checked for real: the size sweep, the step model's arithmetic and the fault repeats'
+bookkeeping."""
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -88,3 +91,64 @@ def test_kernel_classes_and_the_class_comparison():
     assert rows["optimizer"]["predicted_ms"] == 20.0
     assert rows["kernel busy time (sum of the above)"]["predicted_ms"] == pytest.approx(70 + 8 + 18 + 20)
     assert step_prediction.compare_classes(pieces, None) == []
+
+
+def _fake_launch(modes, timeout_s, env):
+    """Stands in for one torchrun launch of the GPU worker (the repeat loop's bookkeeping is under test, not CUDA)."""
+    ok = modes != "mismatch"
+    return {"modes": modes, "rc": 0 if ok else 1, "hang": False, "wall_s": 0.1, "ok": ok, "failed_lines": [],
+            "raised": [], "tail": "" if ok else "[rank 0] FAILED: made up"}
+
+
+def test_fault_repeats_reports_every_launch_and_failures(tmp_path, monkeypatch, capsys):
+    import fault_repeats
+
+    monkeypatch.setattr(fault_repeats, "gpu_count", lambda: 2)
+    monkeypatch.setattr(fault_repeats, "launch", _fake_launch)
+    out = tmp_path / "faults.json"
+    rc = fault_repeats.main(["--repeats", "3", "--faults", "timeout,mismatch", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 1 and "FAILURES" in text and "[6/6" in text
+    data = json.loads(out.read_text())
+    assert data["complete"] is True and data["launches_planned"] == 6
+    assert [len(data["results"][m]) for m in ("timeout", "mismatch")] == [3, 3]
+    assert not any(r["ok"] for r in data["results"]["mismatch"])
+
+
+def test_fault_repeats_cut_short_keeps_what_finished(tmp_path):
+    """A time limit's SIGTERM: the table of what finished is printed and the JSON kept, marked incomplete."""
+    out = tmp_path / "faults.json"
+    script = f"""
+import os, signal, sys, threading, time
+sys.path.insert(0, {BENCH!r})
+import fault_repeats
+fault_repeats.gpu_count = lambda: 2
+def slow(modes, timeout_s, env):
+    if modes == "mismatch":
+        time.sleep(60)
+    return {{"modes": modes, "rc": 0, "hang": False, "wall_s": 0.1, "ok": True, "failed_lines": [], "raised": [],
+            "tail": ""}}
+fault_repeats.launch = slow
+threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+sys.exit(fault_repeats.main(["--repeats", "2", "--parallel", "2", "--faults", "timeout,mismatch",
+                             "--out", {str(out)!r}]))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stdout + proc.stderr
+    assert "CUT SHORT" in proc.stdout and "timeout" in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["complete"] is False and data["launches_planned"] == 4
+    assert len(data["results"]["timeout"]) == 2 and data["results"]["mismatch"] == []
+
+
+def test_clock_sampler_without_nvml_changes_nothing():
+    """On a machine without a GPU (or NVML) the sampler reports why and gives no numbers; the block still runs."""
+    import _common as C
+
+    s = C.ClockSampler(period_s=0.001)
+    ran = []
+    with s:
+        ran.append(1)
+    assert ran == [1]
+    if s.error:
+        assert s.stats() == {}
