@@ -433,6 +433,85 @@ def plot(path: str, sc: dict, pred: dict) -> str:
 # ------------------------------------------------------------------------------------------------------------------
 # Measuring (torchrun, 2 GPUs)
 
+SCHEMA = "ce_overlap.bench.cost_model_validation/1"
+
+
+def slowdown_rows(raw_slow: list[dict], slow_bytes: int) -> list[dict]:
+    """One row per (collective, backend, compute kind) from calibrate.measure_slowdowns' records (None: not measured)."""
+    from ce_overlap import calibrate as cal  # noqa: PLC0415
+
+    rows = []
+    for op in OPS:
+        for backend in BACKENDS:
+            for compute in cal.COMPUTE_KINDS:
+                r = next((x for x in raw_slow if x["collective"] == op and x["backend"] == backend
+                          and x["compute"] == compute), None)
+                rows.append({"op": op, "backend": backend, "compute": compute, "bytes_per_rank": slow_bytes,
+                             "measured_pct": None if r is None else (r["compute_beside_us"] / r["compute_alone_us"] - 1) * 100,
+                             "compute_alone_us": r and r["compute_alone_us"], "compute_beside_us": r and r["compute_beside_us"],
+                             "collective_alone_us": r and r["collective_alone_us"],
+                             "collective_beside_us": r and r["collective_beside_us"]})
+    return rows
+
+
+def report(payload: dict, profile_names: list[str], sizes: list[int], main_sizes: list[int], slow_bytes: int,
+           out_dir: str, strict: bool, stem: str) -> int:
+    """Scores every profile against the measurements in `payload`, prints the reports, writes <stem>.png (the first
+    profile) and <stem>.json (the payload plus the scores). Returns 1 when strict and a target of the first fails."""
+    from ce_overlap import profiles  # noqa: PLC0415
+
+    measured = {(m["op"], m["backend"], m["bytes_per_rank"]): m["us"] for m in payload["measured"]}
+    slow_rows = slowdown_rows(payload["slowdowns_measured"], slow_bytes)
+    os.makedirs(out_dir, exist_ok=True)
+    scores, first_pred = [], None
+    for name in profile_names:
+        pred = predict(profiles.load(name), payload["device"]["world_size"], sizes, slow_rows)
+        scores.append(score(name, pred, measured, sizes, main_sizes))
+        first_pred = first_pred or pred
+        print()
+        print(format_report(scores[-1]))
+    primary = scores[0]
+    png = os.path.join(out_dir, f"{stem}.png")
+    try:
+        how = plot(png, primary, first_pred)
+        print(f"# wrote {png} ({how})")
+    except Exception as e:  # noqa: BLE001 (the numbers matter more than the picture)
+        how = f"not written: {type(e).__name__}: {e}"
+        print(f"# {stem}.png {how}")
+    failed = [c for c in primary["checks"] if c["pass"] is False]
+    n_na = sum(c["pass"] is None for c in primary["checks"])
+    print(f"# {profile_names[0]}: {len(primary['checks']) - len(failed) - n_na} targets pass, {len(failed)} fail, "
+          f"{n_na} not measured (n/a)")
+    path = os.path.join(out_dir, f"{stem}.json")
+    with open(path, "w") as f:
+        json.dump({**payload, "scores": scores, "png": {"path": png, "how": how}}, f, indent=1)
+    print(f"# wrote {path}")
+    return 1 if failed and strict else 0
+
+
+def rescore(path: str, profile_names: list[str], out_dir: str, strict: bool) -> int:
+    """No GPU: scores profiles against the measurements of an earlier run's validation.json (a model change is seen
+    on measured numbers at once; only a new device run validates it independently)."""
+    try:
+        with open(path) as f:
+            old = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        print(f"cost_model_validation: --rescore {path}: {e}", file=sys.stderr)
+        return 2
+    if old.get("schema") != SCHEMA or "measured" not in old or "slowdowns_measured" not in old:
+        print(f"cost_model_validation: --rescore {path}: not a {SCHEMA} file with measurements", file=sys.stderr)
+        return 2
+    a = old["args"]
+    main_sizes = [int(float(x) * MIB) for x in a["sizes_mib"].split(",") if x]
+    sizes = sorted(set(main_sizes + [int(float(x) * MIB) for x in a["crossover_mib"].split(",") if x]))
+    names = profile_names or [old["scores"][0]["profile"]]
+    print(f"# cost model re-scored on the measurements of {path} ({old['device']['gpu']}, "
+          f"{old['device']['world_size']} ranks); profiles: {', '.join(names)}")
+    payload = {**{k: v for k, v in old.items() if k not in ("scores", "png")}, "rescored_from": path,
+               "rescore_command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
+    return report(payload, names, sizes, main_sizes, int(a["slowdown_mib"] * MIB), out_dir, strict, "rescore")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes-mib", default="1,4,16,64,256", help="sizes per rank scored for the error targets")
@@ -444,7 +523,13 @@ def main() -> int:
     p.add_argument("--also-profile", action="append", default=[], help="more profiles scored on the same numbers")
     p.add_argument("--out", default=None, help="output folder (default $OUT, else bench/results)")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target fails")
+    p.add_argument("--rescore", metavar="VALIDATION_JSON", default=None,
+                   help="no GPU: score --profile / --also-profile against that earlier run's measurements "
+                        "(writes rescore.json / rescore.png into --out)")
     args = p.parse_args()
+    if args.rescore:
+        names = ([args.profile] if args.profile else []) + args.also_profile
+        return rescore(args.rescore, names, args.out or os.path.dirname(os.path.abspath(args.rescore)), args.strict)
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import _common as C  # noqa: E402  (multicast off before torch loads NCCL)
@@ -492,51 +577,15 @@ def main() -> int:
             C.log0(f"# measured {op}/{backend}" if not reason else f"# {op}/{backend}: n/a -- {reason}")
     torch.cuda.empty_cache()
     raw_slow = cal.measure_slowdowns(cols, slow_bytes, args.iters, args.warmup)
-    slow_rows = []
-    for op in OPS:
-        for backend in BACKENDS:
-            for compute in cal.COMPUTE_KINDS:
-                r = next((x for x in raw_slow if x["collective"] == op and x["backend"] == backend
-                          and x["compute"] == compute), None)
-                slow_rows.append({"op": op, "backend": backend, "compute": compute, "bytes_per_rank": slow_bytes,
-                                  "measured_pct": None if r is None else (r["compute_beside_us"] / r["compute_alone_us"] - 1) * 100,
-                                  "compute_alone_us": r and r["compute_alone_us"], "compute_beside_us": r and r["compute_beside_us"],
-                                  "collective_alone_us": r and r["collective_alone_us"],
-                                  "collective_beside_us": r and r["collective_beside_us"]})
 
     rc = 0
     if rank == 0:
-        os.makedirs(out_dir, exist_ok=True)
-        scores, first_pred = [], None
-        for name in [prof_name] + args.also_profile:
-            prof = profiles.load(name)
-            pred = predict(prof, world, sizes, slow_rows)
-            sc = score(name, pred, measured, sizes, main_sizes)
-            scores.append(sc)
-            if first_pred is None:
-                first_pred = pred
-            print()
-            print(format_report(sc))
-        primary = scores[0]
-        png = os.path.join(out_dir, "validation.png")
-        try:
-            how = plot(png, primary, first_pred)
-            print(f"# wrote {png} ({how})")
-        except Exception as e:  # noqa: BLE001 (the numbers matter more than the picture)
-            how = f"not written: {type(e).__name__}: {e}"
-            print(f"# validation.png {how}")
-        failed = [c for c in primary["checks"] if c["pass"] is False]
-        n_na = sum(c["pass"] is None for c in primary["checks"])
-        print(f"# {prof_name}: {len(primary['checks']) - len(failed) - n_na} targets pass, {len(failed)} fail, "
-              f"{n_na} not measured (n/a)")
-        payload = {"schema": "ce_overlap.bench.cost_model_validation/1", "args": vars(args), "info": info, "na": na,
+        payload = {"schema": SCHEMA, "args": vars(args), "info": info, "na": na,
                    "device": {"gpu": gpu, "world_size": world},
                    "measured": [{"op": k[0], "backend": k[1], "bytes_per_rank": k[2], "us": v} for k, v in measured.items()],
-                   "slowdowns_measured": raw_slow, "scores": scores, "png": {"path": png, "how": how}}
-        with open(os.path.join(out_dir, "validation.json"), "w") as f:
-            json.dump(payload, f, indent=1)
-        print(f"# wrote {os.path.join(out_dir, 'validation.json')}")
-        rc = 1 if failed and args.strict else 0
+                   "slowdowns_measured": raw_slow}
+        rc = report(payload, [prof_name] + args.also_profile, sizes, main_sizes, slow_bytes, out_dir, args.strict,
+                    "validation")
     dist.barrier()
     dist.destroy_process_group()
     return rc

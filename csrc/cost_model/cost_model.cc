@@ -348,12 +348,14 @@ CollectiveEstimate CostModel::ce_estimate(const CollectiveInfo& c) const {
       const double rounds = std::max(1.0, std::ceil(chunk / round_bytes));
       const auto [copy_latency, copy_all] = pull_all(chunk / rounds);
       const auto [reduce_latency, reduce_all] = reduce(chunk / rounds);
-      // Per round: the copies (with their per-copy latency) and one reduction launch; the op's signalling once.
-      const double c_us = copy_all.us - ce.signal_latency_us, d_us = reduce_all.us;
+      // Per round: a handshake with every peer (the runtime posts "bank free" and waits for the peers' before it
+      // pushes, then posts and waits for "landed": one signal latency per round, measured ~17 us per extra round on
+      // 2x H200 by bench/ce_probe.py (c)), the copies with their per-copy latency, and one reduction launch.
+      const double c_us = copy_all.us, d_us = reduce_all.us;
       const double copy_rate = copy_all.hbm_bytes / c_us, reduce_rate = reduce_all.hbm_bytes / d_us;
       // Copies alone, copies beside the reduction, then the reduction alone (sums to R max(c, d) + min(c, d)).
       const double both_us = (rounds - 1) * std::min(c_us, d_us);
-      const double copy_alone_us = ce.signal_latency_us + (c_us >= d_us ? rounds * c_us - both_us : c_us);
+      const double copy_alone_us = c_us >= d_us ? rounds * c_us - both_us : c_us;
       const double reduce_alone_us = c_us >= d_us ? d_us : rounds * d_us - both_us;
       e.latency_us = copy_latency + reduce_latency;
       e.us = copy_alone_us + both_us + reduce_alone_us;

@@ -267,17 +267,18 @@ TEST(CostModel, CeFormulaPerType) {
 }
 
 TEST(CostModel, CeReduceScatterPipelinesItsRounds) {
-  // 4 ranks, 1 GiB in: 256 MiB chunks in 8 rounds of 32 MiB. Per round: copies c = 2 + 3 x 32 MiB at 50 GB/s,
-  // reduction d = 5 + 5 x 32 MiB at 10 SMs x 10 GB/s. The runtime reduces round k beside the copies of k+1.
+  // 4 ranks, 1 GiB in: 256 MiB chunks in 8 rounds of 32 MiB. Per round: the handshake (signal 10) and copies
+  // c = 10 + 2 + 3 x 32 MiB at 50 GB/s, reduction d = 5 + 5 x 32 MiB at 10 SMs x 10 GB/s. The runtime reduces
+  // round k beside the copies of k+1.
   Profile p = round_profile();
   const double b = 1024.0 * kMiB, r = 32.0 * kMiB;
-  const double c = 2 + 3 * r / 50e3, d = 5 + 5 * r / 100e3;
+  const double c = 10 + 2 + 3 * r / 50e3, d = 5 + 5 * r / 100e3;
   ASSERT_GT(c, d);  // copy-bound
   CollectiveEstimate rs = CostModel(p).estimate(coll(CollectiveType::ReduceScatter, 4, static_cast<int64_t>(b)),
                                                 Backend::Ce);
-  EXPECT_NEAR(rs.us, 10 + 8 * c + d, 1e-6);  // not 10 + 8c + 8d: only the last reduction is exposed
+  EXPECT_NEAR(rs.us, 8 * c + d, 1e-6);  // not 8c + 8d: only the last reduction is exposed
   ASSERT_EQ(rs.phases.size(), 3u);
-  EXPECT_NEAR(rs.phases[0].us, 10 + 8 * c - 7 * d, 1e-6);  // copies alone
+  EXPECT_NEAR(rs.phases[0].us, 8 * c - 7 * d, 1e-6);  // copies alone
   EXPECT_EQ(rs.phases[0].sms, 0);
   EXPECT_FALSE(rs.phases[0].reduction);
   EXPECT_NEAR(rs.phases[1].us, 7 * d, 1e-6);  // copies beside the reduction
@@ -293,7 +294,7 @@ TEST(CostModel, CeReduceScatterPipelinesItsRounds) {
   const double slow_d = 5 + 5 * r / 20e3;
   CollectiveEstimate slow = CostModel(p).estimate(coll(CollectiveType::ReduceScatter, 4, static_cast<int64_t>(b)),
                                                   Backend::Ce);
-  EXPECT_NEAR(slow.us, 10 + c + 8 * slow_d, 1e-6);
+  EXPECT_NEAR(slow.us, c + 8 * slow_d, 1e-6);
   EXPECT_NEAR(slow.phases[1].us, 7 * c, 1e-6);
   EXPECT_NEAR(slow.phases[2].us, 8 * slow_d - 7 * c, 1e-6);
 }
@@ -448,9 +449,9 @@ TEST(CostModel, LatencyAndBandwidthBound) {
         case CollectiveType::AllToAll: bandwidth_us = h / 2 / (both * 1e3); break;
         case CollectiveType::ReduceScatter: {
           // Rounds of 32 MiB per chunk, the reduction of one beside the copies of the next: the slower stage
-          // (with its per-round copy latency or reduction launch) bounds it, not their sum.
+          // (with its per-round handshake and copy latency, or reduction launch) bounds it, not their sum.
           const double rounds = std::ceil(h / 2 / (32.0 * 1024 * 1024));
-          bandwidth_us = std::max(h / 2 / (both * 1e3) + rounds * p.ce.copy_latency_us,
+          bandwidth_us = std::max(h / 2 / (both * 1e3) + rounds * (p.ce.signal_latency_us + p.ce.copy_latency_us),
                                   1.5 * h / (reduce * 1e3) + rounds * p.efficiency.kernel_launch_us);
           break;
         }
