@@ -565,7 +565,7 @@ TEST(Fit, H200ReproducesMeasuredCollectives) {
   CostModel m(builtin_profile("h200-sxm"));
   const double mib[] = {4, 16, 64, 256};
   const double nccl_ag[] = {115, 183, 232, 257};
-  const double ce_ag[] = {170, 337, 362, 371};
+  const double ce_ag[] = {95.5, 209.7, 307.6, 359.3};  // device-timed, cost_model_validation-2026-11-24
   const double nccl_rs[] = {128, 176, 217, 245};
   std::vector<FitRow> rows;
   for (int i = 0; i < 4; ++i) {
@@ -578,7 +578,7 @@ TEST(Fit, H200ReproducesMeasuredCollectives) {
     rows.push_back({"CE all-gather (in-place pull)", mib[i], ce_ag[i], busbw(CollectiveType::AllGather, Backend::Ce)});
     rows.push_back({"NCCL reduce-scatter", mib[i], nccl_rs[i], busbw(CollectiveType::ReduceScatter, Backend::Nccl)});
   }
-  std::printf("h200-sxm vs MEASURED.md, 2 ranks\n  %-30s %8s %10s %10s %7s\n", "collective", "MiB/rank", "measured",
+  std::printf("h200-sxm vs measured (MEASURED.md; CE: 2026-11-24), 2 ranks\n  %-30s %8s %10s %10s %7s\n", "collective", "MiB/rank", "measured",
               "model", "error");
   for (const FitRow& r : rows) {
     const double err = (r.model_gbps - r.measured_gbps) / r.measured_gbps;
@@ -622,24 +622,27 @@ TEST(Fit, H200ReproducesMeasuredContention) {
   EXPECT_GT(nccl_ag.compute_bound, 4 * ce_ag.compute_bound);
 }
 
-TEST(Fit, H200AllGatherCrossoverBetween1And4MiB) {
+TEST(Fit, H200AllGatherCrossoverWithinTwiceTheMeasured) {
+  // Measured on 2x H200, device time (bench/results/cost_model_validation-2026-11-24): NCCL and the in-place CE
+  // all-gather break even at 7.0 MiB per rank. Issue target: the model's crossover within a factor 2 of it.
   CostModel m(builtin_profile("h200-sxm"));
   auto choice = [&](double bytes) {
     return m.decide(coll(CollectiveType::AllGather, 2, static_cast<int64_t>(bytes)), {}).choice;
   };
-  EXPECT_EQ(choice(1.0 * kMiB), Backend::Nccl);
-  EXPECT_EQ(choice(4.0 * kMiB), Backend::Ce);
-  double lo = 1.0 * kMiB, hi = 4.0 * kMiB;  // bisect the break-even size
+  const double measured = 7.0 * kMiB;
+  EXPECT_EQ(choice(measured / 2), Backend::Nccl);
+  EXPECT_EQ(choice(measured * 2), Backend::Ce);
+  double lo = measured / 2, hi = measured * 2;  // bisect the break-even size
   for (int i = 0; i < 40; ++i) {
     const double mid = std::sqrt(lo * hi);
     (choice(mid) == Backend::Ce ? hi : lo) = mid;
   }
   std::printf("h200-sxm NCCL/CE all-gather break-even, 2 ranks, no compute beside: %.2f MiB per rank "
-              "(measured: between 1 and 4)\n", hi / kMiB);
-  EXPECT_GT(hi, 1.0 * kMiB);
-  EXPECT_LT(hi, 4.0 * kMiB);
+              "(measured: 7.0)\n", hi / kMiB);
+  EXPECT_GT(hi, measured / 2);
+  EXPECT_LT(hi, measured * 2);
   // Above the break-even CE stays ahead.
-  for (int64_t bytes = 4 * kMiB; bytes <= 4 * kGiB; bytes *= 2) {
+  for (int64_t bytes = 16 * kMiB; bytes <= 4 * kGiB; bytes *= 2) {
     EXPECT_EQ(choice(static_cast<double>(bytes)), Backend::Ce) << bytes;
   }
 }
