@@ -431,6 +431,13 @@ MemoryEstimate peak_memory(const Graph& g, const std::vector<int>& order) {
       items.alloc_bytes[i] = node.output_bytes();  // views, waits and the output take no new memory
     }
     for (int input : node.inputs) items.inputs.push_back(position[input]);
+    // A collective reads its inputs until it completes, and the graph learns that only at the wait: NCCL's
+    // functional collectives keep them stashed until wait_tensor, ce_overlap's wait keeps them alive. So a wait
+    // uses its collective's inputs too (a reduce-scatter's input held until a sunk wait is real memory).
+    const int waited = node.kind == NodeKind::Wait ? waited_collective(g, order[i]) : -1;
+    if (waited >= 0) {
+      for (int input : g.nodes[waited].inputs) items.inputs.push_back(position[input]);
+    }
     items.input_offsets.push_back(static_cast<int>(items.inputs.size()));
   }
   detail::liveness_peak(items, result);

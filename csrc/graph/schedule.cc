@@ -296,7 +296,7 @@ BucketedItems bucketed_items(const Graph& g, const std::vector<Bucket>& buckets,
     if (!is_multi(buckets[b])) continue;
     for (int m : buckets[b].members) bucket_of[m] = static_cast<int>(b);
   }
-  std::vector<int> first_item_of_bucket(buckets.size(), -1);
+  std::vector<int> first_item_of_bucket(buckets.size(), -1), copy_in_of_bucket(buckets.size(), -1);
   std::vector<int> item_of(n, -1);
   BucketedItems out;
   detail::LivenessItems& it = out.items;
@@ -319,6 +319,7 @@ BucketedItems bucketed_items(const Graph& g, const std::vector<Bucket>& buckets,
         // Copy-in: every member's inputs flattened into one buffer of the bucket's bytes.
         const int copy_in = push(bucket.bytes, -1, i, v);
         it.owner[copy_in] = copy_in;
+        copy_in_of_bucket[b] = copy_in;
         for (int m : bucket.members) {
           for (int input : g.nodes[m].inputs) {
             if (item_of[input] < 0) throw IrError("order: an input of bucket member " + node.name + " runs after it");
@@ -347,6 +348,14 @@ BucketedItems bucketed_items(const Graph& g, const std::vector<Bucket>& buckets,
     it.owner[x] = alias ? it.owner[item_of[node.inputs[0]]] : x;
     it.is_output[x] = output;
     for (int input : node.inputs) it.inputs.push_back(item_of[input]);
+    // The wait also holds what its collective reads (peak_memory says why): a bucket's copy-in buffer, or the
+    // collective's own inputs.
+    const int waited = node.kind == NodeKind::Wait ? waited_collective(g, v) : -1;
+    if (waited >= 0 && bucket_of[waited] >= 0) {
+      it.inputs.push_back(copy_in_of_bucket[bucket_of[waited]]);
+    } else if (waited >= 0) {
+      for (int input : g.nodes[waited].inputs) it.inputs.push_back(item_of[input]);
+    }
     close_inputs();
     item_of[v] = x;
   }
