@@ -177,3 +177,21 @@ def test_validation_rescore_rejects_a_file_without_measurements(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(BENCH, "cost_model_validation.py"), "--rescore", str(bad)],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 2 and "not a ce_overlap.bench.cost_model_validation/1 file" in proc.stderr
+
+
+def test_train_lr_warmup_and_loss_agreement():
+    import types
+
+    import train
+
+    args = train.parse_args(["--lr", "3e-4", "--lr-warmup-steps", "200", "--device", "cpu"])
+    assert train.lr_at(1, args) == 3e-4 / 200 and train.lr_at(200, args) == 3e-4 and train.lr_at(500, args) == 3e-4
+    assert train.lr_at(7, train.parse_args(["--lr-warmup-steps", "0", "--device", "cpu"])) == 3e-4
+    with pytest.raises(SystemExit):
+        train.parse_args(["--lr-warmup-steps", "-1", "--device", "cpu"])
+    mode = lambda name, losses: types.SimpleNamespace(mode=name, losses=losses)  # noqa: E731
+    # One bf16 spacing at 12.5 is 2^-7 * 12.5 ~= 0.098: 0.05 apart agrees, 0.25 apart does not.
+    ok, why = train.losses_agree([mode("a", [12.5, 12.4]), mode("b", [12.5, 12.45])])
+    assert ok, why
+    ok, why = train.losses_agree([mode("a", [12.5, 12.4]), mode("b", [12.5, 12.65]), mode("c", [12.5, 12.4])])
+    assert not ok and "step 2" in why and "b 12.6500" in why
