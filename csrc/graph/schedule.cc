@@ -214,7 +214,10 @@ struct Scheduler {
     }
   }
 
-  std::vector<Key> own_keys(const std::vector<int>& prefetch, bool captured) const {
+  // bounded[b]: the wait of reduce-scatter bucket b goes right after the next reduce-scatter bucket's issue
+  // instead of sinking to its first user (the memory budget: a collective's input lives until its wait).
+  std::vector<Key> own_keys(const std::vector<int>& prefetch, bool captured,
+                            const std::vector<char>& bounded = {}) const {
     std::vector<Key> key(u.count);
     for (int x = 0; x < u.count; ++x) {
       const int v = u.nodes[u.node_offsets[x]];
@@ -251,7 +254,22 @@ struct Scheduler {
       }
       key[u.collective_unit[b]] = {primary, first};
     }
+    for (size_t b = 0; b < bounded.size(); ++b) {
+      if (!bounded[b] || u.wait_unit[b] < 0) continue;
+      const int next = next_reduce_scatter(b);
+      if (next < 0) continue;
+      const Key issue = key[u.collective_unit[next]];
+      key[u.wait_unit[b]] = {issue.primary + 0.25, issue.secondary};
+    }
     return key;
+  }
+
+  // The planned reduce-scatter bucket issued after bucket b (buckets are in order of first member), or -1.
+  int next_reduce_scatter(size_t b) const {
+    for (size_t c = b + 1; c < buckets.size(); ++c) {
+      if (buckets[c].planned && buckets[c].type == CollectiveType::ReduceScatter) return static_cast<int>(c);
+    }
+    return -1;
   }
 
   // Lowers keys to users' keys, then sorts topologically by key.
@@ -438,13 +456,32 @@ Schedule schedule_graph(const Graph& g, std::vector<Bucket> buckets, const PlanC
     for (int i = 0; i < n; ++i) pos[order[i]] = i;
     return pos;
   };
+  std::vector<char> bounded(buckets.size(), 0);
   while (true) {
-    s.order = scheduler.order_for(scheduler.own_keys(s.prefetch, false));
+    s.order = scheduler.order_for(scheduler.own_keys(s.prefetch, false, bounded));
     const Peak peak = bucketed_peak(g, buckets, s.order);
     s.peak_bytes_after = peak.bytes;
     if (peak.bytes - s.peak_bytes_before <= config.memory_budget_bytes) break;
-    // All-gather buckets held across the peak (or allocated at it) only because they were issued early.
     const std::vector<int> pos = positions_of(s.order);
+    // First, reduce-scatters whose sunk wait holds their inputs across the peak: each waits once the next one is
+    // issued (at most two in flight, as FSDP does), which costs no overlap while a block's backward outlasts one.
+    bool bound_some = false;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      if (bounded[b] || !buckets[b].planned || buckets[b].type != CollectiveType::ReduceScatter ||
+          units.wait_unit[b] < 0 || scheduler.next_reduce_scatter(b) < 0) {
+        continue;
+      }
+      const int issue = pos[buckets[b].members.front()];
+      const int wait = pos[buckets[b].waits.front()];
+      if (issue <= peak.position && wait > peak.position) {
+        bounded[b] = 1;
+        bound_some = true;
+        s.notes[b] = "wait bounded to the next reduce-scatter's issue to stay within the " +
+                     bytes_text(config.memory_budget_bytes) + " memory budget";
+      }
+    }
+    if (bound_some) continue;
+    // Then all-gather buckets held across the peak (or allocated at it) only because they were issued early.
     int victim = -1, victim_wait = -1;
     for (size_t b = 0; b < buckets.size(); ++b) {
       if (s.prefetch[b] <= 0 || units.wait_unit[b] < 0) continue;

@@ -401,6 +401,43 @@ TEST(Schedule, MemoryBudgetCutsPrefetchAndSaysSo) {
   (void)g;
 }
 
+TEST(Schedule, MemoryBudgetBoundsReduceScatterWaits) {
+  // A reduce-scatter reads its input until its wait. Sunk to the end, every block's gradients stay alive; over a
+  // budget, each wait moves to right after the next reduce-scatter's issue (at most two in flight), and says so.
+  FsdpOptions o;
+  o.blocks = 6;
+  o.backward = true;
+  o.outside = false;
+  o.shard_rows = 1024;
+  const Document doc = fsdp_doc(o);
+  const Graph& g = doc.graphs[0];
+  const Schedule sunk = plan_and_check(doc);
+  const int64_t rise = sunk.peak_bytes_after - sunk.peak_bytes_before;
+  ASSERT_GT(rise, 0) << "the sunk waits must cost memory for this test to mean anything";
+
+  PlanConfig tight;
+  tight.memory_budget_bytes = rise / 2;
+  const Schedule s = plan_and_check(doc, tight);
+  EXPECT_LE(s.peak_bytes_after - s.peak_bytes_before, tight.memory_budget_bytes);
+  EXPECT_FALSE(s.kept_captured_order);
+  std::vector<int> rs;
+  for (size_t b = 0; b < s.buckets.size(); ++b) {
+    if (s.buckets[b].planned && s.buckets[b].type == CollectiveType::ReduceScatter) rs.push_back(static_cast<int>(b));
+  }
+  ASSERT_EQ(rs.size(), 6u);  // one per block
+  int bounded = 0;
+  for (size_t k = 0; k + 1 < rs.size(); ++k) {
+    const int b = rs[k], next = rs[k + 1];
+    if (s.notes[b].find("wait bounded") == std::string::npos) continue;
+    ++bounded;
+    EXPECT_NE(s.notes[b].find("memory budget"), std::string::npos) << s.notes[b];
+    EXPECT_GT(s.wait_position[b], s.issue_position[next]) << "bucket " << b;  // the next one is queued first
+    EXPECT_LT(s.wait_position[b], static_cast<int>(g.nodes.size()) - 1);     // not sunk to the end
+  }
+  EXPECT_GT(bounded, 0);
+  EXPECT_EQ(s.notes[rs.back()].find("wait bounded"), std::string::npos);  // the last has no next one
+}
+
 TEST(Schedule, BucketedPeakCountsTheBucketBuffers) {
   // Two 1 KiB all-gathers in one bucket: the copy-in (2 x 128 B) and one output buffer (2 x 1 KiB)
   // that lives until its last member's use.
