@@ -441,12 +441,33 @@ def step_model(ir, profile: str, world: int) -> dict:
         out["plan"][name] = summary
     local_params = -(-int(ir.meta.get("num_params", 0)) // world)
     out["optimizer_us"] = ADAMW_BYTES_PER_PARAM * local_params * optimizer_us_per_byte
+    out["local_gather_us"] = local_gather_us(ir, hbm_us_per_byte)
+    return out
+
+
+def local_gather_us(ir, hbm_us_per_byte: float) -> dict:
+    """What the no-comm mode runs instead of the collectives, per graph (fx/fsdp.py _LocalGather): each all-gather
+    becomes `shard.repeat(world)` (reads the shard, writes world x shard) and each reduce-scatter a
+    `narrow(...).contiguous()` of the gradient (reads and writes this rank's rows), memory-bound kernels."""
+    out = {}
+    for g in ir.to_dict()["graphs"]:
+        moved = 0
+        for n in g["nodes"]:
+            c = n.get("collective") if n.get("kind") == "collective" else None
+            if not c:
+                continue
+            if c["type"] == "all_gather":
+                moved += c["bytes"] * (1 + c["group_size"])
+            elif c["type"] == "reduce_scatter":
+                moved += 2 * c["bytes"] // c["group_size"]
+        out[g["name"]] = moved * hbm_us_per_byte
     return out
 
 
 def predicted_step_ms(pred: dict, no_comm: bool = False) -> float | None:
     """One step from step_model's pieces: per graph compute + exposed communication after planning + slowdown +
-    bucket copies, plus the optimizer. no_comm: compute + optimizer (the no-communication bound)."""
+    bucket copies, plus the optimizer. no_comm: compute + optimizer + the local stand-ins of the collectives that
+    the no-comm mode runs (local_gather_us; the no-communication bound as bench/train.py measures it)."""
     graphs = pred.get("analyze") or {}
     if not graphs:
         return None
@@ -454,6 +475,7 @@ def predicted_step_ms(pred: dict, no_comm: bool = False) -> float | None:
     for name, g in graphs.items():
         total += g.get("compute_us") or 0.0
         if no_comm:
+            total += (pred.get("local_gather_us") or {}).get(name, 0.0)
             continue
         plan = (pred.get("plan") or {}).get(name) or {}
         exposed = plan.get("exposed_comm_us_after", g.get("exposed_comm_us") or 0.0)

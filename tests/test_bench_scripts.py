@@ -47,9 +47,24 @@ def test_step_model_pieces_add_up():
                        "backward": {"exposed_comm_us_after": 200.0, "slowdown_us": 70.0, "bucket_copy_us": 30.0}}}
     assert train.predicted_step_ms(pieces) == pytest.approx((1000 + 3000 + 170 + 6000 + 300) / 1e3)
     assert train.predicted_step_ms(pieces, no_comm=True) == pytest.approx((1000 + 3000 + 6000) / 1e3)
+    # The no-comm mode runs local stand-ins of the collectives (repeat / narrow copies): charged to it only.
+    pieces["local_gather_us"] = {"forward": 400.0, "backward": 250.0}
+    assert train.predicted_step_ms(pieces, no_comm=True) == pytest.approx((1000 + 3000 + 6000 + 650) / 1e3)
+    assert train.predicted_step_ms(pieces) == pytest.approx((1000 + 3000 + 170 + 6000 + 300) / 1e3)
     assert train.predicted_step_ms({}) is None
     # AdamW over fp32 master shards moves 28 bytes per local parameter.
     assert train.ADAMW_BYTES_PER_PARAM == 7 * 4
+
+
+def test_local_gather_bytes_follow_the_no_comm_stand_ins(tiny_ir):
+    """_LocalGather: the forward gathers every parameter once in bf16, so its stand-ins (repeat: read the shard,
+    write world x shard) move (1 + world) / world x 2 bytes per parameter, up to the shard padding."""
+    import train
+
+    world, params = 8, tiny_ir.meta["num_params"]
+    got = train.local_gather_us(tiny_ir, 1.0)
+    assert got["forward"] == pytest.approx((1 + world) / world * 2 * params, rel=0.05)
+    assert got["backward"] > 0  # the re-gathers and the reduce-scatters' narrow copies
 
 
 def test_gpu_idle_between_kernels():
