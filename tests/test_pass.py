@@ -248,6 +248,21 @@ def test_pass_with_the_cpp_planner(model, caplog, tmp_path):
         assert doc["schema"] == ("ce_overlap.plan/1" if f.endswith(".plan.json") else "ce_overlap.ir/1")
 
 
+def test_peak_memory_holds_a_collective_input_until_its_wait():
+    """The tests' own liveness model agrees with the planner's: a reduce-scatter reads its input until the wait."""
+    def node(i, kind, op, inputs, nbytes):
+        return {"id": i, "kind": kind, "op": op, "inputs": inputs, "outputs": [{"bytes": nbytes}]}
+
+    nodes = [node(0, "placeholder", "placeholder", [], 0),
+             node(1, "compute", "aten.mm.default", [0], 100),                          # the gradient
+             node(2, "collective", "_c10d_functional.reduce_scatter_tensor.default", [1], 50),
+             node(3, "compute", "aten.mm.default", [0], 1000),                         # runs before the wait
+             node(4, "wait", "_c10d_functional.wait_tensor.default", [2], 50),
+             node(5, "output", "output", [3, 4], 0)]
+    assert peak_memory(nodes, [0, 1, 2, 3, 4, 5]) == 100 + 50 + 1000  # the gradient is still held at node 3
+    assert peak_memory(nodes, [0, 1, 2, 4, 3, 5]) == 50 + 1000        # waited first: freed before node 3
+
+
 @pytest.mark.parametrize("budget_mb", [0, 2])
 def test_memory_budget_holds(budget_mb):
     """The planner's order and buckets keep the measured peak (our own liveness model over the rewritten

@@ -29,17 +29,31 @@ def ir_graph(gm: torch.fx.GraphModule, name: str = "g") -> dict:
 
 def peak_memory(nodes: list[dict], order: list[int]) -> int:
     """Peak bytes of IR node outputs under `order` (node ids): allocated when produced, freed after the
-    last use of anything aliasing them (views and waits alias their first input); placeholders are the
-    caller's; graph outputs live to the end."""
+    last use of anything aliasing them (views and waits alias their first input); a wait also uses what its
+    collective reads (the collective reads it until it completes); placeholders are the caller's; graph
+    outputs live to the end."""
     root = {}
+    is_wait = {}
     for i in order:
         n = nodes[i]
-        aliases = n["kind"] in ("view", "wait") or n["op"] == "ce_overlap.wait_tensor.default"
+        is_wait[i] = n["kind"] == "wait" or n["op"] == "ce_overlap.wait_tensor.default"
+        aliases = n["kind"] == "view" or is_wait[i]
         root[i] = root[n["inputs"][0]] if aliases and n["inputs"] else i
     pos = {i: p for p, i in enumerate(order)}
+
+    def waited_collective(i):
+        j = nodes[i]["inputs"][0] if nodes[i]["inputs"] else None
+        while j is not None and nodes[j]["kind"] == "view" and nodes[j]["inputs"]:
+            j = nodes[j]["inputs"][0]
+        return j if j is not None and nodes[j]["kind"] == "collective" else None
+
     last = {}
     for i in order:
-        for j in nodes[i]["inputs"]:
+        used = list(nodes[i]["inputs"])
+        c = waited_collective(i) if is_wait[i] else None
+        if c is not None:
+            used += nodes[c]["inputs"]
+        for j in used:
             last[root[j]] = max(last.get(root[j], -1), pos[i])
     frees: dict[int, int] = {}
     size = {}
