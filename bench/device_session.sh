@@ -24,4 +24,4 @@ if [ -n "${CE_SESSION_FAULTS_S:-}" ]; then
   tail -n 12 "$R/faults/faults.log"
 fi
 cat "$R/train/summary.txt"; [ -f "$R/train/pass_gpu.log" ] && grep -E "PASS|FAIL" "$R/train/pass_gpu.log" | tail -14
-grep -E "^(compile|ce_overlap|no-comm|# pred|# larg)|ce_overlap: " "$R/train/train.log" | tail -14; tail -12 "$R/cal/validation.log"
+grep -E "^(eager|compile|ce_overlap|no-comm|# pred|# larg|# compiled)|ce_overlap: " "$R/train/train.log" | tail -16; tail -12 "$R/cal/validation.log"
