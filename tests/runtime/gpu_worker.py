@@ -186,6 +186,16 @@ def failed_on_all_ranks(failures: int) -> int:
     return int(total.item())
 
 
+def checked_case(run, *args) -> tuple[int, str]:
+    """One randomized case: run(*args) -> (wrong bytes, problem); an exception becomes (-1, its message), its
+    traceback printed, so every failure is reported with its case and the mode goes on to the next."""
+    try:
+        return run(*args)
+    except Exception as e:  # noqa: BLE001 (report every failure with its case)
+        traceback.print_exc()
+        return -1, f"{type(e).__name__}: {e}"
+
+
 def finish_cases(label: str, cases: int, failed_here: int, table: list[str], t0: float, group) -> int:
     """The end of a randomized mode: every rank agrees on the failure count (a failure on one rank fails the mode on
     all), rank 0 prints the table of cases, every rank its closing line. Returns the mode's exit code."""
@@ -338,11 +348,7 @@ def mode_correctness(args) -> int:
         case = draw_case(rng)
         step(f"correctness case {i}: {case['mode']} {str(case['dtype']).replace('torch.', '')} {case['shape']} "
              f"split {case['split']}")
-        try:
-            wrong, problem = run_case(case, group, world, rank, side)
-        except Exception as e:  # noqa: BLE001 (report every failure with its case)
-            wrong, problem = -1, f"{type(e).__name__}: {e}"
-            traceback.print_exc()
+        wrong, problem = checked_case(run_case, case, group, world, rank, side)
         key = (case["mode"], str(case["dtype"]).replace("torch.", ""))
         stats[key] += 1
         if wrong != 0 or problem:
@@ -888,11 +894,7 @@ def mode_parts(args) -> int:
         total = sum(int(torch.Size(p["shape"]).numel()) * torch.empty((), dtype=p["dtype"]).element_size()
                     for p in case["parts"])
         step(f"parts case {i}: {case['kind']} {len(case['parts'])} parts, {total} bytes, wait {case['wait']}")
-        try:
-            wrong, problem = run_parts_case(case, group, world, rank, side)
-        except Exception as e:  # noqa: BLE001
-            wrong, problem = -1, f"{type(e).__name__}: {e}"
-            traceback.print_exc()
+        wrong, problem = checked_case(run_parts_case, case, group, world, rank, side)
         stats[(case["kind"], len(case["parts"]))] += 1
         if wrong != 0 or problem:
             failures.append(i)
@@ -1099,11 +1101,7 @@ def mode_a2a_bcast(args) -> int:
                 "root": rng.randrange(world), "clobber_input_after": rng.random() < 0.3}
         case["numel"] = _draw_numel(rng, world if kind == "a2a" else 1)
         step(f"a2a_bcast case {i}: {kind} {case['mode']} {case['dtype']} {case['numel']}")
-        try:
-            wrong, problem = _run_a2a_bcast_case(case, group, world, rank)
-        except Exception as e:  # noqa: BLE001
-            wrong, problem = -1, f"{type(e).__name__}: {e}"
-            traceback.print_exc()
+        wrong, problem = checked_case(_run_a2a_bcast_case, case, group, world, rank)
         stats[(kind, case["mode"])] += 1
         if wrong or problem:
             failures += 1
@@ -1227,11 +1225,7 @@ def mode_p2p(args) -> int:
         style = rng.choice(["sync", "sync", "async", "torch_p2pop", "single"])
         order_seed = rng.randrange(1 << 30)
         step(f"p2p case {i}: {style} {[(m['src'], m['dst'], m['numel'], m['direct']) for m in msgs]}")
-        try:
-            wrong, problem = _run_p2p_case(msgs, style, order_seed, group, rank)
-        except Exception as e:  # noqa: BLE001
-            wrong, problem = -1, f"{type(e).__name__}: {e}"
-            traceback.print_exc()
+        wrong, problem = checked_case(_run_p2p_case, msgs, style, order_seed, group, rank)
         stats[style] += 1
         stats["messages"] += len(msgs)
         stats["direct"] += sum(m["direct"] for m in msgs)
