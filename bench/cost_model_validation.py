@@ -436,6 +436,13 @@ def plot(path: str, sc: dict, pred: dict) -> str:
 SCHEMA = "ce_overlap.bench.cost_model_validation/1"
 
 
+def sizes_from_args(sizes_mib: str, crossover_mib: str) -> tuple[list[int], list[int]]:
+    """(the scored sizes, every measured size) in bytes per rank, from the --sizes-mib / --crossover-mib lists."""
+    main_sizes = [int(float(x) * MIB) for x in sizes_mib.split(",") if x]
+    extra = [int(float(x) * MIB) for x in crossover_mib.split(",") if x]
+    return main_sizes, sorted(set(main_sizes + extra))
+
+
 def slowdown_rows(raw_slow: list[dict], slow_bytes: int) -> list[dict]:
     """One row per (collective, backend, compute kind) from calibrate.measure_slowdowns' records (None: not measured)."""
     from ce_overlap import calibrate as cal  # noqa: PLC0415
@@ -502,8 +509,7 @@ def rescore(path: str, profile_names: list[str], out_dir: str, strict: bool) -> 
         print(f"cost_model_validation: --rescore {path}: not a {SCHEMA} file with measurements", file=sys.stderr)
         return 2
     a = old["args"]
-    main_sizes = [int(float(x) * MIB) for x in a["sizes_mib"].split(",") if x]
-    sizes = sorted(set(main_sizes + [int(float(x) * MIB) for x in a["crossover_mib"].split(",") if x]))
+    main_sizes, sizes = sizes_from_args(a["sizes_mib"], a["crossover_mib"])
     names = profile_names or [old["scores"][0]["profile"]]
     print(f"# cost model re-scored on the measurements of {path} ({old['device']['gpu']}, "
           f"{old['device']['world_size']} ranks); profiles: {', '.join(names)}")
@@ -540,9 +546,7 @@ def main() -> int:
     from ce_overlap import calibrate as cal
     from ce_overlap import profiles
 
-    main_sizes = [int(float(x) * MIB) for x in args.sizes_mib.split(",") if x]
-    extra = [int(float(x) * MIB) for x in args.crossover_mib.split(",") if x]
-    sizes = sorted(set(main_sizes + extra))
+    main_sizes, sizes = sizes_from_args(args.sizes_mib, args.crossover_mib)
     slow_bytes = int(args.slowdown_mib * MIB)
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
     if world_env < 2:
