@@ -7,6 +7,7 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -198,8 +199,6 @@ class ClockSampler:
     Without NVML (nvidia-ml-py) or where a query fails, stats() is {} and the benchmark runs unchanged."""
 
     def __init__(self, period_s: float = 0.005):
-        import threading  # noqa: PLC0415
-
         self.period_s, self.samples, self._stop, self._thread = period_s, [], threading.Event(), None
         self.error = ""
         try:
@@ -226,8 +225,6 @@ class ClockSampler:
                 return
 
     def __enter__(self) -> ClockSampler:
-        import threading  # noqa: PLC0415
-
         self.samples = []
         if self._handle is not None:
             self._stop.clear()

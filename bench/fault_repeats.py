@@ -46,7 +46,7 @@ def gpu_count() -> int:
 
 
 def launch(modes: str, timeout_s: float, env: dict) -> dict:
-    from test_runtime_gpu import _kill_tree
+    from test_runtime_gpu import _kill_tree  # noqa: PLC0415 (the GPU tests' process-tree killer)
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKER, modes]
     t0 = time.time()
