@@ -19,10 +19,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <sstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -77,10 +79,68 @@ std::shared_ptr<Group> group_for(const std::string& group_name, int64_t group_si
   return g;
 }
 
-// Deferred joins of the functional ops: output storage -> the event its op's end was recorded into. The op
-// returns without making the caller's stream wait (so the compute a graph places between a collective and its
-// wait overlaps it, as with _c10d_functional); ce_overlap::wait_tensor(output) makes the current stream wait on
-// the event. Events are reused only after a wait consumed them (cudaStreamWaitEvent snapshots the event).
+// How a tensor that a collective's streams use after the op returns is kept from the caching allocator.
+//   stash (default): a deferred op (functional ops: the caller joins at wait_tensor) holds its inputs and outputs
+//     until the first wait_tensor on one of its outputs has made the waiting stream wait for the op's end; then it
+//     drops them, so their blocks go back to the allocator in that stream's order, like any tensor the stream used.
+//     An op whose caller joins at once (the out= variants, broadcast_) needs nothing: the caller's stream is past
+//     the op before anything later on it can reuse the memory. This is what ProcessGroupNCCL does for functional
+//     collectives (TORCH_NCCL_AVOID_RECORD_STREAMS), and what the planner's memory model assumes (an input lives
+//     until its wait).
+//   record_stream (CE_OVERLAP_KEEP_ALIVE=record_stream, for comparison): recordStream on every stream of the op.
+//     Freed blocks then return to the allocator only once those streams have passed the free *as the host sees
+//     it*, so when the host runs ahead of the GPU (a training loop that never synchronizes) every block a
+//     collective touched in the run-ahead window stays reserved, and new allocations take fresh memory.
+// Point-to-point batches keep recordStream in both modes (their async tickets carry no tensors).
+enum class KeepAlive { Stash, RecordStream };
+
+KeepAlive keep_alive_mode() {
+  static const KeepAlive mode = [] {
+    const char* raw = std::getenv("CE_OVERLAP_KEEP_ALIVE");
+    const std::string text = raw ? raw : "";
+    if (text.empty() || text == "stash") return KeepAlive::Stash;
+    if (text == "record_stream") return KeepAlive::RecordStream;
+    TORCH_CHECK(false, "ce_overlap: environment variable CE_OVERLAP_KEEP_ALIVE='", text,
+                "' must be 'stash' or 'record_stream'");
+  }();
+  return mode;
+}
+
+// recordStream of `t` on `streams` (tensors of the group's pool are not the allocator's: skipped).
+void record_streams(Group& g, const at::Tensor& t, const std::vector<cudaStream_t>& streams) {
+  if (t.numel() == 0 || g.pool().contains(t.data_ptr())) return;
+  const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g.device());
+  for (cudaStream_t s : streams) {
+    c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), c10::cuda::getStreamFromExternal(s, device));
+  }
+}
+
+// What a deferred op's streams read or write after it returned: held until the first wait on one of its outputs.
+struct Stash {
+  std::vector<at::Tensor> inputs;
+  std::vector<at::Tensor> outputs;
+  std::vector<at::Tensor> record_on_drop;  // allocator tensors, for the unwaited case (DeferredJoins::add)
+  std::vector<cudaStream_t> streams;
+  c10::DeviceIndex device = 0;
+
+  // No reference to any output exists outside this stash: nobody can wait for the op any more.
+  bool unreachable() const {
+    for (const at::Tensor& out : outputs) {
+      size_t held = 0;
+      for (const auto* list : {&inputs, &outputs, &record_on_drop}) {
+        for (const at::Tensor& t : *list) held += t.storage().is_alias_of(out.storage()) ? 1 : 0;
+      }
+      if (out.storage().use_count() > held) return false;
+    }
+    return true;
+  }
+};
+
+// Deferred joins of the functional ops: output storage -> the event its op's end was recorded into, and the op's
+// stash. The op returns without making the caller's stream wait (so the compute a graph places between a
+// collective and its wait overlaps it, as with _c10d_functional); ce_overlap::wait_tensor(output) makes the current
+// stream wait on the event and drops the stash. Events are reused only after a wait consumed them
+// (cudaStreamWaitEvent snapshots the event).
 class DeferredJoins {
  public:
   static DeferredJoins& get() {
@@ -108,22 +168,29 @@ class DeferredJoins {
     free_[device].push_back(e);
   }
 
-  // Registers the op's event under each of its outputs' storages (several for a multi-output op: the event goes
-  // back to the free list once every one of them was waited for or replaced).
-  void add(const std::vector<const void*>& storages, int device, cudaEvent_t e) {
-    std::lock_guard<std::mutex> lock(mu_);
-    refs_[e] += storages.size();
-    for (const void* storage : storages) {
-      auto [it, inserted] = pending_.try_emplace(storage, Entry{device, e});
-      if (!inserted) {  // a result that was never waited for, whose memory now holds this one: its op is done
-        release_locked(it->second);
-        it->second = Entry{device, e};
+  // Registers the op's event and stash under each of its outputs' storages (several for a multi-output op: the
+  // event goes back to the free list once every one of them was waited for or replaced). Ops whose results were
+  // dropped without a wait (eager code calling a functional op directly) would hold their stash forever: they
+  // are reaped here, their tensors handed to the allocator with recordStream on the op's streams instead.
+  void add(const std::vector<const void*>& storages, int device, cudaEvent_t e, std::shared_ptr<Stash> stash) {
+    std::vector<std::shared_ptr<Stash>> reaped;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reap_unreachable_locked(reaped);
+      refs_[e] += storages.size();
+      for (const void* storage : storages) {
+        auto [it, inserted] = pending_.try_emplace(storage, Entry{device, e, stash});
+        if (!inserted) {  // memory of a result never waited for itself (a sibling output was) holds this one
+          release_locked(it->second);
+          it->second = Entry{device, e, stash};
+        }
+      }
+      if (refs_[e] == 0) {  // no storage at all
+        refs_.erase(e);
+        free_[device].push_back(e);
       }
     }
-    if (refs_[e] == 0) {  // no storage at all
-      refs_.erase(e);
-      free_[device].push_back(e);
-    }
+    drop_unwaited(reaped);  // outside the lock: frees go to the allocator
   }
 
   // Makes `stream` wait for the op that produced `storage`, if one is pending; true if one was.
@@ -137,18 +204,39 @@ class DeferredJoins {
       pending_.erase(it);
     }
     const cudaError_t st = cudaStreamWaitEvent(stream, entry.event, 0);
+    Stash dropped;  // destroyed after the lock is released: the frees go to the allocator in `stream`'s order
     {
       std::lock_guard<std::mutex> lock(mu_);
       release_locked(entry);
+      if (st == cudaSuccess && entry.stash) {
+        // The first wait ends the op for this stream; the other outputs' entries keep only the event.
+        std::swap(dropped.inputs, entry.stash->inputs);
+        std::swap(dropped.outputs, entry.stash->outputs);
+        std::swap(dropped.record_on_drop, entry.stash->record_on_drop);
+      }
     }
     TORCH_CHECK(st == cudaSuccess, "ce_overlap.wait_tensor: cudaStreamWaitEvent failed: ", cudaGetErrorString(st));
     return true;
+  }
+
+  // Tensors held by pending ops (for tests: a stash that is never dropped is a leak).
+  size_t stashed_tensors() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<const Stash*> seen;
+    size_t n = 0;
+    for (const auto& [storage, entry] : pending_) {
+      if (!entry.stash || std::find(seen.begin(), seen.end(), entry.stash.get()) != seen.end()) continue;
+      seen.push_back(entry.stash.get());
+      n += entry.stash->inputs.size() + entry.stash->outputs.size();
+    }
+    return n;
   }
 
  private:
   struct Entry {
     int device = 0;
     cudaEvent_t event = nullptr;
+    std::shared_ptr<Stash> stash;  // shared by the entries of one op's outputs; emptied by the first wait
   };
   // One reference of `entry`'s event is gone; the last one frees it (cudaStreamWaitEvent snapshots the event, so
   // it may be recorded again by a later op).
@@ -159,17 +247,55 @@ class DeferredJoins {
     free_[entry.device].push_back(entry.event);
   }
 
+  void reap_unreachable_locked(std::vector<std::shared_ptr<Stash>>& reaped) {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      const std::shared_ptr<Stash>& stash = it->second.stash;
+      const bool dead = stash && !stash->outputs.empty() &&
+                        (std::find(reaped.begin(), reaped.end(), stash) != reaped.end() || stash->unreachable());
+      if (!dead) {
+        ++it;
+        continue;
+      }
+      if (std::find(reaped.begin(), reaped.end(), stash) == reaped.end()) reaped.push_back(stash);
+      release_locked(it->second);
+      it = pending_.erase(it);
+    }
+  }
+
+  static void drop_unwaited(std::vector<std::shared_ptr<Stash>>& reaped) {
+    for (const std::shared_ptr<Stash>& stash : reaped) {
+      for (const at::Tensor& t : stash->record_on_drop) {
+        for (cudaStream_t s : stash->streams) {
+          c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(),
+                                                        c10::cuda::getStreamFromExternal(s, stash->device));
+        }
+      }
+      stash->inputs.clear();
+      stash->outputs.clear();
+      stash->record_on_drop.clear();
+    }
+  }
+
   std::mutex mu_;
   std::unordered_map<const void*, Entry> pending_;
   std::unordered_map<cudaEvent_t, size_t> refs_;  // pending entries per event
   std::map<int, std::vector<cudaEvent_t>> free_;
 };
 
-// Enqueues with a deferred join registered under the outputs' storages (functional ops), or joins the caller now.
+// Enqueues an op that reads `inputs` and writes `outs` on `streams` after it returns. Deferred (functional ops):
+// the join is registered under the outputs' storages with the tensors stashed until the first wait (KeepAlive).
+// Otherwise the caller joins now.
 template <typename Enqueue>
-void enqueue_maybe_deferred(Group& g, const std::vector<at::Tensor>& outs, bool deferred, Enqueue&& enqueue) {
+void enqueue_keeping_alive(Group& g, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outs,
+                           std::vector<cudaStream_t> streams, bool deferred, Enqueue&& enqueue) {
+  const bool record = keep_alive_mode() == KeepAlive::RecordStream;
   if (!deferred) {
     enqueue(static_cast<cudaEvent_t>(nullptr));
+    if (record) {
+      for (const auto* list : {&inputs, &outs}) {
+        for (const at::Tensor& t : *list) record_streams(g, t, streams);
+      }
+    }
     return;
   }
   DeferredJoins& joins = DeferredJoins::get();
@@ -180,27 +306,28 @@ void enqueue_maybe_deferred(Group& g, const std::vector<at::Tensor>& outs, bool 
     joins.give_back(g.device(), e);
     throw;
   }
+  auto stash = std::make_shared<Stash>();
+  stash->device = static_cast<c10::DeviceIndex>(g.device());
+  if (record) {
+    for (const auto* list : {&inputs, &outs}) {
+      for (const at::Tensor& t : *list) record_streams(g, t, streams);
+    }
+  } else {
+    stash->inputs = inputs;
+    stash->outputs = outs;
+    stash->streams = std::move(streams);
+    for (const auto* list : {&inputs, &outs}) {
+      for (const at::Tensor& t : *list) {
+        if (t.numel() != 0 && !g.pool().contains(t.data_ptr())) stash->record_on_drop.push_back(t);
+      }
+    }
+  }
   std::vector<const void*> storages;
   for (const at::Tensor& out : outs) {
     const void* storage = out.storage().data_ptr().get();
     if (std::find(storages.begin(), storages.end(), storage) == storages.end()) storages.push_back(storage);
   }
-  joins.add(storages, g.device(), e);
-}
-
-template <typename Enqueue>
-void enqueue_maybe_deferred(Group& g, const at::Tensor& out, bool deferred, Enqueue&& enqueue) {
-  enqueue_maybe_deferred(g, std::vector<at::Tensor>{out}, deferred, std::forward<Enqueue>(enqueue));
-}
-
-// The streams that read `t` (and, for outputs, write it) after the enqueue returns keep the caching allocator from
-// handing its block out again before they are past it. Pool tensors are not the allocator's.
-void keep_alive_for(Group& g, const at::Tensor& t, std::initializer_list<cudaStream_t> streams) {
-  if (t.numel() == 0 || g.pool().contains(t.data_ptr())) return;
-  const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g.device());
-  for (cudaStream_t s : streams) {
-    c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), c10::cuda::getStreamFromExternal(s, device));
-  }
+  joins.add(storages, g.device(), e, record ? nullptr : std::move(stash));
 }
 
 void run_all_gather(Group& g, const at::Tensor& input, at::Tensor& out, bool deferred = false) {
@@ -216,14 +343,11 @@ void run_all_gather(Group& g, const at::Tensor& input, at::Tensor& out, bool def
   const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g.device());
   c10::cuda::CUDAGuard guard(device);
   const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device);
-  enqueue_maybe_deferred(g, out, deferred, [&](cudaEvent_t join) {
-    enqueue_all_gather(g, AllGatherArgs{{AllGatherPart{in, o, nbytes}}, caller.stream(), join});
-  });
-
   // The comm and self streams read `input` and write `out` after this call returns (pool tensors' frees are
   // deferred by the pool itself).
-  keep_alive_for(g, input, {g.comm_stream(), g.self_stream()});
-  keep_alive_for(g, out, {g.comm_stream(), g.self_stream()});
+  enqueue_keeping_alive(g, {input}, {out}, {g.comm_stream(), g.self_stream()}, deferred, [&](cudaEvent_t join) {
+    enqueue_all_gather(g, AllGatherArgs{{AllGatherPart{in, o, nbytes}}, caller.stream(), join});
+  });
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -296,14 +420,11 @@ std::vector<at::Tensor> all_gather_tensors_cuda(at::TensorList inputs, int64_t g
   }
   if (args.nbytes() == 0) return outs;
   args.caller = c10::cuda::getCurrentCUDAStream(device).stream();
-  enqueue_maybe_deferred(*g, outs, /*deferred=*/true, [&](cudaEvent_t join) {
-    args.join = join;
-    enqueue_all_gather(*g, args);
-  });
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    keep_alive_for(*g, inputs[i], {g->comm_stream(), g->self_stream()});
-    keep_alive_for(*g, outs[i], {g->comm_stream(), g->self_stream()});
-  }
+  enqueue_keeping_alive(*g, inputs.vec(), outs, {g->comm_stream(), g->self_stream()}, /*deferred=*/true,
+                        [&](cudaEvent_t join) {
+                          args.join = join;
+                          enqueue_all_gather(*g, args);
+                        });
   return outs;
 }
 
@@ -372,13 +493,11 @@ void run_reduce_scatter(Group& g, const at::Tensor& input, at::Tensor& out, cons
   const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g.device());
   c10::cuda::CUDAGuard guard(device);
   const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device);
-  enqueue_maybe_deferred(g, out, deferred, [&](cudaEvent_t join) {
+  // The comm stream reads the input, the reduce stream reads it and writes out after this returns.
+  enqueue_keeping_alive(g, {input}, {out}, {g.comm_stream(), g.reduce_stream()}, deferred, [&](cudaEvent_t join) {
     enqueue_reduce_scatter(g, ReduceScatterArgs{{ReduceScatterPart{in, chunk}}, o, reduce_dtype_of(input.scalar_type(), op),
                                                 reduce_op_of(reduce_op, op), caller.stream(), join});
   });
-  // The comm stream reads the input, the reduce stream reads it and writes out after this returns.
-  keep_alive_for(g, input, {g.comm_stream(), g.reduce_stream()});
-  keep_alive_for(g, out, {g.comm_stream(), g.reduce_stream()});
 }
 
 at::Tensor reduce_scatter_cuda(const at::Tensor& input, std::string reduce_op, int64_t group_size, std::string group_name) {
@@ -447,12 +566,11 @@ at::Tensor reduce_scatter_tensors_cuda(at::TensorList inputs, std::string reduce
   args.dtype = reduce_dtype_of(inputs[0].scalar_type(), kOp);
   args.op = reduce_op_of(reduce_op, kOp);
   args.caller = c10::cuda::getCurrentCUDAStream(device).stream();
-  enqueue_maybe_deferred(*g, out, /*deferred=*/true, [&](cudaEvent_t join) {
-    args.join = join;
-    enqueue_reduce_scatter(*g, args);
-  });
-  for (const at::Tensor& input : inputs) keep_alive_for(*g, input, {g->comm_stream(), g->reduce_stream()});
-  keep_alive_for(*g, out, {g->comm_stream(), g->reduce_stream()});
+  enqueue_keeping_alive(*g, inputs.vec(), {out}, {g->comm_stream(), g->reduce_stream()}, /*deferred=*/true,
+                        [&](cudaEvent_t join) {
+                          args.join = join;
+                          enqueue_reduce_scatter(*g, args);
+                        });
   return out;
 }
 
@@ -492,11 +610,9 @@ void run_all_to_all(Group& g, const at::Tensor& input, at::Tensor& out, const ch
   const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g.device());
   c10::cuda::CUDAGuard guard(device);
   const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device);
-  enqueue_maybe_deferred(g, out, deferred, [&](cudaEvent_t join) {
+  enqueue_keeping_alive(g, {input}, {out}, {g.comm_stream(), g.self_stream()}, deferred, [&](cudaEvent_t join) {
     enqueue_all_to_all(g, AllToAllArgs{in, o, chunk, caller.stream(), join});
   });
-  keep_alive_for(g, input, {g.comm_stream(), g.self_stream()});
-  keep_alive_for(g, out, {g.comm_stream(), g.self_stream()});
 }
 
 at::Tensor all_to_all_cuda(const at::Tensor& input, int64_t group_size, std::string group_name) {
@@ -547,8 +663,10 @@ void broadcast_cuda(at::Tensor tensor, int64_t root, int64_t group_size, std::st
   const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g->device());
   c10::cuda::CUDAGuard guard(device);
   const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device);
-  enqueue_broadcast(*g, BroadcastArgs{tensor.data_ptr(), nbytes, static_cast<int>(root), caller.stream()});
-  keep_alive_for(*g, tensor, {g->comm_stream()});
+  // The caller's stream joins the op before this returns.
+  enqueue_keeping_alive(*g, {tensor}, {}, {g->comm_stream()}, /*deferred=*/false, [&](cudaEvent_t) {
+    enqueue_broadcast(*g, BroadcastArgs{tensor.data_ptr(), nbytes, static_cast<int>(root), caller.stream()});
+  });
 }
 
 void broadcast_meta(at::Tensor tensor, int64_t root, int64_t group_size, std::string group_name) {
@@ -645,7 +763,7 @@ int64_t batch_p2p_cuda(at::TensorList send, c10::IntArrayRef send_peers, at::Ten
   std::lock_guard<std::mutex> lock(g->mutex());  // p2p_stream: the channel streams exist now, but are the group's
   for (size_t i = 0; i < args.ops.size(); ++i) {
     if (args.ops[i].nbytes == 0) continue;
-    keep_alive_for(*g, *tensors[i], {g->p2p_stream(args.ops[i].peer, args.ops[i].send)});
+    record_streams(*g, *tensors[i], {g->p2p_stream(args.ops[i].peer, args.ops[i].send)});
   }
   return async_op ? P2pTickets::get().add(std::move(args.joins)) : 0;
 }
@@ -677,6 +795,11 @@ int64_t p2p_round_bytes_op(std::string group_name) {
   std::shared_ptr<Group> g = Runtime::get().require(group_name, "p2p_round_bytes");
   return static_cast<int64_t>(p2p_round_bytes(*g));
 }
+
+// Tensors that deferred ops hold until their wait (stash mode), and the mode ("stash" | "record_stream").
+int64_t stashed_tensors() { return static_cast<int64_t>(DeferredJoins::get().stashed_tensors()); }
+
+std::string keep_alive_mode_op() { return keep_alive_mode() == KeepAlive::Stash ? "stash" : "record_stream"; }
 
 // The functional ops return before the caller's stream waits for them (DeferredJoins): this makes the current
 // stream wait for the op that produced `tensor` (no host wait), and surfaces a watchdog failure (timeout) as
@@ -953,6 +1076,8 @@ TORCH_LIBRARY(ce_overlap, m) {
   m.def("_local_copy(Tensor(a!) dst, Tensor src, str mode) -> ()", &local_copy);
   m.def("_symmetric_offset(Tensor tensor, str group_name) -> int", &symmetric_offset);
   m.def("_range_allocator_self_test(int seed, int steps) -> int", &range_allocator_self_test);
+  m.def("_stashed_tensors() -> int", &stashed_tensors);
+  m.def("_keep_alive_mode() -> str", &keep_alive_mode_op);
 }
 
 TORCH_LIBRARY_IMPL(ce_overlap, CUDA, m) {

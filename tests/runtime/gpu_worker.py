@@ -7,6 +7,7 @@
     torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py nokernels
     torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py a2a_bcast,p2p --a2a-cases 1000 --p2p-cases 1000
     torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py timeout,mismatch,p2p_faults
+    torchrun --standalone --nproc-per-node 2 tests/runtime/gpu_worker.py lifetimes
 
 Modes can be chained (comma list) to share one start-up. Every mode prints what it checked; the process exits 0 when
 every mode passed, 1 otherwise (with the details printed).
@@ -1378,6 +1379,109 @@ def mode_pool_alloc_failure(args) -> int:
     return 0 if ok else 1
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Caching-allocator lifetimes of the functional (deferred) ops
+
+def _reserved_growth(run_one, iterations: int, sleep_cycles: int) -> int:
+    """Bytes the allocator reserves beyond the first iteration while the host runs `iterations` iterations ahead of
+    the GPU (the caller's stream is held by a sleep kernel enqueued first). Stream-ordered reuse keeps this at 0
+    whatever the run-ahead; blocks pending on other streams' events (recordStream) make it grow per iteration."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    run_one()  # warm: the first iteration's blocks
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_reserved()
+    torch.cuda._sleep(sleep_cycles)
+    for _ in range(iterations):
+        run_one()
+    grown = torch.cuda.memory_reserved() - base
+    torch.cuda.synchronize()
+    return grown
+
+
+def mode_lifetimes(args) -> int:
+    """The functional ops keep their tensors alive until their wait (stash), not through recordStream:
+    runahead   20 deferred all-gathers / reduce-scatters / multi-tensor all-gathers / all-to-alls of 64 MiB, each
+               waited and its tensors dropped, enqueued while the GPU still sleeps (the host runs ahead): the
+               allocator reserves nothing beyond the first iteration (with recordStream it reserved a fresh
+               input and output per iteration);
+    waits      a multi-output op's stash goes at the first wait of any output; the others join the same event;
+    unwaited   results dropped without a wait do not leak: the next op reaps them (recordStream then keeps their
+               blocks until the op is done), and the stash is empty after the last wait;
+    results    every result bit-exact vs the reference."""
+    group = dist.group.WORLD
+    rank, world = dist.get_rank(), dist.get_world_size()
+    name = rt.rendezvous(group)
+    ok = True
+    mode = torch.ops.ce_overlap._keep_alive_mode()
+    log(f"lifetimes: keep-alive mode {mode}")
+    if mode != "stash":
+        log("lifetimes: FAILED: CE_OVERLAP_KEEP_ALIVE must be unset (or stash) for this check")
+        return 1
+    gen = torch.Generator(device="cpu").manual_seed(args.seed + rank)
+    numel = (64 << 20) // 2  # 64 MiB of bf16 per rank
+    src = torch.randint(-1000, 1000, (numel,), generator=gen).to(torch.bfloat16).cuda()
+    ref = torch.empty(numel * world, dtype=torch.bfloat16, device="cuda")
+    ref_all_gather(ref, src, group)
+    ops = {
+        "all_gather_into_tensor": lambda x: torch.ops.ce_overlap.all_gather_into_tensor(x, world, name),
+        "all_gather_into_tensors": lambda x: torch.ops.ce_overlap.all_gather_into_tensors(
+            list(x.chunk(3)), world, name)[0],
+        "reduce_scatter_tensor": lambda x: torch.ops.ce_overlap.reduce_scatter_tensor(x, "sum", world, name),
+        "all_to_all_single": lambda x: torch.ops.ce_overlap.all_to_all_single(x, world, name),
+    }
+    sleep_cycles = 2_000_000_000  # ~1 s at H100/H200 clocks: longer than the host needs for 20 iterations
+    for op_name, op in ops.items():
+        def one() -> None:
+            x = src.clone()  # allocated on the caller's stream, dropped right after the op (its last host use)
+            y = op(x)
+            del x
+            y = torch.ops.ce_overlap.wait_tensor(y)
+            y.view(-1)[:1].add_(0)  # a consumer on the caller's stream
+        step(f"lifetimes: runahead {op_name}")
+        grown = _reserved_growth(one, 20, sleep_cycles)
+        per_iteration = src.numel() * src.element_size() * (1 + world)
+        good = grown < per_iteration  # stream-ordered reuse: nothing new after the first iteration
+        log(f"lifetimes: runahead {op_name}: reserved +{grown / 2**20:.0f} MiB over 20 iterations run ahead "
+            f"(one iteration's tensors: {per_iteration / 2**20:.0f} MiB) {'ok' if good else 'FAILED'}")
+        ok &= good
+        stashed = torch.ops.ce_overlap._stashed_tensors()
+        if stashed != 0:
+            log(f"lifetimes: runahead {op_name}: FAILED: {stashed} tensors still stashed after every wait")
+            ok = False
+
+    step("lifetimes: multi-output waits")
+    parts = list(src.chunk(3))
+    outs = torch.ops.ce_overlap.all_gather_into_tensors(parts, world, name)
+    del parts
+    held = torch.ops.ce_overlap._stashed_tensors()
+    first = torch.ops.ce_overlap.wait_tensor(outs[1])
+    after_first = torch.ops.ce_overlap._stashed_tensors()
+    outs = [torch.ops.ce_overlap.wait_tensor(o) for o in outs]
+    good = held == 6 and after_first == 0 and first is outs[1]
+    got = torch.cat([o.view(world, -1) for o in outs], dim=1).view(-1)
+    wrong = count_wrong(got, ref)
+    log(f"lifetimes: multi-output: stashed {held} -> {after_first} after the first wait, {wrong} wrong "
+        f"{'ok' if good and wrong == 0 else 'FAILED'}")
+    ok &= good and wrong == 0
+
+    step("lifetimes: unwaited results")
+    most = 0
+    for _ in range(10):
+        torch.ops.ce_overlap.all_gather_into_tensor(src.clone(), world, name)  # result dropped, never waited
+        most = max(most, torch.ops.ce_overlap._stashed_tensors())
+    out = torch.ops.ce_overlap.wait_tensor(torch.ops.ce_overlap.all_gather_into_tensor(src, world, name))
+    left = torch.ops.ce_overlap._stashed_tensors()
+    torch.cuda.synchronize()
+    wrong = count_wrong(out, ref)
+    good = most <= 2 and left == 0 and wrong == 0
+    log(f"lifetimes: unwaited: at most {most} tensors stashed over 10 dropped results, {left} after a waited op, "
+        f"{wrong} wrong {'ok' if good else 'FAILED'}")
+    ok &= good
+    rt.synchronize(group)
+    return 0 if ok else 1
+
+
 def mode_p2p_refused(args) -> int:
     """A group whose GPUs lack peer access (simulated, CE_OVERLAP_FAULT_INJECT=p2p_refused): every rank's rendezvous
     raises at once naming the pair; a fresh group without the injection works."""
@@ -1400,7 +1504,7 @@ MODES = {"correctness": mode_correctness, "reduce_scatter": mode_reduce_scatter,
          "nokernels": mode_nokernels, "timeout": mode_timeout, "mismatch": mode_mismatch, "a2a_bcast": mode_a2a_bcast,
          "p2p": mode_p2p, "p2p_faults": mode_p2p_faults, "die_before_rendezvous": mode_die_before_rendezvous,
          "die_mid_collective": mode_die_mid_collective, "pool_alloc_failure": mode_pool_alloc_failure,
-         "p2p_refused": mode_p2p_refused}
+         "p2p_refused": mode_p2p_refused, "lifetimes": mode_lifetimes}
 # Modes that leave a CE group failed on purpose (they run on their own groups, or last), or a rank dead.
 BREAKING = ("timeout", "mismatch", "p2p_faults", "die_before_rendezvous", "die_mid_collective")
 

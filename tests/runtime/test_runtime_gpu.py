@@ -112,7 +112,7 @@ def torchrun(mode: str, *args: str, env: dict[str, str], timeout_s: float, nproc
 
 
 def test_collectives_bit_exact_vs_nccl_and_symmetric_allocation():
-    """One launch, five modes (each prints its own result line "== mode <name>: ok|FAILED"):
+    """One launch, six modes (each prints its own result line "== mode <name>: ok|FAILED"):
     correctness     1000 randomized all-gathers bit-exact vs NCCL: pull (staged, zero-copy, in place) and push,
                     dtypes, shapes, 0-size, odd byte counts, unaligned inputs, side streams, multi-round staging;
     reduce_scatter  300 randomized reduce-scatters vs NCCL (integer-valued data bit-exact, random bf16/fp16/fp32
@@ -123,11 +123,13 @@ def test_collectives_bit_exact_vs_nccl_and_symmetric_allocation():
                     mismatched sizes and a full pool raise on every rank; all-gathers on the tensors are bit-exact;
     nokernels       the CE all-gathers (pull and push), all-to-alls, broadcasts and sends / receives (staged and
                     direct) launch no kernel; the reduce-scatter only its reduction.
+    lifetimes       the functional ops hold their tensors until the first wait (no recordStream): with the host run
+                    20 iterations ahead of the GPU the allocator reserves nothing new; unwaited results are reaped.
     Staging of 1 MiB makes larger cases multi-round; a 20 s timeout turns a protocol hang into an error, and a step
     that outlives it by 30 s ends the worker with its stacks. All-gather cases split their pulls (1-4 pieces, ranks
     differently); reduce-scatter cases vary the reduction CTAs (ranks differently) and end with 64 KiB rounds."""
-    proc = torchrun("correctness,reduce_scatter,parts,symalloc,nokernels", "--cases", "1000", "--rs-cases", "300",
-                    "--parts-cases", "300", "--symalloc-steps", "200", env={"CE_OVERLAP_TIMEOUT_S": "20"}, timeout_s=120)
+    proc = torchrun("correctness,reduce_scatter,parts,symalloc,nokernels,lifetimes", "--cases", "1000", "--rs-cases", "300",
+                    "--parts-cases", "300", "--symalloc-steps", "200", env={"CE_OVERLAP_TIMEOUT_S": "20"}, timeout_s=150)
     assert proc.returncode == 0, f"GPU checks failed:\n{proc.stdout[-8000:]}\n{proc.stderr[-6000:]}"
 
 
