@@ -491,7 +491,8 @@ BackendCost CostModel::cost(const CollectiveInfo& c, Backend backend, const Over
 Decision CostModel::decide(const CollectiveInfo& c, const OverlapWindow& window) const {
   Decision d;
   d.nccl = cost(c, Backend::Nccl, window);
-  if (c.group_size <= 1) {
+  if (c.group_size <= 1) {  // both backends move nothing (CE: the self copy only)
+    d.ce = cost(c, Backend::Ce, window);
     d.reason = "nccl: a group of 1 moves no data";
     return d;
   }

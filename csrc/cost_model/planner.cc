@@ -30,7 +30,9 @@ Choice choose(const Bucket& bucket, const CollectiveInfo& c, const Decision& d, 
               const PlanConfig& config) {
   if (!bucket.planned) return {Backend::Nccl, "nccl: " + bucket.kept_reason + "; kept where captured"};
   if (config.ce == CeMode::Off) return {Backend::Nccl, "nccl: config.ce is off"};
-  if (c.group_size <= 1 || model.ce_blocker(c.group_size)) return {Backend::Nccl, d.reason};  // the blocker
+  // A group of 1 moves no data; "on" still puts it on CE (the runtime's self copy), so one GPU exercises the CE path.
+  if (c.group_size <= 1 && config.ce != CeMode::On) return {Backend::Nccl, d.reason};
+  if (c.group_size > 1 && model.ce_blocker(c.group_size)) return {Backend::Nccl, d.reason};  // the blocker
   if (c.bytes < config.min_ce_bytes) {
     return {Backend::Nccl, "nccl: " + format_bytes(static_cast<double>(c.bytes)) + " is under min_ce_bytes (" +
                                format_bytes(static_cast<double>(config.min_ce_bytes)) + ")"};

@@ -75,6 +75,22 @@ TEST(Planner, CeModesMinBytesAndBlockers) {
     EXPECT_NE(b.reason.find("is under min_ce_bytes (1 TiB)"), std::string::npos) << b.reason;
   }
 
+  // A group of 1 moves no data: NCCL under auto; "on" forces the runtime's self copy (one GPU runs the CE path).
+  Document single = doc;
+  for (Node& n : single.graphs[0].nodes) {
+    if (n.collective) n.collective->group_size = 1;
+  }
+  for (const PlanBucket& b : make_plan(single, "backward", model, PlanConfig{}).buckets) {
+    EXPECT_EQ(b.backend, "nccl");
+    EXPECT_EQ(b.reason, "nccl: a group of 1 moves no data");
+  }
+  const Plan single_on = make_plan(single, "backward", model, on);
+  check_plan(single, single_on);
+  for (const PlanBucket& b : single_on.buckets) {
+    EXPECT_EQ(b.backend, "ce") << b.reason;
+    EXPECT_EQ(b.reason, "ce: config.ce is on (the cost model prefers nccl: a group of 1 moves no data)");
+  }
+
   // A group of 16 spans two 8-GPU nodes: NCCL with the blocker, even with ce on.
   Document wide = doc;
   for (Node& n : wide.graphs[0].nodes) {
