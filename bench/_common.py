@@ -77,7 +77,8 @@ def header(title: str) -> dict:
         "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl, "host": platform.node(),
         "ce_runtime": rt.available().reason,
         "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "CE_OVERLAP_POOL_MB",
-                                               "CE_OVERLAP_STAGING_MB", "CE_OVERLAP_TIMEOUT_S")},
+                                               "CE_OVERLAP_STAGING_MB", "CE_OVERLAP_TIMEOUT_S", "CE_OVERLAP_KEEP_ALIVE",
+                                               "CE_OVERLAP_AG_MODE")},
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }

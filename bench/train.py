@@ -90,6 +90,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="linear warm-up of the learning rate over this many steps, as torchtitan's llama3-8b config "
                         "(200); 0: the peak rate from step 1. Without it, random tokens at 3e-4 make the loss "
                         "chaotic and the modes' losses drift apart from reduction-order noise alone")
+    p.add_argument("--ce", choices=["auto", "on"], default="auto",
+                   help="the ce_overlap modes' copy-engine policy: auto (the cost model decides per bucket) or on "
+                        "(every bucket on CE; on one GPU, the group of one's self copies: the CE path's memory and "
+                        "streams without a peer)")
     p.add_argument("--gqa", choices=["expand", "native"], default="expand",
                    help="expand: repeat K/V heads before SDPA in every mode (torch 2.11's overlap scheduler "
                         "rejects enable_gqa); native: SDPA enable_gqa")
@@ -139,7 +143,7 @@ def build_model(cfg, mode: str, group):
     return model
 
 
-def compile_options(mode: str) -> dict | None:
+def compile_options(mode: str, ce: str = "auto") -> dict | None:
     if mode in ("eager", "compile", "no-comm"):
         return None
     if mode == "compile+inductor-overlap":
@@ -154,8 +158,8 @@ def compile_options(mode: str) -> dict | None:
     import ce_overlap
 
     if mode == "ce_overlap-packed":
-        return ce_overlap.inductor_options(ce="auto", pack_ce_buckets=True)
-    return ce_overlap.inductor_options(ce="off" if mode == "ce_overlap-nccl" else "auto")
+        return ce_overlap.inductor_options(ce=ce, pack_ce_buckets=True)
+    return ce_overlap.inductor_options(ce="off" if mode == "ce_overlap-nccl" else ce)
 
 
 def batch_for(step: int, cfg, args, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -239,6 +243,7 @@ class ModeResult:
     compile_s: float = 0.0
     peak_mem_gib: float = 0.0  # torch.cuda.max_memory_reserved (what torchtitan's log calls memory)
     peak_alloc_gib: float = 0.0  # max_memory_allocated: live tensors only, without the allocator's cached blocks
+    memory: dict = dataclasses.field(default_factory=dict)  # reserved by stream and allocator counters (memory_report)
     median_ms: float = 0.0
     tps: float = 0.0
     tflops: float = 0.0
@@ -276,7 +281,7 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=DEVICE == "cuda")
     step_fn = model
     if mode != "eager":
-        opts = compile_options(mode)
+        opts = compile_options(mode, args.ce)
         step_fn = torch.compile(model, options=opts) if opts else torch.compile(model)
     if mode in ("ce_overlap", "ce_overlap-packed"):
         import ce_overlap.runtime as rt
@@ -359,8 +364,35 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
     res.mfu = 100 * res.tflops / peak
     res.peak_mem_gib = max_over_ranks(torch.cuda.max_memory_reserved() / 2**30 if DEVICE == "cuda" else 0.0)
     res.peak_alloc_gib = max_over_ranks(torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else 0.0)
+    if DEVICE == "cuda":
+        res.memory = memory_report()
+        log0(f"[{mode}] memory (rank 0): reserved {res.memory['reserved_gib']:.1f} GiB, by stream "
+             + ", ".join(f"{k} {v['reserved_gib']:.1f} ({v['segments']} segments)"
+                         for k, v in res.memory["by_stream"].items())
+             + f"; cudaMalloc calls {res.memory['device_allocs']}, retries {res.memory['alloc_retries']}")
     del step_fn, model, opt
     return res
+
+
+def memory_report() -> dict:
+    """Where the caching allocator's reserved memory sits at the end of a mode (its peak, as nothing was released):
+    per stream (a segment serves allocations of the stream it was created for: blocks reserved on a side stream do
+    not serve the default stream's allocations), with the bytes in use, plus its cudaMalloc and retry counts."""
+    default = torch.cuda.default_stream().cuda_stream
+    by_stream: dict[str, dict] = {}
+    for seg in torch.cuda.memory_snapshot():
+        key = "default" if seg.get("stream", 0) in (0, default) else f"stream {seg['stream']:#x}"
+        d = by_stream.setdefault(key, {"reserved_gib": 0.0, "allocated_gib": 0.0, "segments": 0})
+        d["reserved_gib"] += seg["total_size"] / 2**30
+        d["allocated_gib"] += seg["allocated_size"] / 2**30
+        d["segments"] += 1
+    stats = torch.cuda.memory_stats()
+    return {"reserved_gib": round(torch.cuda.memory_reserved() / 2**30, 3),
+            "by_stream": {k: {f: round(v, 3) if isinstance(v, float) else v for f, v in d.items()}
+                          for k, d in sorted(by_stream.items(), key=lambda kv: -kv[1]["reserved_gib"])},
+            "device_allocs": int(stats.get("num_device_alloc", 0)),
+            "alloc_retries": int(stats.get("num_alloc_retries", 0)),
+            "inactive_split_peak_gib": round(stats.get("inactive_split_bytes.all.peak", 0) / 2**30, 3)}
 
 
 def predict(args, world: int, profile: str) -> dict:

@@ -705,11 +705,9 @@ def cpu_ce_kernels(monkeypatch):
 
 def test_inductor_options_ce_path_compiles_and_runs(gloo_world1, cpu_ce_kernels, caplog):
     model, ref, tokens = _tiny_fsdp_pair()
+    # One rank: the C++ planner keeps a group of one on NCCL under ce="auto"; "on" puts it on CE (the runtime's
+    # self copy), so Inductor has to lower and run the CE ops as it does on one GPU.
     opts = ce_overlap.inductor_options(ce="on", min_ce_bytes=0, bucket_cap_mb=4096)
-    # One rank: the C++ planner (rightly) keeps a group of one on NCCL; the test planner puts every
-    # bucket on CE so that Inductor has to lower and run the CE ops.
-    opts["post_grad_custom_post_pass"] = pass_.CeOverlapPass(opts["post_grad_custom_post_pass"].config,
-                                                             planner=make_planner(backend="ce", prefetch=True))
     with caplog.at_level(logging.INFO, logger="ce_overlap"), torch._inductor.config.patch(fx_graph_cache=False):
         _compare_step(model, ref, tokens, torch.compile(model, options=opts, fullgraph=True))
     reports = opts["post_grad_custom_post_pass"].reports
