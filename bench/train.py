@@ -104,6 +104,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="time each step on the host, synchronized before and after (the method of results before "
                         "2026-11-24; adds the host's launch latency to every step). Default: CUDA events between "
                         "step ends, no host wait inside the measured loop")
+    p.add_argument("--memory-history", action="store_true",
+                   help="record the allocator's history in every mode and report, at the mode's end, the live blocks "
+                        "grouped by the line that allocated them (with that line of Inductor's generated code)")
     p.add_argument("--predict", action="store_true", help="print the cost model's predicted step time (captures "
                                                           "the same shape on CPU in a subprocess)")
     p.add_argument("--profile", default=None, help="cost model profile for --predict (default: from the GPU name)")
@@ -269,11 +272,29 @@ def losses_agree(results: list, ulps: float = 1.0) -> tuple[bool, str]:
     return worst <= 1.0, f"worst {worst:.2f} of the tolerance at {where}" if where else "identical"
 
 
+def forget_compiled_code() -> int:
+    """torch._dynamo.reset(), and the compiled graphs Dynamo installed as globals of the compiled frames' modules
+    (`__compiled_fn_*`, `__resume_at_*`), which reset() leaves in place. Each holds its graph, whose node metadata
+    holds the module classes that torch.nn.utils.parametrize creates per instance, whose properties close over the
+    instances: without this, every earlier mode's model (its fp32 parameters) stayed allocated in the later modes
+    (found 2026-11-24: +10.4 GiB per earlier compiled mode at 8 layers on one GPU). Returns the globals removed."""
+    torch._dynamo.reset()
+    removed = 0
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for name in [k for k in namespace if isinstance(k, str) and k.startswith(("__compiled_fn", "__resume_at"))]:
+            del namespace[name]
+            removed += 1
+    gc.collect()
+    return removed
+
+
 def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
     res = ModeResult(mode)
     rank = dist.get_rank()
-    torch._dynamo.reset()
-    gc.collect()
+    forget_compiled_code()
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -293,6 +314,8 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
     total_mem = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory if DEVICE == "cuda" else 1
     # Every batch on the device before the timed loop: a copy from pageable host memory would synchronize the stream.
     batches = [batch_for(step, cfg, args, rank) for step in range(1, args.warmup + args.steps + 1)]
+    if args.memory_history and DEVICE == "cuda":
+        torch.cuda.memory._record_memory_history(context="alloc", stacks="python", max_entries=1_000_000)
     # Timed on the GPU (default): an event at the end of every step; the host never waits for the GPU inside the
     # loop (losses are read afterwards, as torchtitan reads them only at its log steps), so host-side launch work
     # overlaps the previous step's kernels as in a real run. --sync-every-step: host time of a step synchronized
@@ -369,7 +392,15 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
         log0(f"[{mode}] memory (rank 0): reserved {res.memory['reserved_gib']:.1f} GiB, by stream "
              + ", ".join(f"{k} {v['reserved_gib']:.1f} ({v['segments']} segments)"
                          for k, v in res.memory["by_stream"].items())
-             + f"; cudaMalloc calls {res.memory['device_allocs']}, retries {res.memory['alloc_retries']}")
+             + f"; cudaMalloc calls {res.memory['device_allocs']}, retries {res.memory['alloc_retries']}"
+             + (f"; {res.memory['ce_stashed_tensors']} tensors stashed by CE ops" if "ce_stashed_tensors" in res.memory
+                else ""))
+        if args.memory_history:
+            gc.collect()
+            res.memory["live_after_mode"] = live_blocks_by_site()
+            torch.cuda.memory._record_memory_history(enabled=None)
+            for site in res.memory["live_after_mode"][:8]:
+                log0(f"[{mode}]   live {site['gib']:.2f} GiB in {site['blocks']} blocks from {site['site']}")
     del step_fn, model, opt
     return res
 
@@ -387,12 +418,44 @@ def memory_report() -> dict:
         d["allocated_gib"] += seg["allocated_size"] / 2**30
         d["segments"] += 1
     stats = torch.cuda.memory_stats()
-    return {"reserved_gib": round(torch.cuda.memory_reserved() / 2**30, 3),
+    extra = {}
+    if hasattr(torch.ops, "ce_overlap") and hasattr(torch.ops.ce_overlap, "_stashed_tensors"):
+        extra["ce_stashed_tensors"] = int(torch.ops.ce_overlap._stashed_tensors())
+    return {**extra, "reserved_gib": round(torch.cuda.memory_reserved() / 2**30, 3),
             "by_stream": {k: {f: round(v, 3) if isinstance(v, float) else v for f, v in d.items()}
                           for k, d in sorted(by_stream.items(), key=lambda kv: -kv[1]["reserved_gib"])},
             "device_allocs": int(stats.get("num_device_alloc", 0)),
             "alloc_retries": int(stats.get("num_alloc_retries", 0)),
             "inactive_split_peak_gib": round(stats.get("inactive_split_bytes.all.peak", 0) / 2**30, 3)}
+
+
+def live_blocks_by_site(top: int = 15) -> list:
+    """The allocator's live blocks (needs _record_memory_history), grouped by the innermost Python frame that
+    allocated them outside torch itself (Inductor's generated code, the model, this script), largest first, each
+    with that source line (generated code is not kept after the run)."""
+    import linecache
+
+    sites: dict[str, dict] = {}
+    for seg in torch.cuda.memory._snapshot().get("segments", []):
+        for blk in seg.get("blocks", []):
+            if blk.get("state") != "active_allocated":
+                continue
+            frames = blk.get("frames") or [f for h in blk.get("history", [])[-1:] for f in h.get("frames", [])]
+            site, code = "unknown (no frames)", ""
+            for f in frames:
+                fn = f.get("filename", "")
+                if "/torch/" in fn and "torchinductor" not in fn and "/_inductor/" not in fn:
+                    continue
+                site = f"{fn}:{f.get('line')} {f.get('name', '')}"
+                code = linecache.getline(fn, int(f.get("line", 0))).strip()
+                break
+            d = sites.setdefault(site, {"site": site, "code": code[:300], "gib": 0.0, "blocks": 0})
+            d["gib"] += blk.get("size", 0) / 2**30
+            d["blocks"] += 1
+    out = sorted(sites.values(), key=lambda d: -d["gib"])[:top]
+    for d in out:
+        d["gib"] = round(d["gib"], 3)
+    return out
 
 
 def predict(args, world: int, profile: str) -> dict:
