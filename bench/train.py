@@ -392,9 +392,10 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
         log0(f"[{mode}] memory (rank 0): reserved {res.memory['reserved_gib']:.1f} GiB, by stream "
              + ", ".join(f"{k} {v['reserved_gib']:.1f} ({v['segments']} segments)"
                          for k, v in res.memory["by_stream"].items())
+             + f"; peak allocated {res.memory['allocated_peak_gib']:.1f}, active {res.memory['active_peak_gib']:.1f}"
              + f"; cudaMalloc calls {res.memory['device_allocs']}, retries {res.memory['alloc_retries']}"
-             + (f"; {res.memory['ce_stashed_tensors']} tensors stashed by CE ops" if "ce_stashed_tensors" in res.memory
-                else ""))
+             + (f"; CE ops: {res.memory['ce_stashed_tensors']} tensors stashed, "
+                f"{res.memory['ce_reaped_unwaited']} unwaited reaped" if "ce_stashed_tensors" in res.memory else ""))
         if args.memory_history:
             gc.collect()
             res.memory["live_after_mode"] = live_blocks_by_site()
@@ -421,12 +422,17 @@ def memory_report() -> dict:
     extra = {}
     if hasattr(torch.ops, "ce_overlap") and hasattr(torch.ops.ce_overlap, "_stashed_tensors"):
         extra["ce_stashed_tensors"] = int(torch.ops.ce_overlap._stashed_tensors())
+        extra["ce_reaped_unwaited"] = int(torch.ops.ce_overlap._reaped_unwaited())
     return {**extra, "reserved_gib": round(torch.cuda.memory_reserved() / 2**30, 3),
             "by_stream": {k: {f: round(v, 3) if isinstance(v, float) else v for f, v in d.items()}
                           for k, d in sorted(by_stream.items(), key=lambda kv: -kv[1]["reserved_gib"])},
             "device_allocs": int(stats.get("num_device_alloc", 0)),
             "alloc_retries": int(stats.get("num_alloc_retries", 0)),
-            "inactive_split_peak_gib": round(stats.get("inactive_split_bytes.all.peak", 0) / 2**30, 3)}
+            "inactive_split_peak_gib": round(stats.get("inactive_split_bytes.all.peak", 0) / 2**30, 3),
+            # active: allocated plus blocks freed but waiting for another stream's recorded use (recordStream)
+            "active_peak_gib": round(stats.get("active_bytes.all.peak", 0) / 2**30, 3),
+            "allocated_peak_gib": round(stats.get("allocated_bytes.all.peak", 0) / 2**30, 3),
+            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
 
 
 def live_blocks_by_site(top: int = 15) -> list:

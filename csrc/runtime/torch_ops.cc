@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cstdlib>
 #include <chrono>
@@ -116,21 +117,25 @@ void record_streams(Group& g, const at::Tensor& t, const std::vector<cudaStream_
 }
 
 // What a deferred op's streams read or write after it returned: held until the first wait on one of its outputs.
+// Outputs are held by their storages, not their tensors: whether anyone can still wait for the op is whether a
+// tensor other than ours refers to an output's storage (the result itself, or a view of it), which the storage's
+// reference count says exactly (a tensor holds one reference to its storage however many references it has).
 struct Stash {
   std::vector<at::Tensor> inputs;
-  std::vector<at::Tensor> outputs;
-  std::vector<at::Tensor> record_on_drop;  // allocator tensors, for the unwaited case (DeferredJoins::add)
+  std::vector<c10::Storage> outputs;
+  std::vector<c10::Storage> record_on_drop;  // the allocator's storages among both, for the unwaited case
   std::vector<cudaStream_t> streams;
   c10::DeviceIndex device = 0;
 
-  // No reference to any output exists outside this stash: nobody can wait for the op any more.
+  // No tensor outside this stash refers to any output's storage: nobody can wait for the op any more.
   bool unreachable() const {
-    for (const at::Tensor& out : outputs) {
-      size_t held = 0;
-      for (const auto* list : {&inputs, &outputs, &record_on_drop}) {
-        for (const at::Tensor& t : *list) held += t.storage().is_alias_of(out.storage()) ? 1 : 0;
+    for (const c10::Storage& out : outputs) {
+      size_t ours = 0;
+      for (const at::Tensor& t : inputs) ours += t.storage().is_alias_of(out) ? 1 : 0;
+      for (const auto* list : {&outputs, &record_on_drop}) {
+        for (const c10::Storage& st : *list) ours += st.is_alias_of(out) ? 1 : 0;
       }
-      if (out.storage().use_count() > held) return false;
+      if (out.use_count() > ours) return false;
     }
     return true;
   }
@@ -219,6 +224,12 @@ class DeferredJoins {
     return true;
   }
 
+  // Ops whose results were dropped without a wait, reaped so far (a graph should have none).
+  static std::atomic<int64_t>& reaped_total() {
+    static std::atomic<int64_t> n{0};
+    return n;
+  }
+
   // Tensors held by pending ops (for tests: a stash that is never dropped is a leak).
   size_t stashed_tensors() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -263,11 +274,11 @@ class DeferredJoins {
   }
 
   static void drop_unwaited(std::vector<std::shared_ptr<Stash>>& reaped) {
+    reaped_total().fetch_add(reaped.size());
     for (const std::shared_ptr<Stash>& stash : reaped) {
-      for (const at::Tensor& t : stash->record_on_drop) {
+      for (const c10::Storage& st : stash->record_on_drop) {
         for (cudaStream_t s : stash->streams) {
-          c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(),
-                                                        c10::cuda::getStreamFromExternal(s, stash->device));
+          c10::cuda::CUDACachingAllocator::recordStream(st.data_ptr(), c10::cuda::getStreamFromExternal(s, stash->device));
         }
       }
       stash->inputs.clear();
@@ -314,11 +325,11 @@ void enqueue_keeping_alive(Group& g, const std::vector<at::Tensor>& inputs, cons
     }
   } else {
     stash->inputs = inputs;
-    stash->outputs = outs;
+    for (const at::Tensor& out : outs) stash->outputs.push_back(out.storage());
     stash->streams = std::move(streams);
     for (const auto* list : {&inputs, &outs}) {
       for (const at::Tensor& t : *list) {
-        if (t.numel() != 0 && !g.pool().contains(t.data_ptr())) stash->record_on_drop.push_back(t);
+        if (t.numel() != 0 && !g.pool().contains(t.data_ptr())) stash->record_on_drop.push_back(t.storage());
       }
     }
   }
@@ -799,6 +810,8 @@ int64_t p2p_round_bytes_op(std::string group_name) {
 // Tensors that deferred ops hold until their wait (stash mode), and the mode ("stash" | "record_stream").
 int64_t stashed_tensors() { return static_cast<int64_t>(DeferredJoins::get().stashed_tensors()); }
 
+int64_t reaped_unwaited() { return DeferredJoins::reaped_total().load(); }
+
 std::string keep_alive_mode_op() { return keep_alive_mode() == KeepAlive::Stash ? "stash" : "record_stream"; }
 
 // The functional ops return before the caller's stream waits for them (DeferredJoins): this makes the current
@@ -1078,6 +1091,7 @@ TORCH_LIBRARY(ce_overlap, m) {
   m.def("_range_allocator_self_test(int seed, int steps) -> int", &range_allocator_self_test);
   m.def("_stashed_tensors() -> int", &stashed_tensors);
   m.def("_keep_alive_mode() -> str", &keep_alive_mode_op);
+  m.def("_reaped_unwaited() -> int", &reaped_unwaited);
 }
 
 TORCH_LIBRARY_IMPL(ce_overlap, CUDA, m) {

@@ -1406,6 +1406,7 @@ def mode_lifetimes(args) -> int:
                allocator reserves nothing beyond the first iteration (with recordStream it reserved a fresh
                input and output per iteration);
     waits      a multi-output op's stash goes at the first wait of any output; the others join the same event;
+    in flight  ops issued before the earlier ones are waited for (a graph's prefetch) are never reaped;
     unwaited   results dropped without a wait do not leak: the next op reaps them (recordStream then keeps their
                blocks until the op is done), and the stash is empty after the last wait;
     results    every result bit-exact vs the reference."""
@@ -1464,6 +1465,22 @@ def mode_lifetimes(args) -> int:
     log(f"lifetimes: multi-output: stashed {held} -> {after_first} after the first wait, {wrong} wrong "
         f"{'ok' if good and wrong == 0 else 'FAILED'}")
     ok &= good and wrong == 0
+
+    step("lifetimes: several ops in flight")
+    # A graph's prefetch: ops issued before the earlier ones are waited for. Their results are referenced (here by
+    # Python variables, in a graph by its buffers), so nothing may be reaped: a reaped op's wait would not join.
+    reaped = torch.ops.ce_overlap._reaped_unwaited()
+    first = torch.ops.ce_overlap.all_gather_into_tensor(src.clone(), world, name)
+    many = torch.ops.ce_overlap.all_gather_into_tensors(list(src.clone().chunk(3)), world, name)
+    last = torch.ops.ce_overlap.all_gather_into_tensor(src.clone(), world, name)
+    newly = torch.ops.ce_overlap._reaped_unwaited() - reaped
+    got = [torch.ops.ce_overlap.wait_tensor(first), torch.cat([torch.ops.ce_overlap.wait_tensor(o).view(world, -1)
+                                                               for o in many], dim=1).view(-1),
+           torch.ops.ce_overlap.wait_tensor(last)]
+    wrong = sum(count_wrong(g, ref) for g in got)
+    good = newly == 0 and wrong == 0 and torch.ops.ce_overlap._stashed_tensors() == 0
+    log(f"lifetimes: in flight: {newly} reaped while referenced, {wrong} wrong {'ok' if good else 'FAILED'}")
+    ok &= good
 
     step("lifetimes: unwaited results")
     most = 0
