@@ -38,6 +38,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -107,6 +108,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--memory-history", action="store_true",
                    help="record the allocator's history in every mode and report, at the mode's end, the live blocks "
                         "grouped by the line that allocated them (with that line of Inductor's generated code)")
+    p.add_argument("--same-process", action="store_true",
+                   help="run every mode in this process (default on GPUs: each mode in a fresh process per rank, so "
+                        "no mode inherits an earlier one's allocator cache, compiled code or library state; found "
+                        "2026-11-24: a mode run after others reserved up to 7 GiB more at 8 layers on one H200)")
+    p.add_argument("--isolate", action="store_true", help="run each mode in its own process on CPU too (tests)")
     p.add_argument("--predict", action="store_true", help="print the cost model's predicted step time (captures "
                                                           "the same shape on CPU in a subprocess)")
     p.add_argument("--profile", default=None, help="cost model profile for --predict (default: from the GPU name)")
@@ -289,6 +295,54 @@ def forget_compiled_code() -> int:
             removed += 1
     gc.collect()
     return removed
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def child_argv(args) -> list[str]:
+    """The arguments that make a child run one mode exactly as this process would."""
+    argv = ["--model", args.model, "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--steps",
+            str(args.steps), "--warmup", str(args.warmup), "--lr", repr(args.lr), "--lr-warmup-steps",
+            str(args.lr_warmup_steps), "--gqa", args.gqa, "--kernel-profile", str(args.kernel_profile), "--ce", args.ce,
+            "--device", args.device, "--same-process"]
+    if args.layers:
+        argv += ["--layers", str(args.layers)]
+    argv += ["--memory-history"] if args.memory_history else []
+    argv += ["--sync-every-step"] if args.sync_every_step else []
+    return argv
+
+
+def run_mode_in_child(mode: str, args, rank: int) -> ModeResult:
+    """`mode` in a fresh process per rank, joined into a new process group on a port rank 0 picks: what the mode
+    measures (memory above all) owes nothing to the modes before it. Rank 0's child writes the result, which every
+    rank gets."""
+    port = [_free_port() if rank == 0 else 0]
+    dist.broadcast_object_list(port, src=0)
+    out = os.path.join(tempfile.gettempdir(), f"ce_train_child_{os.getpid()}_{mode}.json")
+    env = {**os.environ, "MASTER_PORT": str(port[0]), "CE_TRAIN_CHILD": "1"}
+    for k in ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID"):  # the child's rank 0 hosts its own store
+        env.pop(k, None)
+    cmd = [sys.executable, os.path.abspath(__file__), *child_argv(args), "--modes", mode, "--out", out]
+    proc = subprocess.run(cmd, env=env)
+    found = [None]
+    if rank == 0:
+        try:
+            with open(out) as f:
+                found[0] = json.load(f)["results"][0]
+        except (OSError, ValueError, KeyError, IndexError):
+            found[0] = dataclasses.asdict(ModeResult(mode, ok=False, error=f"the mode's process exited "
+                                                                          f"{proc.returncode} without a result"))
+        finally:
+            if os.path.exists(out):
+                os.remove(out)
+    dist.broadcast_object_list(found, src=0)
+    return ModeResult(**found[0])
 
 
 def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
@@ -615,10 +669,12 @@ def main(argv=None) -> int:
                               "results": [dataclasses.asdict(r) for r in results], "prediction": prediction,
                               "info": info})
 
-    for mode in args.modes.split(","):
-        log0(f"# === mode {mode}")
+    modes = args.modes.split(",")
+    isolate = (DEVICE == "cuda" or args.isolate) and not args.same_process and len(modes) > 1
+    for mode in modes:
+        log0(f"# === mode {mode}" + (" (in its own process)" if isolate else ""))
         try:
-            results.append(run_mode(mode, cfg, args, group, peak))
+            results.append(run_mode_in_child(mode, args, rank) if isolate else run_mode(mode, cfg, args, group, peak))
         except Exception as e:  # noqa: BLE001 (a failing mode is reported; the others still run)
             _common.print_exc_rank()
             results.append(ModeResult(mode, ok=False, error=format_exc_line(e)))
@@ -626,6 +682,10 @@ def main(argv=None) -> int:
             dist.barrier()
         save()  # after every mode: a run cut short by its time limit keeps what it measured
 
+    if os.environ.get("CE_TRAIN_CHILD") == "1":  # one mode for a parent run: it prints the table
+        save()
+        dist.destroy_process_group()
+        return 0 if all(r.ok for r in results) else 1
     base = next((r for r in results if r.mode == "compile" and r.ok), None)
     bound = next((r for r in results if r.mode == "no-comm" and r.ok), None)
     log0("")

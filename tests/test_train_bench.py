@@ -7,14 +7,19 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 
 
-def test_train_harness_runs_eager_no_comm_and_the_pass_on_cpu(tmp_path):
+@pytest.mark.parametrize("isolate", [False, True], ids=["same-process", "process-per-mode"])
+def test_train_harness_runs_eager_no_comm_and_the_pass_on_cpu(tmp_path, isolate):
+    """Both ways of running the modes: in the one process, and (the default on GPUs) each mode in a fresh process
+    per rank joined into its own process group, its result handed back to the parent's table and JSON."""
     out = tmp_path / "train.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            os.path.join(REPO, "bench", "train.py"), "--device", "cpu", "--model", "llama3-tiny", "--seq-len", "32",
            "--steps", "2", "--warmup", "1", "--modes", "eager,no-comm,ce_overlap-nccl", "--out", str(out)]
+    cmd += ["--isolate"] if isolate else []
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -26,3 +31,5 @@ def test_train_harness_runs_eager_no_comm_and_the_pass_on_cpu(tmp_path):
     # Same weights and data: the pass (NCCL only) computes the same first loss as eager, up to fp32 rounding.
     assert abs(modes["eager"]["losses"][0] - modes["ce_overlap-nccl"]["losses"][0]) < 1e-3
     assert "ce_overlap-nccl" in proc.stdout and "tok/s/GPU" in proc.stdout
+    assert ("(in its own process)" in proc.stdout) == isolate
+    assert proc.stdout.count("tok/s/GPU") == 1  # one table: a child leaves it to the parent
