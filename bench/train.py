@@ -1,4 +1,5 @@
-"""Training throughput and MFU, every mode back to back in one run on the same GPUs.
+"""Training throughput and MFU, every mode back to back in one run on the same GPUs (on GPUs each mode in a fresh
+process per rank, so none inherits an earlier one's memory or library state; --same-process to run them in this one).
 
 A Llama-3-style model from the zoo the analyzer captures (python/ce_overlap/models), trained on synthetic
 tokens with in-graph FSDP over all ranks (python/ce_overlap/fx/fsdp.py: bf16 gathers, fp32 master shards,
