@@ -41,14 +41,21 @@ def compare_classes(pieces: dict, kernels: dict | None) -> list[dict]:
         err = 100 * (pred_ms / meas_ms - 1) if meas_ms else None
         rows.append({"class": label, "predicted_ms": pred_ms, "measured_ms": meas_ms, "error_pct": err})
 
+    stand_in_gaps_us = pieces.get("local_gather_kernels", 0) * pieces.get("kernel_gap_us", 0.0)
     for key, label, kinds in CLASS_MATCH:
         pred = sum((g.get("compute_by_class_us") or {}).get(key, 0.0) for g in pieces["analyze"].values()) / 1e3
         if key == "memory_bound":  # the no-comm mode's stand-ins for the collectives are memory-bound kernels
-            pred += sum((pieces.get("local_gather_us") or {}).values()) / 1e3
+            pred += (sum((pieces.get("local_gather_us") or {}).values()) - stand_in_gaps_us) / 1e3
         row(label, pred, sum(measured.get(k, 0.0) for k in kinds))
     row("optimizer", pieces["optimizer_us"] / 1e3, measured.get("optimizer"))
     busy = kernels.get("busy_ms") or sum(measured.values())
     row("kernel busy time (sum of the above)", sum(r["predicted_ms"] for r in rows), busy)
+    # The model's gap between kernels (efficiency.kernel_gap_us per kernel, stand-ins included) against the GPU's
+    # idle time between kernels and copies in the profiled steps.
+    gaps = (sum(g.get("kernel_gap_us") or 0.0 for g in pieces["analyze"].values()) + stand_in_gaps_us) / 1e3
+    kernel_count = sum(g.get("kernels") or 0 for g in pieces["analyze"].values()) + pieces.get("local_gather_kernels", 0)
+    row(f"GPU idle between kernels ({kernel_count} kernels modeled, "
+        f"{kernels.get('activities_per_step', 0):.0f} measured)", gaps, kernels.get("gpu_idle_ms"))
     return rows
 
 

@@ -579,7 +579,7 @@ def step_model(ir, profile: str, world: int) -> dict:
     report = ce_overlap.analyze(ir, profile)
     out = {"profile": profile, "analyze": {}, "plan": {}}
     for g in report.get("graphs", []):
-        out["analyze"][g["name"]] = {k: g.get(k) for k in ("compute_us", "comm_us", "exposed_comm_us", "makespan_us",
+        out["analyze"][g["name"]] = {k: g.get(k) for k in ("compute_us", "comm_us", "exposed_comm_us", "makespan_us", "kernels", "kernel_gap_us",
                                                             "compute_by_class_us")}
     for name in ir.graph_names:
         p = ce_overlap.ir.plan(ir, name, profile, {})
@@ -597,26 +597,34 @@ def step_model(ir, profile: str, world: int) -> dict:
         out["plan"][name] = summary
     local_params = -(-int(ir.meta.get("num_params", 0)) // world)
     out["optimizer_us"] = ADAMW_BYTES_PER_PARAM * local_params * optimizer_us_per_byte
-    out["local_gather_us"] = local_gather_us(ir, hbm_us_per_byte)
+    gap_us = spec["efficiency"].get("kernel_gap_us", 0.0)
+    out["kernel_gap_us"] = gap_us
+    out["local_gather_us"] = local_gather_us(ir, hbm_us_per_byte, gap_us)
+    out["local_gather_kernels"] = sum(1 for g in ir.to_dict()["graphs"] for n in g["nodes"]
+                                      if n.get("kind") == "collective"
+                                      and (n.get("collective") or {}).get("type") in ("all_gather", "reduce_scatter"))
     return out
 
 
-def local_gather_us(ir, hbm_us_per_byte: float) -> dict:
+def local_gather_us(ir, hbm_us_per_byte: float, kernel_gap_us: float = 0.0) -> dict:
     """What the no-comm mode runs instead of the collectives, per graph (fx/fsdp.py _LocalGather): each all-gather
     becomes `shard.repeat(world)` (reads the shard, writes world x shard) and each reduce-scatter a
-    `narrow(...).contiguous()` of the gradient (reads and writes this rank's rows), memory-bound kernels."""
+    `narrow(...).contiguous()` of the gradient (reads and writes this rank's rows), memory-bound kernels, each with
+    the profile's gap between kernels."""
     out = {}
     for g in ir.to_dict()["graphs"]:
-        moved = 0
+        moved = kernels = 0
         for n in g["nodes"]:
             c = n.get("collective") if n.get("kind") == "collective" else None
             if not c:
                 continue
             if c["type"] == "all_gather":
                 moved += c["bytes"] * (1 + c["group_size"])
+                kernels += 1
             elif c["type"] == "reduce_scatter":
                 moved += 2 * c["bytes"] // c["group_size"]
-        out[g["name"]] = moved * hbm_us_per_byte
+                kernels += 1
+        out[g["name"]] = moved * hbm_us_per_byte + kernels * kernel_gap_us
     return out
 
 

@@ -147,7 +147,8 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
     double exposed_us = 0;
     int64_t collectives = 0;
     // Where compute time goes: attention kernels, other compute-bound ops (GEMMs), memory-bound ops.
-    double matmul_us = 0, attention_us = 0, memory_bound_us = 0;
+    double matmul_us = 0, attention_us = 0, memory_bound_us = 0, gap_us = 0;
+    const std::vector<char> starts = model.kernel_starts(g);
     for (size_t i = 0; i < n; ++i) {
       const Node& node = g.nodes[i];
       Row& row = rows[static_cast<size_t>(node.block + 1)];
@@ -159,9 +160,11 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
       if (node.kind != NodeKind::Collective) {
         compute_us += durations[i];
         row.compute_us += durations[i];
-        if (node.kind == NodeKind::Compute) {
+        if (node.kind == NodeKind::Compute) {  // kernel time by class; the gap between kernels apart
+          const double gap = starts[i] ? model.profile().efficiency.kernel_gap_us : 0.0;
+          gap_us += gap;
           (is_attention_op(node.op) ? attention_us : model.compute_bound(node) ? matmul_us : memory_bound_us) +=
-              durations[i];
+              durations[i] - gap;
         }
         continue;
       }
@@ -192,7 +195,7 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
       }
     }
 
-    ordered_json gj = object_with_capacity(11);
+    ordered_json gj = object_with_capacity(13);
     gj["name"] = g.name;
     gj["nodes"] = n;
     gj["compute_us"] = compute_us;
@@ -203,6 +206,8 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
     gj["peak_memory_bytes"] = mem.peak_bytes;
     gj["input_bytes"] = mem.input_bytes;
     gj["collectives"] = collectives;
+    gj["kernels"] = model.kernel_count(g);
+    gj["kernel_gap_us"] = gap_us;
     ordered_json by_class = object_with_capacity(3);
     by_class["matmul"] = matmul_us;
     by_class["attention"] = attention_us;

@@ -575,7 +575,31 @@ std::vector<double> CostModel::durations_us(const Graph& g) const {
     const double scale = fused / unfused;
     for (int m : fg.compute_nodes) out[m] *= scale;
   }
+  // The idle time between kernels: once per kernel, charged to the kernel's first node.
+  const double gap = profile_.efficiency.kernel_gap_us;
+  if (gap > 0) {
+    const std::vector<char> starts = kernel_starts(g);
+    for (size_t i = 0; i < out.size(); ++i) out[i] += starts[i] ? gap : 0.0;
+  }
   return out;
+}
+
+std::vector<char> CostModel::kernel_starts(const Graph& g) const {
+  std::vector<char> fused(g.nodes.size(), 0), starts(g.nodes.size(), 0);
+  for (const FusionGroup& fg : fusion_groups(g)) {
+    for (int m : fg.compute_nodes) fused[static_cast<size_t>(m)] = 1;
+    if (!fg.compute_nodes.empty()) starts[static_cast<size_t>(fg.compute_nodes.front())] = 1;
+  }
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (g.nodes[i].kind == NodeKind::Compute && !fused[i]) starts[i] = 1;
+  }
+  return starts;
+}
+
+int CostModel::kernel_count(const Graph& g) const {
+  int n = 0;
+  for (char s : kernel_starts(g)) n += s ? 1 : 0;
+  return n;
 }
 
 }  // namespace ce_overlap

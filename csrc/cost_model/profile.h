@@ -65,6 +65,9 @@ struct EfficiencySpec {
   double attention = 0;
   double attention_backward = 0;
   double optimizer = 0;
+  // Optional (0: absent). The GPU's idle time between two consecutive kernels of a stream (the next launch's
+  // latency that back-to-back kernels still pay): charged once per kernel the graph runs (CostModel::durations_us).
+  double kernel_gap_us = 0;
 
   double attention_or_gemm(bool backward) const {
     const double e = backward ? attention_backward : attention;

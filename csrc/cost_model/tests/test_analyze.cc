@@ -137,9 +137,12 @@ TEST(Analyze, TwoBlockDocument) {
   const ordered_json& f = r["graphs"][0];
   EXPECT_EQ(keys_of(f), (std::vector<std::string>{"name", "nodes", "compute_us", "comm_us", "exposed_comm_us",
                                                   "makespan_us", "critical_path_us", "peak_memory_bytes",
-                                                  "input_bytes", "collectives", "compute_by_class_us"}));
+                                                  "input_bytes", "collectives", "kernels", "kernel_gap_us",
+                                                  "compute_by_class_us"}));
   EXPECT_EQ(f["name"], "forward");
   EXPECT_EQ(f["nodes"], 7);
+  EXPECT_EQ(f["kernels"], 2);  // the relu and the mm
+  EXPECT_EQ(f["kernel_gap_us"].get<double>(), 0.0);  // the test profile has no gap between kernels
   EXPECT_NEAR(f["compute_us"].get<double>(), kReluUs + kMmUs, kEps);
   // The split of compute_us: the mm carries FLOPs, the relu none; no attention here.
   EXPECT_NEAR(f["compute_by_class_us"]["matmul"].get<double>(), kMmUs, kEps);

@@ -818,5 +818,47 @@ TEST(CostModel, FusedPointwiseChainIsChargedItsBytesInAndOutOnly) {
   EXPECT_DOUBLE_EQ(d[mm2], m.node_us(g.nodes[mm2]));
 }
 
+TEST(CostModel, KernelGapIsChargedOncePerKernel) {
+  // The chain above: mm, the fused pair (a, b), mm2 = 3 kernels. A gap of 2 us adds 2 us to each kernel's first
+  // node: mm, a (not b) and mm2; a view or a collective is no kernel.
+  constexpr int64_t kMiB = 1024 * 1024;
+  Graph g;
+  auto add = [&](const std::string& name, std::vector<int> inputs, int64_t flops) {
+    Node n = compute_node("bfloat16", flops, flops > 0 ? 0 : 16 * kMiB);
+    n.id = static_cast<int>(g.nodes.size());
+    n.name = name;
+    n.inputs = std::move(inputs);
+    n.outputs = {{{4096, 1024}, "bfloat16", 8 * kMiB}};
+    g.nodes.push_back(n);
+    return n.id;
+  };
+  const int mm = add("mm", {}, 100000000);
+  const int a = add("a", {mm}, 0);
+  const int b = add("b", {a}, 0);
+  const int mm2 = add("mm2", {b}, 100000000);
+  Node c;
+  c.id = static_cast<int>(g.nodes.size());
+  c.kind = NodeKind::Collective;
+  c.inputs = {mm2};
+  c.collective = coll(CollectiveType::Send, 2, 50000);
+  g.nodes.push_back(c);
+
+  Profile p = round_profile();
+  const std::vector<double> without = CostModel(p).durations_us(g);
+  p.efficiency.kernel_gap_us = 2.0;
+  const CostModel m(p);
+  const std::vector<double> with = m.durations_us(g);
+  EXPECT_EQ(m.kernel_count(g), 3);
+  EXPECT_DOUBLE_EQ(with[mm] - without[mm], 2.0);
+  EXPECT_DOUBLE_EQ(with[a] - without[a], 2.0);
+  EXPECT_DOUBLE_EQ(with[b], without[b]);
+  EXPECT_DOUBLE_EQ(with[mm2] - without[mm2], 2.0);
+  EXPECT_DOUBLE_EQ(with[c.id], without[c.id]);
+  // The field round-trips through the profile JSON, and is optional (absent: 0).
+  const Profile back = profile_from_json(profile_to_json(p));
+  EXPECT_DOUBLE_EQ(back.efficiency.kernel_gap_us, 2.0);
+  EXPECT_DOUBLE_EQ(profile_from_json(profile_to_json(round_profile())).efficiency.kernel_gap_us, 0.0);
+}
+
 }  // namespace
 }  // namespace ce_overlap

@@ -114,6 +114,7 @@ TEST(Planner, DecisionUsesTheBucketAndItsWindow) {
   for (const Node& n : g.nodes) id[n.name] = n.id;
   std::map<std::string, size_t> pos;
   for (size_t i = 0; i < plan.order.size(); ++i) pos[plan.order[i]] = i;
+  const std::vector<double> durations = model.durations_us(g);  // fusion and the gap between kernels included
   for (const PlanBucket& b : plan.buckets) {
     // The window: compute strictly between the last member collective and the first member wait.
     size_t last_c = 0, first_w = plan.order.size();
@@ -125,7 +126,7 @@ TEST(Planner, DecisionUsesTheBucketAndItsWindow) {
     for (size_t i = last_c + 1; i < first_w; ++i) {
       const Node& n = g.nodes[id[plan.order[i]]];
       if (n.kind != NodeKind::Compute) continue;
-      (model.compute_bound(n) ? w.compute_bound_us : w.memory_bound_us) += model.compute_us(n);
+      (model.compute_bound(n) ? w.compute_bound_us : w.memory_bound_us) += durations[static_cast<size_t>(n.id)];
     }
     EXPECT_NEAR(w.compute_bound_us + w.memory_bound_us, b.predicted.window_us, 1e-9 * (1 + b.predicted.window_us));
     CollectiveInfo c;
