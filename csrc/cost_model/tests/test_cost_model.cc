@@ -790,10 +790,8 @@ TEST(CostModel, DurationsPerNode) {
   EXPECT_NEAR(d[1], 10.0 + 2.0 + 1.0, 1e-12);
 }
 
-TEST(CostModel, FusedPointwiseChainIsChargedItsBytesInAndOutOnly) {
-  // mm -> a -> b -> mm2 on 8 MiB tensors, 1 TB/s HBM x 1.0 (round_profile): unfused, a and b each read and write
-  // 8 MiB (16 MiB each); fused, the chain reads mm's 8 MiB once and writes b's once: 16 MiB in all, split 1:1.
-  CostModel m(round_profile());
+// mm -> a -> b -> mm2 on 8 MiB tensors: two GEMMs around a chain of two pointwise nodes (ids 0..3).
+Graph pointwise_chain() {
   constexpr int64_t kMiB = 1024 * 1024;
   Graph g;
   auto add = [&](const std::string& name, std::vector<int> inputs, int64_t flops) {
@@ -803,12 +801,21 @@ TEST(CostModel, FusedPointwiseChainIsChargedItsBytesInAndOutOnly) {
     n.inputs = std::move(inputs);
     n.outputs = {{{4096, 1024}, "bfloat16", 8 * kMiB}};
     g.nodes.push_back(n);
-    return n.id;
   };
-  const int mm = add("mm", {}, 100000000);
-  const int a = add("a", {mm}, 0);
-  const int b = add("b", {a}, 0);
-  const int mm2 = add("mm2", {b}, 100000000);
+  add("mm", {}, 100000000);
+  add("a", {0}, 0);
+  add("b", {1}, 0);
+  add("mm2", {2}, 100000000);
+  return g;
+}
+
+TEST(CostModel, FusedPointwiseChainIsChargedItsBytesInAndOutOnly) {
+  // 1 TB/s HBM x 1.0 (round_profile): unfused, a and b each read and write 8 MiB (16 MiB each); fused, the chain
+  // reads mm's 8 MiB once and writes b's once: 16 MiB in all, split 1:1.
+  CostModel m(round_profile());
+  constexpr int64_t kMiB = 1024 * 1024;
+  const Graph g = pointwise_chain();
+  const int mm = 0, a = 1, b = 2, mm2 = 3;
   const std::vector<double> d = m.durations_us(g);
   const double us_per_mib = static_cast<double>(kMiB) / 1e6;  // at 1 TB/s
   EXPECT_NEAR(m.node_us(g.nodes[a]), 16 * us_per_mib, 1e-9);
@@ -819,23 +826,10 @@ TEST(CostModel, FusedPointwiseChainIsChargedItsBytesInAndOutOnly) {
 }
 
 TEST(CostModel, KernelGapIsChargedOncePerKernel) {
-  // The chain above: mm, the fused pair (a, b), mm2 = 3 kernels. A gap of 2 us adds 2 us to each kernel's first
-  // node: mm, a (not b) and mm2; a view or a collective is no kernel.
-  constexpr int64_t kMiB = 1024 * 1024;
-  Graph g;
-  auto add = [&](const std::string& name, std::vector<int> inputs, int64_t flops) {
-    Node n = compute_node("bfloat16", flops, flops > 0 ? 0 : 16 * kMiB);
-    n.id = static_cast<int>(g.nodes.size());
-    n.name = name;
-    n.inputs = std::move(inputs);
-    n.outputs = {{{4096, 1024}, "bfloat16", 8 * kMiB}};
-    g.nodes.push_back(n);
-    return n.id;
-  };
-  const int mm = add("mm", {}, 100000000);
-  const int a = add("a", {mm}, 0);
-  const int b = add("b", {a}, 0);
-  const int mm2 = add("mm2", {b}, 100000000);
+  // mm, the fused pair (a, b), mm2 = 3 kernels. A gap of 2 us adds 2 us to each kernel's first node: mm, a (not b)
+  // and mm2; a collective is no kernel.
+  Graph g = pointwise_chain();
+  const int mm = 0, a = 1, b = 2, mm2 = 3;
   Node c;
   c.id = static_cast<int>(g.nodes.size());
   c.kind = NodeKind::Collective;
