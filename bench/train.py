@@ -113,6 +113,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="run every mode in this process (default on GPUs: each mode in a fresh process per rank, so "
                         "no mode inherits an earlier one's allocator cache, compiled code or library state; found "
                         "2026-11-24: a mode run after others reserved up to 7 GiB more at 8 layers on one H200)")
+    p.add_argument("--inductor-config", action="append", default=[], metavar="KEY=VALUE",
+                   help="set an Inductor config field for every compiled mode (repeatable; VALUE is a Python literal),"
+                        " e.g. reorder_for_peak_memory=False to compare compile with what ce_overlap's pass turns off")
     p.add_argument("--isolate", action="store_true", help="run each mode in its own process on CPU too (tests)")
     p.add_argument("--predict", action="store_true", help="print the cost model's predicted step time (captures "
                                                           "the same shape on CPU in a subprocess)")
@@ -129,6 +132,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--kernel-profile: steps must be >= 0 (0: off), got {args.kernel_profile}")
     if args.lr_warmup_steps < 0:
         p.error(f"--lr-warmup-steps must be >= 0 (0: no warm-up), got {args.lr_warmup_steps}")
+    try:
+        inductor_config_items(args.inductor_config)
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
@@ -298,6 +305,22 @@ def forget_compiled_code() -> int:
     return removed
 
 
+def inductor_config_items(items: list[str]) -> dict:
+    """--inductor-config KEY=VALUE pairs as torch.compile options (VALUE a Python literal)."""
+    import ast
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--inductor-config expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"--inductor-config {key}: {value!r} is not a Python literal") from None
+    return out
+
+
 def _free_port() -> int:
     import socket
 
@@ -314,6 +337,8 @@ def child_argv(args) -> list[str]:
             "--device", args.device, "--same-process"]
     if args.layers:
         argv += ["--layers", str(args.layers)]
+    for item in args.inductor_config:
+        argv += ["--inductor-config", item]
     argv += ["--memory-history"] if args.memory_history else []
     argv += ["--sync-every-step"] if args.sync_every_step else []
     return argv
@@ -358,6 +383,8 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
     step_fn = model
     if mode != "eager":
         opts = compile_options(mode, args.ce)
+        if args.inductor_config:
+            opts = {**inductor_config_items(args.inductor_config), **(opts or {})}
         step_fn = torch.compile(model, options=opts) if opts else torch.compile(model)
     if mode in ("ce_overlap", "ce_overlap-packed"):
         import ce_overlap.runtime as rt

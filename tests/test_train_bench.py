@@ -33,3 +33,14 @@ def test_train_harness_runs_eager_no_comm_and_the_pass_on_cpu(tmp_path, isolate)
     assert "ce_overlap-nccl" in proc.stdout and "tok/s/GPU" in proc.stdout
     assert ("(in its own process)" in proc.stdout) == isolate
     assert proc.stdout.count("tok/s/GPU") == 1  # one table: a child leaves it to the parent
+
+
+def test_inductor_config_values_are_python_literals():
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import train
+
+    assert train.inductor_config_items(["reorder_for_peak_memory=False", "max_autotune=True", "x.y=3"]) == {
+        "reorder_for_peak_memory": False, "max_autotune": True, "x.y": 3}
+    for bad in ["no_equals_sign", "=3", "reorder_for_peak_memory=maybe"]:
+        with pytest.raises(ValueError, match="--inductor-config"):
+            train.inductor_config_items([bad])
