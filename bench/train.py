@@ -321,6 +321,14 @@ def inductor_config_items(items: list[str]) -> dict:
     return out
 
 
+def finish_process_group() -> None:
+    """Every rank reaches the end before any tears its process group down: rank 0 still prints and saves when the
+    others are done, and a rank that destroyed its gloo group under a peer still using it aborted at exit once in CI
+    ("terminate called without an active exception")."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def _free_port() -> int:
     import socket
 
@@ -720,7 +728,7 @@ def main(argv=None) -> int:
 
     if os.environ.get("CE_TRAIN_CHILD") == "1":  # one mode for a parent run: it prints the table
         save()
-        dist.destroy_process_group()
+        finish_process_group()
         return 0 if all(r.ok for r in results) else 1
     base = next((r for r in results if r.mode == "compile" and r.ok), None)
     bound = next((r for r in results if r.mode == "no-comm" and r.ok), None)
@@ -761,7 +769,7 @@ def main(argv=None) -> int:
         if not pred_ms:
             log0(f"# prediction: {prediction}")
     save(prediction)
-    dist.destroy_process_group()
+    finish_process_group()
     return 0 if all(r.ok for r in results) else 1
 
 
