@@ -42,7 +42,8 @@ class PassConfig:
 
     ce: str = "auto"
     """Copy-engine use: "auto" (the cost model decides per bucket), "on" (every bucket the CE runtime
-    can serve), "off" (NCCL only; the pass still buckets and reorders)."""
+    can serve, a group of one included: its self copy, which lets one GPU run the CE path), "off" (NCCL only;
+    the pass still buckets and reorders)."""
 
     min_ce_bytes: int = 1 << 20
     """Buckets smaller than this (per-rank bytes) stay on NCCL: below it the CE signalling overhead
