@@ -632,21 +632,17 @@ def step_model(ir, profile: str, world: int) -> dict:
         out["plan"][name] = summary
     local_params = -(-int(ir.meta.get("num_params", 0)) // world)
     out["optimizer_us"] = ADAMW_BYTES_PER_PARAM * local_params * optimizer_us_per_byte
-    gap_us = spec["efficiency"].get("kernel_gap_us", 0.0)
-    out["kernel_gap_us"] = gap_us
-    out["local_gather_us"] = local_gather_us(ir, hbm_us_per_byte, gap_us)
-    out["local_gather_kernels"] = sum(1 for g in ir.to_dict()["graphs"] for n in g["nodes"]
-                                      if n.get("kind") == "collective"
-                                      and (n.get("collective") or {}).get("type") in ("all_gather", "reduce_scatter"))
+    out["kernel_gap_us"] = spec["efficiency"].get("kernel_gap_us", 0.0)
+    out["local_gather_us"], out["local_gather_kernels"] = local_gather_us(ir, hbm_us_per_byte, out["kernel_gap_us"])
     return out
 
 
-def local_gather_us(ir, hbm_us_per_byte: float, kernel_gap_us: float = 0.0) -> dict:
+def local_gather_us(ir, hbm_us_per_byte: float, kernel_gap_us: float = 0.0) -> tuple[dict, int]:
     """What the no-comm mode runs instead of the collectives, per graph (fx/fsdp.py _LocalGather): each all-gather
     becomes `shard.repeat(world)` (reads the shard, writes world x shard) and each reduce-scatter a
     `narrow(...).contiguous()` of the gradient (reads and writes this rank's rows), memory-bound kernels, each with
-    the profile's gap between kernels."""
-    out = {}
+    the profile's gap between kernels. Returns the time per graph and the number of those kernels."""
+    out, total_kernels = {}, 0
     for g in ir.to_dict()["graphs"]:
         moved = kernels = 0
         for n in g["nodes"]:
@@ -660,7 +656,8 @@ def local_gather_us(ir, hbm_us_per_byte: float, kernel_gap_us: float = 0.0) -> d
                 moved += 2 * c["bytes"] // c["group_size"]
                 kernels += 1
         out[g["name"]] = moved * hbm_us_per_byte + kernels * kernel_gap_us
-    return out
+        total_kernels += kernels
+    return out, total_kernels
 
 
 def predicted_step_ms(pred: dict, no_comm: bool = False) -> float | None:

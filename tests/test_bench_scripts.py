@@ -62,9 +62,15 @@ def test_local_gather_bytes_follow_the_no_comm_stand_ins(tiny_ir):
     import train
 
     world, params = 8, tiny_ir.meta["num_params"]
-    got = train.local_gather_us(tiny_ir, 1.0)
+    got, kernels = train.local_gather_us(tiny_ir, 1.0)
     assert got["forward"] == pytest.approx((1 + world) / world * 2 * params, rel=0.05)
     assert got["backward"] > 0  # the re-gathers and the reduce-scatters' narrow copies
+    stand_ins = sum(n["collective"]["type"] in ("all_gather", "reduce_scatter")
+                    for g in tiny_ir.to_dict()["graphs"] for n in g["nodes"] if n["kind"] == "collective")
+    assert kernels == stand_ins > 0
+    # Each stand-in is a kernel and pays the gap between kernels once.
+    with_gap, _ = train.local_gather_us(tiny_ir, 1.0, kernel_gap_us=3.0)
+    assert sum(with_gap.values()) == pytest.approx(sum(got.values()) + 3.0 * stand_ins)
 
 
 def test_gpu_idle_between_kernels():

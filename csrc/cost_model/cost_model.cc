@@ -561,45 +561,35 @@ double CostModel::node_us(const Node& node) const {
   return compute_us(node);
 }
 
-std::vector<double> CostModel::durations_us(const Graph& g) const {
+std::vector<double> CostModel::durations_us(const Graph& g, std::vector<char>* kernel_starts) const {
   std::vector<double> out;
   out.reserve(g.nodes.size());
   for (const Node& n : g.nodes) out.push_back(node_us(n));
   const double hbm_us_per_byte = 1.0 / (profile_.gpu.hbm_gbps * 1e3 * profile_.efficiency.memory);
-  for (const FusionGroup& fg : fusion_groups(g)) {
-    double unfused = 0;
-    for (int m : fg.compute_nodes) unfused += out[m];
-    const double fused = std::max(static_cast<double>(fg.bytes_in + fg.bytes_out) * hbm_us_per_byte,
-                                  profile_.efficiency.kernel_launch_us);
-    if (unfused <= 0 || fused >= unfused) continue;  // fusion never makes a group slower than its kernels apart
-    const double scale = fused / unfused;
-    for (int m : fg.compute_nodes) out[m] *= scale;
-  }
-  // The idle time between kernels: once per kernel, charged to the kernel's first node.
-  const double gap = profile_.efficiency.kernel_gap_us;
-  if (gap > 0) {
-    const std::vector<char> starts = kernel_starts(g);
-    for (size_t i = 0; i < out.size(); ++i) out[i] += starts[i] ? gap : 0.0;
-  }
-  return out;
-}
-
-std::vector<char> CostModel::kernel_starts(const Graph& g) const {
+  // A kernel's first node: the first compute node of a fusion group, or a compute node outside any group.
   std::vector<char> fused(g.nodes.size(), 0), starts(g.nodes.size(), 0);
   for (const FusionGroup& fg : fusion_groups(g)) {
-    for (int m : fg.compute_nodes) fused[static_cast<size_t>(m)] = 1;
-    if (!fg.compute_nodes.empty()) starts[static_cast<size_t>(fg.compute_nodes.front())] = 1;
+    if (fg.compute_nodes.empty()) continue;
+    starts[static_cast<size_t>(fg.compute_nodes.front())] = 1;
+    double unfused = 0;
+    for (int m : fg.compute_nodes) {
+      fused[static_cast<size_t>(m)] = 1;
+      unfused += out[m];
+    }
+    const double fused_us = std::max(static_cast<double>(fg.bytes_in + fg.bytes_out) * hbm_us_per_byte,
+                                     profile_.efficiency.kernel_launch_us);
+    if (unfused <= 0 || fused_us >= unfused) continue;  // fusion never makes a group slower than its kernels apart
+    const double scale = fused_us / unfused;
+    for (int m : fg.compute_nodes) out[m] *= scale;
   }
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     if (g.nodes[i].kind == NodeKind::Compute && !fused[i]) starts[i] = 1;
   }
-  return starts;
-}
-
-int CostModel::kernel_count(const Graph& g) const {
-  int n = 0;
-  for (char s : kernel_starts(g)) n += s ? 1 : 0;
-  return n;
+  // The idle time between kernels: once per kernel, charged to the kernel's first node.
+  const double gap = profile_.efficiency.kernel_gap_us;
+  for (size_t i = 0; i < out.size(); ++i) out[i] += starts[i] ? gap : 0.0;
+  if (kernel_starts != nullptr) *kernel_starts = std::move(starts);
+  return out;
 }
 
 }  // namespace ce_overlap

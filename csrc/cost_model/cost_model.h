@@ -96,11 +96,9 @@ class CostModel {
   // Every node's time in the graph, kernel fusion included: each fusion group (analysis.h, fusion_groups) takes
   // max(its bytes in + out at the HBM roofline, one launch), spread over its compute nodes in proportion to their
   // node_us; GEMMs, attention and collectives keep node_us. Plus efficiency.kernel_gap_us per kernel.
-  std::vector<double> durations_us(const Graph& g) const;
-  // The kernels the graph runs as durations_us counts them: fusion groups, and compute nodes outside any group
-  // (each pays efficiency.kernel_gap_us once, on its first node: the nodes kernel_starts marks).
-  int kernel_count(const Graph& g) const;
-  std::vector<char> kernel_starts(const Graph& g) const;
+  // With `kernel_starts`, also marks the first node of every kernel the graph runs (a fusion group's first compute
+  // node, or a compute node outside any group): the nodes that carry the gap.
+  std::vector<double> durations_us(const Graph& g, std::vector<char>* kernel_starts = nullptr) const;
 
  private:
   struct Roofline {
