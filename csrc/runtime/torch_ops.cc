@@ -258,16 +258,23 @@ class DeferredJoins {
     free_[entry.device].push_back(entry.event);
   }
 
+  // An op's outputs share one stash: each stash is judged once per call, however many entries it has.
   void reap_unreachable_locked(std::vector<std::shared_ptr<Stash>>& reaped) {
+    std::vector<const Stash*> alive;
     for (auto it = pending_.begin(); it != pending_.end();) {
       const std::shared_ptr<Stash>& stash = it->second.stash;
-      const bool dead = stash && !stash->outputs.empty() &&
-                        (std::find(reaped.begin(), reaped.end(), stash) != reaped.end() || stash->unreachable());
-      if (!dead) {
+      if (!stash || stash->outputs.empty() || std::find(alive.begin(), alive.end(), stash.get()) != alive.end()) {
         ++it;
         continue;
       }
-      if (std::find(reaped.begin(), reaped.end(), stash) == reaped.end()) reaped.push_back(stash);
+      if (std::find(reaped.begin(), reaped.end(), stash) == reaped.end()) {
+        if (!stash->unreachable()) {
+          alive.push_back(stash.get());
+          ++it;
+          continue;
+        }
+        reaped.push_back(stash);
+      }
       release_locked(it->second);
       it = pending_.erase(it);
     }
@@ -300,13 +307,14 @@ template <typename Enqueue>
 void enqueue_keeping_alive(Group& g, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outs,
                            std::vector<cudaStream_t> streams, bool deferred, Enqueue&& enqueue) {
   const bool record = keep_alive_mode() == KeepAlive::RecordStream;
+  auto record_all = [&] {
+    for (const auto* list : {&inputs, &outs}) {
+      for (const at::Tensor& t : *list) record_streams(g, t, streams);
+    }
+  };
   if (!deferred) {
     enqueue(static_cast<cudaEvent_t>(nullptr));
-    if (record) {
-      for (const auto* list : {&inputs, &outs}) {
-        for (const at::Tensor& t : *list) record_streams(g, t, streams);
-      }
-    }
+    if (record) record_all();
     return;
   }
   DeferredJoins& joins = DeferredJoins::get();
@@ -320,9 +328,7 @@ void enqueue_keeping_alive(Group& g, const std::vector<at::Tensor>& inputs, cons
   auto stash = std::make_shared<Stash>();
   stash->device = static_cast<c10::DeviceIndex>(g.device());
   if (record) {
-    for (const auto* list : {&inputs, &outs}) {
-      for (const at::Tensor& t : *list) record_streams(g, t, streams);
-    }
+    record_all();
   } else {
     stash->inputs = inputs;
     for (const at::Tensor& out : outs) stash->outputs.push_back(out.storage());
