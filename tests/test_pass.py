@@ -84,7 +84,8 @@ def test_config_defaults_and_plan_config():
     c = PassConfig()
     assert (c.enabled, c.ce, c.profile, c.dump_dir, c.verbose) == (True, "auto", "auto", None, False)
     assert c.plan_config() == {"bucket_cap_bytes": 512 * MIB, "memory_budget_bytes": 4096 * MIB, "ce": "auto",
-                               "min_ce_bytes": MIB, "prefetch_blocks": 1, "bucket_patterns": []}
+                               "min_ce_bytes": MIB, "prefetch_blocks": 1, "bucket_patterns": [],
+                               "ce_reduction": "consumer"}
     c2 = PassConfig(bucket_patterns=[r"layers\.\d+"], bucket_cap_mb=0.5)
     assert c2.bucket_patterns == (r"layers\.\d+",) and c2.plan_config()["bucket_cap_bytes"] == MIB // 2
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -100,7 +101,7 @@ def test_config_defaults_and_plan_config():
     ("bucket_patterns", "layers"), ("bucket_patterns", ["("]), ("bucket_patterns", [""]), ("profile", "h900"),
     ("profile", ""), ("profile", "/nonexistent/profile.json"), ("dump_dir", 3), ("verbose", "yes"),
     ("ce_collectives", "all_gather"), ("ce_collectives", ["all_reduce"]), ("keep_inductor_overlap", None),
-    ("check_numerics", "yes"), ("pack_ce_buckets", 0),
+    ("check_numerics", "yes"), ("pack_ce_buckets", 0), ("ce_reduction", "sm"), ("ce_reduction", None),
 ])
 def test_bad_config_values_name_the_field(field, value):
     with pytest.raises(ce_overlap.CeOverlapError, match=rf"PassConfig\.{field}"):
@@ -169,6 +170,12 @@ def test_uuid_hashes_config_and_sources():
     import pickle
 
     assert pickle.loads(pickle.dumps(a.uuid())) == a.uuid()
+    # Ranks get different keys: a rewritten graph may read this rank's own chunk, and ranks share a cache directory.
+    keys = []
+    for rank in (0, 1):
+        with fake_process_group(2, rank):
+            keys.append(pass_.CeOverlapPass(PassConfig()).uuid())
+    assert keys[0] != keys[1] and a.uuid() not in keys
 
 
 def test_backend_is_registered():
@@ -616,6 +623,51 @@ def test_handmade_layouts_are_exact(backend):
         assert targets[torch.ops.aten.cat.default] == 3, targets  # the all-gather, reduce-scatter and all-reduce buckets
 
 
+@pytest.mark.parametrize("g", [2, 4])
+def test_ce_reduce_scatter_with_the_sum_in_the_consumer(g):
+    """ce_reduction="consumer": a CE reduce-scatter bucket is one unreduced op (the peers' chunks, no reduction)
+    plus graph ops that add them to this rank's own chunk, in fp32, rounded once. Two ranks: bit-exact (a + b in
+    either order); four: the order of the sum differs from the emulated reference, so within rounding."""
+    with fake_process_group(g, 1):
+        gm, real = _handmade_graph(g)
+        want = run_emulated(gm, real, g, rank=1)
+        plan = plan_from_ir(ir_graph(gm, "forward"), by_block=False,
+                            backend=lambda b: "ce" if b["type"] == "reduce_scatter" else "nccl")
+        with pass_.capture_mode():
+            results = rewrite.apply_plan(gm.graph, rewrite.check_plan(gm.graph, plan), ce_reduction="consumer")
+        gm.recompile()
+        rewrite.check_invariants(gm.graph)
+        assert [r.backend for r in results if r.type == "reduce_scatter"] == ["ce"]
+        got = run_emulated(gm, real, g, rank=1)
+    created = [n for n in gm.graph.nodes if n.name.startswith("ce_overlap_b")]
+    targets = collections.Counter(n.target for n in created)
+    assert targets[torch.ops.ce_overlap.reduce_scatter_tensors_unreduced.default] == 1, targets
+    assert targets[torch.ops.ce_overlap.reduce_scatter_tensors.default] == 0, targets
+    assert targets[torch.ops.aten.select.int] == 2, targets  # each member's own chunk, read where it lies
+    (unreduced,) = [n for n in created if n.target == torch.ops.ce_overlap.reduce_scatter_tensors_unreduced.default]
+    assert tuple(unreduced.meta["val"].shape) == (g - 1, 2 * 3 + 2 * 2)  # the rows: both members' chunks
+    for i, (a, b) in enumerate(zip(want, got)):
+        if g == 2:
+            assert torch.equal(a, b), i
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=f"output {i}")
+
+
+def test_ce_reduction_kernel_and_packed_buckets_keep_the_reducing_op():
+    g = 2
+    for kwargs in ({"ce_reduction": "kernel"}, {"ce_reduction": "consumer", "pack_ce": True}):
+        with fake_process_group(g, 0):
+            gm, real = _handmade_graph(g)
+            plan = plan_from_ir(ir_graph(gm, "forward"), by_block=False,
+                                backend=lambda b: "ce" if b["type"] == "reduce_scatter" else "nccl")
+            with pass_.capture_mode():
+                rewrite.apply_plan(gm.graph, rewrite.check_plan(gm.graph, plan), **kwargs)
+        names = {n.target for n in gm.graph.nodes}
+        assert torch.ops.ce_overlap.reduce_scatter_tensors_unreduced.default not in names, kwargs
+        assert names & {torch.ops.ce_overlap.reduce_scatter_tensors.default,
+                        torch.ops.ce_overlap.reduce_scatter_tensor.default}, kwargs
+
+
 # --------------------------------------------------------------------------------------------------
 # torch.compile end to end on CPU (gloo, one rank): Inductor lowers the rewritten graphs and runs them
 
@@ -716,6 +768,19 @@ def test_inductor_options_ce_path_compiles_and_runs(gloo_world1, cpu_ce_kernels,
         assert r.ce_buckets == len(r.buckets) > 0
 
 
+def test_ce_reduce_scatter_of_one_rank_moves_nothing(gloo_world1, cpu_ce_kernels):
+    """ce_reduction="consumer" at one rank: a reduce-scatter of a group of one is its input, so the bucket needs no
+    op at all; the step still matches eager."""
+    model, ref, tokens = _tiny_fsdp_pair()
+    opts = _ce_opts()
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        _compare_step(model, ref, tokens, torch.compile(model, options=opts, fullgraph=True))
+    (backward,) = [r for r in opts["post_grad_custom_post_pass"].reports if r.graph == "backward"]
+    rs = [b for b in backward.buckets if b.type == "reduce_scatter"]
+    assert rs and all(b.backend == "ce" for b in rs)
+    assert not any("reduce_scatter" in n for b in rs for n in b.nodes), [b.nodes for b in rs]
+
+
 def _ce_opts(**fields):
     opts = ce_overlap.inductor_options(ce="on", min_ce_bytes=0, bucket_cap_mb=4096, **fields)
     opts["post_grad_custom_post_pass"] = pass_.CeOverlapPass(opts["post_grad_custom_post_pass"].config,
@@ -728,7 +793,8 @@ def test_check_numerics_compares_every_ce_bucket_once(gloo_world1, cpu_ce_kernel
 
     check.reset()
     model, ref, tokens = _tiny_fsdp_pair()
-    opts = _ce_opts(check_numerics=True)
+    # The reducing CE op: at one rank the default (the sum in the consumer) moves nothing, so it has nothing to check.
+    opts = _ce_opts(check_numerics=True, ce_reduction="kernel")
     compiled = torch.compile(model, options=opts, fullgraph=True)
     with caplog.at_level(logging.INFO, logger="ce_overlap"), torch._inductor.config.patch(fx_graph_cache=False):
         _compare_step(model, ref, tokens, compiled)  # the checks do not change the step's numbers

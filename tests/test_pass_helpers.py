@@ -205,16 +205,19 @@ def make_planner(**kw):
 
 class EmulatedCollectives(torch.fx.Interpreter):
     """Runs a graph on real tensors as rank `rank` of `group_size` simulated ranks: rank k's input to a
-    collective is `x + k` (in the input's dtype), so a wrong layout or rank order changes the result.
-    all-gather: cat over k; reduce-scatter: sum over k of the input, then this rank's dim-0 chunk;
-    all-reduce: sum over k. The ce_overlap ops behave like their _c10d_functional twins."""
+    collective is `x + (k - rank)` (in the input's dtype; this rank's is x itself), so a wrong layout or rank
+    order changes the result. all-gather: cat over k; reduce-scatter: sum over k of the input, then this rank's
+    dim-0 chunk; all-reduce: sum over k. The ce_overlap ops behave like their _c10d_functional twins;
+    reduce_scatter_tensors_unreduced gives the other ranks' chunks `rank`, one row per rank, unsummed."""
 
     def __init__(self, gm, group_size: int, rank: int):
         super().__init__(gm)
         self.g, self.rank = group_size, rank
 
     def _ranks(self, x):
-        return [x + k for k in range(self.g)] if x.dtype.is_floating_point else [x for _ in range(self.g)]
+        if not x.dtype.is_floating_point:
+            return [x for _ in range(self.g)]
+        return [x if k == self.rank else x + (k - self.rank) for k in range(self.g)]
 
     def _all_gather(self, x):
         return torch.cat(self._ranks(x))
@@ -239,6 +242,10 @@ class EmulatedCollectives(torch.fx.Interpreter):
                 return self._reduce_scatter(args[0])
             if name == "reduce_scatter_tensors":  # the inputs' reduce-scatters, flattened and concatenated
                 return torch.cat([self._reduce_scatter(x).reshape(-1) for x in args[0]])
+            if name == "reduce_scatter_tensors_unreduced":  # [g - 1, N]: the peers' chunks for this rank
+                rows = [[xk.reshape(self.g, -1)[self.rank] for k, xk in enumerate(self._ranks(x)) if k != self.rank]
+                        for x in args[0]]
+                return torch.stack([torch.cat([per_input[j] for per_input in rows]) for j in range(self.g - 1)])
             if name == "all_reduce":
                 total = torch.zeros_like(args[0])
                 for xk in self._ranks(args[0]):

@@ -340,6 +340,31 @@ CollectiveEstimate CostModel::ce_estimate(const CollectiveInfo& c) const {
       add(pull_all(bytes / n));
       break;
     case CollectiveType::ReduceScatter: {
+      if (ce_reduction_ == CeReduction::Consumer && n > 1) {
+        // The same pushed rounds; each round's n - 1 received chunks are copied out of the staging slots by a copy
+        // engine (reduce stream) while the next round's pushes run: a two-stage pipeline with no SMs. The consumer
+        // then reads the n - 1 peer chunks besides its own (the sum, fused into it).
+        e.algorithm = "ce/a2a, sum in the consumer";
+        const double chunk = bytes / n;
+        const double round_bytes = std::min(kCeReduceRoundBytes, kCeStagingBankBytes / (n - 1));
+        const double rounds = std::max(1.0, std::ceil(chunk / round_bytes));
+        const auto [copy_latency, copy_all] = pull_all(chunk / rounds);
+        const double out_bytes = (n - 1) * chunk / rounds;  // per round, read from the slots and written out
+        const double local_gbps = std::min(ce.engine_gbps, profile_.gpu.hbm_gbps * profile_.efficiency.memory / 2);
+        const double out_latency = (n - 1) * ce.copy_latency_us;
+        const double c_us = copy_all.us, d_us = out_latency + us_for(out_bytes, local_gbps);
+        const double copy_rate = copy_all.hbm_bytes / c_us, out_rate = 2 * out_bytes / d_us;
+        const double both_us = (rounds - 1) * std::min(c_us, d_us);
+        const double copy_alone_us = c_us >= d_us ? rounds * c_us - both_us : c_us;
+        const double out_alone_us = c_us >= d_us ? d_us : rounds * d_us - both_us;
+        e.latency_us = copy_latency + out_latency;
+        e.us = copy_alone_us + both_us + out_alone_us;
+        e.phases.push_back(CollectivePhase{copy_alone_us, 0, copy_rate * copy_alone_us});
+        if (both_us > 0) e.phases.push_back(CollectivePhase{both_us, 0, (copy_rate + out_rate) * both_us});
+        e.phases.push_back(CollectivePhase{out_alone_us, 0, out_rate * out_alone_us});
+        e.consumer_us = us_for((n - 1) * chunk, profile_.gpu.hbm_gbps * profile_.efficiency.memory);
+        break;
+      }
       // The runtime moves rounds of at most kCeReduceRoundBytes per chunk, reducing round k (reduce stream) while
       // the copies of round k+1 run: a two-stage pipeline of R rounds, copy c and reduction d per round.
       e.algorithm = "ce/a2a+reduce";
@@ -406,7 +431,10 @@ const Curve* CostModel::find_curve(const CollectiveInfo& c, Backend backend) con
 
 CollectiveEstimate CostModel::estimate(const CollectiveInfo& c, Backend backend) const {
   CollectiveEstimate e = backend == Backend::Nccl ? nccl_estimate(c) : ce_estimate(c);
-  const Curve* curve = c.group_size > 1 ? find_curve(c, backend) : nullptr;
+  // A CE reduce-scatter curve was measured with the reduction kernel: it does not time the unreduced exchange.
+  const bool unreduced = backend == Backend::Ce && c.type == CollectiveType::ReduceScatter &&
+                         ce_reduction_ == CeReduction::Consumer;
+  const Curve* curve = c.group_size > 1 && !unreduced ? find_curve(c, backend) : nullptr;
   if (curve == nullptr || e.us <= 0) return e;
   // Measured time replaces the model's; the model still says which resources the phases hold.
   const double measured = curve_us(*curve, static_cast<double>(c.bytes));
@@ -481,7 +509,7 @@ BackendCost CostModel::cost(const CollectiveInfo& c, Backend backend, const Over
   }
   if (out.comm_us > 0) out.slowdown = {weighted_cb / out.comm_us, weighted_mb / out.comm_us};
   out.exposed_us = std::max(0.0, out.comm_us - (window_us + out.slowdown_us));
-  out.cost_us = out.exposed_us + out.slowdown_us;
+  out.cost_us = out.exposed_us + out.slowdown_us + out.estimate.consumer_us;
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../graph/ir.h"
+#include "../graph/plan.h"
 #include "profile.h"
 
 namespace ce_overlap {
@@ -32,6 +33,10 @@ struct CollectiveEstimate {
   double latency_us = 0;  // the part that does not scale with bytes
   std::string algorithm;  // "ring/ll128", "tree/simple", "ce/pull", "ce/a2a+reduce", ... ("curve" when calibrated)
   std::vector<CollectivePhase> phases;  // durations sum to us
+  // Time the collective adds to the kernel that consumes its result, on the compute stream after the wait: a CE
+  // reduce-scatter with CeReduction::Consumer leaves the sum of the peers' chunks to that kernel (one more read of
+  // (n - 1) chunks at the HBM roofline). Not part of `us`.
+  double consumer_us = 0;
 };
 
 // Fractional slowdowns (0.22 = 22% longer) of the two kernel classes beside some traffic.
@@ -50,7 +55,7 @@ struct BackendCost {
   double comm_us = 0;      // collective time, including its own slowdown beside the window
   double slowdown_us = 0;  // extra time the window's kernels take because the collective runs beside them
   double exposed_us = 0;   // part of comm_us not hidden by the (slowed) window
-  double cost_us = 0;      // exposed_us + slowdown_us: what the collective adds to the step
+  double cost_us = 0;      // exposed_us + slowdown_us + estimate.consumer_us: what the collective adds to the step
   Slowdown slowdown;       // time-weighted over the collective's phases
   CollectiveEstimate estimate;
 };
@@ -67,6 +72,13 @@ class CostModel {
   explicit CostModel(Profile profile);
 
   const Profile& profile() const { return profile_; }
+
+  // Where a CE reduce-scatter sums the chunks (PlanConfig::ce_reduction; default Kernel, the runtime's reducing
+  // op). Consumer: the estimate moves the chunks and copies them out with copy engines only (no SMs), and charges
+  // the sum to the consuming kernel (CollectiveEstimate::consumer_us); a calibrated CE reduce-scatter curve
+  // (measured with the kernel) is not used for it.
+  void set_ce_reduction(CeReduction reduction) { ce_reduction_ = reduction; }
+  CeReduction ce_reduction() const { return ce_reduction_; }
 
   // Roofline: max(flops / (peak(dtype) x GEMM efficiency(flops)), bytes_accessed / (hbm x memory eff)),
   // at least the launch floor. GEMM efficiency = gemm x flops / (flops + gemm_ramp_flops).
@@ -117,6 +129,7 @@ class CostModel {
   const Curve* find_curve(const CollectiveInfo& c, Backend backend) const;
 
   Profile profile_;
+  CeReduction ce_reduction_ = CeReduction::Kernel;
   // ring_prefix_gbps_[k]: slowest link among pairs (i, i+1), i < k, within one node (k = 0: +inf).
   std::vector<double> ring_prefix_gbps_;
 };

@@ -45,8 +45,11 @@ Choice choose(const Bucket& bucket, const CollectiveInfo& c, const Decision& d, 
 
 }  // namespace
 
-Plan make_plan(const Document& doc, const std::string& graph_name, const CostModel& model, const PlanConfig& config) {
+Plan make_plan(const Document& doc, const std::string& graph_name, const CostModel& base_model,
+               const PlanConfig& config) {
   const auto t0 = std::chrono::steady_clock::now();
+  CostModel model = base_model;  // priced the way the pass will run a CE reduce-scatter
+  model.set_ce_reduction(config.ce_reduction);
   const Graph& g = find_graph(doc, graph_name);
   const int n = static_cast<int>(g.nodes.size());
   for (const Node& node : g.nodes) {  // the scheduler relies on ids being a topological order
@@ -127,8 +130,14 @@ Plan make_plan(const Document& doc, const std::string& graph_name, const CostMod
       after[m] = 0;
       if (position[m] > position[last_member]) last_member = m;
     }
-    // The bucket starts when its last member's inputs are ready: it carries the whole time.
+    // The bucket starts when its last member's inputs are ready: it carries the whole time. A sum left to the
+    // consumer runs on the compute stream after the wait: the first wait carries it.
     after[last_member] = chosen.estimate.us;
+    for (int w : bucket.waits) {
+      if (w < 0) continue;
+      after[w] += chosen.estimate.consumer_us;
+      break;
+    }
     pb.bytes = bucket.bytes;
     pb.backend = to_string(choice.backend);
     pb.reason = choice.reason;

@@ -50,15 +50,19 @@ std::string at(const std::string& path, size_t i) { return path + "[" + std::to_
 // One JSON object whose keys all come from `keys`; `required` keys must be present.
 class ObjectReader {
  public:
-  ObjectReader(const json& j, std::string path, std::initializer_list<const char*> keys, bool all_required = true)
+  // `keys` are required when all_required; `optional` keys are accepted and never required.
+  ObjectReader(const json& j, std::string path, std::initializer_list<const char*> keys, bool all_required = true,
+               std::initializer_list<const char*> optional = {})
       : j_(j), path_(std::move(path)) {
     if (!j_.is_object()) fail(path_.empty() ? "document" : path_, "expected an object, got " + describe(j_));
     for (auto it = j_.begin(); it != j_.end(); ++it) {
       bool known = false;
       for (const char* k : keys) known = known || it.key() == k;
+      for (const char* k : optional) known = known || it.key() == k;
       if (!known) {
         std::string accepted;
         for (const char* k : keys) accepted += (accepted.empty() ? "" : ", ") + std::string(k);
+        for (const char* k : optional) accepted += (accepted.empty() ? "" : ", ") + std::string(k);
         fail(path_.empty() ? "document" : path_, "unknown key " + json_quoted(it.key()) + " (accepted: " + accepted + ")");
       }
     }
@@ -115,6 +119,12 @@ std::optional<std::string> optional_string_value(const json& v, const std::strin
   return string_value(v, path);
 }
 
+CeReduction ce_reduction_from_string(const std::string& s, const std::string& path) {
+  if (s == "consumer") return CeReduction::Consumer;
+  if (s == "kernel") return CeReduction::Kernel;
+  fail(path, "expected \"consumer\" or \"kernel\", got " + json_quoted(s));
+}
+
 CeMode ce_mode_from_string(const std::string& s, const std::string& path) {
   if (s == "auto") return CeMode::Auto;
   if (s == "on") return CeMode::On;
@@ -135,7 +145,7 @@ void check_pattern(const std::string& pattern, const std::string& path) {
 PlanConfig read_config(const json& j, const std::string& path, bool all_required) {
   ObjectReader r(j, path,
                  {"bucket_cap_bytes", "memory_budget_bytes", "ce", "min_ce_bytes", "prefetch_blocks", "bucket_patterns"},
-                 all_required);
+                 all_required, {"ce_reduction"});
   PlanConfig c;
   if (r.has("bucket_cap_bytes")) {
     c.bucket_cap_bytes = int_value(r["bucket_cap_bytes"], r.path("bucket_cap_bytes"), 1, kMaxBytes, "1..2^50");
@@ -160,6 +170,10 @@ PlanConfig read_config(const json& j, const std::string& path, bool all_required
       c.bucket_patterns.push_back(string_value(p[i], at(ppath, i), false));
       check_pattern(c.bucket_patterns.back(), at(ppath, i));
     }
+  }
+  if (r.has("ce_reduction")) {
+    c.ce_reduction = ce_reduction_from_string(string_value(r["ce_reduction"], r.path("ce_reduction"), false),
+                                              r.path("ce_reduction"));
   }
   return c;
 }
@@ -478,6 +492,14 @@ std::string label(const Graph& g, int id) { return "node " + std::to_string(id) 
 
 }  // namespace
 
+const char* to_string(CeReduction reduction) {
+  switch (reduction) {
+    case CeReduction::Consumer: return "consumer";
+    case CeReduction::Kernel: return "kernel";
+  }
+  throw IrError("invalid CeReduction value " + std::to_string(static_cast<int>(reduction)));
+}
+
 const char* to_string(CeMode mode) {
   switch (mode) {
     case CeMode::Auto: return "auto";
@@ -492,7 +514,8 @@ PlanConfig plan_config_from_json(const json& j, const std::string& path) { retur
 json plan_config_to_json(const PlanConfig& c) {
   return json{{"bucket_cap_bytes", c.bucket_cap_bytes}, {"memory_budget_bytes", c.memory_budget_bytes},
               {"ce", to_string(c.ce)},                  {"min_ce_bytes", c.min_ce_bytes},
-              {"prefetch_blocks", c.prefetch_blocks},   {"bucket_patterns", c.bucket_patterns}};
+              {"prefetch_blocks", c.prefetch_blocks},   {"bucket_patterns", c.bucket_patterns},
+              {"ce_reduction", to_string(c.ce_reduction)}};
 }
 
 void validate_plan(const Plan& plan) {

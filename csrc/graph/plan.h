@@ -21,6 +21,12 @@ inline constexpr const char* kPlanSchema = "ce_overlap.plan/1";
 enum class CeMode { Auto, On, Off };
 const char* to_string(CeMode mode);
 
+// config.ce_reduction: where a reduce-scatter on CE adds the ranks' chunks. "consumer": the runtime only moves
+// them (copy engines) and the graph sums them in the kernel that reads the result, with every SM; "kernel": the
+// runtime's bounded reduction kernel sums them beside the compute.
+enum class CeReduction { Consumer, Kernel };
+const char* to_string(CeReduction reduction);
+
 struct PlanConfig {
   int64_t bucket_cap_bytes = int64_t{512} << 20;    // per-rank input bytes of one bucket, >= 1
   int64_t memory_budget_bytes = int64_t{4} << 30;   // peak-memory increase allowed over the captured order
@@ -28,6 +34,7 @@ struct PlanConfig {
   int64_t min_ce_bytes = int64_t{1} << 20;          // smaller buckets stay on NCCL
   int prefetch_blocks = 1;                          // all-gather buckets are issued this many blocks early
   std::vector<std::string> bucket_patterns;         // module-path regexes (ECMAScript) that key buckets
+  CeReduction ce_reduction = CeReduction::Consumer;  // optional in a Plan's config (older plans lack it)
 };
 
 // A config object; every key is optional (the defaults above), unknown keys are rejected, and errors

@@ -45,6 +45,8 @@ const char* variant_name(uint32_t variant) {
       return "push into symmetric outputs";
     case static_cast<uint32_t>(Variant::RsPush):
       return "push into staging slots + reduction";
+    case static_cast<uint32_t>(Variant::RsUnreduced):
+      return "push into staging slots, copied out unreduced";
     case static_cast<uint32_t>(Variant::A2aStaged):
       return "staged, pull";
     case static_cast<uint32_t>(Variant::A2aSymmetricInput):
@@ -988,8 +990,8 @@ PendingOp begin_op(Group& g, const char* name, OpKind kind, Variant variant, siz
   op.seq = g.next_op_seq();
   op.kind = kind;
   op.variant = variant;
-  op.push_style = variant == Variant::AgPush || variant == Variant::RsPush || variant == Variant::P2pStaged ||
-                  variant == Variant::P2pDirect;
+  op.push_style = variant == Variant::AgPush || variant == Variant::RsPush || variant == Variant::RsUnreduced ||
+                  variant == Variant::P2pStaged || variant == Variant::P2pDirect;
   op.nbytes_per_rank = nbytes_per_rank;
   op.enqueued = Clock::now();
   op.start = g.take_event();

@@ -48,6 +48,7 @@ enum class Variant : uint32_t {
   BcSymmetric = 8,      // broadcast: the tensor in the user region (same offset everywhere), pulled from the root
   P2pStaged = 9,        // send/recv: sender pushes into the receiver's landing banks, receiver copies them out
   P2pDirect = 10,       // send/recv: both tensors in the user region at one offset, sender pushes in place
+  RsUnreduced = 11,     // reduce-scatter: chunks pushed into the receivers' staging slots, copied out unreduced
 };
 const char* variant_name(uint32_t variant);
 // PeerSignal::kind_round: kind (8 bits) | variant (4 bits) | round (20 bits, diagnostics only).

@@ -30,6 +30,12 @@
 //   piece), reading each part's own chunks where they lie. The part sizes are hashed into the signature.
 //   A group of one: the reduce stream waits for the caller and runs the kernel over the chunk (sum or
 //   avg of one input), no epoch.
+//   Unreduced (reduce_scatter_tensors_unreduced, variant RsUnreduced): the same rounds, but step 6 copies each of
+//   the n-1 slots of the round into row slot(q, r) of the output ([n-1, C], peers in rank order) with the copy
+//   engines instead of reducing; the caller adds its own chunk (a compiled graph fuses the sum into the kernel
+//   that consumes the result, with every SM, instead of a bounded kernel beside the backward's GEMMs). The
+//   variant is in the signature, so a rank running the reducing form never pairs with one running this one.
+//   A group of one moves nothing (the output has no rows).
 //   The reduction kernels are loaded when the group is created (group.cc): a first launch under lazy
 //   loading may wait for the device to go idle, which, inside this enqueue with the comm stream waiting
 //   for a peer's ready, could wait forever (the lock the watchdog needs is held here).
@@ -90,6 +96,7 @@ Layout layout_of(Group& g) {
 int slot_of(int sender, int receiver) { return sender < receiver ? sender : sender - 1; }
 
 const char* op_name(const ReduceScatterArgs& a) {
+  if (a.unreduced) return "reduce_scatter_tensors_unreduced";
   return a.parts.size() == 1 ? "reduce_scatter_tensor" : "reduce_scatter_tensors";
 }
 
@@ -102,7 +109,7 @@ size_t reduce_scatter_round_bytes(Group& g) { return layout_of(g).round_bytes; }
 void enqueue_reduce_scatter(Group& g, const ReduceScatterArgs& a) {
   auto plan_op = [&] { return layout_of(g); };  // may throw (staging too small): nothing consumed yet
   const size_t C = a.chunk_bytes();
-  enqueue_op(g, op_name(a), C == 0, a.caller, plan_op,
+  enqueue_op(g, op_name(a), C == 0 || (a.unreduced && g.world_size() == 1), a.caller, plan_op,
              [&](const std::string& where, const Layout& l) {
                const size_t rounds = g.world_size() == 1 ? 0 : (C + l.round_bytes - 1) / l.round_bytes;
                enqueue_locked(g, a, where, l, rounds);
@@ -119,8 +126,10 @@ void enqueue_locked(Group& g, const ReduceScatterArgs& a, const std::string& whe
   const cudaStream_t red = g.reduce_stream();
   char* out = static_cast<char*>(a.output);
   const size_t C = a.chunk_bytes();
-  const size_t elem = reduce_elem_size(a.dtype);
-  const uint64_t extra = (static_cast<uint64_t>(a.dtype) << 8 | static_cast<uint64_t>(a.op)) ^ parts_hash(a.parts);
+  const Variant variant = a.unreduced ? Variant::RsUnreduced : Variant::RsPush;
+  const size_t elem = a.unreduced ? 1 : reduce_elem_size(a.dtype);
+  const uint64_t extra =
+      (a.unreduced ? 0 : static_cast<uint64_t>(a.dtype) << 8 | static_cast<uint64_t>(a.op)) ^ parts_hash(a.parts);
   // The reduction of the bytes [o, o + b) of our chunk; `slots` holds the peers' bytes of that range (nullptr: n = 1).
   auto reduce = [&](size_t o, size_t b, const char* slots, size_t slot_stride) {
     for_each_piece(a.parts, o, b, [&](const ReduceScatterPart& part, size_t from, size_t at, size_t len) {
@@ -129,9 +138,17 @@ void enqueue_locked(Group& g, const ReduceScatterArgs& a, const std::string& whe
       CE_CUDA_CHECK(launch_reduce(a.dtype, p, g.reduce_ctas(), red), where + ": launching the reduction");
     });
   };
+  // Unreduced: the bytes [o, o + b) of every peer's slot into its output row (row j = slot j: peers in rank order).
+  auto copy_out = [&](size_t o, size_t b, const char* slots, size_t slot_stride) {
+    for (int j = 0; j + 1 < n; ++j) {
+      CE_CUDA_CHECK(local_copy_async(out + static_cast<size_t>(j) * C + o, slots + static_cast<size_t>(j) * slot_stride,
+                                     b, g.device(), red),
+                    where + ": copying out the chunk of rank " + std::to_string(j < rank ? j : j + 1));
+    }
+  };
 
   // 0. Join the caller's stream.
-  PendingOp op = begin_op(g, op_name(a), OpKind::ReduceScatter, Variant::RsPush, C);
+  PendingOp op = begin_op(g, op_name(a), OpKind::ReduceScatter, variant, C);
   join_caller(g, a.caller, op, where);
 
   if (n == 1) {
@@ -147,8 +164,7 @@ void enqueue_locked(Group& g, const ReduceScatterArgs& a, const std::string& whe
     const int bank = static_cast<int>(k % 2);
     const size_t recv = pool.staging_offset() + static_cast<size_t>(bank) * l.bank_bytes;
     const uint32_t e = g.next_epoch();
-    const RoundSignature sig = round_signature(OpKind::ReduceScatter, Variant::RsPush, C, static_cast<uint32_t>(k), b,
-                                               recv, extra);
+    const RoundSignature sig = round_signature(OpKind::ReduceScatter, variant, C, static_cast<uint32_t>(k), b, recv, extra);
     // 1. The epoch window; peers are finished with our pool for the previous round / op.
     if (k == 0 && !epoch_ge(g.last_done_waited(), e - 1)) op.done_needed_before = e - 1;
     g.wait_peers_done(e - 1);
@@ -156,7 +172,7 @@ void enqueue_locked(Group& g, const ReduceScatterArgs& a, const std::string& whe
     if (k >= 2) CE_CUDA_CHECK(cudaStreamWaitEvent(comm, g.bank_event(bank), 0), where);
     // 3. Our bank accepts chunks.
     g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b,
-                            kind_round_word(OpKind::ReduceScatter, Variant::RsPush, static_cast<uint32_t>(k)), b, recv});
+                            kind_round_word(OpKind::ReduceScatter, variant, static_cast<uint32_t>(k)), b, recv});
     // 4. Push chunk p of this round into peer p's slot for us (piece by piece when the op has several parts).
     for (int i = 1; i < n; ++i) {
       const int p = (rank + i) % n;
@@ -171,10 +187,14 @@ void enqueue_locked(Group& g, const ReduceScatterArgs& a, const std::string& whe
     }
     // 5. Every peer's chunk of this round is in our bank.
     g.wait_peers_done(e);
-    // 6. Reduce it on the reduce stream.
+    // 6. Reduce it (or copy it out, unreduced) on the reduce stream.
     CE_CUDA_CHECK(cudaEventRecord(g.arrived_event(), comm), where);
     CE_CUDA_CHECK(cudaStreamWaitEvent(red, g.arrived_event(), 0), where);
-    reduce(o, b, pool.local_base() + recv, l.slot_bytes);
+    if (a.unreduced) {
+      copy_out(o, b, pool.local_base() + recv, l.slot_bytes);
+    } else {
+      reduce(o, b, pool.local_base() + recv, l.slot_bytes);
+    }
     CE_CUDA_CHECK(cudaEventRecord(g.bank_event(bank), red), where);
     op.rounds.push_back(RoundInfo{e, sig, static_cast<uint32_t>(k), b, recv});
   }

@@ -26,6 +26,11 @@ struct ReduceScatterArgs {
   ReduceOp op;
   cudaStream_t caller;  // the output is ready on this stream when the op is done
   cudaEvent_t join = nullptr;  // deferred join, as in AllGatherArgs
+  // Unreduced (reduce_scatter_tensors_unreduced): no reduction kernel. The output holds n - 1 rows of
+  // chunk_bytes(), row j the chunk of the j-th peer in rank order (this rank skipped), copied out of the staging
+  // slots by the copy engines; the caller sums them with its own chunk (a graph fuses that into the consumer).
+  // dtype and op are then unused (any element type moves).
+  bool unreduced = false;
 
   size_t chunk_bytes() const { return parts_bytes(parts); }  // per rank, over all parts
 };

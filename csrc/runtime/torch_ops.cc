@@ -600,6 +600,57 @@ at::Tensor reduce_scatter_tensors_meta(at::TensorList inputs, std::string reduce
   return at::empty_symint({numel}, inputs[0].options());
 }
 
+// reduce_scatter_tensors_unreduced: the exchange of reduce_scatter_tensors without its reduction. Returns
+// [group_size - 1, N] (N = sum of numel / group_size over the inputs): row j is what the j-th OTHER rank (rank
+// order, this rank skipped) holds for this rank, its inputs' chunks concatenated like reduce_scatter_tensors'
+// output. The reduce-scatter's result is this rank's own chunks plus the sum of the rows (mean: divided by
+// group_size), which the caller computes (the pass emits it as graph ops that Inductor fuses into the consumer).
+// Any dtype (nothing is reduced here); all inputs share it.
+void check_unreduced_parts(at::TensorList inputs, int64_t group_size, const char* op) {
+  check_parts(inputs, op, [&](size_t i, const at::Tensor& t) {
+    check_input(t, group_size, op, /*scatter=*/true);
+    TORCH_SYM_CHECK((t.sym_size(0) % group_size).sym_eq(0), "ce_overlap.", op, ": inputs[", i, "].shape[0] = ",
+                    t.sym_size(0), " is not divisible by group_size = ", group_size);
+    TORCH_CHECK(t.scalar_type() == inputs[0].scalar_type(), "ce_overlap.", op, ": inputs[", i, "] has dtype ",
+                t.scalar_type(), " but inputs[0] has ", inputs[0].scalar_type(), " (one op moves one dtype)");
+  });
+}
+
+at::Tensor reduce_scatter_tensors_unreduced_cuda(at::TensorList inputs, int64_t group_size, std::string group_name) {
+  static const char* kOp = "reduce_scatter_tensors_unreduced";
+  check_unreduced_parts(inputs, group_size, kOp);
+  std::shared_ptr<Group> g = group_for(group_name, group_size, inputs[0], kOp);
+  const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g->device());
+  c10::cuda::CUDAGuard guard(device);
+  int64_t numel = 0;
+  ReduceScatterArgs args{};
+  args.unreduced = true;
+  for (const at::Tensor& input : inputs) {
+    numel += input.numel() / group_size;
+    args.parts.push_back(ReduceScatterPart{input.data_ptr(),
+                                           static_cast<size_t>(input.numel() / group_size) * input.element_size()});
+  }
+  at::Tensor out = at::empty({group_size - 1, numel}, inputs[0].options());
+  if (out.numel() == 0) return out;  // a group of one, or nothing to move
+  args.output = out.data_ptr();
+  args.caller = c10::cuda::getCurrentCUDAStream(device).stream();
+  // The comm stream reads the inputs (pushes), the reduce stream writes out (copy-out of the staging slots).
+  enqueue_keeping_alive(*g, inputs.vec(), {out}, {g->comm_stream(), g->reduce_stream()}, /*deferred=*/true,
+                        [&](cudaEvent_t join) {
+                          args.join = join;
+                          enqueue_reduce_scatter(*g, args);
+                        });
+  return out;
+}
+
+at::Tensor reduce_scatter_tensors_unreduced_meta(at::TensorList inputs, int64_t group_size, std::string group_name) {
+  (void)group_name;
+  check_unreduced_parts(inputs, group_size, "reduce_scatter_tensors_unreduced");
+  c10::SymInt numel = 0;
+  for (const at::Tensor& input : inputs) numel = numel + input.sym_numel() / group_size;
+  return at::empty_symint({c10::SymInt(group_size - 1), numel}, inputs[0].options());
+}
+
 // ---------------------------------------------------------------------------------------------------
 // All-to-all (equal splits) and broadcast
 
@@ -1062,6 +1113,7 @@ TORCH_LIBRARY(ce_overlap, m) {
   m.def("all_gather_into_tensors(Tensor[] inputs, int group_size, str group_name) -> Tensor[]", pt2);
   m.def("reduce_scatter_tensor(Tensor input, str reduce_op, int group_size, str group_name) -> Tensor", pt2);
   m.def("reduce_scatter_tensors(Tensor[] inputs, str reduce_op, int group_size, str group_name) -> Tensor", pt2);
+  m.def("reduce_scatter_tensors_unreduced(Tensor[] inputs, int group_size, str group_name) -> Tensor", pt2);
   m.def("reduce_scatter_tensor_out(Tensor input, str reduce_op, int group_size, str group_name, *, Tensor(a!) out) -> ()",
         pt2);
   // Hands back its input, and says so: the alias annotation keeps torch's custom-op aliasing check (an error
@@ -1105,6 +1157,7 @@ TORCH_LIBRARY_IMPL(ce_overlap, CUDA, m) {
   m.impl("all_gather_into_tensor_out", TORCH_FN(ce_overlap::all_gather_out_cuda));
   m.impl("all_gather_into_tensors", TORCH_FN(ce_overlap::all_gather_tensors_cuda));
   m.impl("reduce_scatter_tensors", TORCH_FN(ce_overlap::reduce_scatter_tensors_cuda));
+  m.impl("reduce_scatter_tensors_unreduced", TORCH_FN(ce_overlap::reduce_scatter_tensors_unreduced_cuda));
   m.impl("reduce_scatter_tensor", TORCH_FN(ce_overlap::reduce_scatter_cuda));
   m.impl("reduce_scatter_tensor_out", TORCH_FN(ce_overlap::reduce_scatter_out_cuda));
   m.impl("all_to_all_single", TORCH_FN(ce_overlap::all_to_all_cuda));
@@ -1118,6 +1171,7 @@ TORCH_LIBRARY_IMPL(ce_overlap, Meta, m) {
   m.impl("all_gather_into_tensor_out", TORCH_FN(ce_overlap::all_gather_out_meta));
   m.impl("all_gather_into_tensors", TORCH_FN(ce_overlap::all_gather_tensors_meta));
   m.impl("reduce_scatter_tensors", TORCH_FN(ce_overlap::reduce_scatter_tensors_meta));
+  m.impl("reduce_scatter_tensors_unreduced", TORCH_FN(ce_overlap::reduce_scatter_tensors_unreduced_meta));
   m.impl("reduce_scatter_tensor", TORCH_FN(ce_overlap::reduce_scatter_meta));
   m.impl("reduce_scatter_tensor_out", TORCH_FN(ce_overlap::reduce_scatter_out_meta));
   m.impl("all_to_all_single", TORCH_FN(ce_overlap::all_to_all_meta));

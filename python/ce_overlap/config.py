@@ -16,6 +16,7 @@ from .errors import CeOverlapError
 _MIB = 1 << 20
 CE_MODES = ("auto", "on", "off")
 CE_COLLECTIVE_TYPES = ("all_gather", "reduce_scatter")
+CE_REDUCTIONS = ("consumer", "kernel")
 ENV_PREFIX = "CE_OVERLAP_PASS_"
 _BOOL_FIELDS = ("enabled", "verbose", "check_numerics", "keep_inductor_overlap", "pack_ce_buckets")
 
@@ -66,6 +67,14 @@ class PassConfig:
     """Collective types that may move to CE (IR type names). A bucket the planner puts on CE whose type
     is not listed stays on NCCL with the same buckets and order, e.g. ("all_gather",) keeps every
     reduce-scatter on NCCL."""
+
+    ce_reduction: str = "consumer"
+    """Where a reduce-scatter moved to CE adds the ranks' chunks. "consumer" (default): the copy engines only move
+    the chunks (ce_overlap.reduce_scatter_tensors_unreduced) and the graph adds them to this rank's own chunk, an
+    add that Inductor fuses into the kernel reading the result, with every SM and no kernel beside the backward's
+    GEMMs; sums of floating-point chunks round once, as NCCL's two-rank sum does (for more ranks the order may
+    differ). "kernel": the runtime's reduction kernel (ce_overlap.reduce_scatter_tensors, CE_OVERLAP_REDUCE_SMS
+    CTAs on a side stream) sums them. The cost model prices the choice made here."""
 
     pack_ce_buckets: bool = False
     """False (default): a CE bucket runs as ONE multi-tensor collective over its members' own tensors (the copy
@@ -125,6 +134,8 @@ class PassConfig:
                 any(k not in CE_COLLECTIVE_TYPES for k in kinds):
             bad("ce_collectives", "a list drawn from " + ", ".join(repr(k) for k in CE_COLLECTIVE_TYPES), kinds)
         object.__setattr__(self, "ce_collectives", tuple(kinds))
+        if self.ce_reduction not in CE_REDUCTIONS:
+            bad("ce_reduction", "one of " + ", ".join(repr(m) for m in CE_REDUCTIONS), self.ce_reduction)
         if not isinstance(self.profile, str) or not self.profile:
             bad("profile", '"auto", a built-in profile name or a profile file path', self.profile)
         if self.profile != "auto":
@@ -163,6 +174,7 @@ class PassConfig:
             "min_ce_bytes": self.min_ce_bytes,
             "prefetch_blocks": self.prefetch_blocks,
             "bucket_patterns": list(self.bucket_patterns),
+            "ce_reduction": self.ce_reduction,
         }
 
     @classmethod

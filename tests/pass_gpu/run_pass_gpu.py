@@ -15,6 +15,8 @@ synthetic tokens per rank and step) is compiled in these variants, one after ano
                    several members is one multi-tensor CE op over the members' own tensors
   pass-ce-packed   pass-ce-all with pack_ce_buckets=True: the same buckets packed into one buffer (copy-in and
                    copy-out kernels) around the one-tensor CE ops
+  pass-ce-rs-kernel  pass-ce-all with ce_reduction="kernel": CE reduce-scatters summed by the runtime's reduction
+                   kernel instead of in the graph (pass-ce-all's default, ce_reduction="consumer")
   pass-no-runtime  ce="on" with the CE runtime made unavailable (ce_overlap.runtime.library_loaded patched
                    to fail, as when _runtime.so is missing): the pass must keep NCCL and say so once
 
@@ -26,9 +28,12 @@ Checks (PASS/FAIL table on rank 0, exit code 1 if any fails):
     and parameters are bit-identical to pass-on-nccl (same buckets and order; a CE all-gather copies bytes);
   * pass-ce-all moved reduce-scatter buckets to CE (or logged why not) and matches pass-on-nccl within
     tolerance (the reduction runs in a different kernel);
+  * pass-ce-all sums its CE reduce-scatters in the graph (every such bucket is an unreduced CE op);
   * pass-ce-packed: the same CE buckets as pass-ce-all, and bit-identical to it (a multi-tensor CE op moves and
-    reduces exactly the bytes of the packed one: the reduction sums each element over the ranks in rank order
-    either way);
+    reduces exactly the bytes of the packed one, and at two ranks the graph's fp32 sum rounded once is the
+    reduction kernel's; with more ranks the sum's order differs: tolerance);
+  * pass-ce-rs-kernel: the same CE buckets, no unreduced op, and bit-identical to pass-ce-all at two ranks
+    (tolerance with more);
   * pass-no-runtime has no CE op, logged "CE runtime unavailable (...): keeping NCCL" exactly once, and
     is bit-identical to pass-on-nccl.
 A check whose reference variant was not asked for is skipped (said in the log), not failed.
@@ -78,10 +83,11 @@ VARIANTS = {
     "pass-ce-ag": dict(ce="on", ce_collectives=("all_gather",)),
     "pass-ce-all": dict(ce="on"),
     "pass-ce-packed": dict(ce="on", pack_ce_buckets=True),
+    "pass-ce-rs-kernel": dict(ce="on", ce_reduction="kernel"),
     "pass-no-runtime": dict(ce="on"),
 }
 # Variants that run every collective on CE (the only ones a shared GPU can run: no NCCL there).
-ALL_CE = ("pass-ce-all", "pass-ce-packed")
+ALL_CE = ("pass-ce-all", "pass-ce-packed", "pass-ce-rs-kernel")
 SHARED_GPU = os.environ.get("CE_TEST_SHARED_GPU") == "1"
 LOSS_TOL, GRAD_TOL, PARAM_TOL = 1e-3, 1e-2, 1e-3
 
@@ -176,7 +182,9 @@ def run_variant(model_name: str, variant: str, args) -> dict:
     reports = opts["post_grad_custom_post_pass"].reports if opts and "post_grad_custom_post_pass" in opts else []
     out["reports"] = [{"graph": r.graph, "refused": r.refused, "collectives": r.collectives,
                        "buckets": [{"type": b.type, "members": b.members, "bytes": b.bytes, "backend": b.backend,
-                                    "planned": b.planned_backend, "reason": b.reason} for b in r.buckets],
+                                    "planned": b.planned_backend, "reason": b.reason,
+                                    "unreduced": any(n.endswith("_reduce_scatter_unreduced") for n in b.nodes)}
+                                   for b in r.buckets],
                        "summary": r.summary, "line": r.line()} for r in reports]
     del compiled, model, opt
     torch.cuda.empty_cache()
@@ -205,12 +213,13 @@ def compare(x: dict, ref: dict) -> dict:
 
 
 def ce_counts(res: dict) -> dict:
-    counts = {"all_gather": 0, "reduce_scatter": 0, "multi_member": 0}
+    counts = {"all_gather": 0, "reduce_scatter": 0, "multi_member": 0, "unreduced": 0}
     for r in res["reports"]:
         for b in r["buckets"]:
             if b["backend"] == "ce" and b["type"] in counts:
                 counts[b["type"]] += 1
                 counts["multi_member"] += b["members"] > 1
+                counts["unreduced"] += b["unreduced"]
     return counts
 
 
@@ -335,14 +344,23 @@ def main(argv=None) -> int:
                 why = [m for m in res["messages"] if "reduce_scatter buckets stay on NCCL" in m]
                 check(model, "pass-ce-all: reduce-scatters on CE (or the reason they are not)",
                       counts["reduce_scatter"] > 0 if rs_op else bool(why), f"CE buckets {counts}; {why or ''}")
+                unreduced_op = avail and hasattr(torch.ops.ce_overlap, "reduce_scatter_tensors_unreduced")
+                if unreduced_op:
+                    check(model, "pass-ce-all: CE reduce-scatters summed in the graph (unreduced op)",
+                          counts["unreduced"] == counts["reduce_scatter"] > 0, f"CE buckets {counts}")
                 against("pass-on-nccl", "pass-ce-all matches pass-on-nccl (tolerance)", exact=False)
-            elif v == "pass-ce-packed":
+            elif v in ("pass-ce-packed", "pass-ce-rs-kernel"):
+                two = dist.get_world_size() == 2
                 if "pass-ce-all" in ran:
-                    same = summary["pass-ce-all"]["ce_buckets"] == counts
-                    check(model, "pass-ce-packed: the same CE buckets as pass-ce-all", same and counts["multi_member"] > 0,
-                          f"CE buckets {counts} vs {summary['pass-ce-all']['ce_buckets']}")
-                against("pass-ce-all", "pass-ce-packed bit-identical to pass-ce-all (multi-tensor vs packed)",
-                        exact=True)
+                    theirs = summary["pass-ce-all"]["ce_buckets"]
+                    same = {k: n for k, n in theirs.items() if k != "unreduced"} == \
+                        {k: n for k, n in counts.items() if k != "unreduced"}
+                    check(model, f"{v}: the same CE buckets as pass-ce-all, reduced by the runtime",
+                          same and counts["multi_member"] > 0 and counts["unreduced"] == 0,
+                          f"CE buckets {counts} vs {theirs}")
+                what = "multi-tensor vs packed" if v == "pass-ce-packed" else "sum in the graph vs reduction kernel"
+                against("pass-ce-all", f"{v} {'bit-identical to' if two else 'matches'} pass-ce-all ({what})",
+                        exact=two)
             elif v == "pass-no-runtime":
                 unavailable = [m for m in res["messages"] if "CE runtime unavailable" in m]
                 check(model, "pass-no-runtime: NCCL only, said so once",
@@ -351,7 +369,7 @@ def main(argv=None) -> int:
                 against("pass-on-nccl", "pass-no-runtime bit-identical to pass-on-nccl", exact=True)
             if v == "pass-on-nccl":
                 ran.pop("inductor", None)  # keep at most two runs' tensors in GPU memory
-            if v in ("pass-nccl", "pass-ce-packed"):
+            if v in ("pass-nccl", "pass-ce-packed", "pass-ce-rs-kernel"):
                 ran.pop(v, None)
         results["models"][model] = summary
         ran.clear()

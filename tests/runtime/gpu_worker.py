@@ -452,8 +452,8 @@ def mode_mismatch(args) -> int:
     own process group (its own CE pool), because a timed-out group refuses every later op. Every tensor is made (and
     every torch kernel the cases need is loaded) before the first case: nothing but the CE ops runs between them."""
     rank = dist.get_rank()
-    step("mismatch: 4 process groups + rendezvous + inputs", echo=True)
-    groups = [dist.new_group(list(range(dist.get_world_size()))) for _ in range(5)]
+    step("mismatch: 6 process groups + rendezvous + inputs", echo=True)
+    groups = [dist.new_group(list(range(dist.get_world_size()))) for _ in range(6)]
     for g in groups:
         rt.rendezvous(g)
     n = 1024 if rank == 0 else 2048
@@ -470,6 +470,7 @@ def mode_mismatch(args) -> int:
     # The same bytes in different parts: [1000, 3000] elements on rank 0, [3000, 1000] on rank 1.
     split = [1000, 3000] if rank == 0 else [3000, 1000]
     parts_in = [torch.randn(k, device="cuda") for k in split]
+    same_in = torch.randn(2 * 4096, device="cuda")  # the same tensor on both ranks, reduced on one, not on the other
     torch.cuda.synchronize()
     dist.barrier()
     ok = True
@@ -497,6 +498,17 @@ def mode_mismatch(args) -> int:
     ok &= _expect_timeout("all_gather_into_tensors parts", g4,
                           lambda: torch.ops.ce_overlap.all_gather_into_tensors(parts_in, dist.get_world_size(), g4.group_name),
                           ["different collective", "all_gather_into_tensors"])
+    g5 = groups[5]
+    world = dist.get_world_size()
+
+    def reduced_vs_unreduced():
+        if rank == 0:
+            torch.ops.ce_overlap.reduce_scatter_tensors([same_in], "sum", world, g5.group_name)
+        else:
+            torch.ops.ce_overlap.reduce_scatter_tensors_unreduced([same_in], world, g5.group_name)
+
+    ok &= _expect_timeout("reduce_scatter reduced vs unreduced", g5, reduced_vs_unreduced,
+                          ["different collective", "reduce_scatter_tensors"])
     return 0 if ok else 1
 
 
@@ -575,6 +587,10 @@ def mode_nokernels(args) -> int:
     def rs_parts():
         return torch.ops.ce_overlap.reduce_scatter_tensors([rs_in, rs_in[:world * 1000]], "sum", world, group.group_name)
 
+    def rs_unreduced():  # the exchange alone: copy engines only, no reduction kernel
+        return torch.ops.ce_overlap.reduce_scatter_tensors_unreduced([rs_in, rs_in[:world * 1000]], world,
+                                                                     group.group_name)
+
     ok = True
     seen: dict[str, collections.Counter] = {}
     nccl = [] if SHARED_GPU else [("nccl", lambda: dist.all_gather_into_tensor(out, x, group=group))]
@@ -594,7 +610,8 @@ def mode_nokernels(args) -> int:
                       ("ce_p2p_direct", ring(bufs[rank], bufs[src])),
                       ("ce_reduce_scatter", lambda: rt.reduce_scatter_tensor(rs_out, rs_in, "sum", group)),
                       ("ce_all_gather_into_tensors", lambda: [rt.wait_tensor(t) for t in ag_parts()]),
-                      ("ce_reduce_scatter_tensors", lambda: rt.wait_tensor(rs_parts()))):
+                      ("ce_reduce_scatter_tensors", lambda: rt.wait_tensor(rs_parts())),
+                      ("ce_rs_unreduced", lambda: rt.wait_tensor(rs_unreduced()))):
         step(f"nokernels: {label}")
         names = gpu_activities(fn)
         seen[label] = names
@@ -790,11 +807,11 @@ def mode_reduce_scatter(args) -> int:
 def draw_parts_case(rng: random.Random, world: int, round_elems: dict) -> dict:
     """1-12 parts of mixed sizes (zero, odd, multi-round); all-gather parts of mixed dtypes, reduce-scatter parts of
     one dtype (dim 0 a multiple of the group size)."""
-    kind = rng.choice(["all_gather", "all_gather", "reduce_scatter"])
+    kind = rng.choice(["all_gather", "all_gather", "reduce_scatter", "reduce_scatter_unreduced"])
     dtype = rng.choice(RS_DTYPES)
     parts = []
     for _ in range(rng.choice([1, 2, 3, 5, 9, 12])):
-        pdt = rng.choice(DTYPES) if kind == "all_gather" else dtype
+        pdt = rng.choice(DTYPES) if kind == "all_gather" else dtype  # unreduced: one dtype, any of them (moved)
         r = round_elems[torch.float32]  # the last band, with the other parts: multi-round
         n = draw_size(rng, [(0.1, 0, 0), (0.5, 1, 64), (0.85, 65, 70000), (1.0, r // 4, r)])
         cols = rng.choice([1, 2, 3]) if n % 6 == 0 else 1
@@ -808,10 +825,13 @@ def draw_parts_case(rng: random.Random, world: int, round_elems: dict) -> dict:
 
 def run_parts_case(case: dict, group, world: int, rank: int, side: torch.cuda.Stream) -> tuple[int, str]:
     """Returns (#wrong elements, problem or ''): all-gather parts bit-exact vs the reference per part; reduce-scatter
-    output vs the per-part references concatenated (integer-valued data bit-exact, random within tolerance)."""
+    output vs the per-part references concatenated (integer-valued data bit-exact, random within tolerance);
+    unreduced reduce-scatter: every row bit-exact vs the peer's chunks (from a reference all-gather of the inputs),
+    and own chunks + the rows' sum vs the reference reduce-scatter like the reducing op."""
     gen = torch.Generator(device="cuda")
     gen.manual_seed(case["seed"] * 613 + rank)
-    rs = case["kind"] == "reduce_scatter"
+    unreduced = case["kind"] == "reduce_scatter_unreduced"
+    rs = case["kind"] == "reduce_scatter" or unreduced
     inputs = []
     for part in case["parts"]:
         if not rs:
@@ -820,8 +840,14 @@ def run_parts_case(case: dict, group, world: int, rank: int, side: torch.cuda.St
             inputs.append(torch.randint(-8, 9, part["shape"], device="cuda", generator=gen).to(part["dtype"]))
         else:
             inputs.append(torch.randn(part["shape"], device="cuda", generator=gen).to(part["dtype"]))
-    refs = []
+    refs, peer_rows = [], []
     for x in inputs:
+        if unreduced:  # what each peer holds for this rank: chunk `rank` of the peer's input, bit for bit
+            gathered = torch.empty([x.shape[0] * world, *x.shape[1:]], dtype=x.dtype, device="cuda")
+            if x.numel():
+                ref_all_gather(gathered, x, group)
+            chunks = gathered.view(world, world, -1)[:, rank]  # [peer, this rank's chunk]
+            peer_rows.append(torch.cat([chunks[:rank], chunks[rank + 1:]]))
         if rs:
             ref = torch.empty([x.shape[0] // world, *x.shape[1:]], dtype=x.dtype, device="cuda")
             if x.numel():
@@ -838,7 +864,9 @@ def run_parts_case(case: dict, group, world: int, rank: int, side: torch.cuda.St
             side.wait_stream(torch.cuda.default_stream())
         cur = torch.cuda.current_stream()
         ins = [x.clone() for x in inputs]
-        if rs:
+        if unreduced:
+            outs = [torch.ops.ce_overlap.reduce_scatter_tensors_unreduced(ins, world, group.group_name)]
+        elif rs:
             outs = [torch.ops.ce_overlap.reduce_scatter_tensors(ins, case["op"], world, group.group_name)]
         else:
             outs = list(torch.ops.ce_overlap.all_gather_into_tensors(ins, world, group.group_name))
@@ -853,6 +881,11 @@ def run_parts_case(case: dict, group, world: int, rank: int, side: torch.cuda.St
             order = order[:1]
         for i in order:
             outs[i] = rt.wait_tensor(outs[i])
+        if unreduced:  # the reduction the pass leaves to the graph: own chunks + the rows' sum, one rounding
+            rows = outs[0]
+            own = torch.cat([x.view(world, -1)[rank] for x in ins]) if ins else rows.new_empty(0)
+            total = own.float() + rows.float().sum(0)
+            reduced = (total / world if case["op"] == "avg" else total).to(rows.dtype)
         for x in ins:
             if x.numel():
                 x.view(INT_OF_SIZE[x.element_size()]).fill_(0x5A)  # stream order: the op is done with the inputs
@@ -860,6 +893,15 @@ def run_parts_case(case: dict, group, world: int, rank: int, side: torch.cuda.St
             torch.cuda.default_stream().wait_stream(cur)
     rt.synchronize(group)
     torch.cuda.synchronize()
+    if unreduced:
+        want_rows = torch.cat([r.reshape(world - 1, -1) for r in peer_rows], dim=1)
+        got_rows = outs[0]
+        if tuple(got_rows.shape) != tuple(want_rows.shape) or got_rows.dtype != want_rows.dtype:
+            return -1, (f"output {tuple(got_rows.shape)} {got_rows.dtype}, "
+                        f"want {tuple(want_rows.shape)} {want_rows.dtype}")
+        if count_wrong(got_rows, want_rows):
+            problems.append(f"rows are not the peers' chunks ({count_wrong(got_rows, want_rows)} elements differ)")
+        outs = [reduced]
     if rs:
         want = torch.cat([r.reshape(-1) for r in refs]) if refs else None
         got = outs[0]
@@ -903,7 +945,7 @@ def mode_parts(args) -> int:
             if wrong == -1:
                 break
     rt.tune(group, pull_split=1)
-    table = [f"{'op':<15} {'parts':>5} cases"] + [f"{k:<15} {n:>5} {c}" for (k, n), c in sorted(stats.items())]
+    table = [f"{'op':<24} {'parts':>5} cases"] + [f"{k:<24} {n:>5} {c}" for (k, n), c in sorted(stats.items())]
     return finish_cases("parts", args.parts_cases, len(failures), table, t0, group)
 
 

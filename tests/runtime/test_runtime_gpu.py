@@ -117,12 +117,13 @@ def test_collectives_bit_exact_vs_nccl_and_symmetric_allocation():
                     dtypes, shapes, 0-size, odd byte counts, unaligned inputs, side streams, multi-round staging;
     reduce_scatter  300 randomized reduce-scatters vs NCCL (integer-valued data bit-exact, random bf16/fp16/fp32
                     within tolerance), sum and avg, multi-round, non-multiple-of-16-byte sizes, in place, groups of one;
-    parts           300 multi-tensor all-gathers (1-12 parts, mixed dtypes, bit-exact per part) and reduce-scatters
-                    (the parts' reduced chunks concatenated), zero-size and multi-round parts, one shared join event;
+    parts           300 multi-tensor all-gathers (1-12 parts, mixed dtypes, bit-exact per part), reduce-scatters
+                    (the parts' reduced chunks concatenated) and unreduced reduce-scatters (the peers' chunks bit-exact,
+                    own + their sum vs the reference), zero-size and multi-round parts, one shared join event;
     symalloc        empty_symmetric agrees offsets when ranks free in different orders and at different times;
                     mismatched sizes and a full pool raise on every rank; all-gathers on the tensors are bit-exact;
     nokernels       the CE all-gathers (pull and push), all-to-alls, broadcasts and sends / receives (staged and
-                    direct) launch no kernel; the reduce-scatter only its reduction.
+                    direct) and the unreduced reduce-scatter launch no kernel; the reduce-scatter only its reduction.
     lifetimes       the functional ops hold their tensors until the first wait (no recordStream): with the host run
                     20 iterations ahead of the GPU the allocator reserves nothing new; unwaited results are reaped.
     Staging of 1 MiB makes larger cases multi-round; a 20 s timeout turns a protocol hang into an error, and a step
@@ -147,9 +148,9 @@ def test_all_to_all_broadcast_and_p2p_bit_exact_vs_nccl():
 
 def test_timeouts_and_mismatches_are_reported():
     """timeout: a peer that never arrives raises within the timeout, releases the stream, fails the group.
-    mismatch: all-gather sizes, reduce-scatter sizes, reduce-scatter dtypes, push vs pull: each raises on both ranks
-    naming a "different collective" (4 timeouts of 4 s, each on its own process group), and the device drains after
-    each. p2p_faults: a send nobody receives, and a send / recv pair of different sizes, raise naming the peer.
+    mismatch: all-gather sizes, reduce-scatter sizes, reduce-scatter dtypes, push vs pull, multi-tensor parts,
+    reduced vs unreduced reduce-scatter: each raises on both ranks naming a "different collective" (6 timeouts of
+    4 s, each on its own process group), and the device drains after each. p2p_faults: a send nobody receives, and a send / recv pair of different sizes, raise naming the peer.
     Every step is bounded (4 s + 20 s), so a hang fails in seconds, naming the step."""
     proc = torchrun("timeout,mismatch,p2p_faults", env={"CE_OVERLAP_TIMEOUT_S": "4", "CE_TEST_STEP_DEADLINE_S": "24"},
                     timeout_s=100)

@@ -299,6 +299,37 @@ TEST(CostModel, CeReduceScatterPipelinesItsRounds) {
   EXPECT_NEAR(slow.phases[2].us, 8 * slow_d - 7 * c, 1e-6);
 }
 
+TEST(CostModel, CeReduceScatterWithTheSumInTheConsumerTakesNoSms) {
+  // The same 8 rounds as above; instead of the reduction, a copy engine copies each round's 3 received chunks out
+  // of the staging slots (3 copies of 2 us latency, 32 MiB each at the 100 GB/s engine, under half the HBM) beside
+  // the next round's pushes. The consumer reads the 3 peer chunks of 256 MiB at the 1000 GB/s HBM roofline.
+  const Profile p = round_profile();
+  const double b = 1024.0 * kMiB, r = 32.0 * kMiB;
+  const double c = 10 + 2 + 3 * r / 50e3, d = 3 * 2 + 3 * r / 100e3;
+  ASSERT_GT(c, d);
+  CostModel m(p);
+  EXPECT_EQ(m.ce_reduction(), CeReduction::Kernel);  // the default: the runtime's reducing op
+  m.set_ce_reduction(CeReduction::Consumer);
+  const CollectiveEstimate rs = m.estimate(coll(CollectiveType::ReduceScatter, 4, static_cast<int64_t>(b)), Backend::Ce);
+  EXPECT_EQ(rs.algorithm, "ce/a2a, sum in the consumer");
+  EXPECT_NEAR(rs.us, 8 * c + d, 1e-6);
+  ASSERT_EQ(rs.phases.size(), 3u);
+  for (const CollectivePhase& ph : rs.phases) {
+    EXPECT_EQ(ph.sms, 0);
+    EXPECT_FALSE(ph.reduction);
+  }
+  EXPECT_NEAR(rs.phases[1].us, 7 * d, 1e-6);  // pushes beside the copy-out
+  EXPECT_NEAR(rs.phases[2].hbm_bytes, 2 * 3 * r, 1e-3);  // the last copy-out: read the slots, write the rows
+  EXPECT_NEAR(rs.consumer_us, 3 * 256.0 * kMiB / 1000e3, 1e-6);
+  // What the step pays: the consumer's extra read comes on top of the exposed time and the slowdown.
+  const BackendCost cost = m.cost(coll(CollectiveType::ReduceScatter, 4, static_cast<int64_t>(b)), Backend::Ce, {});
+  EXPECT_NEAR(cost.cost_us, cost.exposed_us + cost.slowdown_us + rs.consumer_us, 1e-6);
+  EXPECT_NEAR(cost.exposed_us, cost.comm_us, 1e-6);  // no window: all of it exposed
+  // NCCL is unaffected; a group of one moves nothing, so nothing is left to sum.
+  EXPECT_EQ(m.estimate(coll(CollectiveType::ReduceScatter, 4, static_cast<int64_t>(b)), Backend::Nccl).consumer_us, 0);
+  EXPECT_EQ(m.estimate(coll(CollectiveType::ReduceScatter, 1, static_cast<int64_t>(b)), Backend::Ce).consumer_us, 0);
+}
+
 TEST(CostModel, MeasuredReductionKernelContentionReplacesTheSmFormula) {
   Profile p = round_profile();
   const CollectiveInfo rs = coll(CollectiveType::ReduceScatter, 4, static_cast<int64_t>(1024.0 * kMiB));

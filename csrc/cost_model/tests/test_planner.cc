@@ -162,7 +162,54 @@ TEST(Planner, RejectsUnknownGraphAndBadConfig) {
   EXPECT_EQ(plan_config_to_json(c),
             (nlohmann::json{{"bucket_cap_bytes", 536870912}, {"memory_budget_bytes", 4294967296},
                             {"ce", "auto"}, {"min_ce_bytes", 1048576}, {"prefetch_blocks", 1},
-                            {"bucket_patterns", nlohmann::json::array()}}));
+                            {"bucket_patterns", nlohmann::json::array()}, {"ce_reduction", "consumer"}}));
+  EXPECT_EQ(plan_config_from_json(nlohmann::json{{"ce_reduction", "kernel"}}).ce_reduction, CeReduction::Kernel);
+  try {
+    plan_config_from_json(nlohmann::json{{"ce_reduction", "sm"}});
+    FAIL();
+  } catch (const IrError& e) {
+    EXPECT_STREQ(e.what(), "config.ce_reduction: expected \"consumer\" or \"kernel\", got \"sm\"");
+  }
+}
+
+TEST(Planner, CeReduceScatterPricedTheWayThePassRunsIt) {
+  // The backward's reduce-scatters on CE: with the sum in the consumer no bucket's CE estimate holds SMs, and its
+  // cost carries the consumer's extra read; with the kernel, the reduction phases hold the kernel's SMs.
+  const Document doc = big_fsdp(true);
+  const CostModel model(builtin_profile("h200-sxm"));
+  PlanConfig on;
+  on.ce = CeMode::On;
+  for (CeReduction where : {CeReduction::Consumer, CeReduction::Kernel}) {
+    on.ce_reduction = where;
+    const Plan plan = make_plan(doc, "backward", model, on);
+    EXPECT_EQ(plan_config_to_json(plan.config)["ce_reduction"], to_string(where));
+    CostModel priced = model;
+    priced.set_ce_reduction(where);
+    int reduce_scatters = 0;
+    for (const PlanBucket& b : plan.buckets) {
+      if (b.type != CollectiveType::ReduceScatter || b.backend != "ce") continue;
+      ++reduce_scatters;
+      CollectiveInfo c;
+      c.type = b.type;
+      c.group = b.group;
+      c.group_size = b.group_size;
+      c.reduce_op = b.reduce_op;
+      c.bytes = b.bytes;
+      const CollectiveEstimate e = priced.estimate(c, Backend::Ce);
+      EXPECT_GE(*b.predicted.ce_us, e.us - 1e-6) << b.id;  // the time alone, stretched beside its window
+      EXPECT_GE(*b.predicted.ce_cost_us, e.consumer_us - 1e-6) << b.id;
+      int sms = 0;
+      for (const CollectivePhase& ph : e.phases) sms = std::max(sms, ph.sms);
+      if (where == CeReduction::Consumer) {
+        EXPECT_EQ(sms, 0) << b.id;
+        EXPECT_GT(e.consumer_us, 0) << b.id;
+      } else {
+        EXPECT_GT(sms, 0) << b.id;
+        EXPECT_EQ(e.consumer_us, 0) << b.id;
+      }
+    }
+    EXPECT_GT(reduce_scatters, 0);
+  }
 }
 
 }  // namespace

@@ -131,11 +131,20 @@ def _runtime_fingerprint() -> str:
     lib = runtime.library_loaded()
     parts = [f"lib={lib.ok}"]
     if lib.ok:
-        names = [*rewrite.CE_OPS.values(), *rewrite.CE_MANY_OPS.values()]
+        names = [*rewrite.CE_OPS.values(), *rewrite.CE_MANY_OPS.values(), rewrite.CE_UNREDUCED_OP]
         parts.append(f"ops={[n for n in names if hasattr(torch.ops.ce_overlap, n)]}")
         parts.append(f"available={runtime.available().ok}")
         parts.append(f"groups={sorted(runtime._groups)}")
     return ";".join(parts)
+
+
+def _process_rank() -> int | None:
+    try:
+        import torch.distributed as dist
+
+        return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
+    except Exception:  # noqa: BLE001
+        return None
 
 
 _lowered: set[str] = set()
@@ -168,7 +177,8 @@ def register_ce_lowerings() -> None:
             return pytree.tree_map(ir.TensorBox.create, ir._CollectiveKernel.create_out_of_place(op, inputs, *args))
         return lowering
 
-    for names, make in ((rewrite.CE_OPS.values(), lower_one), (rewrite.CE_MANY_OPS.values(), lower_many)):
+    for names, make in ((rewrite.CE_OPS.values(), lower_one),
+                        ((*rewrite.CE_MANY_OPS.values(), rewrite.CE_UNREDUCED_OP), lower_many)):
         for name in names:
             if name in _lowered or not hasattr(torch.ops.ce_overlap, name):
                 continue
@@ -390,7 +400,7 @@ def run_pass(graph: torch.fx.Graph, config: PassConfig | None = None, *, planner
     t0 = time.perf_counter()
     results = rewrite.apply_plan(graph, checked, _backend_chooser(config, name),
                                  check_where=name if config.check_numerics and not _capture_only.get() else None,
-                                 pack_ce=config.pack_ce_buckets)
+                                 pack_ce=config.pack_ce_buckets, ce_reduction=config.ce_reduction)
     if any(b.backend == "ce" for b in results) and not _capture_only.get():
         register_ce_lowerings()
     rewrite.check_invariants(graph)
@@ -469,6 +479,10 @@ class CeOverlapPass(CustomGraphPass):
         except CeOverlapError:
             h.update(b"profile-unreadable")
         h.update(_runtime_fingerprint().encode())
+        # The rewritten graph can depend on this process's rank (a reduce-scatter summed in the consumer reads this
+        # rank's own chunk), while the graph Inductor's FX cache keys on is the same on every rank: without the
+        # rank in the key, ranks sharing a cache directory would load each other's graphs.
+        h.update(f"rank={_process_rank()}".encode())
         h.update(torch.__version__.encode())
         if self.planner is not None:
             h.update(repr(self.planner).encode())

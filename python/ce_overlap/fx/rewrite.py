@@ -62,6 +62,10 @@ CE_MANY_OPS = {
     "all_gather": "all_gather_into_tensors",
     "reduce_scatter": "reduce_scatter_tensors",
 }
+# A reduce-scatter's exchange without its reduction (PassConfig.ce_reduction="consumer"): the graph adds the peers'
+# chunks to this rank's own, and Inductor fuses that add into the kernel that reads the result.
+CE_UNREDUCED_OP = "reduce_scatter_tensors_unreduced"
+_SUMMABLE = ("sum", "avg")
 
 
 class PlanRuleError(CeOverlapError):
@@ -94,7 +98,7 @@ def is_functional_collective(node: torch.fx.Node) -> bool:
 
 def is_ce_collective(node: torch.fx.Node) -> bool:
     return _is_op(node, ("ce_overlap",)) and node.target._opname in set(CE_OPS.values()) | set(
-        CE_MANY_OPS.values()) | {"all_gather_into_tensor_out"}
+        CE_MANY_OPS.values()) | {CE_UNREDUCED_OP, "all_gather_into_tensor_out"}
 
 
 def is_wait(node: torch.fx.Node) -> bool:
@@ -517,6 +521,29 @@ def ce_many_op_for(ctype: str):
                                                                     "reduce_op"} else None
 
 
+def ce_unreduced_op():
+    """The runtime's unreduced reduce-scatter op (torch.ops.ce_overlap.reduce_scatter_tensors_unreduced), or None
+    (then a CE reduce-scatter keeps the runtime's reduction kernel)."""
+    if not ce_op_for("reduce_scatter")[0]:
+        return None
+    try:
+        op = getattr(torch.ops.ce_overlap, CE_UNREDUCED_OP).default
+    except (AttributeError, RuntimeError):
+        return None
+    names = [a.name for a in op._schema.arguments]
+    return op if names == ["inputs", "group_size", "group_name"] else None
+
+
+def _group_rank(group_name) -> int | None:
+    """This process's rank in the group a collective names, or None if it cannot be resolved."""
+    try:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        return int(_resolve_process_group(str(group_name)).rank())
+    except Exception:  # noqa: BLE001 - no process group, or an unknown name: the caller keeps the reducing op
+        return None
+
+
 def _ce_args(op, **values) -> list:
     return [values[a.name] for a in op._schema.arguments]
 
@@ -535,8 +562,71 @@ def _add_check(build: "_Builder", graph: torch.fx.Graph, result: torch.fx.Node, 
                                    str(c0.group_name), f"{where} bucket {cb.id}", token], name="check")
 
 
+def _sum_in_consumer(cb: CheckedBucket, backend: str, ce_reduction: str) -> tuple:
+    """(op, rank) when this bucket is a CE reduce-scatter whose sum the graph does (PassConfig.ce_reduction), else
+    (None, None): the reducing CE op then runs."""
+    c0 = cb.members[0]
+    if backend != "ce" or cb.type != "reduce_scatter" or ce_reduction != "consumer" or c0.group_size is None:
+        return None, None
+    if str(c0.reduce_op_arg or "").lower() not in _SUMMABLE:
+        return None, None
+    if any(not c.input.meta["val"].is_floating_point() for c in cb.members):
+        return None, None
+    rank = _group_rank(c0.group_name)
+    if rank is None or not 0 <= rank < c0.group_size:
+        return None, None
+    if c0.group_size == 1:  # nothing to move: the result is the input
+        return "identity", rank
+    op = ce_unreduced_op()
+    return (op, rank) if op is not None else (None, None)
+
+
+def _rewrite_unreduced(build: "_Builder", graph: torch.fx.Graph, cb: CheckedBucket, op, rank: int,
+                       first_coll: torch.fx.Node, first_wait: torch.fx.Node, wait_op,
+                       check_where: str | None) -> list[torch.fx.Node]:
+    """A CE reduce-scatter whose sum is left to the graph: one unreduced op over the members' own inputs (rows: the
+    peers' chunks for this rank), one wait, and per member own chunk + the rows' sum in fp32, rounded once to the
+    dtype (avg: divided by the group size first). Inductor fuses that into the kernel that reads the result."""
+    members = cb.members
+    c0 = members[0]
+    g = c0.group_size
+    convert = torch.ops.prims.convert_element_type.default
+    with graph.inserting_before(first_coll):
+        ins = [build.contiguous(c.input, f"in{i}") for i, c in enumerate(members)]
+        coll = None if op == "identity" else build(op, [ins, g, str(c0.group_name)], name="reduce_scatter_unreduced")
+    outs, flat = [], []
+    with graph.inserting_before(first_wait):
+        rows = build(wait_op, [coll], name="wait") if coll is not None else None
+        off = 0
+        for i, (c, x) in enumerate(zip(members, ins)):
+            v = c.input.meta["val"]
+            m = int(v.numel()) // g
+            own = build(aten.select.int, [build(aten.view.default, [x, [g, m]], name=f"chunks{i}"), 0, rank],
+                        name=f"own{i}")
+            if rows is None:
+                total = own
+            else:
+                total = build(convert, [own, torch.float32], name=f"own{i}_f32")
+                peers = build(aten.slice.Tensor, [rows, 1, off, off + m], name=f"peers{i}")
+                peer_sum = build(aten.sum.dim_IntList, [build(convert, [peers, torch.float32], name=f"peers{i}_f32"),
+                                                        [0]], name=f"peer_sum{i}")
+                total = build(aten.add.Tensor, [total, peer_sum], name=f"sum{i}")
+                if str(c0.reduce_op_arg).lower() == "avg":
+                    total = build(aten.div.Tensor, [total, g], name=f"mean{i}")
+                total = build(convert, [total, v.dtype], name=f"reduced{i}")
+            outs.append(build(aten.view.default, [total, [v.shape[0] // g, *v.shape[1:]]], name=f"out{i}"))
+            flat.append(build(aten.view.default, [total, [m]], name=f"flat{i}"))
+            off += m
+        if check_where is not None and coll is not None:
+            # Check mode: the bucket's result (concatenated) against torch.distributed on the packed bucket.
+            result = build(aten.cat.default, [flat], name="result")
+            _add_check(build, graph, result, _pack_reduce_scatter(build, members, g, ins), cb, check_where)
+    return outs
+
+
 def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos: dict[torch.fx.Node, int],
-                    check_where: str | None = None, pack_ce: bool = False) -> list[str]:
+                    check_where: str | None = None, pack_ce: bool = False,
+                    ce_reduction: str = "kernel") -> list[str]:
     members = cb.members
     first_coll = min((c.node for c in members), key=pos.__getitem__)
     first_wait = min(cb.waits, key=pos.__getitem__)
@@ -545,8 +635,11 @@ def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos:
     build = _Builder(graph, [c.node for c in members], f"ce_overlap_b{cb.id}")
     ce = backend == "ce"
     wait_op = torch.ops.ce_overlap.wait_tensor.default if ce else c10d.wait_tensor.default
+    unreduced_op, rank = _sum_in_consumer(cb, backend, ce_reduction) if not pack_ce else (None, None)
 
-    if len(members) == 1:  # CE swap of a singleton bucket
+    if unreduced_op is not None:
+        outs = _rewrite_unreduced(build, graph, cb, unreduced_op, rank, first_coll, first_wait, wait_op, check_where)
+    elif len(members) == 1:  # CE swap of a singleton bucket
         with graph.inserting_before(first_coll):
             x = build.contiguous(c0.input, "in")
             op, _ = ce_op_for(c0.type)
@@ -660,12 +753,15 @@ BackendChooser = Callable[[CheckedBucket], "tuple[str, str]"]
 
 
 def apply_plan(graph: torch.fx.Graph, checked: CheckedPlan, choose_backend: BackendChooser | None = None,
-               check_where: str | None = None, pack_ce: bool = False) -> list[BucketResult]:
+               check_where: str | None = None, pack_ce: bool = False,
+               ce_reduction: str = "kernel") -> list[BucketResult]:
     """Reorders `graph` to the checked plan's order and rewrites its buckets. `choose_backend(bucket)`
     returns the backend to use and why (default: the plan's backend); "ce" needs the CE op. With
     `check_where` (a label such as the graph's name), every CE bucket gets a first-call comparison against
     torch.distributed (fx/check.py). `pack_ce`: CE buckets are packed into one buffer like NCCL buckets
-    instead of running as one multi-tensor op (PassConfig.pack_ce_buckets)."""
+    instead of running as one multi-tensor op (PassConfig.pack_ce_buckets). `ce_reduction` (PassConfig's):
+    "consumer" leaves a CE reduce-scatter's sum (sum / avg of floating-point data) to the graph, "kernel" keeps
+    the runtime's reduction kernel."""
     reorder(graph, checked.order)
     pos = {n: i for i, n in enumerate(checked.order)}
     results = []
@@ -677,7 +773,8 @@ def apply_plan(graph: torch.fx.Graph, checked: CheckedPlan, choose_backend: Back
                 backend, reason = "nccl", f"nccl: {why}"
         nodes: list[str] = []
         if len(cb.members) > 1 or backend == "ce":
-            nodes = _rewrite_bucket(graph, cb, backend, pos, check_where if backend == "ce" else None, pack_ce)
+            nodes = _rewrite_bucket(graph, cb, backend, pos, check_where if backend == "ce" else None, pack_ce,
+                                    ce_reduction)
         results.append(BucketResult(id=cb.id, type=cb.type, members=len(cb.members), bytes=int(cb.raw["bytes"]),
                                     planned_backend=cb.backend, backend=backend, reason=reason, nodes=nodes))
     graph.lint()
