@@ -848,3 +848,32 @@ def test_without_check_numerics_no_compare_nodes(gloo_world1, cpu_ce_kernels):
         torch.compile(model, options=opts, fullgraph=True)(tokens, tokens).backward()
     nodes = [n for r in opts["post_grad_custom_post_pass"].reports for b in r.buckets for n in b.nodes]
     assert nodes and not any("check" in n for n in nodes)
+
+
+def test_bfloat16_rounding_on_the_bits_matches_eager_and_survives_inductor():
+    """_round_to_bfloat16 (the unreduced reduce-scatter's rounding of a bfloat16 sum that a fused kernel would
+    otherwise keep in float32) equals eager's float32 -> bfloat16 conversion bit for bit, specials included, in
+    eager and compiled by Inductor with the bfloat16 value upcast again in the same kernel."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    with FakeTensorMode() as mode:
+        x.meta["val"] = torch.empty(64, dtype=torch.float32)
+    build = rewrite._Builder(graph, [x], "t")
+    build.fake_mode = mode
+    rounded = rewrite._round_to_bfloat16(build, x, "r")
+    low = build(torch.ops.prims.convert_element_type.default, [rounded, torch.bfloat16], name="low")
+    up = build(torch.ops.prims.convert_element_type.default, [low, torch.float32], name="up")
+    graph.output(build(torch.ops.aten.mul.Tensor, [up, 2.0], name="out"))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    gen = torch.Generator().manual_seed(3)
+    data = torch.randn(1 << 16, generator=gen) * torch.logspace(-40, 38, 1 << 16)
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 3.4028235e38, -3.4028235e38,
+                             1e-45, 1.00390625, 1.01171875, 1.0078125 + 2 ** -24])
+    data = torch.cat([data, specials])
+    want = data.to(torch.bfloat16).float() * 2
+    for fn in (gm, torch.compile(gm, backend="inductor")):
+        got = fn(data)
+        same = (got.view(torch.int32) == want.view(torch.int32)) | (got.isnan() & want.isnan())
+        assert bool(same.all()), (fn, data[~same][:5], got[~same][:5], want[~same][:5])

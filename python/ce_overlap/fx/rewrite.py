@@ -581,12 +581,29 @@ def _sum_in_consumer(cb: CheckedBucket, backend: str, ce_reduction: str) -> tupl
     return (op, rank) if op is not None else (None, None)
 
 
+def _round_to_bfloat16(build: "_Builder", x: torch.fx.Node, name: str) -> torch.fx.Node:
+    """x (float32) rounded to the nearest bfloat16, ties to even, NaN kept; still float32. Inductor drops a
+    float32 -> bfloat16 -> float32 round trip inside a fused kernel (it computes bfloat16 in float32), so a
+    reduced bfloat16 gradient that a kernel upcasts again would skip the rounding NCCL's bfloat16 sum does. This is
+    that rounding done on the bits (what c10::BFloat16's conversion does), which no fusion can drop."""
+    bits = build(aten.view.dtype, [x, torch.int32], name=f"{name}_bits")
+    lsb = build(aten.bitwise_and.Scalar, [build(aten.__rshift__.Scalar, [bits, 16], name=f"{name}_hi"), 1],
+                name=f"{name}_lsb")
+    biased = build(aten.add.Tensor, [build(aten.add.Scalar, [bits, 0x7FFF], name=f"{name}_half"), lsb],
+                   name=f"{name}_biased")
+    kept = build(aten.bitwise_and.Scalar, [biased, -65536], name=f"{name}_kept")  # 0xFFFF0000: the bfloat16 bits
+    rounded = build(aten.view.dtype, [kept, torch.float32], name=f"{name}_rne")
+    return build(aten.where.self, [build(aten.isnan.default, [x], name=f"{name}_nan"), x, rounded], name=name)
+
+
 def _rewrite_unreduced(build: "_Builder", graph: torch.fx.Graph, cb: CheckedBucket, op, rank: int,
                        first_coll: torch.fx.Node, first_wait: torch.fx.Node, wait_op,
                        check_where: str | None) -> list[torch.fx.Node]:
     """A CE reduce-scatter whose sum is left to the graph: one unreduced op over the members' own inputs (rows: the
     peers' chunks for this rank), one wait, and per member own chunk + the rows' sum in fp32, rounded once to the
-    dtype (avg: divided by the group size first). Inductor fuses that into the kernel that reads the result."""
+    dtype (avg: divided by the group size first; bfloat16 rounded on the bits, see _round_to_bfloat16; a float16
+    rounding Inductor may drop inside a fused kernel, leaving the fp32 sum). Inductor fuses all of it into the
+    kernel that reads the result."""
     members = cb.members
     c0 = members[0]
     g = c0.group_size
@@ -613,6 +630,8 @@ def _rewrite_unreduced(build: "_Builder", graph: torch.fx.Graph, cb: CheckedBuck
                 total = build(aten.add.Tensor, [total, peer_sum], name=f"sum{i}")
                 if str(c0.reduce_op_arg).lower() == "avg":
                     total = build(aten.div.Tensor, [total, g], name=f"mean{i}")
+                if v.dtype == torch.bfloat16:
+                    total = _round_to_bfloat16(build, total, f"rounded{i}")
                 total = build(convert, [total, v.dtype], name=f"reduced{i}")
             outs.append(build(aten.view.default, [total, [v.shape[0] // g, *v.shape[1:]]], name=f"out{i}"))
             flat.append(build(aten.view.default, [total, [m]], name=f"flat{i}"))
