@@ -72,8 +72,9 @@ class PassConfig:
     """Where a reduce-scatter moved to CE adds the ranks' chunks. "consumer" (default): the copy engines only move
     the chunks (ce_overlap.reduce_scatter_tensors_unreduced) and the graph adds them to this rank's own chunk, an
     add that Inductor fuses into the kernel reading the result, with every SM and no kernel beside the backward's
-    GEMMs; sums of floating-point chunks round once, as NCCL's two-rank sum does (for more ranks the order may
-    differ). "kernel": the runtime's reduction kernel (ce_overlap.reduce_scatter_tensors, CE_OVERLAP_REDUCE_SMS
+    GEMMs; the sum is taken in float32 and rounded once, as NCCL's two-rank sum and the reduction kernel do (for
+    more ranks the order may differ); bfloat16 and float32 buckets (float16 ones keep the kernel). "kernel": the
+    runtime's reduction kernel (ce_overlap.reduce_scatter_tensors, CE_OVERLAP_REDUCE_SMS
     CTAs on a side stream) sums them. The cost model prices the choice made here."""
 
     pack_ce_buckets: bool = False

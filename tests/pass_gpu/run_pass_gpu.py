@@ -143,7 +143,8 @@ def run_variant(model_name: str, variant: str, args) -> dict:
     with torch.device("cuda"):
         model = Llama(cfg)
     fully_shard_in_graph(model, dist.group.WORLD, param_dtype=torch.bfloat16)
-    params = [p for p in model.parameters()]
+    named = list(model.named_parameters())
+    params = [p for _, p in named]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.1)
     opts = compile_options(variant, args)
     compiled = torch.compile(model, options=opts, fullgraph=True)
@@ -178,6 +179,7 @@ def run_variant(model_name: str, variant: str, args) -> dict:
     torch.cuda.synchronize()
     out["seconds"] = time.perf_counter() - t0
     out["params"] = [p.detach().clone() for p in params]
+    out["param_names"] = [n for n, _ in named]
     out["messages"] = handler.messages
     reports = opts["post_grad_custom_post_pass"].reports if opts and "post_grad_custom_post_pass" in opts else []
     out["reports"] = [{"graph": r.graph, "refused": r.refused, "collectives": r.collectives,
@@ -199,9 +201,16 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def compare(x: dict, ref: dict) -> dict:
-    """Max errors over this rank's shards, all-reduced (max) over ranks."""
+    """Max errors over this rank's shards, all-reduced (max) over ranks; where the largest gradient error is
+    (step, parameter) and how many gradient tensors differ at all, per step (rank 0's view)."""
     loss_err = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(x["losses"], ref["losses"]))
-    grad_err = max(_rel(a, b) for ga, gb in zip(x["grads"], ref["grads"]) for a, b in zip(ga, gb))
+    per = [[_rel(a, b) for a, b in zip(ga, gb)] for ga, gb in zip(x["grads"], ref["grads"])]
+    grad_err = max(e for step in per for e in step)
+    worst = max(((e, s, i) for s, step in enumerate(per) for i, e in enumerate(step)), default=(0.0, 0, 0))
+    names = x.get("param_names") or []
+    where = {"step": worst[1] + 1, "param": names[worst[2]] if worst[2] < len(names) else worst[2],
+             "differing_per_step": [sum(not torch.equal(a, b) for a, b in zip(ga, gb))
+                                    for ga, gb in zip(x["grads"], ref["grads"])]}
     param_err = max(_rel(a, b) for a, b in zip(x["params"], ref["params"]))
     identical = float(all(a == b for a, b in zip(x["losses"], ref["losses"]))
                       and all(torch.equal(a, b) for ga, gb in zip(x["grads"], ref["grads"]) for a, b in zip(ga, gb))
@@ -209,7 +218,8 @@ def compare(x: dict, ref: dict) -> dict:
     t = torch.tensor([loss_err, grad_err, param_err, 1.0 - identical], dtype=torch.float64,
                      device="cpu" if SHARED_GPU else "cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return {"loss_err": t[0].item(), "grad_err": t[1].item(), "param_err": t[2].item(), "identical": t[3].item() == 0}
+    return {"loss_err": t[0].item(), "grad_err": t[1].item(), "param_err": t[2].item(), "identical": t[3].item() == 0,
+            "worst_grad_rank0": where}
 
 
 def ce_counts(res: dict) -> dict:
@@ -329,6 +339,8 @@ def main(argv=None) -> int:
                 summary[v][f"vs_{ref}"] = c
                 detail = (f"loss err {c['loss_err']:.2e}, grad rel err {c['grad_err']:.2e}, "
                           f"param rel err {c['param_err']:.2e}, bit-identical: {c['identical']}")
+                if not c["identical"]:
+                    detail += f" (rank 0: {c['worst_grad_rank0']})"
                 ok = c["identical"] if exact else (c["loss_err"] <= LOSS_TOL and c["grad_err"] <= GRAD_TOL
                                                    and c["param_err"] <= PARAM_TOL)
                 check(model, name, ok, detail)

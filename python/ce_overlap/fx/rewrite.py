@@ -570,7 +570,8 @@ def _sum_in_consumer(cb: CheckedBucket, backend: str, ce_reduction: str) -> tupl
         return None, None
     if str(c0.reduce_op_arg or "").lower() not in _SUMMABLE:
         return None, None
-    if any(not c.input.meta["val"].is_floating_point() for c in cb.members):
+    # bfloat16 and float32 only: a float16 sum would need its own rounding on the bits (see _round_to_bfloat16).
+    if any(c.input.meta["val"].dtype not in (torch.bfloat16, torch.float32) for c in cb.members):
         return None, None
     rank = _group_rank(c0.group_name)
     if rank is None or not 0 <= rank < c0.group_size:
@@ -601,9 +602,9 @@ def _rewrite_unreduced(build: "_Builder", graph: torch.fx.Graph, cb: CheckedBuck
                        check_where: str | None) -> list[torch.fx.Node]:
     """A CE reduce-scatter whose sum is left to the graph: one unreduced op over the members' own inputs (rows: the
     peers' chunks for this rank), one wait, and per member own chunk + the rows' sum in fp32, rounded once to the
-    dtype (avg: divided by the group size first; bfloat16 rounded on the bits, see _round_to_bfloat16; a float16
-    rounding Inductor may drop inside a fused kernel, leaving the fp32 sum). Inductor fuses all of it into the
-    kernel that reads the result."""
+    dtype (avg: divided by the group size first; bfloat16 rounded on the bits, see _round_to_bfloat16, and so is
+    the own chunk as read). Inductor fuses all of it into the kernel that reads the result. bfloat16 and float32
+    buckets only (_sum_in_consumer)."""
     members = cb.members
     c0 = members[0]
     g = c0.group_size
@@ -624,6 +625,11 @@ def _rewrite_unreduced(build: "_Builder", graph: torch.fx.Graph, cb: CheckedBuck
                 total = own
             else:
                 total = build(convert, [own, torch.float32], name=f"own{i}_f32")
+                if v.dtype == torch.bfloat16:
+                    # Inductor may compute the own chunk inside this kernel instead of reading the stored bfloat16
+                    # (e.g. a norm weight's gradient: a float32 sum cast to bfloat16, a cast it then drops); the
+                    # copy engines send the stored, rounded value, so round it here too (a no-op on stored data).
+                    total = _round_to_bfloat16(build, total, f"own{i}_rounded")
                 peers = build(aten.slice.Tensor, [rows, 1, off, off + m], name=f"peers{i}")
                 peer_sum = build(aten.sum.dim_IntList, [build(convert, [peers, torch.float32], name=f"peers{i}_f32"),
                                                         [0]], name=f"peer_sum{i}")
