@@ -233,9 +233,18 @@ def test_pass_with_the_cpp_planner(model, caplog, tmp_path):
     for name in ("forward", "backward"):
         gm = fresh(model, name)
         before = measured_peak(gm, name)
-        with caplog.at_level(logging.INFO, logger="ce_overlap"), pass_.capture_mode():
+        # In the captured group (rank 1), so reduce-scatters on CE sum in the graph (the default ce_reduction).
+        with caplog.at_level(logging.INFO, logger="ce_overlap"), pass_.capture_mode(), \
+                fake_process_group(WORLD, 1):
             report = pass_.run_pass(gm.graph, config)
         assert report.changed and report.refused is None and report.graph == name
+        op = torch.ops.ce_overlap.reduce_scatter_tensors_unreduced.default
+        unreduced = [n for n in gm.graph.nodes if n.target == op]
+        assert len(unreduced) == sum(b.type == "reduce_scatter" for b in report.buckets)
+        assert bool(unreduced) == (name == "backward")
+        selects = [u for n in unreduced for x in n.args[0] for v in x.users for u in v.users
+                   if u.target == torch.ops.aten.select.int]
+        assert len(selects) == sum(len(n.args[0]) for n in unreduced) and all(u.args[1:] == (0, 1) for u in selects)
         gm.graph.lint()
         rewrite.check_invariants(gm.graph)
         _check_one_bucket_per_block(gm, name, n_layers)

@@ -403,13 +403,18 @@ class _Builder:
         self.fake_mode = _fake_mode_of(n for s in sources for n in [s, *s.all_input_nodes])
         self.created: list[torch.fx.Node] = []
 
-    def __call__(self, target, args, kwargs=None, name: str = "") -> torch.fx.Node:
+    def __call__(self, target, args, kwargs=None, name: str = "", like: torch.fx.Node | None = None) -> torch.fx.Node:
+        """`like`: an elementwise op whose result has that node's shape, strides and dtype: its fake value is
+        shared instead of computed (long pointwise chains would otherwise pay a fake-tensor dispatch per node)."""
         kwargs = kwargs or {}
         node = self.graph.create_node("call_function", target, tuple(args), kwargs,
                                       name=f"{self.prefix}_{name}" if name else None)
-        vargs, vkwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
-        with self.fake_mode if self.fake_mode is not None else contextlib.nullcontext():
-            node.meta["val"] = target(*vargs, **vkwargs)
+        if like is not None:
+            node.meta["val"] = like.meta["val"]
+        else:
+            vargs, vkwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
+            with self.fake_mode if self.fake_mode is not None else contextlib.nullcontext():
+                node.meta["val"] = target(*vargs, **vkwargs)
         first = self.sources[0]
         for key in ("nn_module_stack", "fwd_nn_module_stack", "stack_trace", "custom"):
             if key in first.meta:
@@ -588,13 +593,13 @@ def _round_to_bfloat16(build: "_Builder", x: torch.fx.Node, name: str) -> torch.
     reduced bfloat16 gradient that a kernel upcasts again would skip the rounding NCCL's bfloat16 sum does. This is
     that rounding done on the bits (what c10::BFloat16's conversion does), which no fusion can drop."""
     bits = build(aten.view.dtype, [x, torch.int32], name=f"{name}_bits")
-    lsb = build(aten.bitwise_and.Scalar, [build(aten.__rshift__.Scalar, [bits, 16], name=f"{name}_hi"), 1],
-                name=f"{name}_lsb")
-    biased = build(aten.add.Tensor, [build(aten.add.Scalar, [bits, 0x7FFF], name=f"{name}_half"), lsb],
-                   name=f"{name}_biased")
-    kept = build(aten.bitwise_and.Scalar, [biased, -65536], name=f"{name}_kept")  # 0xFFFF0000: the bfloat16 bits
-    rounded = build(aten.view.dtype, [kept, torch.float32], name=f"{name}_rne")
-    return build(aten.where.self, [build(aten.isnan.default, [x], name=f"{name}_nan"), x, rounded], name=name)
+    lsb = build(aten.bitwise_and.Scalar, [build(aten.__rshift__.Scalar, [bits, 16], name=f"{name}_hi", like=bits), 1],
+                name=f"{name}_lsb", like=bits)
+    biased = build(aten.add.Tensor, [build(aten.add.Scalar, [bits, 0x7FFF], name=f"{name}_half", like=bits), lsb],
+                   name=f"{name}_biased", like=bits)
+    kept = build(aten.bitwise_and.Scalar, [biased, -65536], name=f"{name}_kept", like=bits)  # the bfloat16 bits
+    rounded = build(aten.view.dtype, [kept, torch.float32], name=f"{name}_rne", like=x)
+    return build(aten.where.self, [build(aten.isnan.default, [x], name=f"{name}_nan"), x, rounded], name=name, like=x)
 
 
 def _rewrite_unreduced(build: "_Builder", graph: torch.fx.Graph, cb: CheckedBucket, op, rank: int,
@@ -624,7 +629,7 @@ def _rewrite_unreduced(build: "_Builder", graph: torch.fx.Graph, cb: CheckedBuck
             if rows is None:
                 total = own
             else:
-                total = build(convert, [own, torch.float32], name=f"own{i}_f32")
+                total = own32 = build(convert, [own, torch.float32], name=f"own{i}_f32")
                 if v.dtype == torch.bfloat16:
                     # Inductor may compute the own chunk inside this kernel instead of reading the stored bfloat16
                     # (e.g. a norm weight's gradient: a float32 sum cast to bfloat16, a cast it then drops); the
@@ -632,10 +637,10 @@ def _rewrite_unreduced(build: "_Builder", graph: torch.fx.Graph, cb: CheckedBuck
                     total = _round_to_bfloat16(build, total, f"own{i}_rounded")
                 peers = build(aten.slice.Tensor, [rows, 1, off, off + m], name=f"peers{i}")
                 peer_sum = build(aten.sum.dim_IntList, [build(convert, [peers, torch.float32], name=f"peers{i}_f32"),
-                                                        [0]], name=f"peer_sum{i}")
-                total = build(aten.add.Tensor, [total, peer_sum], name=f"sum{i}")
+                                                        [0]], name=f"peer_sum{i}", like=own32)
+                total = build(aten.add.Tensor, [total, peer_sum], name=f"sum{i}", like=own32)
                 if str(c0.reduce_op_arg).lower() == "avg":
-                    total = build(aten.div.Tensor, [total, g], name=f"mean{i}")
+                    total = build(aten.div.Tensor, [total, g], name=f"mean{i}", like=own32)
                 if v.dtype == torch.bfloat16:
                     total = _round_to_bfloat16(build, total, f"rounded{i}")
                 total = build(convert, [total, v.dtype], name=f"reduced{i}")
