@@ -9,7 +9,7 @@ R=$OUT
 export CE_DEVICE_PACK=0
 archive() { (cd "$R" && tar czf all.tgz --exclude=all.tgz . 2>/dev/null); }
 OUT=$R/train CE_DEVICE_BUDGET_S=${CE_SESSION_TRAIN_S:-290} CE_TRAIN_PASS_CHECK=${CE_TRAIN_PASS_CHECK:-1} \
-  CE_TRAIN_MODES=${CE_TRAIN_MODES:-compile,compile+inductor-overlap,ce_overlap,ce_overlap-packed,no-comm} \
+  CE_TRAIN_MODES=${CE_TRAIN_MODES:-compile,compile+inductor-overlap,ce_overlap,ce_overlap-rs-kernel,no-comm} \
   bash bench/train_device.sh > "$R/train.out" 2>&1
 archive
 mkdir -p "$R/cal"

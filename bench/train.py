@@ -15,6 +15,8 @@ Modes:
   ce_overlap                 + ce_overlap's pass with the cost model's NCCL/CE choice
   ce_overlap-packed          ce_overlap with pack_ce_buckets=True: CE buckets packed into one buffer (copy-in /
                              copy-out kernels) instead of one multi-tensor CE op (what the in-place op saves)
+  ce_overlap-rs-kernel       ce_overlap with ce_reduction="kernel": CE reduce-scatters summed by the runtime's
+                             bounded reduction kernel beside the backward, not in the graph's consumer kernels
   no-comm                    each all-gather replaced by a local op of the same shape, no reduce-scatter:
                              the bound no overlap scheme can pass
 
@@ -64,7 +66,9 @@ def max_over_ranks(value: float) -> float:
     return float(t.item())
 
 
-MODES = ["eager", "compile", "compile+inductor-overlap", "ce_overlap-nccl", "ce_overlap", "ce_overlap-packed", "no-comm"]
+MODES = ["eager", "compile", "compile+inductor-overlap", "ce_overlap-nccl", "ce_overlap", "ce_overlap-packed",
+         "ce_overlap-rs-kernel", "no-comm"]
+CE_MODES = ("ce_overlap", "ce_overlap-packed", "ce_overlap-rs-kernel")  # modes that may run CE collectives
 
 # torchtitan's peak bf16 dense TFLOP/s table (torchtitan/tools/utils.py get_peak_flops), by device name.
 _PEAK_TFLOPS = [("H200", 989.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("A100", 312.0),
@@ -176,6 +180,8 @@ def compile_options(mode: str, ce: str = "auto") -> dict | None:
 
     if mode == "ce_overlap-packed":
         return ce_overlap.inductor_options(ce=ce, pack_ce_buckets=True)
+    if mode == "ce_overlap-rs-kernel":
+        return ce_overlap.inductor_options(ce=ce, ce_reduction="kernel")
     return ce_overlap.inductor_options(ce="off" if mode == "ce_overlap-nccl" else ce)
 
 
@@ -394,7 +400,7 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
         if args.inductor_config:
             opts = {**inductor_config_items(args.inductor_config), **(opts or {})}
         step_fn = torch.compile(model, options=opts) if opts else torch.compile(model)
-    if mode in ("ce_overlap", "ce_overlap-packed"):
+    if mode in CE_MODES:
         import ce_overlap.runtime as rt
 
         if rt.available():

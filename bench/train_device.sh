@@ -14,7 +14,7 @@ BUDGET_S=${CE_DEVICE_BUDGET_S:-560}
 source bench/_device_lib.sh
 
 LAYERS=${CE_TRAIN_LAYERS:-8}
-MODES=${CE_TRAIN_MODES:-compile,compile+inductor-overlap,ce_overlap,ce_overlap-packed,no-comm,ce_overlap-nccl,eager}
+MODES=${CE_TRAIN_MODES:-compile,compile+inductor-overlap,ce_overlap,ce_overlap-rs-kernel,no-comm,ce_overlap-nccl,eager}
 STEPS=${CE_TRAIN_STEPS:-25}
 
 stage env 30 env_info
