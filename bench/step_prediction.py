@@ -71,6 +71,8 @@ def main() -> int:
     ap.add_argument("--profile", help="default: the built-in profile of the result's GPU")
     ap.add_argument("--measured", action="append", default=[], metavar="MODE=MS",
                     help="a measured median step (ms) to compare with, e.g. no-comm=377.0 (repeatable)")
+    ap.add_argument("--ce-reduction", choices=["consumer", "kernel"], default="consumer",
+                    help="how the plan runs a CE reduce-scatter (PassConfig.ce_reduction; default: the pass's)")
     ap.add_argument("--out")
     args = ap.parse_args()
 
@@ -103,10 +105,10 @@ def main() -> int:
     t0 = time.perf_counter()
     ir = train.capture_step(args, args.world_size)
     capture_s = time.perf_counter() - t0
-    pieces = train.step_model(ir, args.profile, args.world_size)
+    pieces = train.step_model(ir, args.profile, args.world_size, args.ce_reduction)
 
     print(f"# {args.model} widths, {cfg.n_layers} layers, seq {args.seq_len}, batch {args.batch}, world {args.world_size}, "
-          f"profile {args.profile}; measured: {source}")
+          f"profile {args.profile}, CE reduce-scatter summed in the {args.ce_reduction}; measured: {source}")
     print(f"{'graph':<10}{'compute ms':>11}{'exposed ms':>11}{'slowdown ms':>12}{'copies ms':>10}")
     for name, g in pieces["analyze"].items():
         plan = pieces["plan"][name]
@@ -135,7 +137,8 @@ def main() -> int:
         with open(args.out, "w") as f:
             json.dump({"command": " ".join(["python"] + sys.argv), "git": git, "torch": torch.__version__,
                        "machine": platform.machine(), "shape": {"model": args.model, "layers": cfg.n_layers,
-                       "seq_len": args.seq_len, "batch": args.batch, "gqa": args.gqa, "world_size": args.world_size},
+                       "seq_len": args.seq_len, "batch": args.batch, "gqa": args.gqa, "world_size": args.world_size,
+                       "ce_reduction": args.ce_reduction},
                        "profile": args.profile, "measured_source": source, "capture_s": round(capture_s, 1),
                        "pieces": pieces, "rows": rows, "by_class": by_class}, f, indent=1)
         print(f"# wrote {args.out}")

@@ -600,7 +600,7 @@ def predict_only(args) -> None:
 ADAMW_BYTES_PER_PARAM = 28
 
 
-def step_model(ir, profile: str, world: int) -> dict:
+def step_model(ir, profile: str, world: int, ce_reduction: str = "consumer") -> dict:
     """The cost model's view of one training step of the captured program, in pieces (microseconds):
     per graph the compute (kernel fusion included), the exposed communication after ce_overlap's plan, the slowdown
     the chosen backends cause to the kernels beside them, and the bucket copies the pass adds to NCCL buckets (a
@@ -608,7 +608,8 @@ def step_model(ir, profile: str, world: int) -> dict:
     reduce-scatter's copy-in reads the gradients and writes the bucket; CE buckets run as one multi-tensor op that
     reads and writes the members in place, so they have none); plus the optimizer step, which the capture does not hold (fused
     AdamW: ADAMW_BYTES_PER_PARAM per local parameter at the profile's optimizer bandwidth, efficiency.optimizer,
-    else its memory efficiency)."""
+    else its memory efficiency). `ce_reduction` is the plan's (PassConfig.ce_reduction: "consumer", the pass's
+    default, or "kernel"); with "consumer" a CE reduce-scatter's cost includes its consumer's extra read."""
     import ce_overlap
     from ce_overlap import profiles
 
@@ -623,7 +624,7 @@ def step_model(ir, profile: str, world: int) -> dict:
         out["analyze"][g["name"]] = {k: g.get(k) for k in ("compute_us", "comm_us", "exposed_comm_us", "makespan_us", "kernels", "kernel_gap_us",
                                                             "compute_by_class_us")}
     for name in ir.graph_names:
-        p = ce_overlap.ir.plan(ir, name, profile, {})
+        p = ce_overlap.ir.plan(ir, name, profile, {"ce_reduction": ce_reduction})
         summary = dict(p.get("summary", {}))
         slowdown = copies = 0.0
         for b in p.get("buckets", []):
