@@ -73,6 +73,8 @@ def main() -> int:
                     help="a measured median step (ms) to compare with, e.g. no-comm=377.0 (repeatable)")
     ap.add_argument("--ce-reduction", choices=["consumer", "kernel"], default="consumer",
                     help="how the plan runs a CE reduce-scatter (PassConfig.ce_reduction; default: the pass's)")
+    ap.add_argument("--buckets", action="store_true",
+                    help="also list every planned bucket: backend, predicted NCCL / CE cost, window, reason")
     ap.add_argument("--out")
     args = ap.parse_args()
 
@@ -115,6 +117,19 @@ def main() -> int:
         print(f"{name:<10}{g['compute_us'] / 1e3:11.1f}{plan['exposed_comm_us_after'] / 1e3:11.1f}"
               f"{plan['slowdown_us'] / 1e3:12.1f}{plan['bucket_copy_us'] / 1e3:10.1f}")
     print(f"{'optimizer':<10}{pieces['optimizer_us'] / 1e3:11.1f}")
+    if args.buckets:
+        import ce_overlap
+
+        print(f"\n{'graph':<9}{'id':>3} {'type':<15}{'block':<10}{'MiB':>6} {'backend':<8}{'NCCL us':>8}{'CE us':>8}"
+              f"{'window us':>10}  reason")
+        for name in ir.graph_names:
+            plan = ce_overlap.ir.plan(ir, name, args.profile, {"ce_reduction": args.ce_reduction})
+            for b in plan["buckets"]:
+                pr = b["predicted"]
+                ce_cost = f"{pr['ce_cost_us']:.0f}" if pr.get("ce_cost_us") is not None else "-"
+                print(f"{name:<9}{b['id']:>3} {b['type']:<15}{str(b.get('block_path') or '-'):<10}"
+                      f"{b['bytes'] / 2**20:6.0f} {b['backend']:<8}{pr['nccl_cost_us']:8.0f}{ce_cost:>8}"
+                      f"{pr['window_us']:10.0f}  {b['reason']}")
     rows = []
     print(f"\n{'mode':<12}{'predicted ms':>13}{'measured ms':>12}{'error':>8}")
     for mode, no_comm in PREDICTED.items():
