@@ -147,6 +147,11 @@ def main() -> int:
             err = f"{r['error_pct']:+.1f}%" if r["error_pct"] is not None else "-"
             meas = f"{r['measured_ms']:.1f}" if r["measured_ms"] is not None else "-"
             print(f"{r['class']:<34}{r['predicted_ms']:13.1f}{meas:>12}{err:>8}")
+    ce_kernels = kernels.get("ce_overlap") or {}
+    if ce_kernels.get("compute_wait_ms") is not None:
+        exposed = sum(p.get("exposed_comm_us_after", 0.0) for p in pieces["plan"].values()) / 1e3
+        print(f"\n# ce_overlap: the compute stream waiting while other streams work (train.py --kernel-profile) vs the "
+              f"plan's exposed communication: measured {ce_kernels['compute_wait_ms']:.1f} ms, predicted {exposed:.1f} ms")
     if args.out:
         git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         with open(args.out, "w") as f:

@@ -227,6 +227,7 @@ def profile_kernels(run_step, steps: int) -> dict:
     by_class: dict[str, float] = {}
     by_name: dict[str, float] = {}
     spans = []
+    by_stream: dict[int, list] = {}  # the compute classes' kernels per stream (device_resource_id: the stream)
     for ev in prof.events():
         if ev.device_type != torch.autograd.DeviceType.CUDA:
             continue
@@ -235,15 +236,48 @@ def profile_kernels(run_step, steps: int) -> dict:
         by_class[cls] = by_class.get(cls, 0.0) + ms
         by_name[ev.name] = by_name.get(ev.name, 0.0) + ms
         spans.append((ev.time_range.start, ev.time_range.end))
+        if cls in COMPUTE_CLASSES:
+            by_stream.setdefault(getattr(ev, "device_resource_id", -1), []).append(spans[-1])
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
     return {"steps": steps, "wall_ms": round(wall_ms, 3), "by_class_ms": {k: round(v, 3) for k, v in
                                                                          sorted(by_class.items())},
             "busy_ms": round(sum(by_class.values()), 3),
             "activities_per_step": round(len(spans) / steps, 1),
             "gpu_idle_ms": round(idle_between(spans) / 1e3 / steps, 3),
+            # The compute stream (most compute-class kernel time) idle while another stream works: mostly waiting
+            # for collectives (exposed communication), what the plan's exposed_comm_us predicts.
+            "compute_wait_ms": round(compute_stream_wait(spans, by_stream) / 1e3 / steps, 3),
             "top": [{"name": n[:160], "class": kernel_class(n), "ms": round(v, 3)} for n, v in top],
             # Every kernel name's time (the 200 longest): maps a class's error in bench/step_prediction.py to ops.
             "by_name_ms": {n[:200]: round(v, 4) for n, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:200]}}
+
+
+# Kernel classes that are the model's compute (what runs on the compute stream); copies and NCCL kernels are not.
+COMPUTE_CLASSES = ("gemm", "attention", "fused", "optimizer")
+
+
+def compute_stream_wait(spans: list, by_stream: dict) -> float:
+    """Time inside [first start, last end] of all `spans` when the compute stream (the stream in `by_stream` with
+    the most span time) runs nothing while some other activity runs: the compute stream waiting on other streams.
+    Same unit as the spans; 0 without a compute stream."""
+    if not spans or not by_stream:
+        return 0.0
+    compute = max(by_stream.values(), key=covered)  # a subset of `spans`
+    first, last = min(s for s, _ in spans), max(e for _, e in spans)
+    return max(0.0, (last - first) - covered(compute) - idle_between(spans))
+
+
+def covered(spans: list) -> float:
+    """Length of the union of the spans."""
+    total, reach_start, reach = 0.0, None, None
+    for start, end in sorted(spans):
+        if reach is None or start > reach:
+            if reach is not None:
+                total += reach - reach_start
+            reach_start, reach = start, end
+        else:
+            reach = max(reach, end)
+    return total + (reach - reach_start if reach is not None else 0.0)
 
 
 def idle_between(spans: list) -> float:

@@ -82,6 +82,13 @@ def test_gpu_idle_between_kernels():
     assert train.idle_between([(0, 10)]) == 0
     assert train.idle_between([(0, 10), (12, 20), (25, 30)]) == 2 + 5
     assert train.idle_between([(12, 20), (0, 15), (16, 18), (22, 24)]) == 2  # unordered, overlapping, nested
+    assert train.covered([]) == 0 and train.covered([(12, 20), (0, 15), (16, 18), (22, 24)]) == 22
+    # Compute stream 7 runs 0-10 and 30-40; a copy stream runs 5-35; nothing runs 40-45; a kernel 45-50 on stream 7.
+    spans = [(0, 10), (30, 40), (5, 35), (45, 50), (12, 14)]
+    by_stream = {7: [(0, 10), (30, 40), (45, 50)], 9: [(12, 14)]}
+    # Compute idle 10-30 (others busy: waiting) and 40-45 (nothing runs: GPU idle, not waiting).
+    assert train.compute_stream_wait(spans, by_stream) == 20
+    assert train.compute_stream_wait(spans, {}) == 0 and train.compute_stream_wait([], by_stream) == 0
 
 
 def test_kernel_classes_and_the_class_comparison():
