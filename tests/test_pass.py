@@ -176,6 +176,11 @@ def test_uuid_hashes_config_and_sources():
         with fake_process_group(2, rank):
             keys.append(pass_.CeOverlapPass(PassConfig()).uuid())
     assert keys[0] != keys[1] and a.uuid() not in keys
+    shared = []
+    for rank in (0, 1):  # ...unless the config cannot make a rank-specific graph
+        with fake_process_group(2, rank):
+            shared.append(pass_.CeOverlapPass(PassConfig(ce_reduction="kernel")).uuid())
+    assert shared[0] == shared[1]
 
 
 def test_backend_is_registered():

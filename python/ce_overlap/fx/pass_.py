@@ -481,8 +481,11 @@ class CeOverlapPass(CustomGraphPass):
         h.update(_runtime_fingerprint().encode())
         # The rewritten graph can depend on this process's rank (a reduce-scatter summed in the consumer reads this
         # rank's own chunk), while the graph Inductor's FX cache keys on is the same on every rank: without the
-        # rank in the key, ranks sharing a cache directory would load each other's graphs.
-        h.update(f"rank={_process_rank()}".encode())
+        # rank in the key, ranks sharing a cache directory would load each other's graphs. Configs that cannot
+        # produce such a graph keep one key for all ranks (a shared cache stays shared).
+        c = self.config
+        if c.ce != "off" and c.ce_reduction == "consumer" and "reduce_scatter" in c.ce_collectives:
+            h.update(f"rank={_process_rank()}".encode())
         h.update(torch.__version__.encode())
         if self.planner is not None:
             h.update(repr(self.planner).encode())
