@@ -7,6 +7,7 @@
 #
 #   bash bench/train_device.sh
 #   CE_TRAIN_LAYERS=32 CE_TRAIN_MODES=compile,compile+inductor-overlap,ce_overlap,no-comm bash bench/train_device.sh
+#   CE_TRAIN_CE=on CE_TRAIN_MODES=ce_overlap,ce_overlap-rs-kernel bash bench/train_device.sh   # every bucket on CE
 set -o pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +26,8 @@ if [ "${CE_TRAIN_PASS_CHECK:-0}" = 1 ]; then
     --out "$OUT/pass_gpu.json"
 fi
 stage train 540 torchrun_all bench/train.py --layers "$LAYERS" --seq-len 4096 --steps "$STEPS" --warmup 5 \
-  --modes "$MODES" --predict --kernel-profile "${CE_TRAIN_KERNEL_PROFILE:-2}" --out "$OUT/train.json"
+  --modes "$MODES" --predict --kernel-profile "${CE_TRAIN_KERNEL_PROFILE:-2}" ${CE_TRAIN_CE:+--ce "$CE_TRAIN_CE"} \
+  --out "$OUT/train.json"
 
 summary "ce_overlap training benchmark device run"
 [ "${CE_DEVICE_PACK:-1}" = 1 ] && pack train
