@@ -324,6 +324,14 @@ CollectiveEstimate CostModel::ce_estimate(const CollectiveInfo& c) const {
     const double latency = profile_.efficiency.kernel_launch_us;
     return std::make_pair(latency, CollectivePhase{latency + us_for(hbm, gbps), ce.reduce_sms, hbm});
   };
+  // The n - 1 received chunks of `chunk` bytes copied out of the staging slots into the output rows by one copy
+  // engine (the unreduced reduce-scatter): read and written in HBM, no SMs.
+  auto copy_out = [&](double chunk) {
+    const double moved = (n - 1) * chunk;
+    const double gbps = std::min(ce.engine_gbps, profile_.gpu.hbm_gbps * profile_.efficiency.memory / 2);
+    const double latency = (n - 1) * ce.copy_latency_us;
+    return std::make_pair(latency, CollectivePhase{latency + us_for(moved, gbps), 0, 2 * moved});
+  };
   auto add = [&](std::pair<double, CollectivePhase> part) {
     e.latency_us += part.first;
     e.us += part.second.us;
@@ -340,57 +348,36 @@ CollectiveEstimate CostModel::ce_estimate(const CollectiveInfo& c) const {
       add(pull_all(bytes / n));
       break;
     case CollectiveType::ReduceScatter: {
-      if (ce_reduction_ == CeReduction::Consumer && n > 1) {
-        // The same pushed rounds; each round's n - 1 received chunks are copied out of the staging slots by a copy
-        // engine (reduce stream) while the next round's pushes run: a two-stage pipeline with no SMs. The consumer
-        // then reads the n - 1 peer chunks besides its own (the sum, fused into it).
-        e.algorithm = "ce/a2a, sum in the consumer";
-        const double chunk = bytes / n;
-        const double round_bytes = std::min(kCeReduceRoundBytes, kCeStagingBankBytes / (n - 1));
-        const double rounds = std::max(1.0, std::ceil(chunk / round_bytes));
-        const auto [copy_latency, copy_all] = pull_all(chunk / rounds);
-        const double out_bytes = (n - 1) * chunk / rounds;  // per round, read from the slots and written out
-        const double local_gbps = std::min(ce.engine_gbps, profile_.gpu.hbm_gbps * profile_.efficiency.memory / 2);
-        const double out_latency = (n - 1) * ce.copy_latency_us;
-        const double c_us = copy_all.us, d_us = out_latency + us_for(out_bytes, local_gbps);
-        const double copy_rate = copy_all.hbm_bytes / c_us, out_rate = 2 * out_bytes / d_us;
-        const double both_us = (rounds - 1) * std::min(c_us, d_us);
-        const double copy_alone_us = c_us >= d_us ? rounds * c_us - both_us : c_us;
-        const double out_alone_us = c_us >= d_us ? d_us : rounds * d_us - both_us;
-        e.latency_us = copy_latency + out_latency;
-        e.us = copy_alone_us + both_us + out_alone_us;
-        e.phases.push_back(CollectivePhase{copy_alone_us, 0, copy_rate * copy_alone_us});
-        if (both_us > 0) e.phases.push_back(CollectivePhase{both_us, 0, (copy_rate + out_rate) * both_us});
-        e.phases.push_back(CollectivePhase{out_alone_us, 0, out_rate * out_alone_us});
-        e.consumer_us = us_for((n - 1) * chunk, profile_.gpu.hbm_gbps * profile_.efficiency.memory);
-        break;
-      }
-      // The runtime moves rounds of at most kCeReduceRoundBytes per chunk, reducing round k (reduce stream) while
-      // the copies of round k+1 run: a two-stage pipeline of R rounds, copy c and reduction d per round.
-      e.algorithm = "ce/a2a+reduce";
+      // The runtime moves rounds of at most kCeReduceRoundBytes per chunk: a two-stage pipeline of R rounds, the
+      // copies c of round k+1 beside the second stage d of round k (reduce stream): the reduction kernel, or, with
+      // the sum in the consumer (n > 1), the copy-out of the n - 1 received slots by a copy engine, no SMs; the
+      // consumer then reads the n - 1 peer chunks besides its own (consumer_us, not part of the collective).
+      const bool consumer = ce_reduction_ == CeReduction::Consumer && n > 1;
+      e.algorithm = consumer ? "ce/a2a, sum in the consumer" : "ce/a2a+reduce";
       const double chunk = bytes / n;
       const double round_bytes = std::min(kCeReduceRoundBytes, kCeStagingBankBytes / (n - 1));
       const double rounds = std::max(1.0, std::ceil(chunk / round_bytes));
       const auto [copy_latency, copy_all] = pull_all(chunk / rounds);
-      const auto [reduce_latency, reduce_all] = reduce(chunk / rounds);
+      const auto [second_latency, second] = consumer ? copy_out(chunk / rounds) : reduce(chunk / rounds);
       // Per round: a handshake with every peer (the runtime posts "bank free" and waits for the peers' before it
       // pushes, then posts and waits for "landed": one signal latency per round, measured ~17 us per extra round on
-      // 2x H200 by bench/ce_probe.py (c)), the copies with their per-copy latency, and one reduction launch.
-      const double c_us = copy_all.us, d_us = reduce_all.us;
-      const double copy_rate = copy_all.hbm_bytes / c_us, reduce_rate = reduce_all.hbm_bytes / d_us;
-      // Copies alone, copies beside the reduction, then the reduction alone (sums to R max(c, d) + min(c, d)).
+      // 2x H200 by bench/ce_probe.py (c)), the copies with their per-copy latency, and the second stage.
+      const double c_us = copy_all.us, d_us = second.us;
+      const double copy_rate = copy_all.hbm_bytes / c_us, second_rate = second.hbm_bytes / d_us;
+      // Copies alone, copies beside the second stage, then the last second stage alone (R max(c, d) + min(c, d)).
       const double both_us = (rounds - 1) * std::min(c_us, d_us);
       const double copy_alone_us = c_us >= d_us ? rounds * c_us - both_us : c_us;
-      const double reduce_alone_us = c_us >= d_us ? d_us : rounds * d_us - both_us;
-      e.latency_us = copy_latency + reduce_latency;
-      e.us = copy_alone_us + both_us + reduce_alone_us;
+      const double second_alone_us = c_us >= d_us ? d_us : rounds * d_us - both_us;
+      e.latency_us = copy_latency + second_latency;
+      e.us = copy_alone_us + both_us + second_alone_us;
       e.phases.push_back(CollectivePhase{copy_alone_us, 0, copy_rate * copy_alone_us});
       if (both_us > 0) {
-        e.phases.push_back(CollectivePhase{both_us, ce.reduce_sms, (copy_rate + reduce_rate) * both_us, true,
-                                           reduce_rate * both_us});
+        e.phases.push_back(CollectivePhase{both_us, second.sms, (copy_rate + second_rate) * both_us, !consumer,
+                                           consumer ? 0.0 : second_rate * both_us});
       }
-      e.phases.push_back(CollectivePhase{reduce_alone_us, ce.reduce_sms, reduce_rate * reduce_alone_us, true,
-                                         reduce_rate * reduce_alone_us});
+      e.phases.push_back(CollectivePhase{second_alone_us, second.sms, second_rate * second_alone_us, !consumer,
+                                         consumer ? 0.0 : second_rate * second_alone_us});
+      if (consumer) e.consumer_us = us_for((n - 1) * chunk, profile_.gpu.hbm_gbps * profile_.efficiency.memory);
       break;
     }
     case CollectiveType::AllReduce:

@@ -563,32 +563,43 @@ void check_rs_parts(at::TensorList inputs, const std::string& reduce_op, int64_t
   });
 }
 
-at::Tensor reduce_scatter_tensors_cuda(at::TensorList inputs, std::string reduce_op, int64_t group_size,
-                                       std::string group_name) {
-  static const char* kOp = "reduce_scatter_tensors";
-  check_rs_parts(inputs, reduce_op, group_size, kOp);
-  std::shared_ptr<Group> g = group_for(group_name, group_size, inputs[0], kOp);
-  const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g->device());
+// One reduce-scatter over several tensors (reduce_scatter_tensors and its unreduced form): every input's chunks are
+// parts of one op, `args` says how the op ends, `make_out(numel per rank)` allocates the output; an empty output
+// (nothing to move, or no peers) is returned without an op.
+template <typename MakeOut>
+at::Tensor run_reduce_scatter_parts(Group& g, at::TensorList inputs, int64_t group_size, ReduceScatterArgs args,
+                                    MakeOut&& make_out) {
+  const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g.device());
   c10::cuda::CUDAGuard guard(device);
   int64_t numel = 0;
-  ReduceScatterArgs args{};
   for (const at::Tensor& input : inputs) {
     numel += input.numel() / group_size;
     args.parts.push_back(ReduceScatterPart{input.data_ptr(),
                                            static_cast<size_t>(input.numel() / group_size) * input.element_size()});
   }
-  at::Tensor out = at::empty({numel}, inputs[0].options());
-  if (numel == 0) return out;
+  at::Tensor out = make_out(numel);
+  if (out.numel() == 0) return out;
   args.output = out.data_ptr();
-  args.dtype = reduce_dtype_of(inputs[0].scalar_type(), kOp);
-  args.op = reduce_op_of(reduce_op, kOp);
   args.caller = c10::cuda::getCurrentCUDAStream(device).stream();
-  enqueue_keeping_alive(*g, inputs.vec(), {out}, {g->comm_stream(), g->reduce_stream()}, /*deferred=*/true,
+  // The comm stream reads the inputs (pushes), the reduce stream writes out (the reduction, or the copy-out).
+  enqueue_keeping_alive(g, inputs.vec(), {out}, {g.comm_stream(), g.reduce_stream()}, /*deferred=*/true,
                         [&](cudaEvent_t join) {
                           args.join = join;
-                          enqueue_reduce_scatter(*g, args);
+                          enqueue_reduce_scatter(g, args);
                         });
   return out;
+}
+
+at::Tensor reduce_scatter_tensors_cuda(at::TensorList inputs, std::string reduce_op, int64_t group_size,
+                                       std::string group_name) {
+  static const char* kOp = "reduce_scatter_tensors";
+  check_rs_parts(inputs, reduce_op, group_size, kOp);
+  std::shared_ptr<Group> g = group_for(group_name, group_size, inputs[0], kOp);
+  ReduceScatterArgs args{};
+  args.dtype = reduce_dtype_of(inputs[0].scalar_type(), kOp);
+  args.op = reduce_op_of(reduce_op, kOp);
+  return run_reduce_scatter_parts(*g, inputs, group_size, args,
+                                  [&](int64_t numel) { return at::empty({numel}, inputs[0].options()); });
 }
 
 at::Tensor reduce_scatter_tensors_meta(at::TensorList inputs, std::string reduce_op, int64_t group_size,
@@ -620,27 +631,11 @@ at::Tensor reduce_scatter_tensors_unreduced_cuda(at::TensorList inputs, int64_t 
   static const char* kOp = "reduce_scatter_tensors_unreduced";
   check_unreduced_parts(inputs, group_size, kOp);
   std::shared_ptr<Group> g = group_for(group_name, group_size, inputs[0], kOp);
-  const c10::DeviceIndex device = static_cast<c10::DeviceIndex>(g->device());
-  c10::cuda::CUDAGuard guard(device);
-  int64_t numel = 0;
   ReduceScatterArgs args{};
   args.unreduced = true;
-  for (const at::Tensor& input : inputs) {
-    numel += input.numel() / group_size;
-    args.parts.push_back(ReduceScatterPart{input.data_ptr(),
-                                           static_cast<size_t>(input.numel() / group_size) * input.element_size()});
-  }
-  at::Tensor out = at::empty({group_size - 1, numel}, inputs[0].options());
-  if (out.numel() == 0) return out;  // a group of one, or nothing to move
-  args.output = out.data_ptr();
-  args.caller = c10::cuda::getCurrentCUDAStream(device).stream();
-  // The comm stream reads the inputs (pushes), the reduce stream writes out (copy-out of the staging slots).
-  enqueue_keeping_alive(*g, inputs.vec(), {out}, {g->comm_stream(), g->reduce_stream()}, /*deferred=*/true,
-                        [&](cudaEvent_t join) {
-                          args.join = join;
-                          enqueue_reduce_scatter(*g, args);
-                        });
-  return out;
+  return run_reduce_scatter_parts(*g, inputs, group_size, args, [&](int64_t numel) {
+    return at::empty({group_size - 1, numel}, inputs[0].options());  // no rows for a group of one
+  });
 }
 
 at::Tensor reduce_scatter_tensors_unreduced_meta(at::TensorList inputs, int64_t group_size, std::string group_name) {

@@ -19,6 +19,17 @@ using testing::builtin_profile;
 using testing::fsdp_doc;
 using testing::FsdpOptions;
 
+// The collective a planned bucket runs (what the planner priced).
+CollectiveInfo collective_of(const PlanBucket& b) {
+  CollectiveInfo c;
+  c.type = b.type;
+  c.group = b.group;
+  c.group_size = b.group_size;
+  c.reduce_op = b.reduce_op;
+  c.bytes = b.bytes;
+  return c;
+}
+
 Document big_fsdp(bool backward) {
   FsdpOptions o;
   o.blocks = 4;
@@ -129,13 +140,7 @@ TEST(Planner, DecisionUsesTheBucketAndItsWindow) {
       (model.compute_bound(n) ? w.compute_bound_us : w.memory_bound_us) += durations[static_cast<size_t>(n.id)];
     }
     EXPECT_NEAR(w.compute_bound_us + w.memory_bound_us, b.predicted.window_us, 1e-9 * (1 + b.predicted.window_us));
-    CollectiveInfo c;
-    c.type = b.type;
-    c.group = b.group;
-    c.group_size = b.group_size;
-    c.reduce_op = b.reduce_op;
-    c.bytes = b.bytes;
-    const Decision d = model.decide(c, w);
+    const Decision d = model.decide(collective_of(b), w);
     EXPECT_NEAR(d.nccl.cost_us, b.predicted.nccl_cost_us, 1e-6 * (1 + d.nccl.cost_us)) << b.id;
     EXPECT_NEAR(d.ce->cost_us, *b.predicted.ce_cost_us, 1e-6 * (1 + d.ce->cost_us)) << b.id;
     EXPECT_EQ(to_string(d.choice), b.backend);
@@ -189,13 +194,7 @@ TEST(Planner, CeReduceScatterPricedTheWayThePassRunsIt) {
     for (const PlanBucket& b : plan.buckets) {
       if (b.type != CollectiveType::ReduceScatter || b.backend != "ce") continue;
       ++reduce_scatters;
-      CollectiveInfo c;
-      c.type = b.type;
-      c.group = b.group;
-      c.group_size = b.group_size;
-      c.reduce_op = b.reduce_op;
-      c.bytes = b.bytes;
-      const CollectiveEstimate e = priced.estimate(c, Backend::Ce);
+      const CollectiveEstimate e = priced.estimate(collective_of(b), Backend::Ce);
       EXPECT_GE(*b.predicted.ce_us, e.us - 1e-6) << b.id;  // the time alone, stretched beside its window
       EXPECT_GE(*b.predicted.ce_cost_us, e.consumer_us - 1e-6) << b.id;
       int sms = 0;

@@ -512,31 +512,28 @@ def ce_op_for(ctype: str):
     return op, ""
 
 
-def ce_many_op_for(ctype: str):
-    """The runtime's multi-tensor op for a collective type, or None (then a bucket is packed into one buffer)."""
-    name = CE_MANY_OPS.get(ctype)
+def _runtime_op(ctype: str, name: str | None, schema_ok: Callable[[list[str]], bool]):
+    """torch.ops.ce_overlap.<name>.default if the runtime serves `ctype` at all and the op's argument names pass
+    `schema_ok`, else None."""
     if name is None or not ce_op_for(ctype)[0]:
         return None
     try:
         op = getattr(torch.ops.ce_overlap, name).default
     except (AttributeError, RuntimeError):
         return None
-    names = [a.name for a in op._schema.arguments]
-    return op if names and names[0] == "inputs" and set(names) <= {"inputs", "group_size", "group_name",
-                                                                    "reduce_op"} else None
+    return op if schema_ok([a.name for a in op._schema.arguments]) else None
+
+
+def ce_many_op_for(ctype: str):
+    """The runtime's multi-tensor op for a collective type, or None (then a bucket is packed into one buffer)."""
+    return _runtime_op(ctype, CE_MANY_OPS.get(ctype), lambda names: bool(names) and names[0] == "inputs" and set(
+        names) <= {"inputs", "group_size", "group_name", "reduce_op"})
 
 
 def ce_unreduced_op():
     """The runtime's unreduced reduce-scatter op (torch.ops.ce_overlap.reduce_scatter_tensors_unreduced), or None
     (then a CE reduce-scatter keeps the runtime's reduction kernel)."""
-    if not ce_op_for("reduce_scatter")[0]:
-        return None
-    try:
-        op = getattr(torch.ops.ce_overlap, CE_UNREDUCED_OP).default
-    except (AttributeError, RuntimeError):
-        return None
-    names = [a.name for a in op._schema.arguments]
-    return op if names == ["inputs", "group_size", "group_name"] else None
+    return _runtime_op("reduce_scatter", CE_UNREDUCED_OP, lambda names: names == ["inputs", "group_size", "group_name"])
 
 
 def _group_rank(group_name) -> int | None:
