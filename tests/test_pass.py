@@ -667,6 +667,27 @@ def test_ce_reduce_scatter_with_the_sum_in_the_consumer(g):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=f"output {i}")
 
 
+def test_check_mode_compares_the_sum_in_the_graph():
+    """check_numerics with the sum in the graph: the bucket's check compares the members' reduced results,
+    concatenated, with torch.distributed's reduce-scatter of the packed bucket."""
+    g = 2
+    with fake_process_group(g, 1):
+        gm, _ = _handmade_graph(g)
+        plan = plan_from_ir(ir_graph(gm, "forward"), by_block=False,
+                            backend=lambda b: "ce" if b["type"] == "reduce_scatter" else "nccl")
+        with pass_.capture_mode():
+            rewrite.apply_plan(gm.graph, rewrite.check_plan(gm.graph, plan), check_where="forward",
+                               ce_reduction="consumer")
+        rewrite.check_invariants(gm.graph)
+    (check,) = [n for n in gm.graph.nodes if n.name.endswith("_check")]
+    result, packed = check.args[0], check.args[1]
+    assert result.target == torch.ops.aten.cat.default
+    assert [tuple(x.meta["val"].shape) for x in result.args[0]] == [(2 * 3,), (2 * 2,)]  # each member's chunk
+    assert all(x.args[0].name.startswith("ce_overlap_b") and "reduced" in x.args[0].name for x in result.args[0])
+    assert packed.meta["val"].numel() == g * result.meta["val"].numel()
+    assert check.args[2] == "reduce_scatter"
+
+
 def test_ce_reduction_kernel_and_packed_buckets_keep_the_reducing_op():
     g = 2
     for kwargs in ({"ce_reduction": "kernel"}, {"ce_reduction": "consumer", "pack_ce": True}):

@@ -148,11 +148,8 @@ def read_collective(node: torch.fx.Node) -> Collective:
     group_name = kw.get("group_name")
     group_size = kw.get("group_size")
     if group_size is None and group_name is not None:
-        try:
-            from torch.distributed.distributed_c10d import _resolve_process_group
-            group_size = _resolve_process_group(str(group_name)).size()
-        except Exception:  # noqa: BLE001 (an unknown group: the size stays unknown, checked later)
-            group_size = None
+        pg = _group_of(group_name)  # an unknown group: the size stays unknown, checked later
+        group_size = pg.size() if pg is not None else None
     reduce_arg = kw.get("reduce_op")
     reduce_op = _REDUCE_OPS.get(str(reduce_arg).lower(), str(reduce_arg).lower()) if reduce_arg is not None else None
     waits, others = [], []
@@ -536,13 +533,13 @@ def ce_unreduced_op():
     return _runtime_op("reduce_scatter", CE_UNREDUCED_OP, lambda names: names == ["inputs", "group_size", "group_name"])
 
 
-def _group_rank(group_name) -> int | None:
-    """This process's rank in the group a collective names, or None if it cannot be resolved."""
+def _group_of(group_name):
+    """The process group a collective names, or None if it cannot be resolved (no process group, unknown name)."""
     try:
         from torch.distributed.distributed_c10d import _resolve_process_group
 
-        return int(_resolve_process_group(str(group_name)).rank())
-    except Exception:  # noqa: BLE001 - no process group, or an unknown name: the caller keeps the reducing op
+        return _resolve_process_group(str(group_name))
+    except Exception:  # noqa: BLE001
         return None
 
 
@@ -575,7 +572,8 @@ def _sum_in_consumer(cb: CheckedBucket, backend: str, ce_reduction: str) -> tupl
     # bfloat16 and float32 only: a float16 sum would need its own rounding on the bits (see _round_to_bfloat16).
     if any(c.input.meta["val"].dtype not in (torch.bfloat16, torch.float32) for c in cb.members):
         return None, None
-    rank = _group_rank(c0.group_name)
+    pg = _group_of(c0.group_name)  # unresolvable (e.g. a captured graph outside its group): the reducing op
+    rank = int(pg.rank()) if pg is not None else None
     if rank is None or not 0 <= rank < c0.group_size:
         return None, None
     if c0.group_size == 1:  # nothing to move: the result is the input
@@ -614,7 +612,7 @@ def _rewrite_unreduced(build: "_Builder", graph: torch.fx.Graph, cb: CheckedBuck
     with graph.inserting_before(first_coll):
         ins = [build.contiguous(c.input, f"in{i}") for i, c in enumerate(members)]
         coll = None if op == "identity" else build(op, [ins, g, str(c0.group_name)], name="reduce_scatter_unreduced")
-    outs, flat = [], []
+    outs, totals = [], []
     with graph.inserting_before(first_wait):
         rows = build(wait_op, [coll], name="wait") if coll is not None else None
         off = 0
@@ -642,12 +640,15 @@ def _rewrite_unreduced(build: "_Builder", graph: torch.fx.Graph, cb: CheckedBuck
                     total = _round_to_bfloat16(build, total, f"rounded{i}")
                 total = build(convert, [total, v.dtype], name=f"reduced{i}")
             outs.append(build(aten.view.default, [total, [v.shape[0] // g, *v.shape[1:]]], name=f"out{i}"))
-            flat.append(build(aten.view.default, [total, [m]], name=f"flat{i}"))
+            totals.append(total)
             off += m
         if check_where is not None and coll is not None:
             # Check mode: the bucket's result (concatenated) against torch.distributed on the packed bucket.
+            # The packed input first: the check goes right after the result, so everything it reads must come before.
+            packed = _pack_reduce_scatter(build, members, g, ins)
+            flat = [build(aten.view.default, [t, [-1]], name=f"flat{i}") for i, t in enumerate(totals)]
             result = build(aten.cat.default, [flat], name="result")
-            _add_check(build, graph, result, _pack_reduce_scatter(build, members, g, ins), cb, check_where)
+            _add_check(build, graph, result, packed, cb, check_where)
     return outs
 
 
@@ -787,8 +788,8 @@ def apply_plan(graph: torch.fx.Graph, checked: CheckedPlan, choose_backend: Back
     `check_where` (a label such as the graph's name), every CE bucket gets a first-call comparison against
     torch.distributed (fx/check.py). `pack_ce`: CE buckets are packed into one buffer like NCCL buckets
     instead of running as one multi-tensor op (PassConfig.pack_ce_buckets). `ce_reduction` (PassConfig's):
-    "consumer" leaves a CE reduce-scatter's sum (sum / avg of floating-point data) to the graph, "kernel" keeps
-    the runtime's reduction kernel."""
+    "consumer" leaves a CE reduce-scatter's sum (sum / avg of bfloat16 or float32 data) to the graph, "kernel"
+    keeps the runtime's reduction kernel."""
     reorder(graph, checked.order)
     pos = {n: i for i, n in enumerate(checked.order)}
     results = []
