@@ -595,6 +595,12 @@ def test_multi_tensor_ops_meta_shapes(ops):
     assert [(tuple(o.shape), o.dtype) for o in mixed] == [((18, 4), torch.bfloat16), ((15,), torch.int64)]
     flat = ops.reduce_scatter_tensors(xs, "avg", 2, "0")
     assert tuple(flat.shape) == (12 + 1 + 0,) and flat.dtype == torch.bfloat16
+    # Unreduced: one row per other rank, each the inputs' chunks concatenated; any one dtype; no rows for one rank.
+    rows = ops.reduce_scatter_tensors_unreduced(xs, 2, "0")
+    assert tuple(rows.shape) == (1, 12 + 1 + 0) and rows.dtype == torch.bfloat16
+    ints = [torch.empty(8, device="meta", dtype=torch.int32)]
+    assert tuple(ops.reduce_scatter_tensors_unreduced(ints, 4, "0").shape) == (3, 2)
+    assert tuple(ops.reduce_scatter_tensors_unreduced(ints, 1, "0").shape) == (0, 8)
 
 
 @pytest.mark.parametrize("call,match", [
@@ -606,10 +612,23 @@ def test_multi_tensor_ops_meta_shapes(ops):
      "not supported"),
     (lambda ops: ops.all_gather_into_tensors([torch.empty(4, 2, device="meta").t()], 2, "0"), "contiguous"),
     (lambda ops: ops.all_gather_into_tensors([torch.empty(4, device="meta")], 0, "0"), "group_size must be >= 1"),
+    (lambda ops: ops.reduce_scatter_tensors_unreduced([torch.empty(4, device="meta"),
+                                                       torch.empty(4, device="meta", dtype=torch.bfloat16)], 2, "0"),
+     r"inputs\[1\] has dtype BFloat16 but inputs\[0\] has Float"),
+    (lambda ops: ops.reduce_scatter_tensors_unreduced([torch.empty(3, device="meta")], 2, "0"),
+     r"inputs\[0\]\.shape\[0\] = 3 is not divisible by group_size = 2"),
+    (lambda ops: ops.reduce_scatter_tensors_unreduced([torch.empty(4, 2, device="meta").t()], 2, "0"), "contiguous"),
 ])
 def test_multi_tensor_ops_reject_bad_inputs(ops, call, match):
     with pytest.raises(RuntimeError, match=match):
         call(ops)
+
+
+def test_unreduced_op_refuses_an_empty_list(ops):
+    # No tensor to dispatch on: torch's dispatcher refuses it, naming the op and the empty list (as for the other
+    # multi-tensor ops, whose Python wrappers check it first).
+    with pytest.raises(NotImplementedError, match=r"empty list of Tensors.*reduce_scatter_tensors_unreduced"):
+        ops.reduce_scatter_tensors_unreduced([], 2, "0")
 
 
 def test_multi_tensor_python_api_refuses_an_empty_list(ops):
