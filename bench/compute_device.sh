@@ -5,7 +5,7 @@
 # class (--kernel-profile) and the cost model's prediction beside it. bench/step_prediction.py compares the two on
 # CPU afterwards. Every stage logs to $OUT/<stage>.log; $OUT/summary.txt lists exit codes and durations.
 #
-#   bash bench/compute_device.sh                     # about 4 minutes (+ the build)
+#   bash bench/compute_device.sh                     # about 5 minutes (+ the build)
 #   CE_COMPUTE_LAYERS=8 CE_DEVICE_BUDGET_S=400 OUT=/tmp/out bash bench/compute_device.sh
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -16,10 +16,10 @@ source bench/_device_lib.sh
 LAYERS=${CE_COMPUTE_LAYERS:-8}
 stage env 30 env_info
 stage build 240 build
-stage calibrate_1gpu 120 env CUDA_VISIBLE_DEVICES=0 "$PY" -m ce_overlap.cli calibrate -o "$OUT/calibrated-1gpu.json" \
+stage calibrate_1gpu 240 env CUDA_VISIBLE_DEVICES=0 "$PY" -m ce_overlap.cli calibrate -o "$OUT/calibrated-1gpu.json" \
   --measurements "$OUT/calibration_measurements-1gpu.json"
 stage train_1gpu 300 env CUDA_VISIBLE_DEVICES=0 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
-  bench/train.py --layers "$LAYERS" --seq-len 4096 --steps 10 --warmup 3 --modes no-comm --kernel-profile 2 \
+  bench/train.py --layers "$LAYERS" --seq-len 4096 --steps 10 --warmup 3 --modes no-comm --kernel-profile 3 \
   --predict --out "$OUT/train-1gpu.json"
 
 summary "ce_overlap compute device run"

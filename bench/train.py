@@ -50,6 +50,7 @@ from _common import format_exc_line, header, init, log0, write_json  # noqa: E40
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from ce_overlap.gpu_trace import compute_stream_wait, covered, idle_between, largest_gaps  # noqa: E402,F401
 
 # "cuda" normally; "cpu" (gloo, --device cpu) only for the smoke test that runs in CI (tests/test_train_bench.py).
 DEVICE = "cuda"
@@ -226,7 +227,7 @@ def profile_kernels(run_step, steps: int) -> dict:
     wall_ms = 1e3 * (time.perf_counter() - t0) / steps
     by_class: dict[str, float] = {}
     by_name: dict[str, float] = {}
-    spans = []
+    spans, named = [], []
     by_stream: dict[int, list] = {}  # the compute classes' kernels per stream (device_resource_id: the stream)
     for ev in prof.events():
         if ev.device_type != torch.autograd.DeviceType.CUDA:
@@ -236,6 +237,7 @@ def profile_kernels(run_step, steps: int) -> dict:
         by_class[cls] = by_class.get(cls, 0.0) + ms
         by_name[ev.name] = by_name.get(ev.name, 0.0) + ms
         spans.append((ev.time_range.start, ev.time_range.end))
+        named.append((ev.time_range.start, ev.time_range.end, ev.name))
         if cls in COMPUTE_CLASSES:
             by_stream.setdefault(getattr(ev, "device_resource_id", -1), []).append(spans[-1])
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
@@ -247,6 +249,8 @@ def profile_kernels(run_step, steps: int) -> dict:
             # The compute stream (most compute-class kernel time) idle while another stream works: mostly waiting
             # for collectives (exposed communication), what the plan's exposed_comm_us predicts.
             "compute_wait_ms": round(compute_stream_wait(spans, by_stream) / 1e3 / steps, 3),
+            # Where the GPU waited longest (steps after the first include the boundary between two steps).
+            "largest_gaps": largest_gaps(named, 8),
             "top": [{"name": n[:160], "class": kernel_class(n), "ms": round(v, 3)} for n, v in top],
             # Every kernel name's time (the 200 longest): maps a class's error in bench/step_prediction.py to ops.
             "by_name_ms": {n[:200]: round(v, 4) for n, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:200]}}
@@ -254,40 +258,6 @@ def profile_kernels(run_step, steps: int) -> dict:
 
 # Kernel classes that are the model's compute (what runs on the compute stream); copies and NCCL kernels are not.
 COMPUTE_CLASSES = ("gemm", "attention", "fused", "optimizer")
-
-
-def compute_stream_wait(spans: list, by_stream: dict) -> float:
-    """Time inside [first start, last end] of all `spans` when the compute stream (the stream in `by_stream` with
-    the most span time) runs nothing while some other activity runs: the compute stream waiting on other streams.
-    Same unit as the spans; 0 without a compute stream."""
-    if not spans or not by_stream:
-        return 0.0
-    compute = max(by_stream.values(), key=covered)  # a subset of `spans`
-    first, last = min(s for s, _ in spans), max(e for _, e in spans)
-    return max(0.0, (last - first) - covered(compute) - idle_between(spans))
-
-
-def covered(spans: list) -> float:
-    """Length of the union of the spans."""
-    total, reach_start, reach = 0.0, None, None
-    for start, end in sorted(spans):
-        if reach is None or start > reach:
-            if reach is not None:
-                total += reach - reach_start
-            reach_start, reach = start, end
-        else:
-            reach = max(reach, end)
-    return total + (reach - reach_start if reach is not None else 0.0)
-
-
-def idle_between(spans: list) -> float:
-    """Time (in the spans' unit) inside [first start, last end] that no span covers: where the GPU ran nothing."""
-    idle, reach = 0.0, None
-    for start, end in sorted(spans):
-        if reach is not None and start > reach:
-            idle += start - reach
-        reach = end if reach is None else max(reach, end)
-    return idle
 
 
 @dataclasses.dataclass
@@ -500,8 +470,9 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
         first = next(i for i, v in enumerate(res.losses, 1) if not math.isfinite(v))
         res.error = f"loss is not finite from step {first}: the mode computes garbage, its speed means nothing"
     if args.kernel_profile and DEVICE == "cuda" and res.ok:
+        tokens, labels = batch_for(0, cfg, args, rank)  # made here: a pageable copy per step would sync the host
+
         def one_step():
-            tokens, labels = batch_for(0, cfg, args, rank)
             step_fn(tokens, labels).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -510,7 +481,8 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
         log0(f"[{mode}] kernels per step (ms, busy time by class): "
              + ", ".join(f"{k} {v:.1f}" for k, v in res.kernels["by_class_ms"].items())
              + f"; wall {res.kernels['wall_ms']:.1f} under the profiler, GPU idle {res.kernels['gpu_idle_ms']:.1f} "
-               f"between {res.kernels['activities_per_step']:.0f} kernels and copies")
+               f"between {res.kernels['activities_per_step']:.0f} kernels and copies; longest: "
+             + ", ".join(f"{g['us'] / 1e3:.2f} ms after {g['after'][:40]}" for g in res.kernels["largest_gaps"][:3]))
     res.median_ms = statistics.median(res.step_ms)
     res.tps = tokens_per_step / (res.median_ms / 1e3)
     res.tflops = flops_per_token * res.tps / 1e12

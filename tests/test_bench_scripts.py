@@ -74,21 +74,30 @@ def test_local_gather_bytes_follow_the_no_comm_stand_ins(tiny_ir):
 
 
 def test_gpu_idle_between_kernels():
-    """train.py's idle time: what no kernel or copy covers between the first start and the last end (overlapping
-    streams count once)."""
-    import train
+    """The GPU timeline's idle time (ce_overlap.gpu_trace, used by train.py and calibrate): what no kernel or copy
+    covers between the first start and the last end (overlapping streams count once)."""
+    from ce_overlap import gpu_trace as T
 
-    assert train.idle_between([]) == 0
-    assert train.idle_between([(0, 10)]) == 0
-    assert train.idle_between([(0, 10), (12, 20), (25, 30)]) == 2 + 5
-    assert train.idle_between([(12, 20), (0, 15), (16, 18), (22, 24)]) == 2  # unordered, overlapping, nested
-    assert train.covered([]) == 0 and train.covered([(12, 20), (0, 15), (16, 18), (22, 24)]) == 22
+    assert T.idle_between([]) == 0
+    assert T.idle_between([(0, 10)]) == 0
+    assert T.idle_between([(0, 10), (12, 20), (25, 30)]) == 2 + 5
+    assert T.idle_between([(12, 20), (0, 15), (16, 18), (22, 24)]) == 2  # unordered, overlapping, nested
+    assert T.covered([]) == 0 and T.covered([(12, 20), (0, 15), (16, 18), (22, 24)]) == 22
     # Compute stream 7 runs 0-10 and 30-40; a copy stream runs 5-35; nothing runs 40-45; a kernel 45-50 on stream 7.
     spans = [(0, 10), (30, 40), (5, 35), (45, 50), (12, 14)]
     by_stream = {7: [(0, 10), (30, 40), (45, 50)], 9: [(12, 14)]}
     # Compute idle 10-30 (others busy: waiting) and 40-45 (nothing runs: GPU idle, not waiting).
-    assert train.compute_stream_wait(spans, by_stream) == 20
-    assert train.compute_stream_wait(spans, {}) == 0 and train.compute_stream_wait([], by_stream) == 0
+    assert T.compute_stream_wait(spans, by_stream) == 20
+    assert T.compute_stream_wait(spans, {}) == 0 and T.compute_stream_wait([], by_stream) == 0
+    # The longest gaps name what ran last before them (the longest-reaching span, not the last to start) and what
+    # ends them.
+    named = [(0, 10, "a"), (2, 4, "nested"), (15, 20, "b"), (40, 41, "c"), (41.5, 42, "d")]
+    assert T.largest_gaps(named, 2) == [{"us": 20.0, "after": "b", "before": "c"},
+                                        {"us": 5.0, "after": "a", "before": "b"}]
+    assert T.largest_gaps([], 3) == [] and T.largest_gaps([(0, 1, "x")], 3) == []
+    import train
+
+    assert train.idle_between is T.idle_between  # one implementation
 
 
 def test_kernel_classes_and_the_class_comparison():

@@ -247,6 +247,30 @@ def test_reduction_kernel_measured_directly_sets_its_rate_and_contention(base):
     assert any(n.startswith("contention.compute_bound") for n in notes)
 
 
+def test_kernel_gap_measured_sets_the_gap_the_analysis_charges(base, cli, tmp_path):
+    """The GPU's idle time between kernels of compiled steps, divided by their kernel count, is
+    efficiency.kernel_gap_us; without the measurement the base profile's gap is kept and said so."""
+    m = synthetic()
+    m["kernel_gap"] = {"workload": "test", "steps": 3, "kernels": 400.0, "idle_us": 1000.0, "largest_gaps": []}
+    prof, notes = calibrate.build_profile(base, m)
+    assert prof["efficiency"]["kernel_gap_us"] == 2.5
+    assert any(n.startswith("efficiency.kernel_gap_us 2.50") for n in notes)
+    kept, notes = calibrate.build_profile(base, synthetic())
+    assert kept["efficiency"]["kernel_gap_us"] == base["efficiency"]["kernel_gap_us"]
+    assert "efficiency.kernel_gap_us" in kept["description"]  # listed among what was kept from the base
+    # The analysis charges it once per kernel: a larger gap, a proportionally larger kernel_gap_us in the report.
+    m["kernel_gap"]["idle_us"] = 4000.0  # 10 us per kernel
+    big, _ = calibrate.build_profile(base, m)
+    pfile = tmp_path / "gap.json"
+    pfile.write_text(json.dumps(big))
+    a = json.loads(cli("analyze", "llama3-tiny", "--world-size", "2", "--profile", "h200-sxm", "--json").stdout)
+    b = json.loads(cli("analyze", "llama3-tiny", "--world-size", "2", "--profile", str(pfile), "--json").stdout)
+    ga, gb = a["graphs"][0], b["graphs"][0]
+    assert ga["kernels"] == gb["kernels"] > 0
+    assert gb["kernel_gap_us"] == pytest.approx(10.0 * gb["kernels"])
+    assert ga["kernel_gap_us"] == pytest.approx(base["efficiency"]["kernel_gap_us"] * ga["kernels"])
+
+
 def _mutate(f):
     m = synthetic()
     f(m)
@@ -283,6 +307,10 @@ REJECTED = {
                               "reduction_kernel.ctas: expected an integer in 1..gpu.sms - 1, got 500"),
     "reduction_kernel_no_gemm": (lambda m: m.update(reduction_kernel={"ctas": 32, "bytes": 1.0, "us": 1.0}),
                                  "reduction_kernel.gemm: expected an object with alone_us and beside_us"),
+    "kernel_gap_negative": (lambda m: m.update(kernel_gap={"kernels": 800, "idle_us": -5.0}),
+                            "kernel_gap.idle_us: expected a number >= 0, got -5.0"),
+    "kernel_gap_no_kernels": (lambda m: m.update(kernel_gap={"kernels": 0, "idle_us": 10.0}),
+                              "kernel_gap.kernels: expected a number > 0, got 0"),
     "reduction_kernel_faster_beside": (
         lambda m: m.update(reduction_kernel={"ctas": 32, "bytes": 1.0, "us": 1.0,
                                              "gemm": {"alone_us": 1400.0, "beside_us": 1000.0},

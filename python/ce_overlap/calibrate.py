@@ -189,6 +189,12 @@ def check_measurements(m: dict) -> tuple[dict, list[str]]:
         _path_num(a, "backward_us", "attention")
         if not isinstance(a.get("causal"), bool):
             raise CeOverlapError(f"measurements: attention.causal: expected true or false, got {a.get('causal')!r}")
+    if m.get("kernel_gap") is not None:
+        kg = m["kernel_gap"]
+        if not isinstance(kg, dict):
+            raise CeOverlapError("measurements: kernel_gap: expected an object with kernels and idle_us")
+        _path_num(kg, "kernels", "kernel_gap")
+        _path_num(kg, "idle_us", "kernel_gap", strict=False)
     for i, k in enumerate(m.get("memory_kernels") or []):
         _path_num(k, "bytes", f"memory_kernels[{i}]")
         _path_num(k, "us", f"memory_kernels[{i}]")
@@ -510,6 +516,15 @@ def build_profile(base: dict, measurements: dict, *, name: str | None = None,
         fitted.append(f"efficiency.optimizer {eff:.3f} (fused AdamW, {eff * hbm:.0f} GB/s)")
     else:
         kept.append("efficiency.optimizer")
+
+    kg = m.get("kernel_gap")
+    if kg:
+        gap = kg["idle_us"] / kg["kernels"]
+        p["efficiency"]["kernel_gap_us"] = round(gap, 2)
+        fitted.append(f"efficiency.kernel_gap_us {gap:.2f} (the GPU idle {kg['idle_us'] / 1e3:.2f} ms per step between "
+                      f"{kg['kernels']:.0f} kernels and copies of compiled training steps)")
+    else:
+        kept.append("efficiency.kernel_gap_us")
 
     curves = {(c["collective"], c["backend"], c["group_size"]): c["points"] for c in m.get("collectives", [])}
     analytic = copy.deepcopy(p)  # fits of the analytic model run without curves (they would mask it)
@@ -928,6 +943,58 @@ def measure_transformer_gemms(iters: int, warmup: int) -> list[dict]:
     return out
 
 
+# The workload whose GPU idle time between kernels sets efficiency.kernel_gap_us: forward + backward of two
+# Llama-3-8B-width blocks (with the embedding and the 128256-vocabulary output layer) at 4096 tokens, compiled as a
+# training step compiles them, so the kernels are Inductor's fused kernels, cuBLAS GEMMs and cuDNN attention at the
+# sizes a step runs, launched back to back with the host ahead of the GPU.
+KERNEL_GAP_MODEL = dict(dim=4096, n_layers=2, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=128256, seq_len=4096)
+KERNEL_GAP_STEPS = 3
+
+
+def measure_kernel_gap(warmup: int, steps: int = KERNEL_GAP_STEPS) -> dict:
+    """The GPU's idle time between consecutive kernels and copies of compiled training steps (torch.profiler):
+    {workload, steps, kernels (per step), idle_us (per step), largest_gaps}. The steps run back to back without a
+    host synchronization, as a training loop runs them."""
+    torch = _torch()
+    from torch.profiler import ProfilerActivity, profile
+
+    from .gpu_trace import idle_between, largest_gaps
+    from .models.llama import Llama, LlamaConfig, init_weights
+
+    cfg = LlamaConfig(**KERNEL_GAP_MODEL)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Llama(cfg)
+    init_weights(model)
+    model.to(torch.bfloat16)
+    step_fn = torch.compile(model)
+    tokens = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len + 1), device="cuda")
+    inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    def one_step():
+        step_fn(inputs, labels).backward()
+        model.zero_grad(set_to_none=True)
+
+    for _ in range(max(2, warmup)):  # the first compiles
+        one_step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            one_step()
+        torch.cuda.synchronize()
+    named = [(ev.time_range.start, ev.time_range.end, ev.name) for ev in prof.events()
+             if ev.device_type == torch.autograd.DeviceType.CUDA]
+    del model, step_fn
+    torch.cuda.empty_cache()
+    if not named:
+        raise NotAvailable("torch.profiler recorded no GPU activity (CUPTI unavailable?)")
+    return {"workload": (f"forward + backward, {cfg.n_layers} blocks dim {cfg.dim} ffn {cfg.ffn_dim} vocab "
+                         f"{cfg.vocab_size}, {cfg.seq_len} tokens, bf16, torch.compile"),
+            "steps": steps, "kernels": round(len(named) / steps, 1),
+            "idle_us": round(idle_between([(s, e) for s, e, _ in named]) / steps, 1),
+            "largest_gaps": largest_gaps(named, 3)}
+
+
 def pool_env(max_bytes_per_rank: int, world: int) -> None:
     """Symmetric pool big enough for the in-place all-gather output and a whole reduce-scatter input staged in one
     round (defaults only; explicit CE_OVERLAP_* settings win). Must run before the first rendezvous."""
@@ -1272,7 +1339,7 @@ def measure(args, progress_enabled: bool = True) -> dict:
     colls = ["all_gather", "reduce_scatter", "send"] if world > 1 else []
     n_points = len(sizes) * (2 * 2 + 1) if world > 1 else 0
     n_slow = 4 * 2 if world > 1 else 0
-    prog = Progress(len(GEMM_SIZES) + 6 + n_points + n_slow + 2, enabled=progress_enabled and rank == 0)
+    prog = Progress(len(GEMM_SIZES) + 7 + n_points + n_slow + 2, enabled=progress_enabled and rank == 0)
     prog.show("starting")
 
     for n in GEMM_SIZES:
@@ -1303,6 +1370,14 @@ def measure(args, progress_enabled: bool = True) -> dict:
     except Exception as e:  # noqa: BLE001
         m["skipped"]["CE reduction kernel"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     prog.step("CE reduction kernel")
+    try:
+        m["kernel_gap"] = measure_kernel_gap(args.warmup)
+    except NotAvailable as e:
+        m["skipped"]["kernel gap"] = str(e)
+    except Exception as e:  # noqa: BLE001 (torch.compile may be unusable here; the base profile's gap is kept)
+        m["skipped"]["kernel gap"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    torch.cuda.empty_cache()
+    prog.step("GPU idle between kernels")
 
     if world == 1:
         m["skipped"]["collectives"] = ("1 GPU: no NCCL/CE curves and no contention (run under torchrun "

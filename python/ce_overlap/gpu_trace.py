@@ -1,0 +1,58 @@
+"""GPU timelines from torch.profiler traces: busy, idle and waiting time of the kernels and copies a step ran.
+
+Spans are (start, end) pairs in one unit (the profiler's microseconds). Used by `ce-overlap calibrate` (the GPU's
+idle time between kernels, efficiency.kernel_gap_us) and by bench/train.py --kernel-profile.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+Span = tuple[float, float]
+
+
+def covered(spans: Iterable[Span]) -> float:
+    """Length of the union of the spans."""
+    total, reach_start, reach = 0.0, None, None
+    for start, end in sorted(spans):
+        if reach is None or start > reach:
+            if reach is not None:
+                total += reach - reach_start
+            reach_start, reach = start, end
+        else:
+            reach = max(reach, end)
+    return total + (reach - reach_start if reach is not None else 0.0)
+
+
+def idle_between(spans: Iterable[Span]) -> float:
+    """Time inside [first start, last end] that no span covers: where the GPU ran nothing."""
+    idle, reach = 0.0, None
+    for start, end in sorted(spans):
+        if reach is not None and start > reach:
+            idle += start - reach
+        reach = end if reach is None else max(reach, end)
+    return idle
+
+
+def compute_stream_wait(spans: Sequence[Span], by_stream: dict) -> float:
+    """Time inside [first start, last end] of all `spans` when the compute stream (the stream in `by_stream` with
+    the most span time) runs nothing while some other activity runs: the compute stream waiting on other streams.
+    Same unit as the spans; 0 without a compute stream."""
+    if not spans or not by_stream:
+        return 0.0
+    compute = max(by_stream.values(), key=covered)  # a subset of `spans`
+    first, last = min(s for s, _ in spans), max(e for _, e in spans)
+    return max(0.0, (last - first) - covered(compute) - idle_between(spans))
+
+
+def largest_gaps(named: Sequence[tuple[float, float, str]], n: int = 8) -> list[dict]:
+    """The n longest stretches with nothing running, each with the names of the activity that ended last before it
+    and the one that starts it: where a timeline waits for the host (a synchronization, a slow launch)."""
+    gaps: list[tuple[float, str, str]] = []
+    reach, reach_name = None, ""
+    for start, end, name in sorted(named):
+        if reach is not None and start > reach:
+            gaps.append((start - reach, reach_name, name))
+        if reach is None or end >= reach:
+            reach, reach_name = end, name
+    gaps.sort(key=lambda g: -g[0])
+    return [{"us": round(us, 1), "after": a[:120], "before": b[:120]} for us, a, b in gaps[:n]]
