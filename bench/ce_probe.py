@@ -120,6 +120,10 @@ def probe_local_copies(args, results: dict) -> None:
     dist.barrier()
     gemm_alone = time_alone(mm, args.iters, 5, sync)
     results["gemm_alone_ms"] = gemm_alone
+    if args.sustain_gemms:  # the same GEMM back to back for about a second, SM clock and board power sampled
+        with C.ClockSampler() as sampler:
+            sustained = time_alone(mm, args.sustain_gemms, 5, sync)
+        results["gemm_alone_sustained"] = {"gemm_ms": sustained, **sampler.stats()}
     rows = []
     # cudaMemcpyBatchAsync refuses the legacy default stream (torch's default): everything here runs on a side
     # stream, the GEMM included (time_beside puts the copies on yet another stream).
@@ -131,7 +135,7 @@ def probe_local_copies(args, results: dict) -> None:
     torch.cuda.current_stream().wait_stream(copy_stream)
     torch.cuda.synchronize()
     results["local_copy"] = rows
-    _print_local_copies(args, rows, gemm_alone)
+    _print_local_copies(args, rows, gemm_alone, results.get("gemm_alone_sustained"))
 
 
 def _local_copy_row(mode, src, dst, src16, dst16, mm, gemm_alone, nbytes, args) -> dict:
@@ -149,6 +153,10 @@ def _local_copy_row(mode, src, dst, src16, dst16, mm, gemm_alone, nbytes, args) 
         copy_ms = time_alone(fn, args.iters, 3, sync)
         per_launch = max(1, math.ceil(gemm_alone / copy_ms)) + 1
         gemm_ms, copy_beside_ms = time_beside(mm, fn, args.iters, 5, per_launch, 3, sync)
+        if args.sustain_gemms:
+            with C.ClockSampler() as sampler:
+                sustained, _ = time_beside(mm, fn, args.sustain_gemms, 5, per_launch, 3, sync)
+            row["sustained"] = {"gemm_ms": sustained, **sampler.stats()}
         row.update({"correct": ok, "copy_ms": copy_ms, "copy_gbps": nbytes / copy_ms / 1e6,
                     "gemm_beside_ms": gemm_ms, "gemm_slowdown_pct": (gemm_ms / gemm_alone - 1) * 100,
                     "copy_beside_ms": copy_beside_ms, "copy_beside_gbps": nbytes / copy_beside_ms / 1e6,
@@ -159,7 +167,7 @@ def _local_copy_row(mode, src, dst, src16, dst16, mm, gemm_alone, nbytes, args) 
     return row
 
 
-def _print_local_copies(args, rows, gemm_alone) -> None:
+def _print_local_copies(args, rows, gemm_alone, alone: dict | None) -> None:
     C.log0()
     C.log0(f"# (a) same-GPU copies of {args.copy_mib} MiB beside a bf16 8192^3 GEMM (alone {gemm_alone * 1e3:.0f} us)")
     C.log0(f"{'mode':<12} {'copy(us)':>9} {'GB/s':>7} {'GEMM beside(us)':>16} {'GEMM slowdown':>14} "
@@ -173,6 +181,17 @@ def _print_local_copies(args, rows, gemm_alone) -> None:
                f"{r['gpu_activities']}")
     for m in COPY_MODES:
         C.log0(f"#   {m:<12} {COPY_HELP[m]}")
+    if not alone:
+        return
+    C.log0(f"# sustained: {args.sustain_gemms} GEMMs back to back (~{args.sustain_gemms * gemm_alone:.0f} ms), median "
+           f"SM clock and board power (NVML) while they ran")
+    C.log0(f"{'beside':<12} {'GEMM(us)':>9} {'slowdown':>9} {'SM MHz':>7} {'min MHz':>8} {'W':>5} {'max W':>6}")
+    for label, d in [("nothing", alone)] + [(r["mode"], r.get("sustained")) for r in rows if "error" not in r]:
+        if not d:
+            continue
+        clock = (f"{d['sm_clock_mhz']:>7.0f} {d['sm_clock_min_mhz']:>8.0f} {d['power_w']:>5.0f} {d['power_max_w']:>6.0f}"
+                 if "sm_clock_mhz" in d else f"{'-':>7} {'-':>8} {'-':>5} {'-':>6}")
+        C.log0(f"{label:<12} {d['gemm_ms'] * 1e3:>9.1f} {(d['gemm_ms'] / alone['gemm_ms'] - 1) * 100:>+8.1f}% {clock}")
 
 
 def _fmt_size(nbytes: int) -> str:
@@ -394,6 +413,9 @@ def main() -> int:
     p.add_argument("--rs-round-mb", default="8,32", help="reduce-scatter round sizes (MiB) swept in (c)")
     p.add_argument("--kernel-ctas", default="8,16,32,64,132", help="CTA counts of (d)")
     p.add_argument("--iters", type=int, default=15)
+    p.add_argument("--sustain-gemms", type=int, default=0,
+                   help="(a): also time this many GEMMs back to back alone and beside each copy mode, with the SM clock "
+                        "and board power sampled (NVML): a slowdown with the clock down is the board's power limit")
     p.add_argument("--parts", default="copy,allgather,reducescatter,kernel")
     p.add_argument("--out", help="JSON result path (written by rank 0)")
     args = p.parse_args()

@@ -371,6 +371,17 @@ def test_detected_topology_replaces_the_base_keeping_inter_node(base):
     assert prof["topology"]["inter_node"] == base["topology"]["inter_node"]
     kept, _ = calibrate.build_profile(base, m, keep_topology=True)
     assert kept["topology"] == base["topology"]
+    # One visible GPU (a 1-GPU calibration) detects no links: the base's node is kept, and the analysis of a 2-GPU
+    # group still sees NVLink (a 1-GPU topology would make every group span nodes).
+    m["world_size"] = 1
+    m["collectives"], m["slowdowns"] = [], []
+    m["topology"] = {"gpus_per_node": 1, "numa_node": [0]}
+    one, notes = calibrate.build_profile(base, m)
+    assert one["topology"] == base["topology"]
+    assert any("one GPU visible" in n for n in notes)
+    p = _core.Profile.from_json(json.dumps(one))
+    assert _core.estimate_collective(p, "all_gather", 64 << 20, 2, "ce") == pytest.approx(
+        _core.estimate_collective(profiles.load("h200-sxm"), "all_gather", 64 << 20, 2, "ce"))
 
 
 def test_builtin_for_gpu_and_parse_size():

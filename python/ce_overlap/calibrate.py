@@ -430,7 +430,11 @@ def build_profile(base: dict, measurements: dict, *, name: str | None = None,
 
     # Topology: the detected one (this machine), keeping the base's inter-node link for bigger simulations.
     topo = m.get("topology")
-    if topo and not keep_topology:
+    if topo and topo.get("gpus_per_node") == 1 and base["topology"].get("gpus_per_node", 1) > 1:
+        # One visible GPU says nothing about links; its topology would turn every group of the profile into one that
+        # spans nodes (and rule out CE).
+        kept.append(f"topology (one GPU visible; the base's {base['topology']['gpus_per_node']} GPUs per node kept)")
+    elif topo and not keep_topology:
         topo = copy.deepcopy(topo)
         if "inter_node" in base["topology"] and "inter_node" not in topo:
             topo["inter_node"] = base["topology"]["inter_node"]
