@@ -96,6 +96,11 @@ def main() -> int:
     p.add_argument("--compute", default="gemm,membound")
     p.add_argument("--variants", default=",".join(V.AG_VARIANTS), help=f"all-gather variants, of {V.AG_VARIANTS}")
     p.add_argument("--rs-variants", default=",".join(V.RS_VARIANTS), help=f"reduce-scatter variants, of {V.RS_VARIANTS}")
+    p.add_argument("--sustain-ms", type=float, default=0.0,
+                   help="time each measurement over about this long (iters from the compute's own time) and re-time "
+                        "the compute alone before every variant, so both arms run at the board's steady, power-limited "
+                        "clocks (a short burst alone runs at boost clocks; on one H200 a GEMM took 1387 us in a burst, "
+                        "1621 us sustained)")
     p.add_argument("--out", help="JSON result path (written by rank 0)")
     args = p.parse_args()
 
@@ -145,8 +150,12 @@ def main() -> int:
     for kind in computes:
         label, fn, work = make_compute(kind)
         dist.barrier()
+        iters = args.iters
+        if args.sustain_ms > 0:
+            burst = time_compute_alone(fn, args.iters, args.warmup)
+            iters = max(args.iters, int(C.max_over_ranks(args.sustain_ms / burst)))
         with sampler:
-            alone_ms = time_compute_alone(fn, args.iters, args.warmup)
+            alone_ms = time_compute_alone(fn, iters, args.warmup)
         row = {"compute": kind, "label": label, "variant": None, "compute_ms": alone_ms, "slowdown_pct": 0.0,
                **clocks_min_over_ranks(sampler.stats())}
         if "flops" in work:
@@ -167,8 +176,12 @@ def main() -> int:
                 continue
             try:
                 dist.barrier()
+                if args.sustain_ms > 0:  # the alone arm again, right before: the board's state drifts
+                    with sampler:
+                        alone_ms = time_compute_alone(fn, iters, args.warmup)
+                    alone_clocks = clocks_min_over_ranks(sampler.stats())
                 with sampler:
-                    beside_ms, coll_ms = time_compute_beside(fn, v, args.iters, args.warmup, group,
+                    beside_ms, coll_ms = time_compute_beside(fn, v, iters, args.warmup, group,
                                                              args.per_launch, lead_in=3)
             except Exception as e:  # noqa: BLE001
                 C.print_exc_rank()
@@ -180,7 +193,8 @@ def main() -> int:
             finally:
                 del v
             r = {"compute": kind, "label": label, "variant": name, "compute_ms": beside_ms,
-                 "slowdown_pct": (beside_ms / alone_ms - 1) * 100,
+                 "slowdown_pct": (beside_ms / alone_ms - 1) * 100, "compute_alone_ms": alone_ms, "iters": iters,
+                 **({"alone_" + k: val for k, val in alone_clocks.items()} if args.sustain_ms > 0 else {}),
                  "collective_ms_beside": coll_ms,
                  "collective_busbw_beside_gbps": nbytes * (world - 1) / (coll_ms / 1e3) / 1e9,  # = algbw*(n-1)/n
                  "collective_ms_alone": coll_alone.get(name), **clocks_min_over_ranks(sampler.stats())}
@@ -195,7 +209,10 @@ def main() -> int:
     C.log0()
     C.log0(f"# collective alone (256 MiB per rank unless --size-mib): "
            + ", ".join(f"{k} {v * 1e3:.0f} us" for k, v in coll_alone.items()))
-    C.log0(f"{'compute':<28} {'beside':<24} {'compute(us)':>12} {'slowdown%':>10} {'TFLOP/s|GB/s':>13} "
+    if args.sustain_ms > 0:
+        C.log0(f"# sustained: each arm ~{args.sustain_ms:.0f} ms; a variant's slowdown is against the alone arm re-timed "
+               f"right before it (alone(us))")
+    C.log0(f"{'compute':<28} {'beside':<24} {'compute(us)':>12} {'alone(us)':>10} {'slowdown%':>10} {'TFLOP/s|GB/s':>13} "
            f"{'coll(us)':>10} {'coll busbw':>11} {'SM MHz':>7} {'W':>5}")
     for r in results:
         if "compute_ms" not in r:
@@ -203,8 +220,10 @@ def main() -> int:
             continue
         rate = r.get("tflops", r.get("hbm_gbps", 0.0))
         coll = r.get("collective_ms_beside")
+        alone = r.get("compute_alone_ms", r["compute_ms"] if r["variant"] is None else None)
         C.log0(f"{r['label']:<28} {(r['variant'] or 'alone'):<24} {r['compute_ms'] * 1e3:>12.1f} "
-               f"{r['slowdown_pct']:>+10.1f} {rate:>13.1f} "
+               + (f"{alone * 1e3:>10.1f}" if alone else f"{'-':>10}")
+               + f" {r['slowdown_pct']:>+10.1f} {rate:>13.1f} "
                + (f"{coll * 1e3:>10.1f} {r['collective_busbw_beside_gbps']:>11.1f}" if coll else f"{'-':>10} {'-':>11}")
                + (f" {r['sm_clock_mhz']:>7.0f} {r['power_w']:>5.0f}" if "sm_clock_mhz" in r else f" {'-':>7} {'-':>5}"))
     C.finish(group, args.out, {"schema": "ce_overlap.bench.overlap/1", "args": vars(args),

@@ -23,7 +23,7 @@ PREDICTED = {"ce_overlap": False, "no-comm": True}
 
 
 # The model's compute classes (the analysis report's compute_by_class_us) and the measured kernel classes
-# (train.kernel_class) that do that work.
+# (ce_overlap.gpu_trace.kernel_class) that do that work.
 CLASS_MATCH = (("matmul", "GEMMs", ("gemm",)),
                ("attention", "attention", ("attention",)),
                ("memory_bound", "fused / memory-bound kernels", ("fused", "other", "copy")))

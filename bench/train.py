@@ -50,7 +50,8 @@ from _common import format_exc_line, header, init, log0, write_json  # noqa: E40
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from ce_overlap.gpu_trace import compute_stream_wait, covered, idle_between, largest_gaps  # noqa: E402,F401
+from ce_overlap.gpu_trace import (  # noqa: E402,F401
+    KERNEL_CLASSES, compute_stream_wait, covered, idle_between, kernel_class, largest_gaps)
 
 # "cuda" normally; "cpu" (gloo, --device cpu) only for the smoke test that runs in CI (tests/test_train_bench.py).
 DEVICE = "cuda"
@@ -191,26 +192,6 @@ def batch_for(step: int, cfg, args, rank: int) -> tuple[torch.Tensor, torch.Tens
     tokens = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), generator=g)
     tokens = tokens.to(DEVICE, non_blocking=True)
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-
-
-# Kernel classes by name (first match wins; names lower-cased). Triton templates ("triton_tem_") are Inductor's
-# GEMMs; other Triton kernels are its fused pointwise / reduction kernels.
-KERNEL_CLASSES = (
-    ("attention", ("flash", "fmha", "attention", "sdpa")),
-    ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "triton_tem_", "splitk")),
-    ("collective", ("nccl",)),
-    ("optimizer", ("multi_tensor", "adam")),
-    ("copy", ("memcpy", "memset")),
-    ("fused", ("triton",)),
-)
-
-
-def kernel_class(name: str) -> str:
-    low = name.lower()
-    for cls, needles in KERNEL_CLASSES:
-        if any(n in low for n in needles):
-            return cls
-    return "other"
 
 
 def profile_kernels(run_step, steps: int) -> dict:
@@ -654,13 +635,15 @@ def local_gather_us(ir, hbm_us_per_byte: float, kernel_gap_us: float = 0.0) -> t
     """What the no-comm mode runs instead of the collectives, per graph (fx/fsdp.py _LocalGather): each all-gather
     becomes `shard.repeat(world)` (reads the shard, writes world x shard) and each reduce-scatter a
     `narrow(...).contiguous()` of the gradient (reads and writes this rank's rows), memory-bound kernels, each with
-    the profile's gap between kernels. Returns the time per graph and the number of those kernels."""
+    the profile's gap between kernels. Returns the time per graph and the number of those kernels. At world 1
+    `repeat(1)` and the narrow of all rows are no copies (Inductor fuses them away: one H200, 2026-11-24, no such
+    kernel in the profile), so groups of one rank cost nothing."""
     out, total_kernels = {}, 0
     for g in ir.to_dict()["graphs"]:
         moved = kernels = 0
         for n in g["nodes"]:
             c = n.get("collective") if n.get("kind") == "collective" else None
-            if not c:
+            if not c or c["group_size"] <= 1:
                 continue
             if c["type"] == "all_gather":
                 moved += c["bytes"] * (1 + c["group_size"])

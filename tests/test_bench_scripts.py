@@ -71,6 +71,16 @@ def test_local_gather_bytes_follow_the_no_comm_stand_ins(tiny_ir):
     # Each stand-in is a kernel and pays the gap between kernels once.
     with_gap, _ = train.local_gather_us(tiny_ir, 1.0, kernel_gap_us=3.0)
     assert sum(with_gap.values()) == pytest.approx(sum(got.values()) + 3.0 * stand_ins)
+    # At world 1 the stand-ins are no copies: nothing to charge.
+    import copy
+
+    one = copy.deepcopy(tiny_ir.to_dict())
+    for g in one["graphs"]:
+        for n in g["nodes"]:
+            if n["kind"] == "collective":
+                n["collective"]["group_size"] = 1
+    world1 = type("IR", (), {"to_dict": lambda self: one})()
+    assert train.local_gather_us(world1, 1.0, kernel_gap_us=3.0) == ({g["name"]: 0.0 for g in one["graphs"]}, 0)
 
 
 def test_gpu_idle_between_kernels():

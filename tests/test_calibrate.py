@@ -271,6 +271,62 @@ def test_kernel_gap_measured_sets_the_gap_the_analysis_charges(base, cli, tmp_pa
     assert ga["kernel_gap_us"] == pytest.approx(base["efficiency"]["kernel_gap_us"] * ga["kernels"])
 
 
+def _training_step(base, gemm_slower: float, attention_slower: float) -> dict:
+    """A training_step measurement of calibrate's workload whose GEMMs / attention ran this much slower than
+    `base`'s efficiencies say (as the bursts of synthetic() fit them: 0.75 with a 4e9 ramp)."""
+    from ce_overlap.models.llama import LlamaConfig
+
+    cfg = LlamaConfig(**calibrate.STEP_MODEL)
+    gemms = calibrate.step_gemms(cfg)
+    gemm_us = sum(c * (2 * m * n * k + 4e9) / (PEAK * 1e6 * 0.75) for m, n, k, c in gemms)
+    fwd, bwd = calibrate.attention_executed_flops(1, cfg.n_heads, cfg.seq_len, cfg.head_dim, True)
+    eff = base["efficiency"]
+    att_us = cfg.n_layers * (fwd / (PEAK * 1e6 * eff["attention"]) + bwd / (PEAK * 1e6 * eff["attention_backward"]))
+    return {"workload": "test", "gemms": gemms, "gemm_us": gemm_us * gemm_slower,
+            "attention": {"batch": 1, "heads": cfg.n_heads, "seq": cfg.seq_len, "head_dim": cfg.head_dim,
+                          "causal": True, "layers": cfg.n_layers},
+            "attention_us": att_us * attention_slower}
+
+
+def test_training_step_scales_the_burst_efficiencies_to_steady_clocks(base):
+    """GEMMs and attention inside a compiled step (steady, power-limited clocks) ran slower than the short bursts
+    the curve was fitted to: the efficiencies are scaled so the model charges the step's kernels what they took."""
+    m = synthetic()
+    m["training_step"] = _training_step(base, 1.10, 1.20)
+    prof, notes = calibrate.build_profile(base, m)
+    eff = prof["efficiency"]
+    assert eff["gemm"] == pytest.approx(0.75 / 1.10, abs=1e-4)
+    assert eff["gemm_ramp_flops"] == pytest.approx(4e9, rel=1e-3)  # the ramp (the curve's shape) stays the bursts'
+    assert eff["attention"] == pytest.approx(base["efficiency"]["attention"] / 1.20, abs=1e-4)
+    assert eff["attention_backward"] == pytest.approx(base["efficiency"]["attention_backward"] / 1.20, abs=1e-4)
+    assert any("inside a compiled training step" in n and "+10.0%" in n and "+20.0%" in n for n in notes)
+    # The C++ loader takes it, and the model charges a step GEMM what the step measured.
+    p = _core.Profile.from_json(json.dumps(prof))
+    assert json.loads(p.to_json())["efficiency"]["gemm"] == eff["gemm"]
+    # A step whose kernels make no sense against the bursts (another kernel mix, a broken profile) is refused.
+    m["training_step"] = _training_step(base, 3.0, 1.0)
+    with pytest.raises(CeOverlapError, match="training_step.gemm_us: .* inconsistent"):
+        calibrate.build_profile(base, m)
+    m["training_step"] = _training_step(base, 1.0, 1.0)
+    m["training_step"]["gemms"][0] = [4096, 0, 4096, 1]
+    with pytest.raises(CeOverlapError, match=r"training_step.gemms\[0\]: expected \[m, n, k, count\]"):
+        calibrate.build_profile(base, m)
+
+
+def test_step_gemms_are_every_linear_three_times():
+    from ce_overlap.models.llama import LlamaConfig, Llama
+
+    cfg = LlamaConfig(**{**calibrate.STEP_MODEL, "vocab_size": 1000})
+    gemms = calibrate.step_gemms(cfg)
+    flops = sum(2 * m * n * k * c for m, n, k, c in gemms)
+    import torch
+
+    with torch.device("meta"):
+        model = Llama(cfg)
+    linear_params = sum(mod.weight.numel() for mod in model.modules() if isinstance(mod, torch.nn.Linear))
+    assert flops == 3 * 2 * cfg.seq_len * linear_params  # forward, input grad, weight grad of every linear
+
+
 def _mutate(f):
     m = synthetic()
     f(m)

@@ -9,6 +9,25 @@ from typing import Iterable, Sequence
 
 Span = tuple[float, float]
 
+# Kernel classes by name (first match wins; names lower-cased). Triton templates ("triton_tem_") are Inductor's
+# GEMMs; other Triton kernels are its fused pointwise / reduction kernels.
+KERNEL_CLASSES = (
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "triton_tem_", "splitk")),
+    ("collective", ("nccl",)),
+    ("optimizer", ("multi_tensor", "adam")),
+    ("copy", ("memcpy", "memset")),
+    ("fused", ("triton",)),
+)
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    for cls, needles in KERNEL_CLASSES:
+        if any(n in low for n in needles):
+            return cls
+    return "other"
+
 
 def covered(spans: Iterable[Span]) -> float:
     """Length of the union of the spans."""
