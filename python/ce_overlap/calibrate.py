@@ -786,6 +786,12 @@ def fit_report(profile: dict, measurements: dict) -> list[str]:
         pred = (flops + eff["gemm_ramp_flops"]) / (peak * 1e6 * eff["gemm"])  # CostModel::roofline's FLOP side
         out.append(f"GEMM {int(g['m'])}x{int(g['k'])} @ {int(g['k'])}x{int(g['n'])} ({g.get('kind', '')}): measured "
                    f"{g['us']:9.1f} us, profile {pred:9.1f} us ({100 * (pred / g['us'] - 1):+.1f}%)")
+    ts = m.get("training_step")
+    if ts:
+        pred = sum(c * (2.0 * mm * nn * kk + eff["gemm_ramp_flops"]) / (peak * 1e6 * eff["gemm"])
+                   for mm, nn, kk, c in ts["gemms"])
+        out.append(f"GEMMs of a compiled training step: measured {ts['gemm_us']:9.1f} us, profile {pred:9.1f} us "
+                   f"({100 * (pred / ts['gemm_us'] - 1):+.1f}%; the bursts above run at higher clocks)")
     for s in m.get("slowdowns", []):
         meas = (s["compute_beside_us"] / s["compute_alone_us"] - 1) * 100
         pred = predicted_slowdown(prof, s["collective"], s["bytes"], s["group_size"], s["backend"], s["compute"])
