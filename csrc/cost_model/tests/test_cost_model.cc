@@ -72,8 +72,11 @@ TEST(CostModel, GemmRooflineExact) {
   const double f8192 = 2.0 * 8192 * 8192 * 8192;
   const double expected = (f8192 + p.efficiency.gemm_ramp_flops) / (989.0 * 1e6 * p.efficiency.gemm);
   EXPECT_DOUBLE_EQ(h.compute_us(compute_node("bfloat16", static_cast<int64_t>(f8192), 0)), expected);
-  // Measured on one H200 (bench/results/compute-2026-11-23): 1370 and 1390 us for this GEMM (model 1389 us).
-  EXPECT_NEAR(expected, 1380.0, 30.0);
+  // The efficiency is what GEMMs reach inside a compiled training step on one H200 (bench/results/compute-2026-11-24):
+  // this GEMM alone took 1387 us in a burst and 1621 us sustained; the step's mix sits between (model 1445 us).
+  EXPECT_NEAR(expected, 1445.0, 30.0);
+  EXPECT_GT(expected, 1387.0);
+  EXPECT_LT(expected, 1621.0);
 }
 
 TEST(CostModel, AttentionUsesItsOwnEfficiency) {
@@ -115,10 +118,11 @@ TEST(CostModel, GemmEfficiencyRamp) {
   };
   // At gemm_ramp_flops a GEMM reaches half the large-GEMM efficiency, by definition of the curve.
   EXPECT_NEAR(efficiency(p.efficiency.gemm_ramp_flops), p.efficiency.gemm / 2, 1e-12);
-  // Measured on one H200 (bench/results/compute-2026-11-23): 2048^3 at 661 TFLOP/s, 8192^3 at 791 (of 989); the
-  // calibrated line through 2048/4096/8192^3 misses the smallest by 0.045.
-  EXPECT_NEAR(efficiency(2.0 * 2048 * 2048 * 2048), 661.0 / 989.0, 0.05);
-  EXPECT_NEAR(efficiency(2.0 * 8192 * 8192 * 8192), 791.0 / 989.0, 0.01);
+  // Measured on one H200 (bench/results/compute-2026-11-24): in short bursts 2048^3 at 661 TFLOP/s, 8192^3 at 794
+  // (of 989); inside a compiled training step GEMMs take 4.2% longer than the bursts' line, and the profile carries
+  // that (steady clocks): the curve sits 4.2% under the bursts.
+  EXPECT_NEAR(efficiency(2.0 * 2048 * 2048 * 2048), 661.0 / 989.0 / 1.042, 0.05);
+  EXPECT_NEAR(efficiency(2.0 * 8192 * 8192 * 8192), 794.0 / 989.0 / 1.042, 0.01);
   // Time rises and efficiency rises with FLOPs (above the launch floor).
   double prev_us = 0, prev_eff = 0;
   for (double f = 1e9; f <= 1e13; f *= 1.5) {
