@@ -300,6 +300,14 @@ def test_training_step_scales_the_burst_efficiencies_to_steady_clocks(base):
     assert eff["attention"] == pytest.approx(base["efficiency"]["attention"] / 1.20, abs=1e-4)
     assert eff["attention_backward"] == pytest.approx(base["efficiency"]["attention_backward"] / 1.20, abs=1e-4)
     assert any("inside a compiled training step" in n and "+10.0%" in n and "+20.0%" in n for n in notes)
+    # The step's own AdamW (every parameter shape of a model, steady clocks) wins over the burst's.
+    m["optimizer"] = {"params": 1 << 28, "bytes": 28 << 28, "us": (28 << 28) / (4800 * 0.74) / 1e3}
+    m["training_step"]["optimizer"] = {"params": 1 << 30, "bytes": 28 << 30, "us": (28 << 30) / (4800 * 0.68) / 1e3}
+    prof2, notes2 = calibrate.build_profile(base, m)
+    assert prof2["efficiency"]["optimizer"] == pytest.approx(0.68, abs=1e-4)
+    assert any(n.startswith("efficiency.optimizer 0.680") and "inside the training step" in n for n in notes2)
+    del m["training_step"]["optimizer"]
+    assert calibrate.build_profile(base, m)[0]["efficiency"]["optimizer"] == pytest.approx(0.74, abs=1e-4)
     # The C++ loader takes it, and the model charges a step GEMM what the step measured.
     p = _core.Profile.from_json(json.dumps(prof))
     assert json.loads(p.to_json())["efficiency"]["gemm"] == eff["gemm"]
