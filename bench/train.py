@@ -50,8 +50,8 @@ from _common import format_exc_line, header, init, log0, write_json  # noqa: E40
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from ce_overlap.gpu_trace import (  # noqa: E402,F401
-    KERNEL_CLASSES, compute_stream_wait, covered, idle_between, kernel_class, largest_gaps)
+from ce_overlap.gpu_trace import (  # noqa: E402
+    compute_stream_wait, gpu_activities, idle_between, kernel_class, largest_gaps, time_by_class)
 
 # "cuda" normally; "cpu" (gloo, --device cpu) only for the smoke test that runs in CI (tests/test_train_bench.py).
 DEVICE = "cuda"
@@ -206,21 +206,15 @@ def profile_kernels(run_step, steps: int) -> dict:
             run_step()
         sync()
     wall_ms = 1e3 * (time.perf_counter() - t0) / steps
-    by_class: dict[str, float] = {}
+    activities = gpu_activities(prof)
+    by_class = {cls: us / 1e3 for cls, us in time_by_class(activities, steps).items()}
     by_name: dict[str, float] = {}
-    spans, named = [], []
     by_stream: dict[int, list] = {}  # the compute classes' kernels per stream (device_resource_id: the stream)
-    for ev in prof.events():
-        if ev.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        ms = (ev.time_range.end - ev.time_range.start) / 1e3 / steps
-        cls = kernel_class(ev.name)
-        by_class[cls] = by_class.get(cls, 0.0) + ms
-        by_name[ev.name] = by_name.get(ev.name, 0.0) + ms
-        spans.append((ev.time_range.start, ev.time_range.end))
-        named.append((ev.time_range.start, ev.time_range.end, ev.name))
-        if cls in COMPUTE_CLASSES:
-            by_stream.setdefault(getattr(ev, "device_resource_id", -1), []).append(spans[-1])
+    for start, end, name, stream in activities:
+        by_name[name] = by_name.get(name, 0.0) + (end - start) / 1e3 / steps
+        if kernel_class(name) in COMPUTE_CLASSES:
+            by_stream.setdefault(stream, []).append((start, end))
+    spans = [(start, end) for start, end, _, _ in activities]
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
     return {"steps": steps, "wall_ms": round(wall_ms, 3), "by_class_ms": {k: round(v, 3) for k, v in
                                                                          sorted(by_class.items())},
@@ -231,7 +225,7 @@ def profile_kernels(run_step, steps: int) -> dict:
             # for collectives (exposed communication), what the plan's exposed_comm_us predicts.
             "compute_wait_ms": round(compute_stream_wait(spans, by_stream) / 1e3 / steps, 3),
             # Where the GPU waited longest (steps after the first include the boundary between two steps).
-            "largest_gaps": largest_gaps(named, 8),
+            "largest_gaps": largest_gaps([a[:3] for a in activities], 8),
             "top": [{"name": n[:160], "class": kernel_class(n), "ms": round(v, 3)} for n, v in top],
             # Every kernel name's time (the 200 longest): maps a class's error in bench/step_prediction.py to ops.
             "by_name_ms": {n[:200]: round(v, 4) for n, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:200]}}

@@ -105,6 +105,17 @@ def test_gpu_idle_between_kernels():
     assert T.largest_gaps(named, 2) == [{"us": 20.0, "after": "b", "before": "c"},
                                         {"us": 5.0, "after": "a", "before": "b"}]
     assert T.largest_gaps([], 3) == [] and T.largest_gaps([(0, 1, "x")], 3) == []
+    # Time per kernel class per step, from (start, end, name, stream) activities.
+    acts = [(0, 10, "nvjet_sm90_tst_x", 7), (10, 14, "triton_poi_fused_add_0", 7), (2, 8, "Memcpy DtoD", 9),
+            (20, 30, "nvjet_sm90_tst_x", 7)]
+    assert T.time_by_class(acts, steps=2) == {"gemm": 10.0, "fused": 2.0, "copy": 3.0}
+    # A profile without GPU work has no activities (this machine has no GPU).
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.ones(4).add_(1)
+    assert T.gpu_activities(prof) == []
     import train
 
     assert train.idle_between is T.idle_between  # one implementation

@@ -395,6 +395,16 @@ def _window(kind: str) -> dict:
     return {"window_compute_bound_us": big} if COMPUTE_KINDS[kind] == "compute_bound" else {"window_memory_bound_us": big}
 
 
+def gemm_model_us(eff: dict, peak_tflops: float, flops: float) -> float:
+    """A bf16 GEMM's time under the profile's efficiency and ramp (CostModel::roofline's FLOP side)."""
+    return (flops + eff["gemm_ramp_flops"]) / (peak_tflops * 1e6 * eff["gemm"])
+
+
+def step_gemms_model_us(eff: dict, peak_tflops: float, gemms: list) -> float:
+    """The model's time for a training step's [m, n, k, count] GEMMs (step_gemms)."""
+    return sum(c * gemm_model_us(eff, peak_tflops, 2.0 * mm * nn * kk) for mm, nn, kk, c in gemms)
+
+
 def predicted_slowdown(profile, coll: str, nbytes: int, n: int, backend: str, compute: str) -> float | None:
     """The cost model's fractional slowdown of a `compute` kernel (gemm | memory_bound) beside the collective:
     the time-weighted slowdown of `_core.decide` with a window of that kernel class alone. None when the backend
@@ -541,23 +551,23 @@ def build_profile(base: dict, measurements: dict, *, name: str | None = None,
     ts = m.get("training_step")
     if ts:  # GEMMs and attention inside a compiled step at steady clocks: scale the burst-fitted efficiencies to them
         eff = p["efficiency"]
-        gemm_model_us = sum(c * (2.0 * mm * nn * kk + eff["gemm_ramp_flops"]) / (peak * 1e6 * eff["gemm"])
-                            for mm, nn, kk, c in ts["gemms"])
+        gemm_model_us = step_gemms_model_us(eff, peak, ts["gemms"])
         a = ts["attention"]
         fwd_f, bwd_f = attention_executed_flops(int(a["batch"]), int(a["heads"]), int(a["seq"]), int(a["head_dim"]),
                                                 a["causal"])
-        att_model_us = a["layers"] * (fwd_f / (peak * 1e6 * (eff.get("attention") or eff["gemm"]))
-                                      + bwd_f / (peak * 1e6 * (eff.get("attention_backward") or eff["gemm"])))
-        for what, measured, modeled in (("GEMM", ts["gemm_us"], gemm_model_us),
-                                        ("attention", ts["attention_us"], att_model_us)):
+        att_eff = {k: eff.get(k) or eff["gemm"] for k in ("attention", "attention_backward")}  # as the model reads them
+        att_model_us = a["layers"] * (fwd_f / (peak * 1e6 * att_eff["attention"])
+                                      + bwd_f / (peak * 1e6 * att_eff["attention_backward"]))
+        for field, what, modeled in (("gemm_us", "GEMM", gemm_model_us), ("attention_us", "attention", att_model_us)):
+            measured = ts[field]
             if not 0.5 <= measured / modeled <= 2.0:
-                raise CeOverlapError(f"measurements: training_step.{'gemm' if what == 'GEMM' else 'attention'}_us: "
+                raise CeOverlapError(f"measurements: training_step.{field}: "
                                      f"{measured:.0f} us of {what} kernels per step, but the bursts predict "
                                      f"{modeled:.0f} us for its work: inconsistent (another kernel mix?); measure again")
         g_scale, a_scale = ts["gemm_us"] / gemm_model_us, ts["attention_us"] / att_model_us
         eff["gemm"] = round(min(1.0, eff["gemm"] / g_scale), 4)
-        for key in ("attention", "attention_backward"):
-            eff[key] = round(min(1.0, (eff.get(key) or eff["gemm"] * g_scale) / a_scale), 4)
+        for key, e in att_eff.items():
+            eff[key] = round(min(1.0, e / a_scale), 4)
         fitted.append(f"efficiency.gemm {eff['gemm']:.3f}, attention {eff['attention']:.3f} / attention_backward "
                       f"{eff['attention_backward']:.3f} inside a compiled training step (its GEMM kernels took "
                       f"{(g_scale - 1) * 100:+.1f}% and its attention {(a_scale - 1) * 100:+.1f}% against the bursts' "
@@ -787,13 +797,12 @@ def fit_report(profile: dict, measurements: dict) -> list[str]:
         out.append(f"fused AdamW {o['params'] / 2 ** 20:.0f}M params: measured {o['us']:9.1f} us, profile {pred:9.1f} us")
     for g in m.get("transformer_gemms", []):
         flops = 2.0 * g["m"] * g["n"] * g["k"]
-        pred = (flops + eff["gemm_ramp_flops"]) / (peak * 1e6 * eff["gemm"])  # CostModel::roofline's FLOP side
+        pred = gemm_model_us(eff, peak, flops)
         out.append(f"GEMM {int(g['m'])}x{int(g['k'])} @ {int(g['k'])}x{int(g['n'])} ({g.get('kind', '')}): measured "
                    f"{g['us']:9.1f} us, profile {pred:9.1f} us ({100 * (pred / g['us'] - 1):+.1f}%)")
     ts = m.get("training_step")
     if ts:
-        pred = sum(c * (2.0 * mm * nn * kk + eff["gemm_ramp_flops"]) / (peak * 1e6 * eff["gemm"])
-                   for mm, nn, kk, c in ts["gemms"])
+        pred = step_gemms_model_us(eff, peak, ts["gemms"])
         out.append(f"GEMMs of a compiled training step: measured {ts['gemm_us']:9.1f} us, profile {pred:9.1f} us "
                    f"({100 * (pred / ts['gemm_us'] - 1):+.1f}%; the bursts above run at higher clocks)")
     for s in m.get("slowdowns", []):
@@ -1035,7 +1044,7 @@ def measure_training_step(warmup: int, steps: int = STEP_PROFILED) -> tuple[dict
     torch = _torch()
     from torch.profiler import ProfilerActivity, profile
 
-    from .gpu_trace import idle_between, kernel_class, largest_gaps
+    from .gpu_trace import gpu_activities, idle_between, largest_gaps, time_by_class
     from .models.llama import Llama, LlamaConfig, init_weights
 
     cfg = LlamaConfig(**STEP_MODEL)
@@ -1071,21 +1080,17 @@ def measure_training_step(warmup: int, steps: int = STEP_PROFILED) -> tuple[dict
         for _ in range(steps):
             one_step()
         torch.cuda.synchronize()
-    named = [(ev.time_range.start, ev.time_range.end, ev.name) for ev in prof.events()
-             if ev.device_type == torch.autograd.DeviceType.CUDA]
+    activities = gpu_activities(prof)
     del model, step_fn, opt
     torch.cuda.empty_cache()
-    if not named:
+    if not activities:
         raise NotAvailable("torch.profiler recorded no GPU activity (CUPTI unavailable?)")
-    by_class: dict[str, float] = {}
-    for start, end, name in named:
-        cls = kernel_class(name)
-        by_class[cls] = by_class.get(cls, 0.0) + (end - start) / steps
+    by_class = time_by_class(activities, steps)
     workload = (f"forward + backward + fused AdamW, {cfg.n_layers} blocks dim {cfg.dim} ffn {cfg.ffn_dim} vocab "
                 f"{cfg.vocab_size}, {cfg.seq_len} tokens, fp32 parameters, bf16 autocast, torch.compile")
-    gap = {"workload": workload, "steps": steps, "kernels": round(len(named) / steps, 1),
-           "idle_us": round(idle_between([(s, e) for s, e, _ in named]) / steps, 1),
-           "largest_gaps": largest_gaps(named, 3)}
+    gap = {"workload": workload, "steps": steps, "kernels": round(len(activities) / steps, 1),
+           "idle_us": round(idle_between([a[:2] for a in activities]) / steps, 1),
+           "largest_gaps": largest_gaps([a[:3] for a in activities], 3)}
     step = {"workload": workload, "gemms": step_gemms(cfg), "gemm_us": round(by_class.get("gemm", 0.0), 1),
             "attention": {"batch": 1, "heads": cfg.n_heads, "seq": cfg.seq_len, "head_dim": cfg.head_dim,
                           "causal": True, "layers": cfg.n_layers},

@@ -29,6 +29,24 @@ def kernel_class(name: str) -> str:
     return "other"
 
 
+def gpu_activities(prof) -> list[tuple[float, float, str, int]]:
+    """(start, end, name, stream) of every GPU kernel, copy and memset a torch.profiler run recorded (the stream is
+    the profiler's device_resource_id, -1 where it has none)."""
+    import torch
+
+    return [(ev.time_range.start, ev.time_range.end, ev.name, getattr(ev, "device_resource_id", -1))
+            for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def time_by_class(activities, steps: int = 1) -> dict[str, float]:
+    """Activity time per kernel class (kernel_class), per step, in the activities' unit."""
+    out: dict[str, float] = {}
+    for start, end, name, *_ in activities:
+        cls = kernel_class(name)
+        out[cls] = out.get(cls, 0.0) + (end - start) / steps
+    return out
+
+
 def covered(spans: Iterable[Span]) -> float:
     """Length of the union of the spans."""
     total, reach_start, reach = 0.0, None, None
