@@ -2,6 +2,7 @@
 event timing, and the run header (versions, GPU). Not a benchmark itself."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -30,6 +31,19 @@ VARIANT_HELP = {
     "ce_symm_inplace": "ce_overlap, output from empty_symmetric and input = its own shard (no self copy)",
     "symm_mem_lc": "torch symm_mem _low_contention_all_gather, symmetric input",
 }
+
+
+def non_negative(kind):
+    """argparse type: a number of `kind` (int, float) that is >= 0, else a clear usage error."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__} >= 0, got {text!r}") from None
+        if v < 0:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__} >= 0, got {text!r}")
+        return v
+    return parse
 
 
 def log0(msg: str = "") -> None:

@@ -413,7 +413,7 @@ def main() -> int:
     p.add_argument("--rs-round-mb", default="8,32", help="reduce-scatter round sizes (MiB) swept in (c)")
     p.add_argument("--kernel-ctas", default="8,16,32,64,132", help="CTA counts of (d)")
     p.add_argument("--iters", type=int, default=15)
-    p.add_argument("--sustain-gemms", type=int, default=0,
+    p.add_argument("--sustain-gemms", type=C.non_negative(int), default=0,
                    help="(a): also time this many GEMMs back to back alone and beside each copy mode, with the SM clock "
                         "and board power sampled (NVML): a slowdown with the clock down is the board's power limit")
     p.add_argument("--parts", default="copy,allgather,reducescatter,kernel")

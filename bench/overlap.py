@@ -96,7 +96,7 @@ def main() -> int:
     p.add_argument("--compute", default="gemm,membound")
     p.add_argument("--variants", default=",".join(V.AG_VARIANTS), help=f"all-gather variants, of {V.AG_VARIANTS}")
     p.add_argument("--rs-variants", default=",".join(V.RS_VARIANTS), help=f"reduce-scatter variants, of {V.RS_VARIANTS}")
-    p.add_argument("--sustain-ms", type=float, default=0.0,
+    p.add_argument("--sustain-ms", type=C.non_negative(float), default=0.0,
                    help="time each measurement over about this long (iters from the compute's own time) and re-time "
                         "the compute alone before every variant, so both arms run at the board's steady, power-limited "
                         "clocks (a short burst alone runs at boost clocks; on one H200 a GEMM took 1387 us in a burst, "

@@ -26,6 +26,15 @@ def test_bench_script_imports_and_parses_help(script):
     assert "usage" in proc.stdout.lower()
 
 
+@pytest.mark.parametrize("script,flag,value", [("overlap.py", "--sustain-ms", "-1"),
+                                                ("ce_probe.py", "--sustain-gemms", "many")])
+def test_sustained_measurement_flags_reject_bad_values(script, flag, value):
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, script), flag, value], capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"argument {flag}: expected a" in proc.stderr and ">= 0" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_size_sweep_is_nccl_tests_style():
     import _common as C
 
