@@ -27,7 +27,8 @@ from ce_overlap.fx import pass_, rewrite
 from ce_overlap.fx.capture import CaptureOptions, capture_graphs, fake_process_group
 from ce_overlap.models.llama import LLAMA_CONFIGS
 
-from test_pass_helpers import ir_graph, make_planner, peak_memory, plan_from_ir, real_inputs, run_emulated
+from test_pass_helpers import (EmulatedCollectives, ir_graph, make_planner, peak_memory, plan_from_ir, real_inputs,
+                               run_emulated)
 
 WORLD = 8
 MIB = 1 << 20
@@ -665,6 +666,43 @@ def test_ce_reduce_scatter_with_the_sum_in_the_consumer(g):
             assert torch.equal(a, b), i
         else:
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=f"output {i}")
+
+
+def test_consumer_mean_at_three_ranks_is_the_kernels_bit_for_bit():
+    """An avg reduce-scatter with the sum in the graph, 3 ranks, integer-valued data: the graph's mean is the fp32
+    sum times float32(1 / 3), the runtime kernel's (emulated), in every bit. A division in the graph would round
+    differently on CPUs (Inductor makes it a multiplication by the reciprocal only on GPUs): found at 3 ranks on a
+    shared H100, where a few elements per rank differed in the last bit."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    g, c10d = 3, torch.ops._c10d_functional
+    with fake_process_group(g, 1):
+        group = dist.group.WORLD.group_name
+
+        def f(x, y):
+            return [c10d.wait_tensor(c10d.reduce_scatter_tensor(t, "avg", g, group)) for t in (x, y)]
+
+        class Squares(EmulatedCollectives):  # rank k's input x + (k - rank)^2: sums that 3 does not divide
+            def _ranks(self, x):
+                return [x + (k - self.rank) ** 2 for k in range(self.g)]
+
+        real = [torch.randint(-8, 9, (g * 50, 3)).float(), torch.randint(-8, 9, (g * 70,)).float()]
+        gm = make_fx(f, tracing_mode="fake")(*real)
+        with torch.no_grad():
+            want = Squares(gm, g, 1).run(*real)
+        plan = plan_from_ir(ir_graph(gm, "forward"), by_block=False, backend=lambda b: "ce")
+        with pass_.capture_mode():
+            rewrite.apply_plan(gm.graph, rewrite.check_plan(gm.graph, plan), ce_reduction="consumer")
+        gm.recompile()
+        with torch.no_grad():
+            got = Squares(gm, g, 1).run(*real)
+    targets = {n.target for n in gm.graph.nodes}
+    assert torch.ops.ce_overlap.reduce_scatter_tensors_unreduced.default in targets
+    assert torch.ops.aten.div.Tensor not in targets
+    sums = torch.cat([(3 * x + 2).reshape(-1) for x in real])  # what rank 1's chunks sum to, and more
+    assert (sums / 3 != sums * (1.0 / 3)).any(), "the data must tell a division from the reciprocal's product"
+    for i, (a, b) in enumerate(zip(want, got)):
+        assert torch.equal(a, b), (i, (a != b).sum())
 
 
 def test_check_mode_compares_the_sum_in_the_graph():

@@ -206,8 +206,8 @@ def make_planner(**kw):
 class EmulatedCollectives(torch.fx.Interpreter):
     """Runs a graph on real tensors as rank `rank` of `group_size` simulated ranks: rank k's input to a
     collective is `x + (k - rank)` (in the input's dtype; this rank's is x itself), so a wrong layout or rank
-    order changes the result. all-gather: cat over k; reduce-scatter: sum over k of the input, then this rank's
-    dim-0 chunk; all-reduce: sum over k. The ce_overlap ops behave like their _c10d_functional twins;
+    order changes the result. all-gather: cat over k; reduce-scatter: sum over k of the input (avg: the fp32 sum
+    times float32(1 / g), rounded once, as the runtime's kernel), then this rank's dim-0 chunk; all-reduce: sum over k. The ce_overlap ops behave like their _c10d_functional twins;
     reduce_scatter_tensors_unreduced gives the other ranks' chunks `rank`, one row per rank, unsummed."""
 
     def __init__(self, gm, group_size: int, rank: int):
@@ -222,7 +222,10 @@ class EmulatedCollectives(torch.fx.Interpreter):
     def _all_gather(self, x):
         return torch.cat(self._ranks(x))
 
-    def _reduce_scatter(self, x):
+    def _reduce_scatter(self, x, reduce_op="sum"):
+        if str(reduce_op).lower() == "avg":  # the runtime's avg: the fp32 sum times float32(1 / g), rounded once
+            total = sum(xk.float() for xk in self._ranks(x)) * (1.0 / self.g)
+            return total.to(x.dtype).chunk(self.g)[self.rank].clone()
         total = torch.zeros_like(x)
         for xk in self._ranks(x):
             total = total + xk
@@ -239,9 +242,9 @@ class EmulatedCollectives(torch.fx.Interpreter):
             if name == "all_gather_into_tensors":  # ce_overlap's multi-tensor form: one all-gather per input
                 return [self._all_gather(x) for x in args[0]]
             if name == "reduce_scatter_tensor":
-                return self._reduce_scatter(args[0])
+                return self._reduce_scatter(args[0], args[1])
             if name == "reduce_scatter_tensors":  # the inputs' reduce-scatters, flattened and concatenated
-                return torch.cat([self._reduce_scatter(x).reshape(-1) for x in args[0]])
+                return torch.cat([self._reduce_scatter(x, args[1]).reshape(-1) for x in args[0]])
             if name == "reduce_scatter_tensors_unreduced":  # [g - 1, N]: the peers' chunks for this rank
                 rows = [[xk.reshape(self.g, -1)[self.rank] for k, xk in enumerate(self._ranks(x)) if k != self.rank]
                         for x in args[0]]

@@ -69,9 +69,12 @@ __device__ __forceinline__ const T* input_of(const ReduceParams& p, int q) {
   return reinterpret_cast<const T*>(static_cast<const char*>(p.slots) + static_cast<size_t>(slot) * p.slot_stride);
 }
 
+// avg: the fp32 sum times the fp32 reciprocal of the rank count, which is what Inductor emits for the pass's
+// consumer-side mean (on GPUs it lowers a division by a constant to a multiplication by its reciprocal). A true
+// division rounds differently for rank counts that are not powers of two (1 ulp in a few elements at 3 ranks).
 template <typename T>
 __device__ __forceinline__ float finish(const ReduceParams& p, float acc) {
-  return p.op == ReduceOp::Avg ? acc / static_cast<float>(p.nranks) : acc;
+  return p.op == ReduceOp::Avg ? acc * (1.0f / static_cast<float>(p.nranks)) : acc;
 }
 
 // Block 0 of either kernel does the count % VEC tail elements, one per thread.

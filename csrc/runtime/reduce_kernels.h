@@ -28,7 +28,7 @@ struct ReduceParams {
   ReduceOp op;
 };
 
-// Enqueues out = sum_q chunk_q (rank order, fp32 accumulation; avg divides by nranks) on `stream`, with at
+// Enqueues out = sum_q chunk_q (rank order, fp32 accumulation; avg: times float(1 / nranks)) on `stream`, with at
 // most max_ctas CTAs of 512 threads (16-byte vector accesses when `out` and `own` are 16-byte aligned).
 // Returns the launch error (cudaSuccess for count == 0, which launches nothing).
 cudaError_t launch_reduce(ReduceDType dtype, const ReduceParams& p, int max_ctas, cudaStream_t stream);

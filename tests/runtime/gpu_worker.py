@@ -133,17 +133,28 @@ def ref_broadcast(t: torch.Tensor, src: int, group) -> None:
     _bytes(t).copy_(host)
 
 
+def avg_of_sum(total: torch.Tensor, world: int) -> torch.Tensor:
+    """The runtime's avg of an fp32 sum: times float32(1 / world), explicitly (torch's CUDA division by a Python
+    scalar multiplies by the reciprocal, its CPU division does not; at 3 ranks the two differ in the last bit)."""
+    return total * (1.0 / world)
+
+
 def ref_reduce_scatter(ref: torch.Tensor, inp: torch.Tensor, op: str, group) -> None:
-    if not SHARED_GPU:
-        dist.reduce_scatter_tensor(ref, inp.clone(), op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.AVG,
-                                   group=group)
-        return
     world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if not SHARED_GPU:
+        if op == "sum" or world & (world - 1) == 0:  # avg at 2, 4, 8 ranks: NCCL's own, exact like ours for ints
+            dist.reduce_scatter_tensor(ref, inp.clone(), op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.AVG,
+                                       group=group)
+            return
+        # NCCL's float avg scales each input before the sum; ours scales the sum: compare with NCCL's sum, scaled.
+        dist.reduce_scatter_tensor(ref, inp.clone(), op=dist.ReduceOp.SUM, group=group)
+        ref.copy_(avg_of_sum(ref.float(), world).to(ref.dtype))
+        return
     host = torch.empty(world * inp.numel(), dtype=torch.float32)
     dist.all_gather_into_tensor(host, inp.reshape(-1).float().cpu(), group=group)
     total = host.view(world, -1).sum(0)  # one rounding to the dtype below, as NCCL's for two ranks
     if op == "avg":
-        total = total / world
+        total = avg_of_sum(total, world)
     ref.copy_(total.view(world, -1)[rank].view(ref.shape).to(ref.dtype))
 
 
@@ -885,7 +896,7 @@ def run_parts_case(case: dict, group, world: int, rank: int, side: torch.cuda.St
             rows = outs[0]
             own = torch.cat([x.view(world, -1)[rank] for x in ins]) if ins else rows.new_empty(0)
             total = own.float() + rows.float().sum(0)
-            reduced = (total / world if case["op"] == "avg" else total).to(rows.dtype)
+            reduced = (avg_of_sum(total, world) if case["op"] == "avg" else total).to(rows.dtype)
         for x in ins:
             if x.numel():
                 x.view(INT_OF_SIZE[x.element_size()]).fill_(0x5A)  # stream order: the op is done with the inputs

@@ -602,7 +602,7 @@ def _rewrite_unreduced(build: "_Builder", graph: torch.fx.Graph, cb: CheckedBuck
                        check_where: str | None) -> list[torch.fx.Node]:
     """A CE reduce-scatter whose sum is left to the graph: one unreduced op over the members' own inputs (rows: the
     peers' chunks for this rank), one wait, and per member own chunk + the rows' sum in fp32, rounded once to the
-    dtype (avg: divided by the group size first; bfloat16 rounded on the bits, see _round_to_bfloat16, and so is
+    dtype (avg: times 1 / group size first, as the runtime's kernel; bfloat16 rounded on the bits, see _round_to_bfloat16, and so is
     the own chunk as read). Inductor fuses all of it into the kernel that reads the result. bfloat16 and float32
     buckets only (_sum_in_consumer)."""
     members = cb.members
@@ -635,7 +635,9 @@ def _rewrite_unreduced(build: "_Builder", graph: torch.fx.Graph, cb: CheckedBuck
                                                         [0]], name=f"peer_sum{i}", like=own32)
                 total = build(aten.add.Tensor, [total, peer_sum], name=f"sum{i}", like=own32)
                 if str(c0.reduce_op_arg).lower() == "avg":
-                    total = build(aten.div.Tensor, [total, g], name=f"mean{i}", like=own32)
+                    # times the reciprocal, as the runtime's kernel does: Inductor turns a division by a constant
+                    # into this on GPUs but not on CPUs, and at 3 ranks the two round differently.
+                    total = build(aten.mul.Tensor, [total, 1.0 / g], name=f"mean{i}", like=own32)
                 if v.dtype == torch.bfloat16:
                     total = _round_to_bfloat16(build, total, f"rounded{i}")
                 total = build(convert, [total, v.dtype], name=f"reduced{i}")
