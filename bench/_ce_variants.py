@@ -1,7 +1,7 @@
-"""The collective variants that bench/collectives.py and bench/overlap.py compare side by side: all-gather (NCCL,
-ce_overlap pull: staged / zero-copy / in place, ce_overlap push, torch symm_mem's low-contention all-gather) and
-reduce-scatter (NCCL, ce_overlap, torch symm_mem's low-contention reduce-scatter). Each `make_*` returns a
-_common.Variant whose run() enqueues one op on the current stream and leaves the current stream waiting for its
+"""The collective variants that bench/collectives.py's sweeps and its overlap subcommand compare side by side:
+all-gather (NCCL, ce_overlap pull: staged / zero-copy / in place, ce_overlap push, torch symm_mem's low-contention
+all-gather) and reduce-scatter (NCCL, ce_overlap, torch symm_mem's low-contention reduce-scatter). Each `make_*` returns
+a _common.Variant whose run() enqueues one op on the current stream and leaves the current stream waiting for its
 completion (so CUDA events around run() time the whole op). Not a benchmark itself."""
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Shared by the torchrun benchmarks in bench/: process setup, the all-gather variants compared side by side, CUDA
-event timing, and the run header (versions, GPU). Not a benchmark itself."""
+"""Shared by the subcommands of bench/collectives.py and by bench/train.py: process setup, the all-gather variants
+compared side by side, CUDA event timing (an op alone, compute beside a side-stream op), nccl-tests' tables, and the
+run header (versions, GPU). Not a benchmark itself."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -33,19 +33,6 @@ VARIANT_HELP = {
 }
 
 
-def non_negative(kind):
-    """argparse type: a number of `kind` (int, float) that is >= 0, else a clear usage error."""
-    def parse(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a {kind.__name__} >= 0, got {text!r}") from None
-        if v < 0:
-            raise argparse.ArgumentTypeError(f"expected a {kind.__name__} >= 0, got {text!r}")
-        return v
-    return parse
-
-
 def log0(msg: str = "") -> None:
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(msg, flush=True)
@@ -62,13 +49,18 @@ def size_sweep(lo: str, hi: str, factor: int) -> list[int]:
     return sizes
 
 
-def size_pool_env(max_bytes_per_rank: int, world_size: int) -> None:
-    """The pool must hold the largest in-place output (world * size) in its user region plus one staging round of
-    the largest input. Only defaults: explicit CE_OVERLAP_* settings win."""
+def pool_env(max_bytes_per_rank: int, world_size: int) -> dict[str, str]:
+    """The runtime settings a benchmark asks for: a pool that holds the largest in-place output (world * size) in its
+    user region plus one staging round of the largest input, and a 30 s timeout."""
     size_mb = -(-max_bytes_per_rank // (1 << 20))
-    os.environ.setdefault("CE_OVERLAP_STAGING_MB", str(size_mb))
-    os.environ.setdefault("CE_OVERLAP_POOL_MB", str((world_size + 1) * size_mb + 64))
-    os.environ.setdefault("CE_OVERLAP_TIMEOUT_S", "30")
+    return {"CE_OVERLAP_STAGING_MB": str(size_mb), "CE_OVERLAP_POOL_MB": str((world_size + 1) * size_mb + 64),
+            "CE_OVERLAP_TIMEOUT_S": "30"}
+
+
+def apply_env_defaults(env: dict[str, str]) -> None:
+    """Sets each variable that is not set yet (explicit CE_OVERLAP_* settings win), before the runtime reads them."""
+    for key, value in env.items():
+        os.environ.setdefault(key, value)
 
 
 def init() -> tuple[int, int, int]:
@@ -205,6 +197,119 @@ def time_op_ms(fn: Callable[[], None], iters: int, warmup: int, settle: Callable
         end.record()
     settle()
     return [start.elapsed_time(end) for start, end in events]
+
+
+def time_alone(fn: Callable[[], None], iters: int, warmup: int, settle: Callable[[], None],
+               skip_first: int = 0) -> float:
+    """Median per-op ms of `fn` alone (time_op_ms), max over ranks; `skip_first` leading ops are left out of the
+    median when more than twice as many were timed."""
+    times = time_op_ms(fn, iters, warmup, settle)
+    if skip_first and len(times) > 2 * skip_first:
+        times = times[skip_first:]
+    return max_over_ranks(median(times))
+
+
+def time_variant_ms(v: Variant, group, iters: int, warmup: int) -> float:
+    """A variant's op alone, every rank starting together: median per-op ms, max over ranks."""
+    dist.barrier()
+    return time_alone(v.run, iters, warmup, lambda: settle(v, group))
+
+
+def time_beside(compute: Callable[[], None], side_fn: Callable[[], None], iters: int, warmup: int, per_launch: int,
+                lead_in: int, settle: Callable[[], None]) -> tuple[float, float]:
+    """`compute` on the current stream, `side_fn` (a collective, a copy, a kernel) on a side stream, launched
+    interleaved so the side stream always has queued work while the compute runs: `lead_in` side ops first, then
+    `per_launch` before every compute launch. Returns (median compute ms, mean side-op ms over the whole window),
+    max over ranks. The first two compute launches may start before the side stream has ramped up: left out."""
+    main = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    side.wait_stream(main)
+    for _ in range(warmup):
+        compute()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    s_start, s_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    n_side = 0
+    with torch.cuda.stream(side):
+        s_start.record()
+        for _ in range(lead_in):
+            side_fn()
+            n_side += 1
+    for start, end in events:
+        with torch.cuda.stream(side):
+            for _ in range(per_launch):
+                side_fn()
+                n_side += 1
+        start.record()
+        compute()
+        end.record()
+    with torch.cuda.stream(side):
+        s_end.record()
+    main.wait_stream(side)
+    settle()
+    times = [s.elapsed_time(e) for s, e in events]
+    return max_over_ranks(median(times[2:])), max_over_ranks(s_start.elapsed_time(s_end) / n_side)
+
+
+def gemm(n: int = 8192) -> Callable[[], None]:
+    """A bf16 n^3 GEMM into a preallocated output on the current stream (the compute every overlap test runs)."""
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    c = torch.empty(n, n, dtype=torch.bfloat16, device="cuda")
+    return lambda: torch.mm(a, b, out=c)
+
+
+def unavailable(v: Variant) -> str:
+    """'' when `v` was set up on every rank, else why not (every rank must agree on running a variant: one set up on
+    some ranks only would deadlock)."""
+    if sum_over_ranks(0 if v.run else 1):
+        return v.na_reason or "not available on every rank"
+    return ""
+
+
+def size_table(title: str, rows: list[dict], extra: tuple = ()) -> None:
+    """nccl-tests' table, a line per row: size (bytes per rank), count (elements), type, time (us), algbw and busbw
+    (GB/s), #wrong, then the `extra` columns ((header, width, cell(row) -> str), ...). A row is a dict with the keys
+    size, count, type and, where it was timed, time_us, algbw_gbps, busbw_gbps, wrong; else `why` (n/a or the error).
+    Ends with nccl-tests' summary lines when any row was timed."""
+    log0()
+    log0(title)
+    log0(f"#{'size(B/rank)':>14} {'count':>12} {'type':>9} {'time(us)':>11} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12} "
+         f"{'#wrong':>8}" + "".join(f" {head:>{width}}" for head, width, _ in extra))
+    timed = [r for r in rows if r.get("time_us") is not None]
+    for r in rows:
+        head = f"{r['size']:>15} {r['count']:>12} {r['type']:>9}"
+        if r.get("time_us") is None:
+            log0(f"{head} {'n/a: ' + r.get('why', ''):>11}")
+            continue
+        log0(f"{head} {r['time_us']:>11.2f} {r['algbw_gbps']:>12.2f} {r['busbw_gbps']:>12.2f} {r['wrong']:>8}"
+             + "".join(f" {cell(r):>{width}}" for _, width, cell in extra))
+    if timed:
+        wrong = sum(r["wrong"] for r in timed)
+        log0(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+        log0(f"# Avg bus bandwidth    : {sum(r['busbw_gbps'] for r in timed) / len(timed):.2f}")
+
+
+def side_by_side(title: str, sizes: list[int], variants: list[str],
+                 busbw_at: Callable[[int, str], float | None]) -> None:
+    """busbw (GB/s) of every variant per size, and the best ce_overlap variant ('ce...') over NCCL in the last column.
+    busbw_at(size, variant) is None where that variant has no time at that size."""
+    log0()
+    log0(f"{title}: busbw (GB/s) side by side; last column: best ce_overlap variant / nccl")
+    log0(f"{'size/rank':>12} " + " ".join(f"{n:>18}" for n in variants) + f" {'best_ce/nccl':>13}")
+    for nbytes in sizes:
+        cells, best_ce, nccl_bw = [], 0.0, None
+        for name in variants:
+            bw = busbw_at(nbytes, name)
+            if bw is None:
+                cells.append(f"{'n/a':>18}")
+                continue
+            cells.append(f"{bw:>18.1f}")
+            if name.startswith("ce"):
+                best_ce = max(best_ce, bw)
+            if name == "nccl":
+                nccl_bw = bw
+        ratio = f"{best_ce / nccl_bw:>13.2f}" if nccl_bw and best_ce else f"{'-':>13}"
+        log0(f"{nbytes:>12} " + " ".join(cells) + " " + ratio)
 
 
 class ClockSampler:

@@ -12,7 +12,6 @@ keeps the JSON ("complete": false).
 """
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import json
 import os
@@ -22,9 +21,10 @@ import sys
 import tempfile
 import time
 
-from ce_overlap.cli import _positive_int  # the CLI's option type: an integer >= 1, with a message naming the option
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import _args as A  # noqa: E402  (bench's option types and one-line usage errors)
+
 WORKER = os.path.join(REPO, "tests", "runtime", "gpu_worker.py")
 sys.path.insert(0, os.path.join(REPO, "tests", "runtime"))
 
@@ -69,9 +69,9 @@ def launch(modes: str, timeout_s: float, env: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=_positive_int("--repeats"), default=20)
-    p.add_argument("--parallel", type=_positive_int("--parallel"), default=2,
+    p = A.Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=A.at_least(1), default=20)
+    p.add_argument("--parallel", type=A.at_least(1), default=2,
                    help="launches at once (each is 2 processes)")
     p.add_argument("--timeout-s", type=float, default=2.0, help="CE_OVERLAP_TIMEOUT_S of the launches")
     p.add_argument("--faults", default=",".join(FAULTS.values()), help="comma list of worker modes to repeat")

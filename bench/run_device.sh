@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One-shot device run of the CE runtime, from the repo root on the GPU box (no network there): build (with the
-# runtime ON), the benchmarks first (bench/collectives.py: all-gather, reduce-scatter, all-to-all, broadcast;
-# bench/overlap.py; bench/p2p.py: send / recv), then the runtime's GPU tests, the pass's GPU check (tests/pass_gpu),
-# the probe (bench/ce_probe.py: same-GPU copies on copy engines? all-gather pull split vs push), the CPU tests, then
+# runtime ON), the benchmarks first (bench/collectives.py all: all-gather, reduce-scatter, all-to-all, broadcast;
+# bench/collectives.py overlap; bench/collectives.py p2p: send / recv), then the runtime's GPU tests, the pass's GPU check
+# (tests/pass_gpu), the probe (bench/collectives.py probe: same-GPU copies on copy engines? all-gather pull split vs
+# push), the CPU tests, then
 # compute-sanitizer (memcheck, racecheck, synccheck). Opt-in stage `faults`: every fault of RELIABILITY.md 20 times
 # (bench/fault_repeats.py, ~250 s). On a 1-GPU box the GPU tests, the pass check, faults and sanitizers run with
 # the ranks sharing the GPU; the benchmarks need two GPUs.
@@ -51,15 +52,15 @@ export -f sanitize
 stage env 30 env_info
 stage build 150 build
 # all-gather (7 variants), reduce-scatter (4), all-to-all (3), broadcast (3), 64 KiB .. 1 GiB per rank.
-want collectives && stage collectives 120 torchrun2 bench/collectives.py --out "$OUT/collectives.json"
+want collectives && stage collectives 120 torchrun2 bench/collectives.py all --out "$OUT/collectives.json"
 # send / recv: NCCL, CE staged, CE direct; one way and exchange, 64 KiB .. 1 GiB.
-want p2p && stage p2p 90 torchrun2 bench/p2p.py --out "$OUT/p2p.json"
+want p2p && stage p2p 90 torchrun2 bench/collectives.py p2p --out "$OUT/p2p.json"
 # GEMM and 1 GiB add beside every all-gather and reduce-scatter variant, 256 MiB per rank.
-want overlap && stage overlap 60 torchrun2 bench/overlap.py --out "$OUT/overlap.json"
+want overlap && stage overlap 60 torchrun2 bench/collectives.py overlap --out "$OUT/overlap.json"
 # The same with both arms sustained for ~1 s each (steady, power-limited clocks), the alone arm re-timed before every
 # variant: the number issue 4's "GEMM <= 3% beside our all-gather" is judged by (a 40-launch burst alone runs at
 # boost clocks; bench/results/compute-2026-11-24: 1387 us in a burst, 1621 us sustained on one H200).
-want overlap_sustained && stage overlap_sustained 150 torchrun2 bench/overlap.py --sustain-ms 1000 --compute gemm \
+want overlap_sustained && stage overlap_sustained 150 torchrun2 bench/collectives.py overlap --sustain-ms 1000 --compute gemm \
   --out "$OUT/overlap-sustained.json"
 # GPU tests: 2 torchrun launches (collectives vs NCCL + symmetric allocation; timeouts + mismatches).
 want gpu_tests && stage gpu_tests ${CE_DEVICE_GPU_TESTS_S:-420} env CE_OVERLAP_REQUIRE_GPU_TESTS=1 "$PY" -m pytest tests/runtime/test_runtime_gpu.py -v -s -rs
@@ -70,7 +71,7 @@ want pass_gpu && stage pass_gpu ${CE_DEVICE_PASS_S:-240} torchrun2 tests/pass_gp
   --out "$OUT/pass_gpu.json"
 # (a) same-GPU copy APIs beside a GEMM; (b) all-gather pull split 1/2/3 vs push, 64/256 MiB, GEMM beside;
 # (c) reduce-scatter over reduction CTAs x round size, GEMM beside; (d) the reduction kernel alone. First: new data.
-want probe && stage probe 100 torchrun2 bench/ce_probe.py --out "$OUT/ce_probe.json"
+want probe && stage probe 100 torchrun2 bench/collectives.py probe --out "$OUT/ce_probe.json"
 want cpu_tests && stage cpu_tests 60 "$PY" -m pytest tests/runtime/test_runtime_cpu.py -q -rs
 # Every fault of RELIABILITY.md, repeated (bench/fault_repeats.py): error on every survivor within the timeout, no hang.
 want faults && stage faults ${CE_DEVICE_FAULTS_S:-300} "$PY" bench/fault_repeats.py --repeats "${CE_DEVICE_FAULT_REPEATS:-20}" \

@@ -17,8 +17,13 @@ BENCH = os.path.join(REPO, "bench")
 sys.path.insert(0, BENCH)
 
 
-@pytest.mark.parametrize("script", ["collectives.py", "p2p.py", "overlap.py", "ce_probe.py", "train.py",
-                                    "step_prediction.py", "cost_model_validation.py", "fault_repeats.py"])
+# Every runnable script in bench/ (bench/README.md lists them); the collectives' subcommands are checked in-process.
+SCRIPTS = ["collectives.py", "train.py", "step_prediction.py", "plot_train.py", "cost_model_validation.py",
+           "capture_speed.py", "plan_speed.py", "fault_repeats.py"]
+SUBCOMMANDS = ["all-gather", "reduce-scatter", "all-to-all", "broadcast", "all", "p2p", "overlap", "probe"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_bench_script_imports_and_parses_help(script):
     proc = subprocess.run([sys.executable, os.path.join(BENCH, script), "--help"], capture_output=True, text=True,
                           timeout=300, cwd=REPO)
@@ -26,13 +31,142 @@ def test_bench_script_imports_and_parses_help(script):
     assert "usage" in proc.stdout.lower()
 
 
-@pytest.mark.parametrize("script,flag,value", [("overlap.py", "--sustain-ms", "-1"),
-                                                ("ce_probe.py", "--sustain-gemms", "many")])
+def test_the_runnable_scripts_are_the_listed_ones():
+    """bench/ has these entry points and no other runnable script (modules imported by them start with '_')."""
+    runnable = sorted(f for f in os.listdir(BENCH) if f.endswith(".py") and not f.startswith("_"))
+    assert runnable == sorted(SCRIPTS)
+
+
+def _collectives(argv, capsys) -> tuple[int, str, str]:
+    """bench/collectives.py's main in this process: (exit code, stdout, stderr)."""
+    import collectives
+
+    try:
+        rc = collectives.main(argv)
+    except SystemExit as e:
+        rc = e.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.mark.parametrize("sub", SUBCOMMANDS)
+def test_collectives_subcommand_parses_help(sub, capsys):
+    rc, out, _ = _collectives([sub, "--help"], capsys)
+    assert rc == 0 and f"usage: bench/collectives.py {sub}" in out and "--out" in out
+
+
+@pytest.mark.parametrize("script,flag,value", [("collectives.py overlap", "--sustain-ms", "-1"),
+                                                ("collectives.py probe", "--sustain-gemms", "many")])
 def test_sustained_measurement_flags_reject_bad_values(script, flag, value):
-    proc = subprocess.run([sys.executable, os.path.join(BENCH, script), flag, value], capture_output=True, text=True,
-                          timeout=300, cwd=REPO)
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, script.split()[0]), *script.split()[1:], flag, value],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"argument {flag}: expected a" in proc.stderr and ">= 0" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("argv,names", [
+    (["all-reduce"], ["invalid choice: 'all-reduce'", "all-gather", "probe"]),
+    ([], ["required: SUBCOMMAND"]),
+    (["all-gather", "-b", "lots"], ["-b/--min-bytes", "bad size 'lots'"]),
+    (["p2p", "-e", "0"], ["-e/--max-bytes", "bad size '0'"]),
+    (["all", "-b", "1G", "-e", "64K"], ["-b/--min-bytes 1G is larger than -e/--max-bytes 64K"]),
+    (["broadcast", "-f", "1"], ["-f/--step-factor", "'1'"]),
+    (["all-gather", "-n", "0"], ["-n/--iters", "'0'"]),
+    (["all-gather", "--variants", "nccl,ce_magic"], ["--variants", "'ce_magic'"]),
+    (["reduce-scatter", "-d", "int32"], ["-d/--dtype", "'int32'"]),
+    (["all", "--colls", "all_gather,gossip"], ["--colls", "'gossip'"]),
+    (["p2p", "--patterns", "ring"], ["--patterns", "'ring'"]),
+    (["overlap", "--compute", "fft"], ["--compute", "'fft'"]),
+    (["overlap", "-n", "2"], ["-n/--iters", ">= 3", "'2'"]),
+    (["probe", "--rs-mib", "64,big"], ["--rs-mib", "'big'"]),
+    (["probe", "--parts", "copy,everything"], ["--parts", "'everything'"]),
+])
+def test_collectives_usage_errors_are_one_line_naming_the_input(argv, names, capsys):
+    rc, out, err = _collectives(argv, capsys)
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("bench/collectives.py") and "error: " in err, err
+    assert all(n in err for n in names), err
+    assert "Traceback" not in err
+
+
+def test_collectives_one_line_error_from_the_real_process():
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "collectives.py"), "all-gather", "-b", "lots"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "bench/collectives.py all-gather: error: argument -b/--min-bytes: bad size 'lots': expected bytes with an "
+        "optional K/M/G suffix (64K, 256M) (bench/collectives.py all-gather --help for usage)"]
+
+
+def test_collectives_dry_run_sizes_and_variants(capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for k in ("CE_OVERLAP_STAGING_MB", "CE_OVERLAP_POOL_MB", "CE_OVERLAP_TIMEOUT_S"):
+        monkeypatch.delenv(k, raising=False)
+    rc, out, _ = _collectives(["all-gather", "-b", "1M", "-e", "16M", "-f", "2", "--variants", "nccl,ce_staged",
+                               "--dry-run"], capsys)
+    assert rc == 0
+    plan = json.loads(out)
+    assert plan["sizes"] == [1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20]
+    assert plan["variants"] == {"all_gather": ["nccl", "ce_staged"]}
+    assert plan["pool_env"] == {"CE_OVERLAP_STAGING_MB": "16", "CE_OVERLAP_POOL_MB": str(3 * 16 + 64),
+                                "CE_OVERLAP_TIMEOUT_S": "30"}
+    # bf16 only: a reduce-scatter of int32 is left out of `all` (it says so when run), the rest stays.
+    rc, out, _ = _collectives(["all", "-d", "int32", "--dry-run"], capsys)
+    assert rc == 0 and list(json.loads(out)["variants"]) == ["all_gather", "all_to_all", "broadcast"]
+
+
+LAST_2GPU_RUN = os.path.join(REPO, "bench", "results", "runtime-2026-11-24-2gpu")
+
+
+@pytest.mark.parametrize("argv,recorded", [(["all"], "collectives.json"), (["p2p"], "p2p.json"),
+                                           (["overlap"], "overlap.json"), (["probe"], "ce_probe.json")])
+def test_collectives_defaults_match_the_last_2gpu_run(argv, recorded, capsys, monkeypatch):
+    """What bench/run_device.sh's stages (default options) ask for is what the scripts of the last 2-GPU run asked
+    for: the same arguments under the same JSON keys, and the same pool and timeout settings at world size 2."""
+    import collectives
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for k in ("CE_OVERLAP_STAGING_MB", "CE_OVERLAP_POOL_MB", "CE_OVERLAP_TIMEOUT_S"):
+        monkeypatch.delenv(k, raising=False)
+    with open(os.path.join(LAST_2GPU_RUN, recorded)) as f:
+        run = json.load(f)
+    import _args
+
+    args = collectives.parse_args(argv + ["--out", run["args"]["out"]])
+    assert {k: v for k, v in _args.recorded(args).items() if k in run["args"]} == run["args"]
+    assert set(run["args"]) <= set(_args.recorded(args))
+    rc, out, _ = _collectives(argv + ["--dry-run"], capsys)
+    assert rc == 0
+    want = {k: v for k, v in run["info"]["env"].items() if k.startswith("CE_OVERLAP_")}
+    assert json.loads(out)["pool_env"] == want
+
+
+def test_collectives_tables_from_recorded_results(capsys):
+    """The tables of the sweeps, p2p and the probe, printed from the last 2-GPU run's JSON (no GPU): nccl-tests'
+    columns, the variant's numbers in them, the summary's ratio."""
+    import _ce_variants as V
+    import _p2p
+    import _probe
+    import _sweep
+
+    with open(os.path.join(LAST_2GPU_RUN, "collectives.json")) as f:
+        rows = [r for r in json.load(f)["results"] if r["coll"] == "reduce_scatter"]
+    sizes = sorted({r["bytes_per_rank"] for r in rows})
+    _sweep.print_tables("reduce_scatter", V.RS_VARIANTS, V.RS_HELP, sizes, rows)
+    text = capsys.readouterr().out
+    assert "#  size(B/rank)        count      type    time(us)  algbw(GB/s)  busbw(GB/s)   #wrong" in text
+    assert "      268435456    134217728      bf16      936.93       573.01       286.51        0" in text
+    assert "   268435456              245.7              286.5              284.1              194.7          1.17" in text
+    with open(os.path.join(LAST_2GPU_RUN, "p2p.json")) as f:
+        rows = json.load(f)["results"]
+    _p2p.print_tables("one_way", _p2p.VARIANTS, sorted({r["bytes"] for r in rows}), rows)
+    text = capsys.readouterr().out
+    assert "      268435456    268435456     uint8      710.61       377.75       377.75        0" in text
+    with open(os.path.join(LAST_2GPU_RUN, "ce_probe.json")) as f:
+        probe = json.load(f)
+    _probe._print_rows("# (c)", probe["reduce_scatter"], 2)
+    text = capsys.readouterr().out
+    assert text.count("\n") == 3 + len(probe["reduce_scatter"]) + 2 and "ce sms=32 round=32M" in text
 
 
 def test_size_sweep_is_nccl_tests_style():

@@ -1,27 +1,28 @@
-"""Point-to-point send / recv (pipeline-parallel activations), nccl-tests style: NCCL vs ce_overlap (staged through the
-receiver's landing banks, and direct into one empty_symmetric buffer), 64 KiB .. 1 GiB per message, in two patterns:
+"""Subcommand p2p of bench/collectives.py: point-to-point send / recv (pipeline-parallel activations), nccl-tests
+style: NCCL vs ce_overlap (staged through the receiver's landing banks, and direct into one empty_symmetric buffer),
+64 KiB .. 1 GiB per message, in two patterns:
 
     one_way   rank 0 sends to rank 1 (the others idle): one pipeline hand-off
     exchange  every rank sends to (rank + 1) % n and receives from (rank - 1) % n in one batch: both directions of
               every link busy, as in a 1F1B steady state
 
-    torchrun --nproc-per-node 2 bench/p2p.py --out bench/results/p2p.json
+    torchrun --standalone --nproc-per-node 2 bench/collectives.py p2p --out p2p.json
 
 time = median over --iters batches of the CUDA-event time on the caller's stream around one batch (each variant's
 batch leaves the caller's stream waiting for its completion), max over ranks. algbw = busbw = size / time (nccl-tests'
-sendrecv). #wrong = received elements that differ from what the same batch delivers over NCCL.
+sendrecv). #wrong = received elements that differ from what the same batch delivers over NCCL. Prints a table per
+pattern and variant and a side-by-side busbw summary per pattern; --out writes JSON (schema ce_overlap.bench.p2p/1).
 """
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common as C  # noqa: E402  (sets the multicast-off environment before torch loads NCCL)
+import _args as A
+import _common as C  # (sets the multicast-off environment before torch loads NCCL)
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
 VARIANTS = ["nccl", "ce_staged", "ce_direct"]
 HELP = {
@@ -79,29 +80,35 @@ def make(name: str, pattern: str, nbytes: int, group, rank: int, world: int) -> 
         return C.Variant(name, na_reason=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--min", default="64K")
-    p.add_argument("--max", default="1G")
-    p.add_argument("--factor", type=int, default=4)
-    p.add_argument("--iters", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--patterns", default=",".join(PATTERNS))
-    p.add_argument("--variants", default=",".join(VARIANTS))
-    p.add_argument("--out", help="JSON result path (written by rank 0)")
-    args = p.parse_args()
+def add_parsers(sub) -> None:
+    p = sub.add_parser("p2p", help="send / recv, one way and exchange: NCCL vs ce_overlap staged / direct",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    A.sweep_options(p, iters=30, warmup=5)
+    p.add_argument("--patterns", default=",".join(PATTERNS), type=A.choices_list(PATTERNS),
+                   help=f"comma list of {', '.join(PATTERNS)}")
+    p.add_argument("--variants", default=",".join(VARIANTS), type=A.choices_list(VARIANTS),
+                   help="comma list of " + "; ".join(f"{v}: {HELP[v]}" for v in VARIANTS))
+    A.out_option(p)
+    p.set_defaults(run=run, plan=plan)
+
+
+def plan(args) -> dict:
+    """What a run does (CPU only: bench/collectives.py --dry-run prints it)."""
     sizes = C.size_sweep(args.min, args.max, args.factor)
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
-    # ce_direct holds world buffers of the largest size in the user region; nothing is staged (only defaults:
-    # explicit CE_OVERLAP_* settings win).
+    # ce_direct holds world buffers of the largest size in the user region; nothing is staged.
     size_mb = -(-max(sizes) // (1 << 20))
-    os.environ.setdefault("CE_OVERLAP_STAGING_MB", "1")
-    os.environ.setdefault("CE_OVERLAP_POOL_MB", str(world_env * size_mb + 128))
-    C.size_pool_env(max(sizes), world_env)
+    return {"sizes": sizes, "patterns": A.items(args.patterns), "variants": A.items(args.variants),
+            "pool_env": {**C.pool_env(max(sizes), world_env), "CE_OVERLAP_STAGING_MB": "1",
+                         "CE_OVERLAP_POOL_MB": str(world_env * size_mb + 128)}}
+
+
+def run(args) -> int:
+    todo = plan(args)
+    sizes, variants, patterns = todo["sizes"], todo["variants"], todo["patterns"]
+    C.apply_env_defaults(todo["pool_env"])
     rank, world, _ = C.init()
     group = dist.group.WORLD
-    variants = [v for v in args.variants.split(",") if v]
-    patterns = [q for q in args.patterns.split(",") if q]
     info = C.header(f"send/recv, {world} ranks, median of {args.iters} batches after {args.warmup} warmup")
     for v in variants:
         C.log0(f"#   {v:<10} {HELP.get(v, '')}")
@@ -112,14 +119,13 @@ def main() -> int:
             for name in variants:
                 row = {"pattern": pattern, "variant": name, "bytes": nbytes}
                 v = make(name, pattern, nbytes, group, rank, world)
-                if C.sum_over_ranks(0 if v.run else 1):
-                    na[name] = v.na_reason or "not available on every rank"
+                reason = C.unavailable(v)
+                if reason:
+                    na[name] = reason
                     results.append({**row, "na": na[name]})
                     continue
                 try:
-                    dist.barrier()
-                    times = C.time_op_ms(v.run, args.iters, args.warmup, lambda: C.settle(v, group))
-                    t_ms = C.max_over_ranks(C.median(times))
+                    t_ms = C.time_variant_ms(v, group, args.iters, args.warmup)
                     got = v.output()
                     if name == "nccl":
                         ref = got.clone()
@@ -134,30 +140,23 @@ def main() -> int:
                 bw = nbytes / (t_ms / 1e3) / 1e9
                 results.append({**row, "time_us": t_ms * 1e3, "algbw_gbps": bw, "busbw_gbps": bw, "wrong": wrong})
             torch.cuda.empty_cache()
-        C.log0()
-        C.log0(f"# send/recv, pattern {pattern}: time (us) and busbw (GB/s) side by side; #wrong vs NCCL")
-        C.log0(f"#{'size(B)':>14} " + " ".join(f"{v + ' us':>14} {v + ' GB/s':>16}" for v in variants) +
-               f" {'#wrong':>7} {'best_ce/nccl':>13}")
-        for nbytes in sizes:
-            rows = {r["variant"]: r for r in results if r["pattern"] == pattern and r["bytes"] == nbytes}
-            cells, best_ce, nccl_bw, wrong = [], 0.0, None, 0
-            for v in variants:
-                r = rows.get(v, {})
-                if "time_us" in r:
-                    cells.append(f"{r['time_us']:>14.1f} {r['busbw_gbps']:>16.1f}")
-                    wrong += r["wrong"]
-                    best_ce = max(best_ce, r["busbw_gbps"]) if v.startswith("ce") else best_ce
-                    nccl_bw = r["busbw_gbps"] if v == "nccl" else nccl_bw
-                else:
-                    cells.append(f"{'n/a':>14} {'n/a':>16}")
-            ratio = f"{best_ce / nccl_bw:>13.2f}" if nccl_bw and best_ce else f"{'-':>13}"
-            C.log0(f"{nbytes:>15} " + " ".join(cells) + f" {wrong:>7} {ratio}")
-    C.finish(group, args.out, {"schema": "ce_overlap.bench.p2p/1", "args": vars(args), "results": results}, na, info)
+        print_tables(pattern, variants, sizes, results)
+    C.finish(group, args.out, {"schema": "ce_overlap.bench.p2p/1", "args": A.recorded(args), "results": results}, na,
+             info)
     rc = 0 if all(r.get("wrong", 0) == 0 and "error" not in r for r in results) else 1
     dist.barrier()
     dist.destroy_process_group()
     return rc
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def print_tables(pattern: str, variants: list[str], sizes: list[int], results: list[dict]) -> None:
+    mine = [r for r in results if r["pattern"] == pattern]
+    for name in variants:
+        C.size_table(f"# send/recv, pattern {pattern}, variant: {name} -- {HELP.get(name, '')}",
+                     [{"size": r["bytes"], "count": r["bytes"], "type": "uint8",
+                       "why": r.get("na") or r.get("error", ""), **r} for r in mine if r["variant"] == name])
+
+    def busbw_at(nbytes: int, name: str) -> float | None:
+        return next((r for r in mine if r["variant"] == name and r["bytes"] == nbytes), {}).get("busbw_gbps")
+
+    C.side_by_side(f"# send/recv, pattern {pattern}", sizes, variants, busbw_at)

@@ -1,4 +1,5 @@
-"""Probe of the CE runtime's design questions, on 2 GPUs (bench/run_device.sh runs it); compact tables, JSON via --out.
+"""Subcommand probe of bench/collectives.py: the CE runtime's design questions, on 2 GPUs (bench/run_device.sh runs
+it); compact tables, JSON via --out (schema ce_overlap.bench.ce_probe/2). --parts picks among (a)..(d).
 
 (a) Does a copy within one GPU run on a copy engine or on SMs? A bf16 8192^3 GEMM is timed alone and beside a loop
     of 256 MiB same-GPU copies on another stream, for each way of issuing the copy (ce_overlap::_local_copy modes:
@@ -16,7 +17,8 @@
     bf16 8192^3 GEMM beside it running back to back (one GPU is enough), for
     8..132 CTAs: GB/s of HBM traffic (3 x 256 MiB per call).
 
-    torchrun --standalone --nproc-per-node 2 bench/ce_probe.py --out $OUT/ce_probe.json
+    torchrun --standalone --nproc-per-node 2 bench/collectives.py probe --out $OUT/ce_probe.json
+    torchrun --standalone --nproc-per-node 1 bench/collectives.py probe --parts copy --sustain-gemms 700
 
 Times: CUDA events, median over --iters, max over ranks. busbw = size * (world - 1) / time (nccl-tests' factor).
 """
@@ -25,13 +27,12 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common as C  # noqa: E402
+import _args as A
+import _common as C
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
 COPY_MODES = ["memcpy", "batch_hint", "batch", "peer", "sm_kernel"]
 COPY_HELP = {
@@ -48,51 +49,7 @@ AG_HELP = {
     "push_inplace": "ce_overlap push, symmetric output, input = own shard (no self copy)",
     "push_from_input": "ce_overlap push, symmetric output, ordinary input (+ local self copy)",
 }
-
-
-def gemm():
-    n = 8192
-    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
-    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
-    c = torch.empty(n, n, dtype=torch.bfloat16, device="cuda")
-    return lambda: torch.mm(a, b, out=c)
-
-
-def time_alone(fn, iters: int, warmup: int, settle) -> float:
-    times = C.time_op_ms(fn, iters, warmup, settle)
-    return C.max_over_ranks(C.median(times))
-
-
-def time_beside(compute, side_fn, iters: int, warmup: int, per_launch: int, lead_in: int, settle):
-    """compute on the current stream, side_fn on a side stream, interleaved so the side stream always has queued
-    work. Returns (median compute ms, mean side-op ms beside), max over ranks."""
-    main = torch.cuda.current_stream()
-    side = torch.cuda.Stream()
-    side.wait_stream(main)
-    for _ in range(warmup):
-        compute()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    n_side = 0
-    with torch.cuda.stream(side):
-        s0.record()
-        for _ in range(lead_in):
-            side_fn()
-            n_side += 1
-    for start, end in ev:
-        with torch.cuda.stream(side):
-            for _ in range(per_launch):
-                side_fn()
-                n_side += 1
-        start.record()
-        compute()
-        end.record()
-    with torch.cuda.stream(side):
-        s1.record()
-    main.wait_stream(side)
-    settle()
-    times = [s.elapsed_time(e) for s, e in ev]
-    return C.max_over_ranks(C.median(times[2:])), C.max_over_ranks(s0.elapsed_time(s1) / n_side)
+PARTS = ["copy", "allgather", "reducescatter", "kernel"]
 
 
 def kernel_names(fn) -> dict:
@@ -115,14 +72,14 @@ def probe_local_copies(args, results: dict) -> None:
     src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     src16, dst16 = src.view(torch.int16), dst.view(torch.int16)
-    mm = gemm()
+    mm = C.gemm()
     sync = torch.cuda.synchronize
     dist.barrier()
-    gemm_alone = time_alone(mm, args.iters, 5, sync)
+    gemm_alone = C.time_alone(mm, args.iters, 5, sync)
     results["gemm_alone_ms"] = gemm_alone
     if args.sustain_gemms:  # the same GEMM back to back for about a second, SM clock and board power sampled
         with C.ClockSampler() as sampler:
-            sustained = time_alone(mm, args.sustain_gemms, 5, sync)
+            sustained = C.time_alone(mm, args.sustain_gemms, 5, sync)
         results["gemm_alone_sustained"] = {"gemm_ms": sustained, **sampler.stats()}
     rows = []
     # cudaMemcpyBatchAsync refuses the legacy default stream (torch's default): everything here runs on a side
@@ -150,12 +107,12 @@ def _local_copy_row(mode, src, dst, src16, dst16, mm, gemm_alone, nbytes, args) 
         torch.cuda.synchronize()
         ok = torch.equal(dst, src)
         dst.zero_()
-        copy_ms = time_alone(fn, args.iters, 3, sync)
+        copy_ms = C.time_alone(fn, args.iters, 3, sync)
         per_launch = max(1, math.ceil(gemm_alone / copy_ms)) + 1
-        gemm_ms, copy_beside_ms = time_beside(mm, fn, args.iters, 5, per_launch, 3, sync)
+        gemm_ms, copy_beside_ms = C.time_beside(mm, fn, args.iters, 5, per_launch, 3, sync)
         if args.sustain_gemms:
             with C.ClockSampler() as sampler:
-                sustained, _ = time_beside(mm, fn, args.sustain_gemms, 5, per_launch, 3, sync)
+                sustained, _ = C.time_beside(mm, fn, args.sustain_gemms, 5, per_launch, 3, sync)
             row["sustained"] = {"gemm_ms": sustained, **sampler.stats()}
         row.update({"correct": ok, "copy_ms": copy_ms, "copy_gbps": nbytes / copy_ms / 1e6,
                     "gemm_beside_ms": gemm_ms, "gemm_slowdown_pct": (gemm_ms / gemm_alone - 1) * 100,
@@ -194,39 +151,35 @@ def _print_local_copies(args, rows, gemm_alone, alone: dict | None) -> None:
         C.log0(f"{label:<12} {d['gemm_ms'] * 1e3:>9.1f} {(d['gemm_ms'] / alone['gemm_ms'] - 1) * 100:>+8.1f}% {clock}")
 
 
-def _fmt_size(nbytes: int) -> str:
-    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
-            return f"{nbytes >> shift}{unit}"
-    return str(nbytes)
-
-
 def _measure(run, settle, iters: int, mm, gemm_alone: float, nbytes: int, world: int, beside: bool) -> dict:
     """Times `run` alone and (beside=True) beside the GEMM. busbw = nbytes * (world - 1) / time."""
     dist.barrier()
-    t = time_alone(run, iters, 3, settle)
+    t = C.time_alone(run, iters, 3, settle)
     row = {"time_us": t * 1e3, "busbw_gbps": nbytes * (world - 1) / (t / 1e3) / 1e9}
     if beside:
         per_launch = max(1, math.ceil(gemm_alone / t)) + 1
         dist.barrier()
-        gemm_ms, coll_beside = time_beside(mm, run, iters, 5, per_launch, 2, settle)
+        gemm_ms, coll_beside = C.time_beside(mm, run, iters, 5, per_launch, 2, settle)
         row.update({"gemm_beside_ms": gemm_ms, "gemm_slowdown_pct": (gemm_ms / gemm_alone - 1) * 100,
                     "busbw_beside_gbps": nbytes * (world - 1) / (coll_beside / 1e3) / 1e9})
     return row
 
 
-def _print_rows(title: str, rows: list[dict]) -> None:
-    C.log0()
-    C.log0(title)
-    C.log0(f"{'size':>5} {'variant':<22} {'time(us)':>9} {'busbw':>7} {'GEMM+%':>7} {'busbw beside':>13} {'wrong':>6}")
-    for r in rows:
-        head = f"{_fmt_size(r['bytes']):>5} {r['variant']:<22}"
-        if "time_us" not in r:
-            C.log0(f"{head} n/a: {r.get('na') or r.get('error')}")
-            continue
-        beside = (f"{r['gemm_slowdown_pct']:>+6.1f}% {r['busbw_beside_gbps']:>13.1f}" if "gemm_slowdown_pct" in r
-                  else f"{'-':>7} {'-':>13}")
-        C.log0(f"{head} {r['time_us']:>9.1f} {r['busbw_gbps']:>7.1f} {beside} {r.get('wrong', '-'):>6}")
+def _print_rows(title: str, rows: list[dict], world: int) -> None:
+    """(b) and (c): nccl-tests' columns (size = bytes per rank, bf16; algbw = world * size / time), then the variant,
+    the GEMM's slowdown beside the op and the op's busbw beside the GEMM."""
+    def shown(r: dict) -> dict:
+        row = {"size": r["bytes"], "count": r["bytes"] // 2, "type": "bf16", **r}
+        if "time_us" in r and "wrong" in r and "error" not in r:
+            row["algbw_gbps"] = world * r["bytes"] / (r["time_us"] / 1e6) / 1e9
+        else:
+            row.update(time_us=None, why=r.get("na") or r.get("error", ""))
+        return row
+
+    C.size_table(title, [shown(r) for r in rows], extra=(
+        ("variant", 22, lambda r: r["variant"]),
+        ("GEMM+%", 7, lambda r: f"{r['gemm_slowdown_pct']:+.1f}%" if "gemm_slowdown_pct" in r else "-"),
+        ("busbw beside", 13, lambda r: f"{r['busbw_beside_gbps']:.1f}" if "busbw_beside_gbps" in r else "-")))
 
 
 def probe_all_gather(args, results: dict) -> None:
@@ -236,9 +189,9 @@ def probe_all_gather(args, results: dict) -> None:
     group = dist.group.WORLD
     world, rank = dist.get_world_size(), dist.get_rank()
     ok, reason = rt.available()
-    mm = gemm()
+    mm = C.gemm()
     torch.cuda.synchronize()
-    gemm_alone = results.get("gemm_alone_ms") or time_alone(mm, args.iters, 5, torch.cuda.synchronize)
+    gemm_alone = results.get("gemm_alone_ms") or C.time_alone(mm, args.iters, 5, torch.cuda.synchronize)
     results["gemm_alone_ms"] = gemm_alone
     # "staged" (ordinary input and output: the input is copied into the staging region, the own shard into the
     # output, both by the runtime's local copies) shows what local copies really use (describe's local_copy).
@@ -300,7 +253,7 @@ def probe_all_gather(args, results: dict) -> None:
     results["runtime_local_copy_mode"] = torch.ops.ce_overlap._local_copy_mode() if ok else reason
     _print_rows(f"# (b) all-gather in place into a symmetric output, {world} ranks, bf16; size per rank; GEMM alone "
                 f"{gemm_alone * 1e3:.0f} us; pull_splitK: each peer copy in K pieces on K streams; staged: ordinary "
-                f"input and output", rows)
+                f"input and output", rows, world)
     C.log0(f"# runtime local copies after the staged all-gather: {results['runtime_local_copy_mode']}")
 
 
@@ -311,9 +264,9 @@ def probe_reduce_scatter(args, results: dict) -> None:
     group = dist.group.WORLD
     world, rank = dist.get_world_size(), dist.get_rank()
     ok, reason = rt.available()
-    mm = gemm()
+    mm = C.gemm()
     torch.cuda.synchronize()
-    gemm_alone = results.get("gemm_alone_ms") or time_alone(mm, args.iters, 5, torch.cuda.synchronize)
+    gemm_alone = results.get("gemm_alone_ms") or C.time_alone(mm, args.iters, 5, torch.cuda.synchronize)
     name = rt.rendezvous(group) if ok else ""
     before = rt.tune(group) if ok else ""
     rows = []
@@ -360,7 +313,7 @@ def probe_reduce_scatter(args, results: dict) -> None:
     results["reduce_scatter"] = rows
     results["reduce_scatter_defaults"] = before
     _print_rows(f"# (c) reduce-scatter sum, bf16, ordinary input, {world} ranks; size = output per rank; GEMM alone "
-                f"{gemm_alone * 1e3:.0f} us; defaults: {before}", rows)
+                f"{gemm_alone * 1e3:.0f} us; defaults: {before}", rows, world)
 
 
 def probe_reduce_kernel(args, results: dict) -> None:
@@ -376,22 +329,22 @@ def probe_reduce_kernel(args, results: dict) -> None:
     with torch.cuda.stream(side):
         for ctas in args.kernel_ctas:
             fn = lambda c=ctas: torch.ops.ce_overlap._reduce_bench(out, a, b, c)  # noqa: E731
-            t = time_alone(fn, args.iters, 3, torch.cuda.synchronize)
+            t = C.time_alone(fn, args.iters, 3, torch.cuda.synchronize)
             rows.append({"ctas": ctas, "time_us": t * 1e3, "hbm_gbps": 3 * nbytes / (t / 1e3) / 1e9,
                          "exact": bool(torch.equal(out, want))})
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     # The bf16 8192^3 GEMM beside the kernel running back to back on a side stream (its SM share is what a
     # reduce-scatter costs the compute beside it).
-    mm = gemm()
-    gemm_alone = time_alone(mm, args.iters, 3, torch.cuda.synchronize)
+    mm = C.gemm()
+    gemm_alone = C.time_alone(mm, args.iters, 3, torch.cuda.synchronize)
     for r in rows:
         if r["ctas"] > 64:
             continue
         fn = lambda c=r["ctas"]: torch.ops.ce_overlap._reduce_bench(out, a, b, c)  # noqa: E731
         # Enough kernels per GEMM to cover it: GEMM time / kernel time, plus one.
         per = int(gemm_alone / (r["time_us"] / 1e3)) + 1
-        beside, _ = time_beside(mm, fn, args.iters, 3, per, per, torch.cuda.synchronize)
+        beside, _ = C.time_beside(mm, fn, args.iters, 3, per, per, torch.cuda.synchronize)
         r["gemm_alone_ms"], r["gemm_beside_ms"] = gemm_alone, beside
         r["gemm_slowdown_pct"] = 100 * (beside / gemm_alone - 1)
     results["reduce_kernel"] = rows
@@ -404,38 +357,50 @@ def probe_reduce_kernel(args, results: dict) -> None:
         C.log0(f"{r['ctas']:>5} {r['time_us']:>9.1f} {r['hbm_gbps']:>7.0f} {'y' if r['exact'] else 'N':>6} {slow:>12}")
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--copy-mib", type=int, default=256, help="size of one same-GPU copy, MiB")
-    p.add_argument("--ag-mib", default="64,256", help="all-gather sizes per rank (MiB) measured beside the GEMM")
-    p.add_argument("--rs-mib", default="64,256", help="reduce-scatter output sizes per rank, MiB")
-    p.add_argument("--reduce-sms", default="16,32,64", help="reduction CTAs swept in (c)")
-    p.add_argument("--rs-round-mb", default="8,32", help="reduce-scatter round sizes (MiB) swept in (c)")
-    p.add_argument("--kernel-ctas", default="8,16,32,64,132", help="CTA counts of (d)")
-    p.add_argument("--iters", type=int, default=15)
-    p.add_argument("--sustain-gemms", type=C.non_negative(int), default=0,
+def add_parsers(sub) -> None:
+    p = sub.add_parser("probe", help="(a) same-GPU copy APIs beside a GEMM, (b) all-gather pull split / push, (c) "
+                                     "reduce-scatter tuning, (d) the reduction kernel", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--copy-mib", type=A.at_least(1), default=256, help="size of one same-GPU copy, MiB")
+    p.add_argument("--ag-mib", type=A.int_list(), default="64,256",
+                   help="all-gather sizes per rank (MiB) measured beside the GEMM")
+    p.add_argument("--rs-mib", type=A.int_list(), default="64,256", help="reduce-scatter output sizes per rank, MiB")
+    p.add_argument("--reduce-sms", type=A.int_list(), default="16,32,64", help="reduction CTAs swept in (c)")
+    p.add_argument("--rs-round-mb", type=A.int_list(), default="8,32",
+                   help="reduce-scatter round sizes (MiB) swept in (c)")
+    p.add_argument("--kernel-ctas", type=A.int_list(), default="8,16,32,64,132", help="CTA counts of (d)")
+    A.timing_options(p, iters=15, warmup=None, min_iters=3)
+    p.add_argument("--sustain-gemms", type=A.non_negative(int), default=0,
                    help="(a): also time this many GEMMs back to back alone and beside each copy mode, with the SM clock "
                         "and board power sampled (NVML): a slowdown with the clock down is the board's power limit")
-    p.add_argument("--parts", default="copy,allgather,reducescatter,kernel")
-    p.add_argument("--out", help="JSON result path (written by rank 0)")
-    args = p.parse_args()
-    ints = lambda text: [int(v) for v in text.split(",") if v]  # noqa: E731
-    args.ag_mib, args.rs_mib = ints(args.ag_mib), ints(args.rs_mib)
-    args.reduce_sms, args.rs_round_mb, args.kernel_ctas = ints(args.reduce_sms), ints(args.rs_round_mb), ints(
-        args.kernel_ctas)
+    p.add_argument("--parts", default=",".join(PARTS), type=A.choices_list(PARTS),
+                   help=f"comma list of {', '.join(PARTS)}: (a) .. (d) above")
+    A.out_option(p)
+    p.set_defaults(run=run, plan=plan)
+
+
+def plan(args) -> dict:
+    """What a run does and the pool it asks for (CPU only: bench/collectives.py --dry-run prints it). User region:
+    the largest in-place all-gather output (world * size); staging: 2 banks of the largest round."""
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
-    # User region: the largest in-place all-gather output (world * size); staging: 2 banks of the largest round.
-    biggest = max(args.ag_mib + [1])
-    os.environ.setdefault("CE_OVERLAP_STAGING_MB", str(max(64, 2 * max(args.rs_round_mb + [1]) * max(1, world_env - 1))))
-    os.environ.setdefault("CE_OVERLAP_POOL_MB", str(world_env * biggest + 128 + int(os.environ["CE_OVERLAP_STAGING_MB"])))
-    os.environ.setdefault("CE_OVERLAP_TIMEOUT_S", "30")
+    staging_mb = max(64, 2 * max(args.rs_round_mb + [1]) * max(1, world_env - 1))
+    staging_mb_set = int(os.environ.get("CE_OVERLAP_STAGING_MB", staging_mb))  # an explicit setting wins
+    return {"parts": A.items(args.parts), "pool_env": {
+        "CE_OVERLAP_STAGING_MB": str(staging_mb),
+        "CE_OVERLAP_POOL_MB": str(world_env * max(args.ag_mib + [1]) + 128 + staging_mb_set),
+        "CE_OVERLAP_TIMEOUT_S": "30"}}
+
+
+def run(args) -> int:
+    todo = plan(args)
+    C.apply_env_defaults(todo["pool_env"])
     C.init()
     import ce_overlap.runtime as rt
 
     info = C.header("ce_overlap probe: same-GPU copies; all-gather pull split / push; reduce-scatter tuning; "
                     "reduction kernel")
     results: dict = {}
-    parts = args.parts.split(",")
+    parts = todo["parts"]
     ok, reason = rt.available()
     if ok:
         rt.rendezvous(dist.group.WORLD)
@@ -451,14 +416,11 @@ def main() -> int:
     if "kernel" in parts and ok:
         probe_reduce_kernel(args, results)
     group = dist.group.WORLD
-    C.finish(group, args.out, {"schema": "ce_overlap.bench.ce_probe/2", "args": vars(args), **results}, {}, info)
+    C.finish(group, args.out, {"schema": "ce_overlap.bench.ce_probe/2", "args": A.recorded(args), **results}, {},
+             info)
     rows = results.get("all_gather", []) + results.get("reduce_scatter", [])
     bad = any(r.get("wrong", 0) for r in rows) or any("error" in r for r in rows) or any(
         not r["exact"] for r in results.get("reduce_kernel", []))
     dist.barrier()
     dist.destroy_process_group()
     return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

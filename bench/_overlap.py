@@ -1,9 +1,11 @@
-"""How much a collective running beside compute slows the compute: a bf16 8192^3 GEMM and a memory-bound elementwise
-add of 1 GiB tensors, timed alone and while each all-gather variant (256 MiB per rank: NCCL, ce_overlap staged /
-zero-copy / in-place pull / push, symm_mem) and each reduce-scatter variant (256 MiB output per rank: NCCL,
-ce_overlap, symm_mem) loops back to back on its own stream. Prints the slowdown (%) per pair; --out writes JSON.
+"""Subcommand overlap of bench/collectives.py: how much a collective running beside compute slows the compute: a
+bf16 8192^3 GEMM and a memory-bound elementwise add of 1 GiB tensors, timed alone and while each all-gather variant
+(256 MiB per rank: NCCL, ce_overlap staged / zero-copy / in-place pull / push, symm_mem) and each reduce-scatter
+variant (256 MiB output per rank: NCCL, ce_overlap, symm_mem) loops back to back on its own stream. Prints the
+slowdown (%) per pair; --out writes JSON (schema ce_overlap.bench.overlap/1).
 
-    torchrun --nproc-per-node 2 bench/overlap.py --out bench/results/overlap.json
+    torchrun --standalone --nproc-per-node 2 bench/collectives.py overlap --out overlap.json
+    torchrun --standalone --nproc-per-node 2 bench/collectives.py overlap --sustain-ms 1000 --compute gemm
 
 The compute kernel is timed with CUDA events on the compute stream, median over --iters launches; the collective
 stream is kept busy for the whole window (two collectives are enqueued per compute launch, plus a lead-in), and its
@@ -15,24 +17,22 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common as C  # noqa: E402
-import _ce_variants as V  # noqa: E402
+import _args as A
+import _common as C
+import _ce_variants as V
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
+
+COMPUTES = ["gemm", "membound"]
 
 
 def make_compute(kind: str):
     """Returns (label, fn, work description) for one compute kernel on the current stream."""
     if kind == "gemm":
         n = 8192
-        a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
-        b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
-        c = torch.empty(n, n, dtype=torch.bfloat16, device="cuda")
-        return "bf16 GEMM 8192^3", (lambda: torch.mm(a, b, out=c)), {"flops": 2 * n ** 3}
+        return "bf16 GEMM 8192^3", C.gemm(n), {"flops": 2 * n ** 3}
     if kind == "membound":
         numel = (1 << 30) // 2  # 1 GiB of bf16 per operand
         x = torch.randn(numel, dtype=torch.bfloat16, device="cuda")
@@ -43,8 +43,7 @@ def make_compute(kind: str):
 
 
 def time_compute_alone(fn, iters: int, warmup: int) -> float:
-    times = C.time_op_ms(fn, iters, warmup, torch.cuda.synchronize)
-    return C.max_over_ranks(C.median(times[2:] if len(times) > 4 else times))
+    return C.time_alone(fn, iters, warmup, torch.cuda.synchronize, skip_first=2)
 
 
 def clocks_min_over_ranks(stats: dict) -> dict:
@@ -54,66 +53,46 @@ def clocks_min_over_ranks(stats: dict) -> dict:
     return {"sm_clock_mhz": -C.max_over_ranks(-stats["sm_clock_mhz"]), "power_w": C.max_over_ranks(stats["power_w"])}
 
 
-def time_compute_beside(fn, v: C.Variant, iters: int, warmup: int, group, per_launch: int, lead_in: int):
-    """Compute on the current stream, collective `v` on a side stream, launched interleaved so the side stream
-    always has queued work while the compute runs. Returns (median compute ms, mean collective ms beside)."""
-    compute = torch.cuda.current_stream()
-    side = torch.cuda.Stream()
-    side.wait_stream(compute)
-    for _ in range(warmup):
-        fn()
-    c_events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    s_start, s_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    n_coll = 0
-    with torch.cuda.stream(side):
-        s_start.record()
-        for _ in range(lead_in):
-            v.run()
-            n_coll += 1
-    for start, end in c_events:
-        with torch.cuda.stream(side):
-            for _ in range(per_launch):
-                v.run()
-                n_coll += 1
-        start.record()
-        fn()
-        end.record()
-    with torch.cuda.stream(side):
-        s_end.record()
-    compute.wait_stream(side)
-    C.settle(v, group)
-    times = [s.elapsed_time(e) for s, e in c_events]
-    # The first launches may start before the side stream has ramped up; the median ignores them anyway.
-    return C.max_over_ranks(C.median(times[2:])), C.max_over_ranks(s_start.elapsed_time(s_end) / n_coll)
-
-
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size-mib", type=int, default=256, help="all-gather size per rank, MiB")
-    p.add_argument("--iters", type=int, default=40, help="compute launches timed per measurement")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--per-launch", type=int, default=2, help="collectives enqueued per compute launch")
-    p.add_argument("--compute", default="gemm,membound")
-    p.add_argument("--variants", default=",".join(V.AG_VARIANTS), help=f"all-gather variants, of {V.AG_VARIANTS}")
-    p.add_argument("--rs-variants", default=",".join(V.RS_VARIANTS), help=f"reduce-scatter variants, of {V.RS_VARIANTS}")
-    p.add_argument("--sustain-ms", type=C.non_negative(float), default=0.0,
+def add_parsers(sub) -> None:
+    p = sub.add_parser("overlap", help="a GEMM and a memory-bound add timed alone and beside every all-gather and "
+                                       "reduce-scatter variant", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size-mib", type=A.at_least(1), default=256, metavar="MIB",
+                   help="collective size per rank, MiB (default %(default)s)")
+    A.timing_options(p, iters=40, warmup=5, min_iters=3)
+    p.add_argument("--per-launch", type=A.at_least(1), default=2, help="collectives enqueued per compute launch")
+    p.add_argument("--compute", default=",".join(COMPUTES), type=A.choices_list(COMPUTES),
+                   help=f"comma list of {', '.join(COMPUTES)}")
+    p.add_argument("--variants", default=",".join(V.AG_VARIANTS), type=A.choices_list(V.AG_VARIANTS),
+                   help=f"all-gather variants, of {', '.join(V.AG_VARIANTS)}")
+    p.add_argument("--rs-variants", default=",".join(V.RS_VARIANTS), type=A.choices_list(V.RS_VARIANTS),
+                   help=f"reduce-scatter variants, of {', '.join(V.RS_VARIANTS)}")
+    p.add_argument("--sustain-ms", type=A.non_negative(float), default=0.0,
                    help="time each measurement over about this long (iters from the compute's own time) and re-time "
                         "the compute alone before every variant, so both arms run at the board's steady, power-limited "
                         "clocks (a short burst alone runs at boost clocks; on one H200 a GEMM took 1387 us in a burst, "
                         "1621 us sustained)")
-    p.add_argument("--out", help="JSON result path (written by rank 0)")
-    args = p.parse_args()
+    A.out_option(p)
+    p.set_defaults(run=run, plan=plan)
 
+
+def plan(args) -> dict:
+    """What a run does (CPU only: bench/collectives.py --dry-run prints it). Labels "ag:<variant>", "rs:<variant>"."""
     nbytes = args.size_mib << 20
-    C.size_pool_env(nbytes, int(os.environ.get("WORLD_SIZE", "1")))
+    return {"size_bytes_per_rank": nbytes, "computes": A.items(args.compute),
+            "variants": [f"ag:{v}" for v in A.items(args.variants)] + [f"rs:{v}" for v in A.items(args.rs_variants)],
+            "pool_env": C.pool_env(nbytes, int(os.environ.get("WORLD_SIZE", "1")))}
+
+
+def run(args) -> int:
+    todo = plan(args)
+    nbytes = todo["size_bytes_per_rank"]
+    C.apply_env_defaults(todo["pool_env"])
     rank, world, _ = C.init()
     group = dist.group.WORLD
     info = C.header(f"compute slowdown beside all-gathers / reduce-scatters of {args.size_mib} MiB per rank, "
                     f"{world} ranks")
-    # Labels "ag:<variant>" and "rs:<variant>".
-    variants = [f"ag:{v}" for v in args.variants.split(",") if v] + [f"rs:{v}" for v in args.rs_variants.split(",")
-                                                                    if v]
-    computes = [c for c in args.compute.split(",") if c]
+    variants, computes = todo["variants"], todo["computes"]
 
     count = nbytes // 2
     inp = torch.randn(count, dtype=torch.bfloat16, device="cuda")
@@ -134,12 +113,12 @@ def main() -> int:
     coll_alone = {}
     for name in variants:
         v = make(name)
-        if C.sum_over_ranks(0 if v.run else 1):
-            na[name] = v.na_reason or "not available on every rank"
+        reason = C.unavailable(v)
+        if reason:
+            na[name] = reason
             continue
         try:
-            dist.barrier()
-            coll_alone[name] = C.max_over_ranks(C.median(C.time_op_ms(v.run, 20, 5, lambda: C.settle(v, group))))
+            coll_alone[name] = C.time_variant_ms(v, group, 20, 5)
         except Exception as e:  # noqa: BLE001
             C.print_exc_rank()
             na[name] = C.format_exc_line(e)
@@ -171,8 +150,9 @@ def main() -> int:
                 results.append({"compute": kind, "label": label, "variant": name, "na": failed_ce})
                 continue
             v = make(name)
-            if C.sum_over_ranks(0 if v.run else 1):
-                results.append({"compute": kind, "label": label, "variant": name, "na": v.na_reason})
+            reason = C.unavailable(v)
+            if reason:
+                results.append({"compute": kind, "label": label, "variant": name, "na": reason})
                 continue
             try:
                 dist.barrier()
@@ -181,8 +161,8 @@ def main() -> int:
                         alone_ms = time_compute_alone(fn, iters, args.warmup)
                     alone_clocks = clocks_min_over_ranks(sampler.stats())
                 with sampler:
-                    beside_ms, coll_ms = time_compute_beside(fn, v, iters, args.warmup, group,
-                                                             args.per_launch, lead_in=3)
+                    beside_ms, coll_ms = C.time_beside(fn, v.run, iters, args.warmup, args.per_launch, 3,
+                                                       lambda: C.settle(v, group))
             except Exception as e:  # noqa: BLE001
                 C.print_exc_rank()
                 reason = C.format_exc_line(e)
@@ -226,14 +206,10 @@ def main() -> int:
                + f" {r['slowdown_pct']:>+10.1f} {rate:>13.1f} "
                + (f"{coll * 1e3:>10.1f} {r['collective_busbw_beside_gbps']:>11.1f}" if coll else f"{'-':>10} {'-':>11}")
                + (f" {r['sm_clock_mhz']:>7.0f} {r['power_w']:>5.0f}" if "sm_clock_mhz" in r else f" {'-':>7} {'-':>5}"))
-    C.finish(group, args.out, {"schema": "ce_overlap.bench.overlap/1", "args": vars(args),
+    C.finish(group, args.out, {"schema": "ce_overlap.bench.overlap/1", "args": A.recorded(args),
                                "size_bytes_per_rank": nbytes, "collective_alone_ms": coll_alone,
                                "results": results}, na, info)
     rc = 0 if not any("error" in r for r in results) else 1
     dist.barrier()
     dist.destroy_process_group()
     return rc
-
-
-if __name__ == "__main__":
-    sys.exit(main())
