@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Device run of the training benchmark (bench/train.py) on every GPU of the box, all modes back to back in one
-# process: the 8-layer Llama-3-8B-width shape at sequence 4096 (CE_TRAIN_LAYERS to change), with GPU kernel time by
-# class for CE_TRAIN_KERNEL_PROFILE steps per mode (default 2; bench/step_prediction.py compares it with the model),
-# then the pass's own GPU check (tests/pass_gpu/run_pass_gpu.py) when CE_TRAIN_PASS_CHECK=1. Results:
-# $OUT/train.json, logs, one archive (the device tool returns few files).
+# Device run of the training benchmark (bench/train.py) on every GPU of the box, from the repo root: env, build, the
+# pass's GPU check when CE_TRAIN_PASS_CHECK=1, then all modes of CE_TRAIN_MODES back to back (each in its own
+# process per rank) at the 8-layer Llama-3-8B-width shape, sequence 4096, with the cost model's prediction and GPU
+# kernel time by class for CE_TRAIN_KERNEL_PROFILE steps per mode. Results: $OUT/train.json, logs, $OUT/summary.txt,
+# one archive train.tgz. bench/README.md: every knob, and bench/step_prediction.py / plot_train.py for afterwards.
 #
 #   bash bench/train_device.sh
 #   CE_TRAIN_LAYERS=32 CE_TRAIN_MODES=compile,compile+inductor-overlap,ce_overlap,no-comm bash bench/train_device.sh
@@ -20,14 +20,9 @@ STEPS=${CE_TRAIN_STEPS:-25}
 
 stage env 30 env_info
 stage build 240 build
-if [ "${CE_TRAIN_PASS_CHECK:-0}" = 1 ]; then
-  stage pass_gpu 150 torchrun2 tests/pass_gpu/run_pass_gpu.py --models "${CE_TRAIN_PASS_MODELS:-llama3-tiny}" \
-    ${CE_TRAIN_PASS_VARIANTS:+--variants "$CE_TRAIN_PASS_VARIANTS"} \
-    --out "$OUT/pass_gpu.json"
-fi
+if [ "${CE_TRAIN_PASS_CHECK:-0}" = 1 ]; then pass_gpu_stage llama3-tiny 150; fi
 stage train 540 torchrun_all bench/train.py --layers "$LAYERS" --seq-len 4096 --steps "$STEPS" --warmup 5 \
   --modes "$MODES" --predict --kernel-profile "${CE_TRAIN_KERNEL_PROFILE:-2}" ${CE_TRAIN_CE:+--ce "$CE_TRAIN_CE"} \
   --out "$OUT/train.json"
 
-summary "ce_overlap training benchmark device run"
-[ "${CE_DEVICE_PACK:-1}" = 1 ] && pack train
+finish "ce_overlap training benchmark device run" train

@@ -396,3 +396,124 @@ def test_train_lr_warmup_and_loss_agreement():
     assert ok, why
     ok, why = train.losses_agree([mode("a", [12.5, 12.4]), mode("b", [12.5, 12.65]), mode("c", [12.5, 12.4])])
     assert not ok and "step 2" in why and "b 12.6500" in why
+
+
+# The device drivers (bench/*_device.sh, bench/device_session.sh), dry: CE_DEVICE_DRY_RUN=1 logs every stage's
+# command and runs none, so the commands the knobs make can be checked here.
+
+def _driver(script: str, out, env: dict) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHON" and not k.startswith(
+        ("CE_DEVICE_", "CE_TRAIN_", "CE_SESSION_", "CE_COMPUTE_"))}
+    return subprocess.run(["bash", os.path.join(BENCH, script)], capture_output=True, text=True, timeout=120,
+                          env={**clean, "CE_DEVICE_DRY_RUN": "1", "CE_DEVICE_PACK": "0", "OUT": str(out), **env})
+
+
+def _stage_commands(out) -> dict[str, str]:
+    """stage name -> the command its log says it would run."""
+    cmds = {}
+    for log in sorted(out.glob("*.log")):
+        first = log.read_text().splitlines()[0]
+        if "(timeout" in first:
+            cmds[log.stem] = first.split(") ", 1)[1]
+    return cmds
+
+
+def test_run_device_dry_runs_the_stages_in_order_with_the_entry_points(tmp_path):
+    proc = _driver("run_device.sh", tmp_path, {})
+    assert proc.returncode == 0, proc.stderr
+    summary = (tmp_path / "summary.txt").read_text().splitlines()[1:]
+    assert [line.split(":")[0].strip() for line in summary] == [
+        "env", "build", "collectives", "p2p", "overlap", "overlap_sustained", "gpu_tests", "pass_gpu", "probe",
+        "cpu_tests", "memcheck", "racecheck", "synccheck"]
+    cmds = _stage_commands(tmp_path)
+    assert cmds["collectives"] == f"torchrun2 bench/collectives.py all --out {tmp_path}/collectives.json"
+    assert cmds["p2p"] == f"torchrun2 bench/collectives.py p2p --out {tmp_path}/p2p.json"
+    assert cmds["overlap_sustained"] == (f"torchrun2 bench/collectives.py overlap --sustain-ms 1000 --compute gemm "
+                                         f"--out {tmp_path}/overlap-sustained.json")
+    assert cmds["probe"] == f"torchrun2 bench/collectives.py probe --out {tmp_path}/ce_probe.json"
+    assert cmds["pass_gpu"] == (f"torchrun2 tests/pass_gpu/run_pass_gpu.py --models llama3-tiny,llama3-1b "
+                                f"--out {tmp_path}/pass_gpu.json")
+    # Every collectives command the driver composes parses (and plans) as the entry point sees it.
+    import collectives
+
+    for name in ("collectives", "p2p", "overlap", "overlap_sustained", "probe"):
+        collectives.parse_args(cmds[name].split()[2:])
+
+
+def test_driver_invocations_from_the_notes(tmp_path):
+    """The exact invocations the previous sessions' notes hand on keep doing what they did."""
+    out = tmp_path / "a"
+    proc = _driver("run_device.sh", out, {"CE_DEVICE_BUDGET_S": "560", "CE_DEVICE_STAGES": "pass_gpu",
+                                          "CE_DEVICE_PASS_MODELS": "llama3-1b", "CE_DEVICE_PASS_S": "500",
+                                          "CE_DEVICE_PASS_VARIANTS": "inductor,pass-on-nccl,pass-ce-ag,pass-ce-all"})
+    assert proc.returncode == 0, proc.stderr
+    assert _stage_commands(out)["pass_gpu"] == (
+        f"torchrun2 tests/pass_gpu/run_pass_gpu.py --models llama3-1b --variants "
+        f"inductor,pass-on-nccl,pass-ce-ag,pass-ce-all --out {out}/pass_gpu.json")
+    assert "pass_gpu: dry run (timeout 500s)" in (out / "summary.txt").read_text()
+
+    out = tmp_path / "b"
+    proc = _driver("run_device.sh", out, {"CE_DEVICE_BUDGET_S": "570", "CE_DEVICE_FAULTS_S": "330",
+                                          "CE_DEVICE_STAGES": "collectives overlap probe faults"})
+    assert proc.returncode == 0, proc.stderr
+    assert list(_stage_commands(out)) == ["build", "collectives", "env", "faults", "overlap", "probe"]
+    assert _stage_commands(out)["faults"] == (
+        f"python3 bench/fault_repeats.py --repeats 20 --parallel 6 --out {out}/faults.json")
+    assert "faults: dry run (timeout 330s)" in (out / "summary.txt").read_text()
+
+    out = tmp_path / "c"
+    proc = _driver("device_session.sh", out, {
+        "CE_TRAIN_CE": "on", "CE_TRAIN_PASS_CHECK": "0", "CE_SESSION_TRAIN_S": "560", "CE_SESSION_VALIDATION_S": "1",
+        "CE_TRAIN_KERNEL_PROFILE": "3", "CE_TRAIN_MODES": "compile,ce_overlap,ce_overlap-rs-kernel,no-comm"})
+    assert proc.returncode == 0, proc.stderr
+    train = _stage_commands(out / "train")
+    assert "pass_gpu" not in train and train["train"] == (
+        f"torchrun_all bench/train.py --layers 8 --seq-len 4096 --steps 25 --warmup 5 --modes "
+        f"compile,ce_overlap,ce_overlap-rs-kernel,no-comm --predict --kernel-profile 3 --ce on "
+        f"--out {out}/train/train.json")
+    assert "train: dry run (timeout 540s)" in (out / "train" / "summary.txt").read_text()
+    assert (out / "cal" / "validation.log").read_text().startswith(
+        f"(dry run) timeout 1 python3 -m torch.distributed.run --standalone --nproc-per-node 2 "
+        f"bench/cost_model_validation.py --out {out}/cal")
+    assert (out / "all.tgz").exists() and not (out / "faults").exists()
+
+    out = tmp_path / "d"
+    proc = _driver("train_device.sh", out, {"CE_TRAIN_LAYERS": "32"})
+    assert proc.returncode == 0, proc.stderr
+    assert _stage_commands(out)["train"].startswith("torchrun_all bench/train.py --layers 32 --seq-len 4096")
+
+    out = tmp_path / "e"
+    proc = _driver("calibrate_device.sh", out, {})
+    assert proc.returncode == 0, proc.stderr
+    assert list(_stage_commands(out)) == ["analyze", "build", "calibrate", "calibrate_1gpu", "env", "validation"]
+
+
+def test_device_session_runs_the_faults_stage_when_given_its_seconds(tmp_path):
+    proc = _driver("device_session.sh", tmp_path, {"CE_DEVICE_FAULTS_S": "180"})
+    assert proc.returncode == 0, proc.stderr
+    assert _stage_commands(tmp_path / "faults")["faults"].startswith("python3 bench/fault_repeats.py --repeats 20")
+    assert "faults: dry run (timeout 180s)" in (tmp_path / "faults" / "summary.txt").read_text()
+    train = _stage_commands(tmp_path / "train")  # the session's defaults: the pass check first, five modes
+    assert train["pass_gpu"].startswith("torchrun2 tests/pass_gpu/run_pass_gpu.py --models llama3-tiny --out")
+    assert "--modes compile,compile+inductor-overlap,ce_overlap,ce_overlap-rs-kernel,no-comm " in train["train"]
+
+
+def test_compute_device_takes_the_training_knobs(tmp_path):
+    proc = _driver("compute_device.sh", tmp_path, {"CE_TRAIN_LAYERS": "12"})
+    assert proc.returncode == 0, proc.stderr
+    assert "bench/train.py --layers 12 --seq-len 4096 --steps 10" in _stage_commands(tmp_path)["train_1gpu"]
+
+
+@pytest.mark.parametrize("script,env,message", [
+    ("compute_device.sh", {"CE_COMPUTE_LAYERS": "12"}, "CE_COMPUTE_LAYERS is now CE_TRAIN_LAYERS"),
+    ("train_device.sh", {"CE_TRAIN_PASS_MODELS": "llama3-1b"}, "CE_TRAIN_PASS_MODELS is now CE_DEVICE_PASS_MODELS"),
+    ("train_device.sh", {"CE_TRAIN_PASS_VARIANTS": "inductor"}, "CE_TRAIN_PASS_VARIANTS is now CE_DEVICE_PASS_VARIANTS"),
+    ("device_session.sh", {"CE_SESSION_FAULTS_S": "180"}, "CE_SESSION_FAULTS_S is now CE_DEVICE_FAULTS_S"),
+    ("run_device.sh", {"CE_DEVICE_BUDGET_S": "9m"}, "CE_DEVICE_BUDGET_S=9m: expected a whole number"),
+    ("train_device.sh", {"CE_TRAIN_LAYERS": "eight"}, "CE_TRAIN_LAYERS=eight: expected a whole number"),
+    ("run_device.sh", {"CE_DEVICE_STAGES": "probe probes"}, "unknown stage 'probes'"),
+])
+def test_drivers_refuse_renamed_and_bad_knobs(script, env, message, tmp_path):
+    proc = _driver(script, tmp_path, env)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not any(tmp_path.glob("*.log"))  # nothing ran
