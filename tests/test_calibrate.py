@@ -478,14 +478,14 @@ def test_progress_bar_plain_text():
 
 
 def test_solvers():
-    x, ok = calibrate._solve(lambda v: 1000 / v, 250.0, 0.1, 100.0)
+    x, ok = calibrate.solve(lambda v: 1000 / v, 250.0, 0.1, 100.0)
     assert ok and x == pytest.approx(4.0, rel=1e-6)
-    x, ok = calibrate._solve(lambda v: 1000 / v, 1e6, 0.1, 100.0)  # out of range: the nearer bound
+    x, ok = calibrate.solve(lambda v: 1000 / v, 1e6, 0.1, 100.0)  # out of range: the nearer bound
     assert not ok and x == 0.1
     rows = [(0.2, 0.01, 0.201), (0.0, 0.3, 0.03)]
-    sm, hbm = calibrate._nnls2(rows)
+    sm, hbm = calibrate.nnls2(rows)
     assert sm == pytest.approx(1.0, rel=1e-3) and hbm == pytest.approx(0.1, rel=1e-3)
-    assert calibrate._nnls2([(1.0, 0.0, -0.5)]) == (0.0, 0.0)  # never negative
+    assert calibrate.nnls2([(1.0, 0.0, -0.5)]) == (0.0, 0.0)  # never negative
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,165 @@
+"""The compute and memory measurements of `ce-overlap calibrate`, one GPU each: square and transformer-shaped bf16
+GEMMs, causal attention, fused AdamW, activation-sized memory-bound kernels, the CE reduction kernel alone and
+beside compute, and the one-way peer copy. torch is imported when a measurement runs, not when this loads."""
+from __future__ import annotations
+
+import os
+import statistics
+
+from .common import (ADAMW_BYTES_PER_PARAM, ATTENTION_SHAPE, COMPUTE_KINDS, MEMBOUND_BYTES_PER_OPERAND, MIB,
+                     OPTIMIZER_PARAMS, TRANSFORMER_GEMMS)
+from .timing import NotAvailable, measure_beside, median_us, time_each_us, torch_module
+
+
+def make_compute(kind: str):
+    """(fn, work) for `gemm` (bf16 8192^3 by default) or `memory_bound` (add of 1 GiB bf16 tensors)."""
+    torch = torch_module()
+    if kind == "gemm" or kind.startswith("gemm"):
+        n = int(kind[4:] or 8192)
+        a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+        b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+        c = torch.empty(n, n, dtype=torch.bfloat16, device="cuda")
+        return (lambda: torch.mm(a, b, out=c)), {"n": n, "flops": 2 * n ** 3}
+    if kind == "memory_bound":
+        numel = MEMBOUND_BYTES_PER_OPERAND // 2
+        x = torch.randn(numel, dtype=torch.bfloat16, device="cuda")
+        y = torch.randn(numel, dtype=torch.bfloat16, device="cuda")
+        z = torch.empty_like(x)
+        return (lambda: torch.add(x, y, out=z)), {"bytes": 3 * numel * 2}
+    raise ValueError(kind)
+
+
+# as Inductor fuses them: elementwise adds (2 reads, 1 write), SwiGLU's silu(a) * b, and a row-wise RMSNorm-like
+# reduction (1 read, 1 write). Their median efficiency is efficiency.memory: a 1 GiB add streams faster than these.
+MEMORY_KERNEL_MIB = (32, 112)
+
+
+def measure_memory_kernels(iters: int, warmup: int) -> list[dict]:
+    """[{name, bytes, us}] for the memory-bound kernels above, each at MEMORY_KERNEL_MIB per operand."""
+    torch = torch_module()
+    out = []
+    for mib in MEMORY_KERNEL_MIB:
+        numel = (mib << 20) // 2
+        a = torch.randn(numel // 4096, 4096, dtype=torch.bfloat16, device="cuda")
+        b = torch.randn_like(a)
+        c = torch.empty_like(a)
+        # dynamic=False: the same code at a second size would otherwise recompile as a dynamic-shape kernel,
+        # which is not what a training step's static shapes run.
+        silu_mul = torch.compile(lambda x, y: torch.nn.functional.silu(x) * y, dynamic=False)
+        rms = torch.compile(lambda x: x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(x.dtype),
+                            dynamic=False)
+        for name, fn, nbytes in (("add", lambda: torch.add(a, b, out=c), 3 * numel * 2),
+                                 ("silu_mul", lambda: silu_mul(a, b), 3 * numel * 2),
+                                 ("rmsnorm", lambda: rms(a), 2 * numel * 2)):
+            out.append({"name": f"{name} {mib} MiB", "bytes": nbytes, "us": median_us(fn, iters, warmup)})
+        del a, b, c
+    torch.cuda.empty_cache()
+    return out
+
+
+def measure_optimizer(iters: int, warmup: int, numel: int = OPTIMIZER_PARAMS) -> dict:
+    """One fused AdamW step (torch.optim.AdamW(fused=True)) over `numel` fp32 parameters in 64 tensors, as a training
+    step runs it over fp32 master shards: ADAMW_BYTES_PER_PARAM bytes of HBM traffic per parameter."""
+    torch = torch_module()
+    n = numel // 64
+    params = [torch.nn.Parameter(torch.randn(n, device="cuda")) for _ in range(64)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
+    us = median_us(opt.step, iters, warmup)
+    del opt, params
+    torch.cuda.empty_cache()
+    return {"params": 64 * n, "bytes": ADAMW_BYTES_PER_PARAM * 64 * n, "us": us}
+
+
+def measure_attention(iters: int, warmup: int, shape: tuple[int, int, int, int] = ATTENTION_SHAPE) -> dict:
+    """Causal bf16 scaled-dot-product attention as the models call it: forward alone, and forward + backward (the
+    backward is the difference), medians in us."""
+    torch = torch_module()
+    import torch.nn.functional as F
+
+    b, h, s, d = shape
+    q, k, v = (torch.randn(b, h, s, d, dtype=torch.bfloat16, device="cuda", requires_grad=True) for _ in range(3))
+    grad = torch.randn(b, h, s, d, dtype=torch.bfloat16, device="cuda")
+
+    def forward():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def forward_backward():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.autograd.grad(out, (q, k, v), grad)
+
+    fwd = median_us(forward, iters, warmup)
+    both = median_us(forward_backward, iters, warmup)
+    return {"batch": b, "heads": h, "seq": s, "head_dim": d, "causal": True, "forward_us": fwd,
+            "backward_us": max(both - fwd, 1e-3)}
+
+
+def measure_transformer_gemms(iters: int, warmup: int) -> list[dict]:
+    """bf16 GEMMs of TRANSFORMER_GEMMS, each as forward / input gradient / weight gradient: [{m, n, k, kind, us}]
+    where the product is (m x k) @ (k x n)."""
+    torch = torch_module()
+    out = []
+    for tokens, n_out, n_in in TRANSFORMER_GEMMS:
+        x = torch.randn(tokens, n_in, dtype=torch.bfloat16, device="cuda")
+        w = torch.randn(n_out, n_in, dtype=torch.bfloat16, device="cuda")
+        dy = torch.randn(tokens, n_out, dtype=torch.bfloat16, device="cuda")
+        for kind, fn, (m, n, k) in (("forward", lambda: x @ w.t(), (tokens, n_out, n_in)),
+                                    ("input_grad", lambda: dy @ w, (tokens, n_in, n_out)),
+                                    ("weight_grad", lambda: dy.t() @ x, (n_out, n_in, tokens))):
+            out.append({"m": m, "n": n, "k": k, "kind": kind, "us": median_us(fn, iters, warmup)})
+        del x, w, dy
+    torch.cuda.empty_cache()
+    return out
+
+
+def measure_reduction_kernel(iters: int, warmup: int) -> dict:
+    """The CE reduce-scatter's reduction kernel (out = a + b, bf16, 256 MiB operands, on the runtime's CTA count,
+    CE_OVERLAP_REDUCE_SMS) alone, and the bf16 GEMM and the memory-bound add each beside it running non-stop: what
+    ce.reduce_gbps_per_sm and contention.ce_reduction come from. One GPU is enough."""
+    torch = torch_module()
+    from .. import runtime
+
+    lib = runtime.library_loaded()
+    if not lib:
+        raise NotAvailable(f"CE runtime unavailable ({lib.reason})")
+    if not hasattr(torch.ops.ce_overlap, "_reduce_bench"):
+        raise NotAvailable("the CE runtime has no _reduce_bench op")
+    ctas = int(float(os.environ.get("CE_OVERLAP_REDUCE_SMS", "32")))
+    numel = 256 * MIB // 2
+    a = torch.randn(numel, device="cuda").to(torch.bfloat16)
+    b = torch.randn(numel, device="cuda").to(torch.bfloat16)
+    out = torch.empty_like(a)
+
+    def kernel():
+        torch.ops.ce_overlap._reduce_bench(out, a, b, ctas)
+
+    k_us = median_us(kernel, iters, warmup)
+    r: dict = {"ctas": ctas, "bytes": 3 * numel * 2, "us": k_us}
+    for compute in COMPUTE_KINDS:
+        cfn, _ = make_compute(compute)
+        alone = median_us(cfn, iters, warmup)
+        beside, _ = measure_beside(cfn, kernel, torch.cuda.synchronize, alone, k_us, iters)
+        r[compute] = {"alone_us": alone, "beside_us": beside}
+        del cfn
+        torch.cuda.empty_cache()
+    return r
+
+
+def measure_peer_copy(nbytes: int = 256 * MIB, iters: int = 5) -> dict:
+    """One-way cudaMemcpy from this process's GPU into the next visible one (torch copy between devices: peer
+    access, not a ce_overlap collective). Only the link's bandwidth is taken from it."""
+    torch = torch_module()
+    src = torch.cuda.current_device()
+    dst = (src + 1) % torch.cuda.device_count()
+    if dst == src:
+        raise NotAvailable("one visible GPU")
+    if not torch.cuda.can_device_access_peer(src, dst):
+        raise NotAvailable(f"no P2P between cuda:{src} and cuda:{dst}")
+    bufs = [torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{d}") for d in (src, dst)]
+    us = statistics.median(time_each_us(lambda: bufs[1].copy_(bufs[0], non_blocking=True), iters, 2,
+                                        lambda: (torch.cuda.synchronize(src), torch.cuda.synchronize(dst))))
+    bufs.clear()
+    torch.cuda.empty_cache()
+    return {"bytes": nbytes, "us": us, "from": src, "to": dst}
