@@ -3,7 +3,7 @@ model on fake tensors (CPU), runs the cost model and ce_overlap's planner (bench
 with the medians of a bench/train.py result file and/or numbers given on the command line. Prints a table; --out
 writes JSON. Re-run it after a cost-model change to see what the change does to the prediction of a measured run.
 
-    python bench/step_prediction.py --train-json bench/results/train-2026-11-22/train.json
+    python bench/step_prediction.py --train-json bench/results/train-2026-11-24-b/train.json --buckets
     python bench/step_prediction.py --layers 32 --world-size 2 --profile h200-sxm --measured no-comm=377.0
 """
 from __future__ import annotations

@@ -174,7 +174,7 @@ def compile_options(mode: str, ce: str = "auto") -> dict | None:
 
         # The configuration MEASURED.md found best on torch 2.11 (+5.2%). Adding Inductor's FX bucketing
         # (bucket_all_gathers_fx="only_fsdp", bucket_reduce_scatters_fx="all") gave NaN losses from step 1 with this
-        # model on torch 2.11 (bench/results/train-2026-11-22-a), so it is left off.
+        # model on torch 2.11 (the first 2-GPU run, 2026-11-22: bench/results/HISTORY.md), so it is left off.
         if not hasattr(ic, "aten_distributed_optimizations"):
             raise RuntimeError("this torch has no aten_distributed_optimizations (Inductor's overlap scheduler)")
         return {"aten_distributed_optimizations.enable_overlap_scheduling": True}
