@@ -5,6 +5,8 @@ a _common.Variant whose run() enqueues one op on the current stream and leaves t
 completion (so CUDA events around run() time the whole op). Not a benchmark itself."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 
@@ -13,7 +15,9 @@ import _common as C
 AG_VARIANTS = ["nccl", "ce_staged", "ce_symmetric", "ce_symm_inplace", "ce_symm_push", "ce_push_from_input",
                "symm_mem_lc"]
 AG_HELP = {
-    **{k: v for k, v in C.VARIANT_HELP.items() if k != "symm_mem_lc"},
+    "nccl": "dist.all_gather_into_tensor (NCCL kernels)",
+    "ce_staged": "ce_overlap, input in ordinary memory (one local copy into the pool, then pulls)",
+    "ce_symmetric": "ce_overlap, input from empty_symmetric (zero-copy: peers pull it in place)",
     "ce_symm_inplace": "ce_overlap pull, output from empty_symmetric and input = its own shard (no self copy)",
     "ce_symm_push": "ce_overlap push, output from empty_symmetric, input = its own shard: each rank writes its shard "
                     "into every peer's output",
@@ -36,7 +40,10 @@ RS_HELP = {
 def _symm_mem_module(group):
     from torch.distributed import _symmetric_memory as symm_mem
 
-    C._enable_symm_mem(group)
+    if hasattr(symm_mem, "enable_symm_mem_for_group"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            symm_mem.enable_symm_mem_for_group(group.group_name)
     if not hasattr(symm_mem, "_get_backend_stream"):
         raise RuntimeError("this torch's symm_mem has no _get_backend_stream: the op cannot be waited for, so it "
                            "cannot be timed correctly")
@@ -59,12 +66,22 @@ def make_ag_variant(name: str, inp: torch.Tensor, group) -> C.Variant:
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     count = inp.numel()
     try:
-        if name in ("nccl", "ce_staged", "ce_symmetric"):
-            return C.make_variant(name, inp, group)
+        if name == "nccl":
+            out = torch.empty(world * count, dtype=inp.dtype, device=inp.device)
+            return C.Variant(name, lambda: dist.all_gather_into_tensor(out, inp, group=group), lambda: out)
         if name.startswith("ce_"):
             why = C.ce_unavailable(group)
             if why:
                 return C.Variant(name, na_reason=why)
+            if name == "ce_staged":
+                out = torch.empty(world * count, dtype=inp.dtype, device=inp.device)
+                return C.Variant(name, lambda: rt.all_gather_into_tensor(out, inp, group), lambda: out, is_ce=True)
+            if name == "ce_symmetric":
+                sym = rt.empty_symmetric((count,), inp.dtype, group)
+                sym.copy_(inp)
+                out = torch.empty(world * count, dtype=inp.dtype, device=inp.device)
+                return C.Variant(name, lambda: rt.all_gather_into_tensor(out, sym, group), lambda: out, keep=[sym],
+                                 is_ce=True)
             sym_out = rt.empty_symmetric((world * count,), inp.dtype, group)
             shard = sym_out.view(world, count)[rank]
             shard.copy_(inp)

@@ -1,6 +1,6 @@
-"""Shared by the subcommands of bench/collectives.py and by bench/train.py: process setup, the all-gather variants
-compared side by side, CUDA event timing (an op alone, compute beside a side-stream op), nccl-tests' tables, and the
-run header (versions, GPU). Not a benchmark itself."""
+"""Shared by the subcommands of bench/collectives.py and by bench/train.py: process setup, the Variant a benchmarked
+op is, CUDA event timing (an op alone, compute beside a side-stream op), nccl-tests' tables, and the run header
+(versions, GPU). Not a benchmark itself."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 import traceback
-import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Callable
@@ -22,15 +21,6 @@ os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-
-VARIANTS = ["nccl", "ce_staged", "ce_symmetric", "ce_symm_inplace", "symm_mem_lc"]
-VARIANT_HELP = {
-    "nccl": "dist.all_gather_into_tensor (NCCL kernels)",
-    "ce_staged": "ce_overlap, input in ordinary memory (one local copy into the pool, then pulls)",
-    "ce_symmetric": "ce_overlap, input from empty_symmetric (zero-copy: peers pull it in place)",
-    "ce_symm_inplace": "ce_overlap, output from empty_symmetric and input = its own shard (no self copy)",
-    "symm_mem_lc": "torch symm_mem _low_contention_all_gather, symmetric input",
-}
 
 
 def log0(msg: str = "") -> None:
@@ -98,7 +88,8 @@ def header(title: str) -> dict:
 
 @dataclass
 class Variant:
-    """One all-gather implementation set up for one size: `run()` enqueues one op on the current stream."""
+    """One implementation of a collective set up for one size (bench/_ce_variants.py makes them): `run()` enqueues
+    one op on the current stream."""
 
     name: str
     run: Callable[[], None] | None = None
@@ -106,15 +97,6 @@ class Variant:
     na_reason: str = ""
     keep: list = field(default_factory=list)  # tensors that must outlive the benchmark of this variant
     is_ce: bool = False
-
-
-def _enable_symm_mem(group) -> None:
-    from torch.distributed import _symmetric_memory as symm_mem
-
-    if hasattr(symm_mem, "enable_symm_mem_for_group"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            symm_mem.enable_symm_mem_for_group(group.group_name)
 
 
 def ce_unavailable(group) -> str:
@@ -126,53 +108,6 @@ def ce_unavailable(group) -> str:
         return reason
     rt.rendezvous(group)
     return ""
-
-
-def make_variant(name: str, inp: torch.Tensor, group) -> Variant:
-    """Sets up `name` for the all-gather of `inp` (contiguous, 1-D). Never raises: failures become na_reason."""
-    import ce_overlap.runtime as rt
-
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    count = inp.numel()
-    try:
-        if name == "nccl":
-            out = torch.empty(world * count, dtype=inp.dtype, device=inp.device)
-            return Variant(name, lambda: dist.all_gather_into_tensor(out, inp, group=group), lambda: out)
-        if name.startswith("ce_"):
-            why = ce_unavailable(group)
-            if why:
-                return Variant(name, na_reason=why)
-            if name == "ce_staged":
-                out = torch.empty(world * count, dtype=inp.dtype, device=inp.device)
-                return Variant(name, lambda: rt.all_gather_into_tensor(out, inp, group), lambda: out, is_ce=True)
-            if name == "ce_symmetric":
-                sym = rt.empty_symmetric((count,), inp.dtype, group)
-                sym.copy_(inp)
-                out = torch.empty(world * count, dtype=inp.dtype, device=inp.device)
-                return Variant(name, lambda: rt.all_gather_into_tensor(out, sym, group), lambda: out, keep=[sym],
-                               is_ce=True)
-            if name == "ce_symm_inplace":
-                sym_out = rt.empty_symmetric((world * count,), inp.dtype, group)
-                shard = sym_out.view(world, count)[rank]
-                shard.copy_(inp)
-                return Variant(name, lambda: rt.all_gather_into_tensor(sym_out, shard, group), lambda: sym_out,
-                               is_ce=True)
-        if name == "symm_mem_lc":
-            from torch.distributed import _symmetric_memory as symm_mem
-
-            _enable_symm_mem(group)
-            sym = symm_mem.empty(count, dtype=inp.dtype, device=inp.device)
-            symm_mem.rendezvous(sym, group)
-            sym.copy_(inp)
-            holder: list[torch.Tensor] = []
-
-            def run():
-                holder[:] = [torch.ops.symm_mem._low_contention_all_gather(sym, group.group_name)]
-
-            return Variant(name, run, lambda: holder[0], keep=[sym])
-        return Variant(name, na_reason=f"unknown variant {name!r}")
-    except Exception as e:  # noqa: BLE001 (a variant that cannot run is reported, the others go on)
-        return Variant(name, na_reason=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
 
 
 def settle(v: Variant, group) -> None:

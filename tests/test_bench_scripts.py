@@ -66,6 +66,7 @@ def test_sustained_measurement_flags_reject_bad_values(script, flag, value):
 
 @pytest.mark.parametrize("argv,names", [
     (["all-reduce"], ["invalid choice: 'all-reduce'", "all-gather", "probe"]),
+    (["all-gather", "--bogus"], ["unrecognized arguments: --bogus"]),
     ([], ["required: SUBCOMMAND"]),
     (["all-gather", "-b", "lots"], ["-b/--min-bytes", "bad size 'lots'"]),
     (["p2p", "-e", "0"], ["-e/--max-bytes", "bad size '0'"]),
