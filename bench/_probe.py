@@ -12,7 +12,7 @@ it); compact tables, JSON via --out (schema ce_overlap.bench.ce_probe/2). --part
     GEMM slowdown beside, bus bandwidth beside, bit-exact vs NCCL. Plus the per-op floor: 64 KiB and 4 MiB alone.
 (c) Reduce-scatter (sum, bf16, ordinary input), 64 MiB and 256 MiB output per rank: NCCL vs ce_overlap for every
     CE_OVERLAP_REDUCE_SMS in {16, 32, 64} x CE_OVERLAP_RS_ROUND_MB in {8, 32} (set between ops on both ranks with
-    ce_overlap.runtime.tune); time, busbw, GEMM slowdown beside, bit-exact vs NCCL (integer-valued data).
+    ce_overlap.runtime.testing.tune); time, busbw, GEMM slowdown beside, bit-exact vs NCCL (integer-valued data).
 (d) The reduction kernel alone (out = a + b, bf16, 256 MiB each, as the reduce-scatter runs it for 2 ranks), and a
     bf16 8192^3 GEMM beside it running back to back (one GPU is enough), for
     8..132 CTAs: GB/s of HBM traffic (3 x 256 MiB per call).
@@ -33,6 +33,8 @@ import _common as C
 
 import torch
 import torch.distributed as dist
+
+import ce_overlap.runtime.testing as rtt
 
 COPY_MODES = ["memcpy", "batch_hint", "batch", "peer", "sm_kernel"]
 COPY_HELP = {
@@ -101,7 +103,7 @@ def _local_copy_row(mode, src, dst, src16, dst16, mm, gemm_alone, nbytes, args) 
     if mode == "sm_kernel":
         fn = lambda: torch.bitwise_or(src16, 0, out=dst16)  # noqa: E731
     else:
-        fn = lambda m=mode: torch.ops.ce_overlap._local_copy(dst, src, m)  # noqa: E731
+        fn = lambda m=mode: rtt.local_copy(dst, src, m)  # noqa: E731
     try:
         fn()
         torch.cuda.synchronize()
@@ -228,8 +230,8 @@ def probe_all_gather(args, results: dict) -> None:
                     shard = out.view(world, count)[rank]
                     shard.copy_(inp)
                     split = int(name[-1]) if "split" in name else 1
-                    rt.tune(group, pull_split=split)
-                    rt.set_all_gather_mode("push" if name == "push" else "pull")
+                    rtt.tune(group, pull_split=split)
+                    rtt.set_all_gather_mode("push" if name == "push" else "pull")
                     run = lambda: rt.all_gather_into_tensor(out, shard, group)  # noqa: E731
 
                     def settle():
@@ -242,15 +244,15 @@ def probe_all_gather(args, results: dict) -> None:
                 row["error"] = C.format_exc_line(e)
             finally:
                 if ok:
-                    rt.set_all_gather_mode("pull")
-                    rt.tune(group, pull_split=1)
+                    rtt.set_all_gather_mode("pull")
+                    rtt.tune(group, pull_split=1)
             rows.append(row)
             torch.cuda.synchronize()
         # Drop every reference to this size's symmetric output: the next (larger) one needs its pool range.
         inp = ref = sym_out = out = shard = run = None
         torch.cuda.synchronize()
     results["all_gather"] = rows
-    results["runtime_local_copy_mode"] = torch.ops.ce_overlap._local_copy_mode() if ok else reason
+    results["runtime_local_copy_mode"] = rtt.local_copy_mode() if ok else reason
     _print_rows(f"# (b) all-gather in place into a symmetric output, {world} ranks, bf16; size per rank; GEMM alone "
                 f"{gemm_alone * 1e3:.0f} us; pull_splitK: each peer copy in K pieces on K streams; staged: ordinary "
                 f"input and output", rows, world)
@@ -268,7 +270,7 @@ def probe_reduce_scatter(args, results: dict) -> None:
     torch.cuda.synchronize()
     gemm_alone = results.get("gemm_alone_ms") or C.time_alone(mm, args.iters, 5, torch.cuda.synchronize)
     name = rt.rendezvous(group) if ok else ""
-    before = rt.tune(group) if ok else ""
+    before = rtt.tune(group) if ok else ""
     rows = []
     for mib in args.rs_mib:
         nbytes = mib << 20
@@ -291,8 +293,8 @@ def probe_reduce_scatter(args, results: dict) -> None:
                     settle = torch.cuda.synchronize
                 else:
                     # Both ranks set the same round size between ops (it is part of the ops' signature).
-                    rt.tune(group, reduce_sms=sms, rs_round_mb=round_mb)
-                    row["round_bytes"] = int(torch.ops.ce_overlap._reduce_scatter_round_bytes(name))
+                    rtt.tune(group, reduce_sms=sms, rs_round_mb=round_mb)
+                    row["round_bytes"] = rtt.reduce_scatter_round_bytes(name)
                     run = lambda: rt.reduce_scatter_tensor(out, inp, "sum", group)  # noqa: E731
 
                     def settle():
@@ -309,7 +311,7 @@ def probe_reduce_scatter(args, results: dict) -> None:
         torch.cuda.synchronize()
     if ok:  # back to the configured defaults
         cfg = dict(kv.split("=") for kv in before.split())
-        rt.tune(group, reduce_sms=int(cfg["reduce_ctas"]), rs_round_mb=int(cfg["rs_round_bytes"]) / (1 << 20))
+        rtt.tune(group, reduce_sms=int(cfg["reduce_ctas"]), rs_round_mb=int(cfg["rs_round_bytes"]) / (1 << 20))
     results["reduce_scatter"] = rows
     results["reduce_scatter_defaults"] = before
     _print_rows(f"# (c) reduce-scatter sum, bf16, ordinary input, {world} ranks; size = output per rank; GEMM alone "
@@ -328,7 +330,7 @@ def probe_reduce_kernel(args, results: dict) -> None:
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for ctas in args.kernel_ctas:
-            fn = lambda c=ctas: torch.ops.ce_overlap._reduce_bench(out, a, b, c)  # noqa: E731
+            fn = lambda c=ctas: rtt.reduce_bench(out, a, b, c)  # noqa: E731
             t = C.time_alone(fn, args.iters, 3, torch.cuda.synchronize)
             rows.append({"ctas": ctas, "time_us": t * 1e3, "hbm_gbps": 3 * nbytes / (t / 1e3) / 1e9,
                          "exact": bool(torch.equal(out, want))})
@@ -341,7 +343,7 @@ def probe_reduce_kernel(args, results: dict) -> None:
     for r in rows:
         if r["ctas"] > 64:
             continue
-        fn = lambda c=r["ctas"]: torch.ops.ce_overlap._reduce_bench(out, a, b, c)  # noqa: E731
+        fn = lambda c=r["ctas"]: rtt.reduce_bench(out, a, b, c)  # noqa: E731
         # Enough kernels per GEMM to cover it: GEMM time / kernel time, plus one.
         per = int(gemm_alone / (r["time_us"] / 1e3)) + 1
         beside, _ = C.time_beside(mm, fn, args.iters, 3, per, per, torch.cuda.synchronize)

@@ -553,7 +553,6 @@ def main() -> int:
         print("cost_model_validation: needs 2 or more GPUs under torchrun "
               "(torchrun --standalone --nproc-per-node 2 bench/cost_model_validation.py)", file=sys.stderr)
         return 2
-    cal.pool_env(max(max(sizes), slow_bytes), world_env)
     rank, world, _ = C.init()
     group = dist.group.WORLD
     info = C.header(f"cost model validation, {world} ranks, median of {args.iters} ops after {args.warmup} warmup "

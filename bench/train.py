@@ -497,9 +497,11 @@ def memory_report() -> dict:
         d["segments"] += 1
     stats = torch.cuda.memory_stats()
     extra = {}
-    if hasattr(torch.ops, "ce_overlap") and hasattr(torch.ops.ce_overlap, "_stashed_tensors"):
-        extra["ce_stashed_tensors"] = int(torch.ops.ce_overlap._stashed_tensors())
-        extra["ce_reaped_unwaited"] = int(torch.ops.ce_overlap._reaped_unwaited())
+    if hasattr(torch.ops, "ce_overlap_testing") and hasattr(torch.ops.ce_overlap_testing, "_stashed_tensors"):
+        import ce_overlap.runtime.testing as rtt
+
+        extra["ce_stashed_tensors"] = rtt.stashed_tensors()
+        extra["ce_reaped_unwaited"] = rtt.reaped_unwaited()
     return {**extra, "reserved_gib": round(torch.cuda.memory_reserved() / 2**30, 3),
             "by_stream": {k: {f: round(v, 3) if isinstance(v, float) else v for f, v in d.items()}
                           for k, d in sorted(by_stream.items(), key=lambda kv: -kv[1]["reserved_gib"])},

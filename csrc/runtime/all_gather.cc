@@ -16,7 +16,7 @@
 //                      agrees offsets through the store). Peers read it in place. One round.
 //   in place (pull):   the output lies in the user region at O and the input IS its shard r. Peer p's
 //                      shard is at O + p * bytes in p's pool. One round, no self copy.
-//   push:              CE_OVERLAP_AG_MODE=push (or _set_all_gather_mode) and the output lies in the user
+//   push:              RuntimeConfig.all_gather_mode=push (set_all_gather_mode) and the output lies in the user
 //                      region at O. Every rank WRITES its input into O + r * bytes of every peer's pool.
 //                      One round; the input may be anywhere (no staging).
 //   Several parts (all_gather_into_tensors) are one op over the concatenation of their shards (S = sum of
@@ -120,7 +120,7 @@ namespace ce_overlap {
 
 namespace {
 
-std::atomic<int> g_mode{-1};  // -1: CE_OVERLAP_AG_MODE not read yet
+std::atomic<int> g_mode{static_cast<int>(AllGatherMode::Pull)};
 
 int parse_mode(const std::string& mode) {
   if (mode == "pull") return static_cast<int>(AllGatherMode::Pull);
@@ -130,29 +130,12 @@ int parse_mode(const std::string& mode) {
 
 }  // namespace
 
-AllGatherMode all_gather_mode() {
-  const int current = g_mode.load();
-  if (current >= 0) return static_cast<AllGatherMode>(current);
-  const char* raw = std::getenv("CE_OVERLAP_AG_MODE");
-  const std::string text = raw ? raw : "";
-  const int parsed = text.empty() ? static_cast<int>(AllGatherMode::Pull) : parse_mode(text);
-  if (parsed < 0) {
-    throw std::runtime_error("ce_overlap: environment variable CE_OVERLAP_AG_MODE='" + text +
-                             "' must be 'pull' or 'push'");
-  }
-  int expected = -1;
-  g_mode.compare_exchange_strong(expected, parsed);
-  return static_cast<AllGatherMode>(g_mode.load());
-}
+AllGatherMode all_gather_mode() { return static_cast<AllGatherMode>(g_mode.load()); }
 
 std::string set_all_gather_mode(const std::string& mode) {
   const int parsed = parse_mode(mode);
   if (parsed < 0) throw std::invalid_argument("all-gather mode must be 'pull' or 'push', got '" + mode + "'");
   const int previous = g_mode.exchange(parsed);
-  if (previous < 0) {
-    const char* raw = std::getenv("CE_OVERLAP_AG_MODE");
-    return raw && std::string(raw) == "push" ? "push" : "pull";
-  }
   return previous == static_cast<int>(AllGatherMode::Push) ? "push" : "pull";
 }
 
@@ -184,7 +167,7 @@ const char* op_name(const AllGatherArgs& a) {
 }  // namespace
 
 void enqueue_all_gather(Group& g, const AllGatherArgs& a) {
-  const AllGatherMode mode = all_gather_mode();  // may throw (bad CE_OVERLAP_AG_MODE): before anything is consumed
+  const AllGatherMode mode = all_gather_mode();
   const size_t nbytes = a.nbytes();
   auto plan_op = [&] {
     SymmetricPool& pool = g.pool();

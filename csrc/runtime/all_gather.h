@@ -14,9 +14,8 @@ namespace ce_overlap {
 // region (empty_symmetric, same offset on every rank); an op whose output is not there is pulled.
 enum class AllGatherMode : int { Pull = 0, Push = 1 };
 
-// Process-wide mode: CE_OVERLAP_AG_MODE (pull|push, default pull) read at first use, or the last
-// set_all_gather_mode. Every rank must use the same mode for an op (a mismatch is caught as a
-// "different collective" timeout). Throws naming the variable when it holds anything else.
+// Process-wide mode (RuntimeConfig.all_gather_mode, default pull): the last set_all_gather_mode. Every rank must use
+// the same mode for an op (a mismatch is caught as a "different collective" timeout).
 AllGatherMode all_gather_mode();
 // Sets the mode ("pull" or "push"); returns the previous one. Throws std::invalid_argument otherwise.
 std::string set_all_gather_mode(const std::string& mode);

@@ -173,7 +173,7 @@ void enqueue_all_to_all(Group& g, const AllToAllArgs& a) {
       if (plan.round_bytes == 0) {
         throw std::runtime_error("ce_overlap.all_to_all_single: the staging region of group '" + g.name() + "' (" +
                                  std::to_string(pool.staging_bytes()) + " bytes) is too small for " +
-                                 std::to_string(n) + " chunk slots; raise CE_OVERLAP_STAGING_MB");
+                                 std::to_string(n) + " chunk slots; raise RuntimeConfig.staging_mb (CE_OVERLAP_STAGING_MB)");
       }
     }
     plan.rounds = n == 1 ? 0 : (a.chunk_bytes + plan.round_bytes - 1) / plan.round_bytes;

@@ -1,4 +1,5 @@
-// Group state, signalling primitives, timeout diagnosis and the watchdog thread (see group.h).
+// Group state and the signalling primitives every op is built from (see group.h); the watchdog, the timeout
+// diagnosis and the group registry are in watchdog.cc, same-GPU copies in local_copy.cc.
 #include "group.h"
 
 #include "reduce_kernels.h"
@@ -90,107 +91,6 @@ RoundSignature round_signature(OpKind kind, Variant variant, uint64_t total_byte
 
 namespace {
 
-std::mutex g_local_copy_mu;
-std::string g_local_copy_fallback;  // why the batch API was given up, empty while it works
-bool g_local_copy_batch_used = false;
-
-bool local_copy_wants_hint() {
-  static const bool wants = [] {
-    const char* v = std::getenv("CE_OVERLAP_LOCAL_COPY");
-    return v == nullptr || std::string(v) != "memcpy";
-  }();
-  return wants;
-}
-
-#if CUDART_VERSION >= 12080
-// One same-GPU copy through cudaMemcpyBatchAsync (a batch of one). Valid arguments, per the CUDA 12.8 / 13.0
-// headers: srcAccessOrder Stream (the source is read in stream order, after the work before it), location
-// hints naming this device (they only matter for managed / pageable memory, ignored otherwise), attrsIdxs
-// = {0}, numAttrs = 1 <= count, and a stream that is not the legacy NULL stream. CUDA 12.x takes a
-// failIdx out-parameter (removed in 13.0).
-cudaError_t batch_copy(void* dst, const void* src, size_t bytes, int device, bool hint, cudaStream_t stream) {
-  if (is_legacy_stream(stream)) return cudaErrorInvalidValue;
-  cudaMemcpyAttributes attr;
-  std::memset(&attr, 0, sizeof(attr));
-  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-  attr.srcLocHint.type = cudaMemLocationTypeDevice;
-  attr.srcLocHint.id = device;
-  attr.dstLocHint.type = cudaMemLocationTypeDevice;
-  attr.dstLocHint.id = device;
-  attr.flags = hint ? cudaMemcpyFlagPreferOverlapWithCompute : cudaMemcpyFlagDefault;
-  void* dsts[1] = {dst};
-  const void* srcs[1] = {src};
-  size_t sizes[1] = {bytes};
-  size_t attr_idx[1] = {0};
-#if CUDART_VERSION >= 13000
-  return cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attr, attr_idx, 1, stream);
-#else
-  size_t fail_idx = 0;
-  return cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attr, attr_idx, 1, &fail_idx, stream);
-#endif
-}
-#else
-cudaError_t batch_copy(void*, const void*, size_t, int, bool, cudaStream_t) { return cudaErrorNotSupported; }
-#endif
-
-}  // namespace
-
-bool is_legacy_stream(cudaStream_t stream) { return stream == nullptr || stream == cudaStreamLegacy; }
-
-cudaError_t local_copy_async(void* dst, const void* src, size_t bytes, int device, cudaStream_t stream) {
-  bool use_batch = local_copy_wants_hint() && !is_legacy_stream(stream);
-  if (use_batch) {
-    std::lock_guard<std::mutex> lk(g_local_copy_mu);
-    use_batch = g_local_copy_fallback.empty();
-  }
-  if (use_batch) {
-    const cudaError_t err = batch_copy(dst, src, bytes, device, /*hint=*/true, stream);
-    if (err == cudaSuccess) {
-      std::lock_guard<std::mutex> lk(g_local_copy_mu);
-      g_local_copy_batch_used = true;
-      return err;
-    }
-    (void)cudaGetLastError();
-    std::lock_guard<std::mutex> lk(g_local_copy_mu);
-    if (g_local_copy_fallback.empty()) {
-      g_local_copy_fallback = std::string("batch API refused: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
-      std::fprintf(stderr, "ce_overlap: cudaMemcpyBatchAsync failed (%s: %s); local copies fall back to cudaMemcpyAsync\n",
-                   cudaGetErrorName(err), cudaGetErrorString(err));
-    }
-  }
-  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
-}
-
-cudaError_t local_copy_with(const std::string& mode, void* dst, const void* src, size_t bytes, int device,
-                            cudaStream_t stream) {
-  if (mode == "memcpy") return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
-  if (mode == "peer") return cudaMemcpyPeerAsync(dst, device, src, device, bytes, stream);
-  if (mode == "batch_hint" || mode == "batch") return batch_copy(dst, src, bytes, device, mode == "batch_hint", stream);
-  throw std::invalid_argument("unknown local copy mode '" + mode + "' (expected memcpy, batch_hint, batch or peer)");
-}
-
-std::string local_copy_mode() {
-  if (!local_copy_wants_hint()) return "memcpy";
-  std::lock_guard<std::mutex> lk(g_local_copy_mu);
-  if (!g_local_copy_fallback.empty()) return "memcpy (" + g_local_copy_fallback + ")";
-  // Until the first local copy ran, the hint is only intended; afterwards cudaMemcpyBatchAsync accepted it.
-  return g_local_copy_batch_used ? "ce-hint" : "ce-hint (no local copy yet)";
-}
-
-namespace {
-
-double env_double(const char* name, double fallback) {
-  const char* raw = std::getenv(name);
-  if (raw == nullptr || *raw == '\0') return fallback;
-  char* end = nullptr;
-  const double v = std::strtod(raw, &end);
-  if (end == raw || *end != '\0' || !std::isfinite(v) || v <= 0) {
-    throw std::runtime_error(std::string("ce_overlap: environment variable ") + name + "='" + raw +
-                             "' is not a positive number");
-  }
-  return v;
-}
-
 void batch_mem_ops(cudaStream_t stream, std::vector<CUstreamBatchMemOpParams>& ops, const std::string& what) {
   if (ops.empty()) return;
   CE_CU_CHECK(driver_api().stream_batch_mem_op(reinterpret_cast<CUstream>(stream),
@@ -253,63 +153,45 @@ void signal_waits(const PeerSignal* signal, uint32_t epoch, RoundSignature sig, 
   ops.push_back(wait_op(&signal->sig_b, sig.sig_b | kPoisonBit, CU_STREAM_WAIT_VALUE_AND));
 }
 
-// Polls a stream without blocking in the driver: a hung stream must not hang the watchdog.
-bool wait_stream_bounded(cudaStream_t stream, double seconds) {
-  const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
-  while (true) {
-    cudaError_t st = cudaStreamQuery(stream);
-    if (st == cudaSuccess) return true;
-    if (st != cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-}
-
-std::string signal_text(const PeerSignal& s) {
-  std::ostringstream o;
-  o << op_kind_name(s.kind_round >> 24) << " (" << variant_name((s.kind_round >> 20) & 0xfu) << ") round "
-    << (s.kind_round & 0xfffff) << ", " << s.nbytes << " bytes at pool offset " << s.offset << " (signature 0x"
-    << std::hex << s.sig_a << "/0x" << s.sig_b << std::dec << ")";
-  return o.str();
-}
-
 }  // namespace
 
-GroupConfig GroupConfig::from_env() {
-  const double pool_mb = env_double("CE_OVERLAP_POOL_MB", 1024);
-  const double staging_mb = env_double("CE_OVERLAP_STAGING_MB", std::min(256.0, pool_mb / 4));
-  if (staging_mb < 1 || staging_mb > pool_mb) {
-    throw std::runtime_error("ce_overlap: CE_OVERLAP_STAGING_MB=" + std::to_string(staging_mb) +
-                             " must be at least 1 and at most CE_OVERLAP_POOL_MB=" + std::to_string(pool_mb));
+GroupConfig GroupConfig::make(double pool_mb, double staging_mb, double p2p_mb, double timeout_s, double reduce_sms,
+                              double rs_round_mb, double pull_split, const std::string& fault_inject) {
+  auto bad = [](const std::string& field, double value, const std::string& want) {
+    throw std::invalid_argument("ce_overlap: RuntimeConfig." + field + "=" + std::to_string(value) + " " + want);
+  };
+  auto positive = [&](const char* field, double v) {
+    if (!std::isfinite(v) || v <= 0) bad(field, v, "must be a positive number");
+  };
+  positive("pool_mb", pool_mb);
+  positive("timeout_s", timeout_s);
+  positive("rs_round_mb", rs_round_mb);
+  if (!std::isfinite(staging_mb) || staging_mb < 1 || staging_mb > pool_mb) {
+    bad("staging_mb", staging_mb, "must be at least 1 and at most pool_mb=" + std::to_string(pool_mb));
   }
-  const double p2p_mb = env_double("CE_OVERLAP_P2P_MB", std::min(64.0, pool_mb / 8));
-  if (p2p_mb < 1 || staging_mb + p2p_mb > pool_mb) {
-    throw std::runtime_error("ce_overlap: CE_OVERLAP_P2P_MB=" + std::to_string(p2p_mb) +
-                             " must be at least 1, and CE_OVERLAP_STAGING_MB + CE_OVERLAP_P2P_MB at most "
-                             "CE_OVERLAP_POOL_MB=" + std::to_string(pool_mb));
+  if (!std::isfinite(p2p_mb) || p2p_mb < 1 || staging_mb + p2p_mb > pool_mb) {
+    bad("p2p_mb", p2p_mb, "must be at least 1, and staging_mb + p2p_mb at most pool_mb=" + std::to_string(pool_mb));
+  }
+  if (reduce_sms != std::floor(reduce_sms) || reduce_sms < 1 || reduce_sms > 1024) {
+    bad("reduce_sms", reduce_sms, "must be a whole number of CTAs in 1..1024");
+  }
+  if (pull_split != std::floor(pull_split) || pull_split < 1 || pull_split > kMaxPullSplit) {
+    bad("pull_split", pull_split, "must be a whole number in 1.." + std::to_string(kMaxPullSplit));
+  }
+  if (!fault_inject.empty() && fault_inject != "p2p_refused") {
+    throw std::invalid_argument("ce_overlap: RuntimeConfig.fault_inject='" + fault_inject +
+                                "' is not a fault this runtime injects (known: p2p_refused)");
   }
   GroupConfig c;
   c.staging_bytes = static_cast<size_t>(staging_mb * 1024 * 1024);
   c.p2p_bytes = static_cast<size_t>(p2p_mb * 1024 * 1024);
   c.user_bytes = static_cast<size_t>(pool_mb * 1024 * 1024) - c.staging_bytes - c.p2p_bytes;
-  c.timeout_s = env_double("CE_OVERLAP_TIMEOUT_S", 60);
-  const double ctas = env_double("CE_OVERLAP_REDUCE_SMS", 32);
-  if (ctas != std::floor(ctas) || ctas > 1024) {
-    throw std::runtime_error("ce_overlap: CE_OVERLAP_REDUCE_SMS=" + std::to_string(ctas) +
-                             " must be a whole number of CTAs in 1..1024");
-  }
-  c.reduce_ctas = static_cast<int>(ctas);
-  const double round_mb = std::min(env_double("CE_OVERLAP_RS_ROUND_MB", 32), 1048576.0);
+  c.timeout_s = timeout_s;
+  c.reduce_ctas = static_cast<int>(reduce_sms);
+  const double round_mb = std::min(rs_round_mb, 1048576.0);
   c.rs_round_bytes = std::max<size_t>(kPoolAlignment, static_cast<size_t>(round_mb * 1024 * 1024) / kPoolAlignment * kPoolAlignment);
-  const double split = env_double("CE_OVERLAP_PULL_SPLIT", 1);
-  if (split != std::floor(split) || split > kMaxPullSplit) {
-    throw std::runtime_error("ce_overlap: CE_OVERLAP_PULL_SPLIT=" + std::to_string(split) + " must be a whole number in 1.." +
-                             std::to_string(kMaxPullSplit));
-  }
-  c.pull_split = static_cast<int>(split);
+  c.pull_split = static_cast<int>(pull_split);
+  c.refuse_p2p = fault_inject == "p2p_refused";
   return c;
 }
 
@@ -325,6 +207,7 @@ Group::Group(std::string name, int rank, int world_size, int device, const Group
       reduce_ctas_(config.reduce_ctas),
       rs_round_bytes_(config.rs_round_bytes),
       pull_split_(config.pull_split),
+      refuse_p2p_(config.refuse_p2p),
       p2p_send_(static_cast<size_t>(world_size), nullptr),
       p2p_recv_(static_cast<size_t>(world_size), nullptr),
       p2p_send_round_(static_cast<size_t>(world_size), 0),
@@ -418,7 +301,7 @@ Group::~Group() {
 void Group::open(const std::vector<PoolHandleBlob>& blobs) {
   std::lock_guard<std::mutex> lk(mu_);
   driver_api();  // refuse at rendezvous, not at the first op, when stream memory ops are missing
-  pool_->open_peers(blobs);
+  pool_->open_peers(blobs, refuse_p2p_);
   open_ = true;
 }
 
@@ -614,374 +497,6 @@ void Group::release_symmetric(size_t offset, size_t bytes, cudaStream_t caller) 
   CE_CUDA_CHECK(cudaEventRecord(on_caller, caller), ctx);
   CE_CUDA_CHECK(cudaEventRecord(on_comm, comm_), ctx);
   pool_->free_user(offset, bytes, {on_caller, on_comm});
-}
-
-void Group::synchronize(double timeout_s) {
-  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
-  while (true) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (failed_.load()) throw std::runtime_error(error());
-      retire_completed_locked();  // marks the group failed on a CUDA error
-      if (failed_.load()) throw std::runtime_error(error());
-      if (pending_.empty()) return;
-      if (Clock::now() > deadline) {
-        throw std::runtime_error("ce_overlap.synchronize: group '" + name_ + "' (rank " + std::to_string(rank_) +
-                                 ") still has " + std::to_string(pending_.size()) + " ops in flight after " +
-                                 std::to_string(timeout_s) + " s, and the watchdog (CE_OVERLAP_TIMEOUT_S=" +
-                                 std::to_string(timeout_s_) + ") has not reported a stuck op");
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-}
-
-void Group::watchdog_tick(Clock::time_point now) {
-  std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
-  if (!lk.owns_lock()) {
-    // An enqueue (or synchronize / describe, briefly) holds the lock. Never wait for it: a CUDA call
-    // inside an enqueue can block until our own streams drain, and only this thread can drain them.
-    check_stuck_enqueue(now);
-    return;
-  }
-  if (!open_ || pending_.empty()) return;
-  if (cudaSetDevice(device_) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return;
-  }
-  retire_completed_locked();
-  if (pending_.empty()) return;
-  // Every in-flight op is timed from the moment its stream reached it: collectives start one after the other
-  // on the comm stream, point-to-point ops on their own channels' streams, so any of them may be the stuck one.
-  for (PendingOp& op : pending_) {
-    if (op.started) continue;
-    cudaError_t st = cudaEventQuery(op.start);
-    if (st == cudaSuccess) {
-      op.started = now;
-    } else if (st != cudaErrorNotReady) {
-      (void)cudaGetLastError();
-    }
-  }
-  if (failed_.load()) {
-    // Keep the comm stream draining: a late peer write can overwrite the poison with a smaller epoch.
-    if (now - last_poison_ > std::chrono::seconds(1)) {
-      poison();
-      last_poison_ = now;
-    }
-    return;
-  }
-  for (PendingOp& op : pending_) {
-    if (!op.started || now - *op.started <= std::chrono::duration<double>(timeout_s_)) continue;
-    // Failed BEFORE poisoned: once the poison lands the op completes, and nobody may see it complete
-    // without also seeing the failure.
-    fail_locked(diagnose_timeout_locked(op, now));
-    if (!poison()) append_error(" Releasing the stuck GPU stream failed too (the unblocking write did not complete in 2 s).");
-    last_poison_ = now;
-    return;
-  }
-}
-
-void Group::append_error(const std::string& text) {
-  std::lock_guard<std::mutex> lk(err_mu_);
-  error_ += text;
-}
-
-void Group::check_stuck_enqueue(Clock::time_point now) {
-  const int64_t since_ns = enqueue_since_ns_.load();
-  if (since_ns == 0) return;
-  const Clock::time_point since{std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(since_ns))};
-  const double stuck_s = std::chrono::duration<double>(now - since).count();
-  if (stuck_s <= timeout_s_) return;
-  if (cudaSetDevice(device_) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return;
-  }
-  if (!failed_.load()) {
-    std::ostringstream m;
-    m << "ce_overlap: timeout: enqueueing an op on group '" << name_ << "' (rank " << rank_ << ", GPU " << device_
-      << ") has been blocked inside a CUDA call for " << stuck_s << " s (limit " << timeout_s_
-      << " s), most likely one that waits for the device to go idle while this group's comm stream waits for a peer"
-      << " that never posts the matching signal (a peer that did not call the collective, or called a different"
-      << " one). The group's flags were poisoned so its streams drain; the outputs of this op and of every later op"
-      << " on this group are invalid, and the group refuses further ops (restart the job).";
-    fail_locked(m.str());  // before the poison (see watchdog_tick)
-    if (!poison()) append_error(" Releasing the stuck GPU stream failed too.");
-    last_poison_ = now;
-  } else if (now - last_poison_ > std::chrono::seconds(1)) {
-    poison();
-    last_poison_ = now;
-  }
-}
-
-std::string Group::diagnose_timeout_locked(const PendingOp& op, Clock::time_point now) {
-  std::ostringstream m;
-  if (op.rounds.empty()) {
-    return "ce_overlap: timeout: " + op.name + " #" + std::to_string(op.seq) + " on group '" + name_ + "' (rank " +
-           std::to_string(rank_) + ", no peers) did not complete within " + std::to_string(timeout_s_) +
-           " s: the local copy or reduction is stuck.";
-  }
-  const double waited = std::chrono::duration<double>(now - *op.started).count();
-  m << "ce_overlap: timeout: " << op.name << " #" << op.seq;
-  if (op.peer >= 0) {
-    m << (op.kind == OpKind::Send ? " to rank " : " from rank ") << op.peer << " (" << op.nbytes_per_rank << " bytes, "
-      << variant_name(static_cast<uint32_t>(op.variant)) << ", " << op.rounds.size() << " round(s), channel rounds ";
-  } else {
-    m << " (" << op.nbytes_per_rank << " bytes per rank, " << variant_name(static_cast<uint32_t>(op.variant)) << ", "
-      << op.rounds.size() << " round(s), epochs ";
-  }
-  m << op.rounds.front().epoch << ".." << op.rounds.back().epoch << ") on group '" << name_ << "' did not complete within "
-    << timeout_s_ << " s (waited " << waited << " s) on rank " << rank_ << " (GPU " << device_ << ").";
-
-  bool readable = cudaMemcpyAsync(host_flags_, pool_->local_flags(), sizeof(FlagsRegion), cudaMemcpyDeviceToHost,
-                                  watchdog_stream_) == cudaSuccess &&
-                  wait_stream_bounded(watchdog_stream_, 2.0);
-  if (!readable) {
-    (void)cudaGetLastError();
-    m << " The flags could not be read back (the GPU does not respond), so the peers cannot be named.";
-  } else if (op.peer >= 0) {
-    m << " " << diagnose_p2p(op);
-  } else {
-    std::vector<int> missing;
-    std::ostringstream details;
-    for (int i = 1; i < world_size_; ++i) {
-      const int p = (rank_ + i) % world_size_;
-      const PeerSignal& got = host_flags_->ready[p];
-      const uint32_t done = host_flags_->done[p];
-      std::string why;
-      if (op.done_needed_before != 0 && !epoch_ge(done, op.done_needed_before)) {
-        why = "it has not finished reading this rank's data of epoch " + std::to_string(op.done_needed_before) +
-              " (its done flag is at epoch " + std::to_string(done) + ")";
-      } else if (!epoch_ge(got.epoch, op.rounds.front().epoch)) {
-        why = "it never signalled this op: its last ready signal is epoch " + std::to_string(got.epoch) +
-              (got.epoch == 0 ? " (none)" : " (" + signal_text(got) + ")") + ", this op needs epoch " +
-              std::to_string(op.rounds.front().epoch) + " -- it has not called the collective, or called fewer ops";
-      } else {
-        for (const RoundInfo& r : op.rounds) {
-          if (got.epoch == r.epoch && ((got.sig_a & r.sig.sig_a) == 0 || (got.sig_b & r.sig.sig_b) == 0)) {
-            PeerSignal ours{r.epoch, r.sig.sig_a, r.sig.sig_b, kind_round_word(op.kind, op.variant, r.round), r.nbytes,
-                            r.offset};
-            why = "it posted a different collective for epoch " + std::to_string(r.epoch) + ": " + signal_text(got) +
-                  ", while this rank posted " + signal_text(ours) +
-                  " -- mismatched sizes, dtypes or reduce ops, a symmetric tensor on one rank only, push on one rank"
-                  " and pull on another, or ops called in a different order";
-            break;
-          }
-          if (!epoch_ge(got.epoch, r.epoch)) {
-            why = "it stopped after epoch " + std::to_string(got.epoch) + " and never signalled round " +
-                  std::to_string(r.round) + " (epoch " + std::to_string(r.epoch) + ")";
-            break;
-          }
-          if (op.push_style && !epoch_ge(done, r.epoch)) {
-            why = "it signalled round " + std::to_string(r.round) + " (epoch " + std::to_string(r.epoch) +
-                  ") but never finished writing its data into this rank (its done flag is at epoch " +
-                  std::to_string(done) + ")";
-            break;
-          }
-        }
-        if (why.empty() && op.done_needed_after != 0 && !epoch_ge(done, op.done_needed_after)) {
-          why = "it has not finished reading this rank's shard (done flag at epoch " + std::to_string(done) +
-                ", needed " + std::to_string(op.done_needed_after) + ")";
-        }
-      }
-      if (!why.empty()) {
-        missing.push_back(p);
-        details << " Rank " << p << ": " << why << ".";
-      }
-    }
-    if (missing.empty()) {
-      m << " Every peer's flags have arrived; the comm stream is stuck elsewhere (local copy or copy engine).";
-    } else {
-      m << " Peer ranks whose flags never arrived: [";
-      for (size_t i = 0; i < missing.size(); ++i) m << (i ? ", " : "") << missing[i];
-      m << "]." << details.str();
-    }
-  }
-  m << " The GPU stream was released; the outputs of this op and of every later op on this group are invalid,"
-    << " and the group refuses further ops (restart the job). Set CE_OVERLAP_TIMEOUT_S to change the limit.";
-  return m.str();
-}
-
-std::string Group::diagnose_p2p(const PendingOp& op) const {
-  const bool send = op.kind == OpKind::Send;
-  const PeerSignal& got = send ? host_flags_->p2p_credit[op.peer] : host_flags_->p2p_landed[op.peer];
-  const std::string who = "Rank " + std::to_string(op.peer);
-  for (const RoundInfo& r : op.rounds) {
-    const OpKind ours_kind = send ? OpKind::Send : OpKind::Recv;
-    PeerSignal ours{r.epoch, r.sig.sig_a, r.sig.sig_b, kind_round_word(ours_kind, op.variant, r.round), r.nbytes, r.offset};
-    if (!epoch_ge(got.epoch, r.epoch)) {
-      std::string last = got.epoch == 0 ? "none" : "round " + std::to_string(got.epoch) + ": " + signal_text(got);
-      return "Peer ranks whose flags never arrived: [" + std::to_string(op.peer) + "]. " + who +
-             (send ? " has not posted the matching receive for channel round " : " has not sent channel round ") +
-             std::to_string(r.epoch) + " (message round " + std::to_string(r.round) + ") of this message (its last " +
-             (send ? "receive credit" : "landed signal") + ": " + last + ") -- it has not called " +
-             (send ? "recv" : "send") + " (or batch_isend_irecv) for this message, called fewer, or is stuck before it.";
-    }
-    if (got.epoch == r.epoch && ((got.sig_a & r.sig.sig_a) == 0 || (got.sig_b & r.sig.sig_b) == 0)) {
-      return "Peer ranks whose flags never arrived: [" + std::to_string(op.peer) + "]. " + who +
-             " posted a different message for channel round " + std::to_string(r.epoch) + ": " + signal_text(got) +
-             ", while this rank posted " + signal_text(ours) +
-             " -- mismatched sizes, a symmetric tensor on one side only, or sends and receives matched in a different "
-             "order.";
-    }
-  }
-  return "Every signal of rank " + std::to_string(op.peer) + " has arrived; the stream is stuck elsewhere (a local "
-         "copy or the copy engine).";
-}
-
-void Group::fail_locked(const std::string& message) {
-  {
-    std::lock_guard<std::mutex> lk(err_mu_);
-    if (failed_.load()) return;
-    error_ = message;
-    failed_.store(true);
-  }
-  std::fprintf(stderr, "%s\n", message.c_str());
-  std::fflush(stderr);
-}
-
-bool Group::poison() {
-  // Epoch values "far in the future" (cyclically) satisfy every GEQ wait of every enqueued op; the
-  // all-ones signature satisfies every AND wait. Only the peer-written arrays are overwritten. Reads
-  // only immutable state, epoch_hint_ and p2p_hint_, so it works while an enqueue holds the group lock (an op
-  // enqueued after this write waits for epochs far below the poison, so it drains too).
-  const uint32_t poison_epoch = epoch_hint_.load() + (1u << 29);
-  const uint32_t poison_round = p2p_hint_.load() + (1u << 29);  // point-to-point channels count their own rounds
-  for (int p = 0; p < world_size_; ++p) {
-    host_poison_->ready[p] = PeerSignal{poison_epoch, 0xffffffffu, 0xffffffffu, 0, 0, 0};
-    host_poison_->done[p] = poison_epoch;
-    host_poison_->p2p_credit[p] = PeerSignal{poison_round, 0xffffffffu, 0xffffffffu, 0, 0, 0};
-    host_poison_->p2p_landed[p] = PeerSignal{poison_round, 0xffffffffu, 0xffffffffu, 0, 0, 0};
-  }
-  const size_t bytes = offsetof(FlagsRegion, ready_outbox);
-  if (cudaMemcpyAsync(pool_->local_flags(), host_poison_, bytes, cudaMemcpyHostToDevice, watchdog_stream_) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return wait_stream_bounded(watchdog_stream_, 2.0);
-}
-
-std::string Group::error() const {
-  std::lock_guard<std::mutex> lk(err_mu_);
-  return error_;
-}
-
-std::string Group::describe() {
-  std::lock_guard<std::mutex> lk(mu_);
-  std::ostringstream s;
-  s << pool_->describe() << "; open=" << open_ << " ops=" << op_seq_ << " next_epoch=" << epoch_next_
-    << " in_flight=" << pending_.size() << " timeout_s=" << timeout_s_ << " local_copy=" << local_copy_mode()
-    << " pull_split=" << pull_split_.load() << " reduce_ctas=" << reduce_ctas_.load()
-    << " rs_round_bytes=" << rs_round_bytes_.load() << " failed=" << failed_.load();
-  return s.str();
-}
-
-// ---------------------------------------------------------------------------------------------------
-// Runtime
-
-Runtime& Runtime::get() {
-  static Runtime* runtime = new Runtime();
-  return *runtime;
-}
-
-std::shared_ptr<Group> Runtime::create_group(const std::string& name, int rank, int world_size, int device) {
-  auto exists = [&] {
-    throw std::runtime_error("ce_overlap: group '" + name + "' already has a symmetric pool on this process");
-  };
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (groups_.count(name) || creating_.count(name)) exists();
-    creating_.insert(name);
-  }
-  // Built without mu_: the constructor makes CUDA calls that can wait for the device (allocation, loading
-  // the reduction kernels), and the watchdog thread, which takes mu_ every tick, must stay free to release
-  // another group's stuck stream meanwhile.
-  std::shared_ptr<Group> group;
-  try {
-    const GroupConfig config = GroupConfig::from_env();
-    group = std::make_shared<Group>(name, rank, world_size, device, config);
-  } catch (...) {
-    std::lock_guard<std::mutex> lk(mu_);
-    creating_.erase(name);
-    throw;
-  }
-  std::lock_guard<std::mutex> lk(mu_);
-  creating_.erase(name);
-  groups_[name] = group;
-  start_watchdog_locked();
-  return group;
-}
-
-std::shared_ptr<Group> Runtime::find(const std::string& name) {
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = groups_.find(name);
-  return it == groups_.end() ? nullptr : it->second;
-}
-
-std::shared_ptr<Group> Runtime::require(const std::string& name, const char* op) {
-  std::shared_ptr<Group> g = find(name);
-  if (!g) {
-    throw std::runtime_error(std::string("ce_overlap.") + op + ": group '" + name +
-                             "' has no ce_overlap symmetric pool in this process; call "
-                             "ce_overlap.runtime.rendezvous(group) on every rank first (outside CUDA graph capture)");
-  }
-  return g;
-}
-
-void Runtime::remove(const std::string& name) {
-  std::shared_ptr<Group> doomed;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = groups_.find(name);
-    if (it == groups_.end()) return;
-    doomed = it->second;
-    groups_.erase(it);
-  }
-  // Destroyed here (outside mu_) unless the watchdog still holds it; then it dies after its tick.
-}
-
-std::optional<std::string> Runtime::first_failure() {
-  std::lock_guard<std::mutex> lk(mu_);
-  for (auto& [name, g] : groups_) {
-    if (g->failed()) return g->error();
-  }
-  return std::nullopt;
-}
-
-void Runtime::start_watchdog_locked() {
-  if (watchdog_.joinable()) return;
-  watchdog_ = std::thread([this] { watchdog_main(); });
-  // Stop before the CUDA runtime's own atexit teardown (atexit handlers run in reverse order of
-  // registration, and the CUDA runtime registered its handler when it initialized, before us).
-  std::atexit([] { Runtime::get().stop_watchdog(); });
-}
-
-void Runtime::watchdog_main() {
-  while (true) {
-    std::vector<std::shared_ptr<Group>> groups;
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait_for(lk, std::chrono::milliseconds(20), [this] { return stop_.load(); });
-      if (stop_.load()) return;
-      for (auto& [name, g] : groups_) groups.push_back(g);
-    }
-    const auto now = Clock::now();
-    for (auto& g : groups) {
-      try {
-        g->watchdog_tick(now);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "ce_overlap: watchdog error on group '%s': %s\n", g->name().c_str(), e.what());
-      }
-    }
-  }
-}
-
-void Runtime::stop_watchdog() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stop_.store(true);
-  }
-  cv_.notify_all();
-  if (watchdog_.joinable()) watchdog_.join();
 }
 
 PendingOp begin_op(Group& g, const char* name, OpKind kind, Variant variant, size_t nbytes_per_rank) {

@@ -59,12 +59,12 @@ constexpr uint32_t kPoisonBit = 1u << 31;
 inline bool epoch_ge(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) >= 0; }
 
 // A copy within this GPU (self shard, staging). Plain cudaMemcpyAsync device-to-device copies inside
-// one GPU may be run by the driver on SMs; with CE_OVERLAP_LOCAL_COPY=ce (default) they go through
+// one GPU may be run by the driver on SMs; with local_copy "ce" (default, set_local_copy_hint) they go through
 // cudaMemcpyBatchAsync with cudaMemcpyFlagPreferOverlapWithCompute, the hint that asks for a copy
 // engine, falling back to cudaMemcpyAsync when the batch API refuses (the first refusal is printed and
 // local_copy_mode() reports it). The batch API refuses the legacy NULL stream: `stream` must be one of
 // the group's (non-blocking) streams, and a NULL / legacy stream always takes the plain call.
-// CE_OVERLAP_LOCAL_COPY=memcpy forces the plain call.
+// local_copy "memcpy" forces the plain call.
 cudaError_t local_copy_async(void* dst, const void* src, size_t bytes, int device, cudaStream_t stream);
 // "ce-hint" (the batch API with the hint has been accepted) or "memcpy" (or "memcpy (batch API refused:
 // <error>)"), for describe() and benchmark headers.
@@ -118,24 +118,31 @@ struct PendingOp {
   std::optional<Clock::time_point> started;
 };
 
-// Most pieces a pull is split into (CE_OVERLAP_PULL_SPLIT); every piece beyond the first runs on its own stream.
+// Most pieces a pull is split into (RuntimeConfig.pull_split); every piece beyond the first runs on its own stream.
 constexpr int kMaxPullSplit = 4;
 // A piece of a split pull is never smaller than this (smaller copies gain nothing from a second engine).
 constexpr size_t kMinPullPiece = 1 << 20;
 
+// A group's settings, given at rendezvous. Their defaults and environment overrides live in Python
+// (ce_overlap/runtime/config.py: RuntimeConfig, the table in docs/runtime.md); here they are validated.
 struct GroupConfig {
   size_t user_bytes;
   size_t staging_bytes;
+  size_t p2p_bytes;        // the send/recv landing region
   double timeout_s;
-  int reduce_ctas;         // CE_OVERLAP_REDUCE_SMS (default 32): CTAs of the reduce-scatter reduction kernel
-  size_t rs_round_bytes;   // CE_OVERLAP_RS_ROUND_MB (default 32): reduce-scatter bytes per rank per round
-  int pull_split;          // CE_OVERLAP_PULL_SPLIT (default 1, 1..4): streams one pulled peer copy is split over
-  size_t p2p_bytes;        // CE_OVERLAP_P2P_MB (default min(64, pool/8)): the send/recv landing region
-  // From CE_OVERLAP_POOL_MB (default 1024, the whole pool), CE_OVERLAP_STAGING_MB (default
-  // min(256, pool/4)), CE_OVERLAP_P2P_MB, CE_OVERLAP_TIMEOUT_S (default 60) and the three above. Throws
-  // naming the variable when invalid.
-  static GroupConfig from_env();
+  int reduce_ctas;         // CTAs of the reduce-scatter reduction kernel
+  size_t rs_round_bytes;   // reduce-scatter bytes per rank per round
+  int pull_split;          // streams one pulled peer copy is split over (1..kMaxPullSplit)
+  bool refuse_p2p = false; // fault injection (tests): every pair of ranks looks like GPUs without peer access
+  // RuntimeConfig's fields, validated and converted; throws std::invalid_argument naming the field.
+  // fault_inject: "" or "p2p_refused".
+  static GroupConfig make(double pool_mb, double staging_mb, double p2p_mb, double timeout_s, double reduce_sms,
+                          double rs_round_mb, double pull_split, const std::string& fault_inject);
 };
+
+// Process-wide settings (RuntimeConfig's all_gather_mode, local_copy, keep_alive), set by Python when it loads
+// the library and at every rendezvous; each op reads them when it is enqueued.
+void set_local_copy_hint(bool hint);  // local_copy="ce" (true, default) or "memcpy"
 
 class Group {
  public:
@@ -273,6 +280,7 @@ class Group {
   std::atomic<int> reduce_ctas_;
   std::atomic<size_t> rs_round_bytes_;
   std::atomic<int> pull_split_;
+  bool refuse_p2p_ = false;  // GroupConfig::refuse_p2p (fault injection)
   std::unique_ptr<SymmetricPool> pool_;
   cudaStream_t comm_ = nullptr;
   cudaStream_t self_ = nullptr;
@@ -400,7 +408,8 @@ class Runtime {
  public:
   static Runtime& get();
 
-  std::shared_ptr<Group> create_group(const std::string& name, int rank, int world_size, int device);
+  std::shared_ptr<Group> create_group(const std::string& name, int rank, int world_size, int device,
+                                      const GroupConfig& config);
   std::shared_ptr<Group> find(const std::string& name);
   // Throws "group 'X' has no ce_overlap symmetric pool: call ce_overlap.runtime.rendezvous(group)".
   std::shared_ptr<Group> require(const std::string& name, const char* op);

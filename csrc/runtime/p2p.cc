@@ -12,7 +12,7 @@
 // is the same for every round of a message.
 //
 // Each receiver's p2p landing region holds one SLOT per sender, two BANKS of L bytes each
-// (L = CE_OVERLAP_P2P_MB / (n - 1) / 2). Round t of a channel uses bank t % 2.
+// (L = RuntimeConfig.p2p_mb / (n - 1) / 2). Round t of a channel uses bank t % 2.
 //
 // STAGED (the tensors are not in the user region): a message of B bytes takes K = ceil(B / L) rounds t0 .. t0+K-1.
 //   Receiver d, receive stream for s:
@@ -78,7 +78,7 @@ Landing landing_of(Group& g) {
   if (n > 1 && l.bank_bytes == 0) {
     throw std::runtime_error("ce_overlap.batch_isend_irecv: the p2p landing region of group '" + g.name() + "' (" +
                              std::to_string(g.pool().p2p_bytes()) + " bytes) is too small for 2 banks per sender; "
-                             "raise CE_OVERLAP_P2P_MB");
+                             "raise RuntimeConfig.p2p_mb (CE_OVERLAP_P2P_MB)");
   }
   return l;
 }

@@ -30,7 +30,7 @@ struct P2pBatchArgs {
 // errors) with a message naming the op, group and rank.
 void enqueue_p2p_batch(Group& g, const P2pBatchArgs& a);
 
-// Bytes per landing bank (what one round of a staged message moves): CE_OVERLAP_P2P_MB / (n - 1) senders / 2 banks.
+// Bytes per landing bank (what one round of a staged message moves): RuntimeConfig.p2p_mb / (n - 1) senders / 2 banks.
 size_t p2p_round_bytes(Group& g);
 
 }  // namespace ce_overlap

@@ -1,6 +1,6 @@
 // The reduce-scatter reduction kernel (reduce_kernels.cu): sums this rank's chunk and the n-1 chunks the
 // peers pushed into its staging slots, in fp32, and writes the output. The only SM work of the runtime;
-// its CTA count is bounded (CE_OVERLAP_REDUCE_SMS). No torch here.
+// its CTA count is bounded (RuntimeConfig.reduce_sms). No torch here.
 #pragma once
 
 #include <cuda_runtime_api.h>

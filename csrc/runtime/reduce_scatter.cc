@@ -5,7 +5,7 @@
 // Rank r's input holds n chunks of C bytes; chunk p belongs to rank p. Every rank's STAGING region is split
 // into 2 BANKS, each holding n-1 SLOTS of S bytes; in a receiver p, the slot of sender q is
 // slot(q, p) = q < p ? q : q - 1 (no slot for p itself). A round moves up to R = min(S,
-// CE_OVERLAP_RS_ROUND_MB) bytes of every chunk, so an op takes ceil(C / R) rounds; round k uses bank k % 2,
+// RuntimeConfig.rs_round_mb) bytes of every chunk, so an op takes ceil(C / R) rounds; round k uses bank k % 2,
 // so the reduction of round k (on the group's reduce stream) overlaps the copies of round k+1.
 //
 // Rank r, comm stream, for the op (epoch e per round, bytes b, chunk offset o = k * R):
@@ -39,7 +39,7 @@
 //   The reduction kernels are loaded when the group is created (group.cc): a first launch under lazy
 //   loading may wait for the device to go idle, which, inside this enqueue with the comm stream waiting
 //   for a peer's ready, could wait forever (the lock the watchdog needs is held here).
-//   Round size R (CE_OVERLAP_RS_ROUND_MB, or _tune) must match on every rank: b is in the signature.
+//   Round size R (RuntimeConfig.rs_round_mb, or tune()) must match on every rank: b is in the signature.
 //
 // Why it is safe (in addition to the all-gather's argument for the epoch window and deadlock freedom,
 // which holds unchanged: every round-e done is posted after the wait for that peer's round-e ready, and
@@ -76,7 +76,7 @@ namespace {
 struct Layout {
   size_t bank_bytes = 0;   // staging / 2
   size_t slot_bytes = 0;   // bank / (n - 1)
-  size_t round_bytes = 0;  // min(slot, CE_OVERLAP_RS_ROUND_MB)
+  size_t round_bytes = 0;  // min(slot, RuntimeConfig.rs_round_mb)
 };
 
 Layout layout_of(Group& g) {
@@ -88,7 +88,7 @@ Layout layout_of(Group& g) {
   if (l.round_bytes == 0) {
     throw std::runtime_error("ce_overlap.reduce_scatter_tensor: the staging region of group '" + g.name() + "' (" +
                              std::to_string(g.pool().staging_bytes()) + " bytes) is too small for 2 banks of " +
-                             std::to_string(n - 1) + " slots; raise CE_OVERLAP_STAGING_MB");
+                             std::to_string(n - 1) + " slots; raise RuntimeConfig.staging_mb (CE_OVERLAP_STAGING_MB)");
   }
   return l;
 }

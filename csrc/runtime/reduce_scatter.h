@@ -39,7 +39,7 @@ struct ReduceScatterArgs {
 // capture, CUDA errors) with a message naming the op, group and rank.
 void enqueue_reduce_scatter(Group& g, const ReduceScatterArgs& a);
 
-// Bytes per rank and round (what one staging slot holds) for a group: min(CE_OVERLAP_RS_ROUND_MB,
+// Bytes per rank and round (what one staging slot holds) for a group: min(RuntimeConfig.rs_round_mb,
 // staging / 2 banks / (n - 1) slots), a multiple of the pool alignment.
 size_t reduce_scatter_round_bytes(Group& g);
 

@@ -310,7 +310,7 @@ SymmetricPool::SymmetricPool(std::string group_name, int rank, int world_size, i
                           " on GPU " + std::to_string(device) + ", rank " + std::to_string(rank) + ")";
   DeviceScope scope(device);
   void* base = nullptr;
-  CE_CUDA_CHECK(cudaMalloc(&base, total_bytes_), ctx + "; lower CE_OVERLAP_POOL_MB");
+  CE_CUDA_CHECK(cudaMalloc(&base, total_bytes_), ctx + "; lower RuntimeConfig.pool_mb (CE_OVERLAP_POOL_MB)");
   local_base_ = static_cast<char*>(base);
   try {
     // Peers only ever write flags with values > 0, and every wait expects >= 1: zero means "nothing yet".
@@ -367,7 +367,7 @@ PoolHandleBlob SymmetricPool::export_blob() const {
   return blob;
 }
 
-void SymmetricPool::open_peers(const std::vector<PoolHandleBlob>& blobs) {
+void SymmetricPool::open_peers(const std::vector<PoolHandleBlob>& blobs, bool refuse_p2p) {
   const std::string g = "group '" + group_name_ + "'";
   if (open_) throw std::runtime_error("ce_overlap: " + g + " is already rendezvoused");
   if (static_cast<int>(blobs.size()) != world_size_) {
@@ -397,8 +397,8 @@ void SymmetricPool::open_peers(const std::vector<PoolHandleBlob>& blobs) {
                                mib(b.user_bytes) + " user + " + mib(b.staging_bytes) + " staging + " +
                                mib(b.p2p_bytes) + " p2p, rank " + std::to_string(rank_) + " has " + mib(user_bytes_) +
                                " + " + mib(staging_bytes_) + " + " + mib(p2p_bytes_) +
-                               "; set CE_OVERLAP_POOL_MB / CE_OVERLAP_STAGING_MB / CE_OVERLAP_P2P_MB identically on "
-                               "every rank");
+                               "; give every rank the same RuntimeConfig pool_mb / staging_mb / p2p_mb (environment "
+                               "CE_OVERLAP_POOL_MB / CE_OVERLAP_STAGING_MB / CE_OVERLAP_P2P_MB)");
     }
     if (std::strncmp(b.hostname, blobs[0].hostname, sizeof(b.hostname)) != 0) {
       throw std::runtime_error("ce_overlap: " + g + " spans hosts: " + who(0) + " and " + who(r) +
@@ -417,14 +417,6 @@ void SymmetricPool::open_peers(const std::vector<PoolHandleBlob>& blobs) {
       (void)cudaGetLastError();
     }
   }
-  // Fault injection (RELIABILITY.md): CE_OVERLAP_FAULT_INJECT=p2p_refused makes every pair of ranks look like
-  // GPUs without peer access, so the refusal below can be tested on machines that have it.
-  const char* inject = std::getenv("CE_OVERLAP_FAULT_INJECT");
-  const bool refuse_p2p = inject != nullptr && std::strcmp(inject, "p2p_refused") == 0;
-  if (inject != nullptr && *inject != '\0' && !refuse_p2p) {
-    throw std::runtime_error("ce_overlap: " + g + ": CE_OVERLAP_FAULT_INJECT=" + inject +
-                             " is not a fault this runtime injects (known: p2p_refused); unset it");
-  }
   for (int a = 0; a < world_size_; ++a) {
     for (int b = 0; b < world_size_; ++b) {
       const int da = local_ordinal[static_cast<size_t>(a)], db = local_ordinal[static_cast<size_t>(b)];
@@ -433,7 +425,7 @@ void SymmetricPool::open_peers(const std::vector<PoolHandleBlob>& blobs) {
       int can = 0;
       if (!refuse_p2p) CE_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, da, db), "checking P2P access for " + g);
       if (!can) {
-        const char* why = refuse_p2p ? " (simulated: CE_OVERLAP_FAULT_INJECT=p2p_refused)"
+        const char* why = refuse_p2p ? " (simulated: RuntimeConfig.fault_inject=p2p_refused)"
                                      : " (cudaDeviceCanAccessPeer is false)";
         throw std::runtime_error("ce_overlap: " + g + " is not fully P2P-connected: " + who(a) + " cannot access " +
                                  who(b) + why + "; keep this group on NCCL");

@@ -125,7 +125,8 @@ class SymmetricPool {
   PoolHandleBlob export_blob() const;
   // Validates every rank's blob (same host, sizes, world size; every pair P2P-capable), then opens the
   // peers' regions. Throws with a message naming the group, ranks and GPUs on any problem.
-  void open_peers(const std::vector<PoolHandleBlob>& blobs);
+  // refuse_p2p (fault injection): every pair of ranks is treated as GPUs without peer access.
+  void open_peers(const std::vector<PoolHandleBlob>& blobs, bool refuse_p2p = false);
   bool is_open() const { return open_; }
 
   int rank() const { return rank_; }

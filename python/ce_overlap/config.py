@@ -11,13 +11,13 @@ import os
 import re
 from typing import Any
 
+from . import environment
 from .errors import CeOverlapError
 
 _MIB = 1 << 20
 CE_MODES = ("auto", "on", "off")
 CE_COLLECTIVE_TYPES = ("all_gather", "reduce_scatter")
 CE_REDUCTIONS = ("consumer", "kernel")
-ENV_PREFIX = "CE_OVERLAP_PASS_"
 _BOOL_FIELDS = ("enabled", "verbose", "check_numerics", "keep_inductor_overlap", "pack_ce_buckets")
 
 
@@ -183,13 +183,12 @@ class PassConfig:
         """Defaults, then CE_OVERLAP_PASS_<FIELD> environment variables (e.g. CE_OVERLAP_PASS_CE=on,
         CE_OVERLAP_PASS_BUCKET_CAP_MB=256, CE_OVERLAP_PASS_BUCKET_PATTERNS='["layers\\\\.\\\\d+"]'), then
         `overrides`. A malformed variable raises CeOverlapError naming it."""
-        environ = os.environ if environ is None else environ
         fields = {}
         for f in dataclasses.fields(cls):
-            var = ENV_PREFIX + f.name.upper()
-            if var not in environ:
-                continue
-            fields[f.name] = _parse_env(var, f.name, environ[var])
+            var = environment.PASS_PREFIX + f.name.upper()
+            text = environment.read(var, environ)
+            if text is not None:
+                fields[f.name] = _parse_env(var, f.name, text)
         fields.update(overrides)
         return cls(**fields)
 

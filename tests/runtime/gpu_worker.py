@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 import ce_overlap.runtime as rt
+import ce_overlap.runtime.testing as rtt
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64, torch.uint8, torch.float64,
           torch.int8]
@@ -312,8 +313,8 @@ def run_case(case: dict, group, world: int, rank: int, side: torch.cuda.Stream) 
         else:
             raise AssertionError(mode)
 
-        rt.tune(group, pull_split=case["split"] if rank == 0 else case["split"] % 4 + 1)
-        previous_mode = rt.set_all_gather_mode("push" if mode.endswith("_push") else "pull")
+        rtt.tune(group, pull_split=case["split"] if rank == 0 else case["split"] % 4 + 1)
+        previous_mode = rtt.set_all_gather_mode("push" if mode.endswith("_push") else "pull")
         try:
             if mode == "functional":
                 out = rt.all_gather(inp, group)
@@ -325,7 +326,7 @@ def run_case(case: dict, group, world: int, rank: int, side: torch.cuda.Stream) 
             else:
                 rt.all_gather_into_tensor(out, inp, group)
         finally:
-            rt.set_all_gather_mode(previous_mode)
+            rtt.set_all_gather_mode(previous_mode)
         out = rt.wait_tensor(out)
         if case["clobber_input_after"] and numel > 0 and mode not in ("inplace", "symmetric_inplace",
                                                                         "symmetric_inplace_push"):
@@ -370,7 +371,7 @@ def mode_correctness(args) -> int:
                 break  # an exception may leave the group unusable; stop with the report
         if (i + 1) % 200 == 0:
             log(f"{i + 1}/{args.cases} cases, {len(failures)} failed, {time.time() - t0:.1f} s")
-    rt.tune(group, pull_split=1)
+    rtt.tune(group, pull_split=1)
     step("correctness: all_reduce of the failure count")
     table = [f"{'mode':<20} {'dtype':<10} cases"] + [f"{m:<20} {d:<10} {n}" for (m, d), n in sorted(stats.items())]
     return finish_cases("correctness", args.cases, len(failures), table, t0, group)
@@ -498,11 +499,11 @@ def mode_mismatch(args) -> int:
                           ["different collective", "reduce_scatter_tensor"])
 
     def push_vs_pull():
-        previous = rt.set_all_gather_mode("push" if rank == 0 else "pull")
+        previous = rtt.set_all_gather_mode("push" if rank == 0 else "pull")
         try:
             rt.all_gather_into_tensor(sym_out, shard, g3)
         finally:
-            rt.set_all_gather_mode(previous)
+            rtt.set_all_gather_mode(previous)
 
     ok &= _expect_timeout("all_gather push vs pull", g3, push_vs_pull, ["different collective", "push"])
     g4 = groups[4]
@@ -576,20 +577,20 @@ def mode_nokernels(args) -> int:
 
     def push(fn):
         def run():
-            previous = rt.set_all_gather_mode("push")
+            previous = rtt.set_all_gather_mode("push")
             try:
                 fn()
             finally:
-                rt.set_all_gather_mode(previous)
+                rtt.set_all_gather_mode(previous)
         return run
 
     def split3(fn):
         def run():
-            rt.tune(group, pull_split=3)
+            rtt.tune(group, pull_split=3)
             try:
                 fn()
             finally:
-                rt.tune(group, pull_split=1)
+                rtt.tune(group, pull_split=1)
         return run
 
     def ag_parts():  # three parts of one bucket: staged piece by piece, pulled straight into the three outputs
@@ -664,7 +665,7 @@ RS_TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
 def rendezvous_rs_rounds(group) -> tuple[int, dict]:
     """Rendezvous on `group`; its reduce-scatter round (bytes per rank) and that round in elements per dtype."""
     name = rt.rendezvous(group)
-    round_bytes = int(torch.ops.ce_overlap._reduce_scatter_round_bytes(name))
+    round_bytes = rtt.reduce_scatter_round_bytes(name)
     return round_bytes, {dt: round_bytes // torch.empty((), dtype=dt).element_size() for dt in RS_DTYPES}
 
 
@@ -768,7 +769,7 @@ def mode_reduce_scatter(args) -> int:
         case = draw_rs_case(rng, round_elems)
         ctas = rng.choice(ctas_choices)
         # Reduction CTAs are local (ranks may differ); the round size must match, so it changes on both at once.
-        rt.tune(group, reduce_sms=ctas if rank == 0 else ctas_choices[(ctas_choices.index(ctas) + 1) % 5],
+        rtt.tune(group, reduce_sms=ctas if rank == 0 else ctas_choices[(ctas_choices.index(ctas) + 1) % 5],
                 rs_round_mb=(64 / 1024) if i >= small_round_from else round_bytes / (1 << 20))
         multi_round += case["numel"] * torch.empty((), dtype=case["dtype"]).element_size() > (
             (64 << 10) if i >= small_round_from else round_bytes)
@@ -787,7 +788,7 @@ def mode_reduce_scatter(args) -> int:
             log(f"rs case {i} FAILED: {case} outside-tolerance={bad} {problem}")
             if bad == -1:
                 break
-    tuning = rt.tune(group, reduce_sms=32, rs_round_mb=round_bytes / (1 << 20))
+    tuning = rtt.tune(group, reduce_sms=32, rs_round_mb=round_bytes / (1 << 20))
     if rank == 0:
         print(f"reduce-scatter tuning restored: {tuning}", flush=True)
     # Groups of one rank (no peers): the reduction alone (sum and avg of one input are the input).
@@ -944,7 +945,7 @@ def mode_parts(args) -> int:
     for i in range(args.parts_cases):
         case = draw_parts_case(rng, world, round_elems)
         split = rng.choice([1, 2, 3])  # drawn on every rank (the cases are SPMD); used by rank 0 only
-        rt.tune(group, pull_split=split if rank == 0 else 1)
+        rtt.tune(group, pull_split=split if rank == 0 else 1)
         total = sum(int(torch.Size(p["shape"]).numel()) * torch.empty((), dtype=p["dtype"]).element_size()
                     for p in case["parts"])
         step(f"parts case {i}: {case['kind']} {len(case['parts'])} parts, {total} bytes, wait {case['wait']}")
@@ -955,7 +956,7 @@ def mode_parts(args) -> int:
             log(f"parts case {i} FAILED: {case} wrong={wrong} {problem}")
             if wrong == -1:
                 break
-    rt.tune(group, pull_split=1)
+    rtt.tune(group, pull_split=1)
     table = [f"{'op':<24} {'parts':>5} cases"] + [f"{k:<24} {n:>5} {c}" for (k, n), c in sorted(stats.items())]
     return finish_cases("parts", args.parts_cases, len(failures), table, t0, group)
 
@@ -982,12 +983,12 @@ def _check_ag_on(sym_in: torch.Tensor, group, world: int, rank: int, push: bool)
     out = torch.empty_like(ref)
     sym_out = rt.empty_symmetric(ref.shape, ref.dtype, group)
     sym_out.view(world, -1)[rank].copy_(sym_in.reshape(-1))
-    previous = rt.set_all_gather_mode("push" if push else "pull")
+    previous = rtt.set_all_gather_mode("push" if push else "pull")
     try:
         rt.all_gather_into_tensor(out, sym_in, group)                                   # zero-copy pull
         rt.all_gather_into_tensor(sym_out, sym_out.view(world, -1)[rank], group)          # in place
     finally:
-        rt.set_all_gather_mode(previous)
+        rtt.set_all_gather_mode(previous)
     rt.synchronize(group)
     return count_wrong(out, ref) + count_wrong(sym_out, ref)
 
@@ -1269,7 +1270,7 @@ def mode_p2p(args) -> int:
     group = dist.group.WORLD
     rank, world = dist.get_rank(), dist.get_world_size()
     rt.rendezvous(group)
-    log(f"p2p: landing bank {torch.ops.ce_overlap._p2p_round_bytes(group.group_name)} bytes; {rt.describe(group)}")
+    log(f"p2p: landing bank {rtt.p2p_round_bytes(group)} bytes; {rt.describe(group)}")
     rng = random.Random(args.seed + 11)
     stats = collections.Counter()
     failures = 0
@@ -1410,22 +1411,15 @@ def _fresh_group_works(label: str) -> bool:
 
 
 def mode_pool_alloc_failure(args) -> int:
-    """Rank 1 asks for a pool no GPU has: its rendezvous raises naming the allocation and CE_OVERLAP_POOL_MB, rank 0's
+    """Rank 1 asks for a pool no GPU has: its rendezvous raises naming the allocation and pool_mb, rank 0's
     raises within the timeout naming rank 1; a fresh group works afterwards."""
     rank = dist.get_rank()
     g = dist.new_group(list(range(dist.get_world_size())))
-    saved = os.environ.get("CE_OVERLAP_POOL_MB")
-    if rank == 1:
-        os.environ["CE_OVERLAP_POOL_MB"] = str(100 << 20)  # 100 TiB
+    # 100 TiB on rank 1: its config, given to rendezvous (what a CE_OVERLAP_POOL_MB override would also give).
+    config = rt.RuntimeConfig.from_env(pool_mb=float(100 << 20)) if rank == 1 else None
     step("pool_alloc_failure: rendezvous", deadline_s=ce_timeout_s() + 30, echo=True)
-    try:
-        needles = ["CE_OVERLAP_POOL_MB"] if rank == 1 else ["timed out", "ranks [1] never published"]
-        ok = _expect_error("pool allocation failure", lambda: rt.rendezvous(g), needles, ce_timeout_s() + 10)
-    finally:
-        if saved is None:
-            os.environ.pop("CE_OVERLAP_POOL_MB", None)
-        else:
-            os.environ["CE_OVERLAP_POOL_MB"] = saved
+    needles = ["CE_OVERLAP_POOL_MB"] if rank == 1 else ["timed out", "ranks [1] never published"]
+    ok = _expect_error("pool allocation failure", lambda: rt.rendezvous(g, config), needles, ce_timeout_s() + 10)
     dist.barrier()
     step("pool_alloc_failure: a fresh group", echo=True)
     ok &= _fresh_group_works("pool allocation failure")
@@ -1467,7 +1461,7 @@ def mode_lifetimes(args) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     name = rt.rendezvous(group)
     ok = True
-    mode = torch.ops.ce_overlap._keep_alive_mode()
+    mode = rtt.keep_alive_mode()
     log(f"lifetimes: keep-alive mode {mode}")
     if mode != "stash":
         log("lifetimes: FAILED: CE_OVERLAP_KEEP_ALIVE must be unset (or stash) for this check")
@@ -1499,7 +1493,7 @@ def mode_lifetimes(args) -> int:
         log(f"lifetimes: runahead {op_name}: reserved +{grown / 2**20:.0f} MiB over 20 iterations run ahead "
             f"(one iteration's tensors: {per_iteration / 2**20:.0f} MiB) {'ok' if good else 'FAILED'}")
         ok &= good
-        stashed = torch.ops.ce_overlap._stashed_tensors()
+        stashed = rtt.stashed_tensors()
         if stashed != 0:
             log(f"lifetimes: runahead {op_name}: FAILED: {stashed} tensors still stashed after every wait")
             ok = False
@@ -1508,9 +1502,9 @@ def mode_lifetimes(args) -> int:
     parts = list(src.chunk(3))
     outs = torch.ops.ce_overlap.all_gather_into_tensors(parts, world, name)
     del parts
-    held = torch.ops.ce_overlap._stashed_tensors()
+    held = rtt.stashed_tensors()
     first = torch.ops.ce_overlap.wait_tensor(outs[1])
-    after_first = torch.ops.ce_overlap._stashed_tensors()
+    after_first = rtt.stashed_tensors()
     outs = [torch.ops.ce_overlap.wait_tensor(o) for o in outs]
     good = held == 6 and after_first == 0 and first is outs[1]
     got = torch.cat([o.view(world, -1) for o in outs], dim=1).view(-1)
@@ -1522,16 +1516,16 @@ def mode_lifetimes(args) -> int:
     step("lifetimes: several ops in flight")
     # A graph's prefetch: ops issued before the earlier ones are waited for. Their results are referenced (here by
     # Python variables, in a graph by its buffers), so nothing may be reaped: a reaped op's wait would not join.
-    reaped = torch.ops.ce_overlap._reaped_unwaited()
+    reaped = rtt.reaped_unwaited()
     first = torch.ops.ce_overlap.all_gather_into_tensor(src.clone(), world, name)
     many = torch.ops.ce_overlap.all_gather_into_tensors(list(src.clone().chunk(3)), world, name)
     last = torch.ops.ce_overlap.all_gather_into_tensor(src.clone(), world, name)
-    newly = torch.ops.ce_overlap._reaped_unwaited() - reaped
+    newly = rtt.reaped_unwaited() - reaped
     got = [torch.ops.ce_overlap.wait_tensor(first), torch.cat([torch.ops.ce_overlap.wait_tensor(o).view(world, -1)
                                                                for o in many], dim=1).view(-1),
            torch.ops.ce_overlap.wait_tensor(last)]
     wrong = sum(count_wrong(g, ref) for g in got)
-    good = newly == 0 and wrong == 0 and torch.ops.ce_overlap._stashed_tensors() == 0
+    good = newly == 0 and wrong == 0 and rtt.stashed_tensors() == 0
     log(f"lifetimes: in flight: {newly} reaped while referenced, {wrong} wrong {'ok' if good else 'FAILED'}")
     ok &= good
 
@@ -1539,9 +1533,9 @@ def mode_lifetimes(args) -> int:
     most = 0
     for _ in range(10):
         torch.ops.ce_overlap.all_gather_into_tensor(src.clone(), world, name)  # result dropped, never waited
-        most = max(most, torch.ops.ce_overlap._stashed_tensors())
+        most = max(most, rtt.stashed_tensors())
     out = torch.ops.ce_overlap.wait_tensor(torch.ops.ce_overlap.all_gather_into_tensor(src, world, name))
-    left = torch.ops.ce_overlap._stashed_tensors()
+    left = rtt.stashed_tensors()
     torch.cuda.synchronize()
     wrong = count_wrong(out, ref)
     good = most <= 2 and left == 0 and wrong == 0
@@ -1553,16 +1547,13 @@ def mode_lifetimes(args) -> int:
 
 
 def mode_p2p_refused(args) -> int:
-    """A group whose GPUs lack peer access (simulated, CE_OVERLAP_FAULT_INJECT=p2p_refused): every rank's rendezvous
+    """A group whose GPUs lack peer access (simulated, RuntimeConfig.fault_inject="p2p_refused"): every rank's rendezvous
     raises at once naming the pair; a fresh group without the injection works."""
     g = dist.new_group(list(range(dist.get_world_size())))
-    os.environ["CE_OVERLAP_FAULT_INJECT"] = "p2p_refused"
+    config = rt.RuntimeConfig.from_env(fault_inject="p2p_refused")
     step("p2p_refused: rendezvous", deadline_s=ce_timeout_s() + 30, echo=True)
-    try:
-        ok = _expect_error("P2P refused", lambda: rt.rendezvous(g), ["not fully P2P-connected", "simulated"],
-                           ce_timeout_s() + 10)
-    finally:
-        os.environ.pop("CE_OVERLAP_FAULT_INJECT", None)
+    ok = _expect_error("P2P refused", lambda: rt.rendezvous(g, config), ["not fully P2P-connected", "simulated"],
+                       ce_timeout_s() + 10)
     dist.barrier()
     step("p2p_refused: a fresh group", echo=True)
     ok &= _fresh_group_works("P2P refused")

@@ -28,6 +28,17 @@ def ops():
     return torch.ops.ce_overlap
 
 
+@pytest.fixture(scope="module")
+def testing_ops(ops):
+    return torch.ops.ce_overlap_testing
+
+
+def _pool_create(ops, name: str, rank: int, world: int, device: int):
+    """What rendezvous does first: the config from the environment (the one place CE_OVERLAP_* is read), then the
+    pool."""
+    return ops._pool_create(name, rank, world, device, *rt.RuntimeConfig.from_env().pool_create_args())
+
+
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
     full_env = dict(os.environ)
     full_env.update(env)
@@ -161,11 +172,11 @@ def test_ops_on_unknown_group_name_the_fix(ops):
 def test_pool_env_validated_before_touching_the_gpu(ops, monkeypatch):
     monkeypatch.setenv("CE_OVERLAP_POOL_MB", "lots")
     with pytest.raises(RuntimeError, match="CE_OVERLAP_POOL_MB='lots' is not a positive number"):
-        ops._pool_create("env-check", 0, 1, 0)
+        _pool_create(ops, "env-check", 0, 1, 0)
     monkeypatch.setenv("CE_OVERLAP_POOL_MB", "64")
     monkeypatch.setenv("CE_OVERLAP_STAGING_MB", "128")
     with pytest.raises(RuntimeError, match="CE_OVERLAP_STAGING_MB"):
-        ops._pool_create("env-check", 0, 1, 0)
+        _pool_create(ops, "env-check", 0, 1, 0)
     assert ops._has_group("env-check") is False
 
 
@@ -173,13 +184,13 @@ def test_pool_creation_without_gpu_fails_cleanly(ops):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     with pytest.raises(RuntimeError, match="ce_overlap"):
-        ops._pool_create("no-gpu", 0, 2, 0)
+        _pool_create(ops, "no-gpu", 0, 2, 0)
     assert ops._has_group("no-gpu") is False  # nothing half-created is left behind
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_pool_range_allocator_matches_first_fit_model(ops, seed):
-    assert ops._range_allocator_self_test(seed, 3000) == 3001
+def test_pool_range_allocator_matches_first_fit_model(testing_ops, seed):
+    assert testing_ops._range_allocator_self_test(seed, 3000) == 3001
 
 
 def test_wait_tensor_is_identity(ops):
@@ -254,48 +265,50 @@ def test_reduce_scatter_bad_arguments_rejected(ops, bad, match):
 # ---------------------------------------------------------------------------------------------------------------
 # Internal ops: present, and clear without a GPU / without a rendezvous
 
-def test_internal_ops_exist(ops):
+def test_internal_ops_exist(ops, testing_ops):
     for name in ("reduce_scatter_tensor", "reduce_scatter_tensor_out", "_symmetric_free_ranges", "_empty_symmetric_at",
-                 "_pool_alignment", "_set_all_gather_mode", "_reduce_scatter_round_bytes", "_local_copy", "_tune",
-                 "_reduce_bench", "_local_copy_mode", "all_to_all_single", "all_to_all_single_out", "broadcast_",
-                 "_batch_p2p", "_p2p_wait", "_p2p_round_bytes"):
+                 "_pool_alignment", "all_to_all_single", "all_to_all_single_out", "broadcast_",
+                 "_batch_p2p", "_p2p_wait"):
         assert hasattr(ops, name), name
+    for name in ("_set_all_gather_mode", "_reduce_scatter_round_bytes", "_local_copy", "_tune", "_reduce_bench",
+                 "_local_copy_mode", "_p2p_round_bytes"):  # test and bench hooks: not in the production op set
+        assert hasattr(testing_ops, name) and not hasattr(ops, name), name
     assert ops._pool_alignment() == 512
 
 
-def test_symmetric_ops_need_a_rendezvous(ops):
+def test_symmetric_ops_need_a_rendezvous(ops, testing_ops):
     with pytest.raises(RuntimeError, match=r"no-such-group.*rendezvous"):
         ops._symmetric_free_ranges("no-such-group", False)
     with pytest.raises(RuntimeError, match=r"no-such-group.*rendezvous"):
         ops._empty_symmetric_at([4], torch.float32, "no-such-group", 65536)
     with pytest.raises(RuntimeError, match=r"no-such-group.*rendezvous"):
-        ops._reduce_scatter_round_bytes("no-such-group")
+        testing_ops._reduce_scatter_round_bytes("no-such-group")
 
 
-def test_all_gather_mode_switch(ops):
-    previous = ops._set_all_gather_mode("push")
+def test_all_gather_mode_switch(testing_ops):
+    previous = testing_ops._set_all_gather_mode("push")
     try:
         assert previous in ("pull", "push")
-        assert ops._set_all_gather_mode("pull") == "push"
+        assert testing_ops._set_all_gather_mode("pull") == "push"
         with pytest.raises(RuntimeError, match="must be 'pull' or 'push'"):
-            ops._set_all_gather_mode("sideways")
+            testing_ops._set_all_gather_mode("sideways")
     finally:
-        ops._set_all_gather_mode(previous)
+        testing_ops._set_all_gather_mode(previous)
 
 
-def test_local_copy_refuses_cpu_tensors_and_bad_modes(ops):
+def test_local_copy_refuses_cpu_tensors_and_bad_modes(testing_ops):
     with pytest.raises(RuntimeError, match="one CUDA device"):
-        ops._local_copy(torch.empty(4), torch.empty(4), "memcpy")
+        testing_ops._local_copy(torch.empty(4), torch.empty(4), "memcpy")
 
 
 def test_reduce_scatter_env_validated(ops, monkeypatch):
     monkeypatch.setenv("CE_OVERLAP_REDUCE_SMS", "2.5")
     with pytest.raises(RuntimeError, match="CE_OVERLAP_REDUCE_SMS"):
-        ops._pool_create("env-check-rs", 0, 1, 0)
+        _pool_create(ops, "env-check-rs", 0, 1, 0)
     monkeypatch.setenv("CE_OVERLAP_REDUCE_SMS", "16")
     monkeypatch.setenv("CE_OVERLAP_RS_ROUND_MB", "zero")
     with pytest.raises(RuntimeError, match="CE_OVERLAP_RS_ROUND_MB"):
-        ops._pool_create("env-check-rs", 0, 1, 0)
+        _pool_create(ops, "env-check-rs", 0, 1, 0)
     assert ops._has_group("env-check-rs") is False
 
 
@@ -303,17 +316,17 @@ def test_reduce_scatter_env_validated(ops, monkeypatch):
 def test_pull_split_env_validated(ops, monkeypatch, bad):
     monkeypatch.setenv("CE_OVERLAP_PULL_SPLIT", bad)
     with pytest.raises(RuntimeError, match="CE_OVERLAP_PULL_SPLIT"):
-        ops._pool_create("env-check-split", 0, 1, 0)
+        _pool_create(ops, "env-check-split", 0, 1, 0)
     assert ops._has_group("env-check-split") is False
 
 
-def test_tune_and_reduce_bench_refuse_without_group_or_gpu(ops):
+def test_tune_and_reduce_bench_refuse_without_group_or_gpu(testing_ops):
     with pytest.raises(RuntimeError, match=r"no ce_overlap symmetric pool.*rendezvous"):
-        ops._tune("no-such-group", 2, 0, 0)
+        testing_ops._tune("no-such-group", 2, 0, 0)
     with pytest.raises(RuntimeError, match="one CUDA device"):
-        ops._reduce_bench(torch.empty(4), torch.empty(4), torch.empty(4), 16)
-    assert ops._local_copy_mode() in ("memcpy", "ce-hint (no local copy yet)") or "batch API refused" in \
-        ops._local_copy_mode() or ops._local_copy_mode() == "ce-hint"
+        testing_ops._reduce_bench(torch.empty(4), torch.empty(4), torch.empty(4), 16)
+    assert testing_ops._local_copy_mode() in ("memcpy", "ce-hint (no local copy yet)") or "batch API refused" in \
+        testing_ops._local_copy_mode() or testing_ops._local_copy_mode() == "ce-hint"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -375,9 +388,9 @@ def test_collective_and_p2p_bad_arguments_rejected(ops, bad, match):
         bad(ops)
 
 
-def test_p2p_ops_need_a_rendezvous(ops):
+def test_p2p_ops_need_a_rendezvous(ops, testing_ops):
     with pytest.raises(RuntimeError, match=r"no-such-group.*rendezvous"):
-        ops._p2p_round_bytes("no-such-group")
+        testing_ops._p2p_round_bytes("no-such-group")
     with pytest.raises(RuntimeError, match="no pending point-to-point batch #12345"):
         ops._p2p_wait(12345)
 
@@ -388,10 +401,10 @@ def test_p2p_env_validated(ops, monkeypatch):
     for bad in ("0.5", "49"):  # below 1 MiB; staging + p2p beyond the pool
         monkeypatch.setenv("CE_OVERLAP_P2P_MB", bad)
         with pytest.raises(RuntimeError, match="CE_OVERLAP_P2P_MB"):
-            ops._pool_create("env-check-p2p", 0, 1, 0)
+            _pool_create(ops, "env-check-p2p", 0, 1, 0)
     monkeypatch.setenv("CE_OVERLAP_P2P_MB", "many")
     with pytest.raises(RuntimeError, match="CE_OVERLAP_P2P_MB='many' is not a positive number"):
-        ops._pool_create("env-check-p2p", 0, 1, 0)
+        _pool_create(ops, "env-check-p2p", 0, 1, 0)
     assert ops._has_group("env-check-p2p") is False
 
 

@@ -80,8 +80,9 @@ def _last_steps(progress_dir: str) -> str:
     return "\n".join(lines) or "  (no rank reported a step)"
 
 
-def torchrun(mode: str, *args: str, env: dict[str, str], timeout_s: float, nproc: int = 2) -> subprocess.CompletedProcess:
-    """Runs gpu_worker.py on 2 GPUs. The worker bounds every step itself (it dumps its stacks and exits when a step
+def torchrun(mode: str, *args: str, env: dict[str, str], timeout_s: float, nproc: int = 2,
+             worker: str = WORKER) -> subprocess.CompletedProcess:
+    """Runs `worker` (gpu_worker.py) on `nproc` ranks. The worker bounds every step itself (it dumps its stacks and exits when a step
     hangs); timeout_s is the backstop for a hang outside its reach (start-up, torchrun): the whole process tree is
     killed and the test fails with each rank's last step and the partial output."""
     full_env = dict(os.environ)
@@ -92,7 +93,7 @@ def torchrun(mode: str, *args: str, env: dict[str, str], timeout_s: float, nproc
         full_env["CE_TEST_SHARED_GPU"] = "1"
         print("one GPU: both ranks share it (references over gloo); NVLink needs a 2-GPU machine")
     timeout_s *= 2 if SHARED_GPU else 1  # two ranks time-slice one GPU, and the references go through the host
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), WORKER, mode, *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), worker, mode, *args]
     with tempfile.TemporaryDirectory(prefix="ce_gpu_test_") as progress:
         full_env["CE_TEST_PROGRESS_DIR"] = progress
         proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

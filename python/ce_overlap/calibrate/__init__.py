@@ -34,7 +34,7 @@ calibrate.build_profile(...)`).
 from __future__ import annotations
 
 from .check import check_measurements
-from .collectives import Collectives, measure_slowdowns, pool_env
+from .collectives import Collectives, measure_slowdowns, pool_config
 from .command import main
 from .common import (ADAMW_BYTES_PER_PARAM, ATTENTION_SHAPE, COLLECTIVES, COMPUTE_KINDS, GEMM_SIZES, MAX_DECREASE,
                      MEASUREMENTS_SCHEMA, MEMBOUND_BYTES_PER_OPERAND, MIB, MIN_SLOWDOWN, OPTIMIZER_PARAMS,
@@ -58,5 +58,5 @@ __all__ = [
     "gemm_model_us", "gpu_head_start", "main", "make_compute", "max_over_ranks", "measure", "measure_attention",
     "measure_beside", "measure_memory_kernels", "measure_optimizer", "measure_peer_copy", "measure_reduction_kernel",
     "measure_slowdowns", "measure_training_step", "measure_transformer_gemms", "median_us", "nnls2", "parse_size",
-    "pool_env", "predicted_slowdown", "solve", "step_gemms", "step_gemms_model_us", "time_each_us", "write_profile",
+    "pool_config", "predicted_slowdown", "solve", "step_gemms", "step_gemms_model_us", "time_each_us", "write_profile",
 ]

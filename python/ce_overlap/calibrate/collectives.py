@@ -3,7 +3,6 @@ the ce_overlap copy-engine all-gather / reduce-scatter (checked against NCCL's r
 the compute kernels' slowdown beside each of them. torch is imported when a measurement runs."""
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 from .common import MIB, Progress, format_bytes, one_line
@@ -11,13 +10,17 @@ from .kernels import make_compute
 from .timing import NotAvailable, all_ranks_ok, dist_if_initialized, measure_beside, median_us, torch_module
 
 
-def pool_env(max_bytes_per_rank: int, world: int) -> None:
-    """Symmetric pool big enough for the in-place all-gather output and a whole reduce-scatter input staged in one
-    round (defaults only; explicit CE_OVERLAP_* settings win). Must run before the first rendezvous."""
+def pool_config(max_bytes_per_rank: int, world: int):
+    """The RuntimeConfig of the measured group: a symmetric pool big enough for the in-place all-gather output and a
+    whole reduce-scatter input staged in one round, a 30 s timeout; a field its CE_OVERLAP_* variable sets keeps the
+    variable's value (the environment overrides calibrate's choice, as it overrides every default)."""
+    from .. import environment
+    from ..runtime.config import RuntimeConfig
+
     mb = -(-max_bytes_per_rank // MIB)
-    os.environ.setdefault("CE_OVERLAP_STAGING_MB", str(world * mb))
-    os.environ.setdefault("CE_OVERLAP_POOL_MB", str(3 * world * mb + 64))
-    os.environ.setdefault("CE_OVERLAP_TIMEOUT_S", "30")
+    wanted = {"staging_mb": float(world * mb), "pool_mb": float(3 * world * mb + 64), "timeout_s": 30.0}
+    return RuntimeConfig.from_env(**{field: value for field, value in wanted.items()
+                                     if environment.read(RuntimeConfig.ENV[field]) in (None, "")})
 
 
 class Collectives:
@@ -44,7 +47,7 @@ class Collectives:
             ok, reason = rt.available()
             if not ok:
                 raise NotAvailable(reason)
-            rt.rendezvous(group)
+            rt.rendezvous(group, pool_config(max_bytes, self.world))
             self._sym = rt.empty_symmetric((self.world * (max_bytes // 2),), torch.bfloat16, group)
         except NotAvailable as e:
             self.ce_reason = str(e)

@@ -8,7 +8,6 @@ import os
 import sys
 
 from ..errors import CeOverlapError
-from .collectives import pool_env
 from .common import parse_size
 from .fit import build_profile, write_profile
 from .measurements import measure
@@ -105,7 +104,6 @@ def _init_gpus(args, under_torchrun: bool, env_world: int):
         import torch.distributed as dist
         from datetime import timedelta
 
-        pool_env(max(parse_size(args.max_size), parse_size(args.slowdown_size)), env_world)
         dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank), timeout=timedelta(seconds=180))
     return dist
 

@@ -3,7 +3,6 @@ GEMMs, causal attention, fused AdamW, activation-sized memory-bound kernels, the
 beside compute, and the one-way peer copy. torch is imported when a measurement runs, not when this loads."""
 from __future__ import annotations
 
-import os
 import statistics
 
 from .common import (ADAMW_BYTES_PER_PARAM, ATTENTION_SHAPE, COMPUTE_KINDS, MEMBOUND_BYTES_PER_OPERAND, MIB,
@@ -124,16 +123,17 @@ def measure_reduction_kernel(iters: int, warmup: int) -> dict:
     lib = runtime.library_loaded()
     if not lib:
         raise NotAvailable(f"CE runtime unavailable ({lib.reason})")
-    if not hasattr(torch.ops.ce_overlap, "_reduce_bench"):
-        raise NotAvailable("the CE runtime has no _reduce_bench op")
-    ctas = int(float(os.environ.get("CE_OVERLAP_REDUCE_SMS", "32")))
+    import ce_overlap.runtime.testing as rtt
+    from ..runtime.config import RuntimeConfig
+
+    ctas = int(RuntimeConfig.from_env().reduce_sms)
     numel = 256 * MIB // 2
     a = torch.randn(numel, device="cuda").to(torch.bfloat16)
     b = torch.randn(numel, device="cuda").to(torch.bfloat16)
     out = torch.empty_like(a)
 
     def kernel():
-        torch.ops.ce_overlap._reduce_bench(out, a, b, ctas)
+        rtt.reduce_bench(out, a, b, ctas)
 
     k_us = median_us(kernel, iters, warmup)
     r: dict = {"ctas": ctas, "bytes": 3 * numel * 2, "us": k_us}

@@ -130,7 +130,9 @@ def _measure_collectives(m: dict, args, prog: Progress, sizes: list[int], slow_b
     cols = Collectives(group, max(max(sizes), slow_bytes))
     m["skipped"].update(cols.verify())
     if cols.ce_reduce_scatter_verified:
-        m["ce_reduce_sms"] = int(float(os.environ.get("CE_OVERLAP_REDUCE_SMS", "32")))  # the runtime default
+        import ce_overlap.runtime as rt
+
+        m["ce_reduce_sms"] = int(rt.config_of(group).reduce_sms)  # what the group's reduction kernel ran on
     for coll in ("all_gather", "reduce_scatter", "send"):
         for backend, reason in cols.backends(coll).items():
             if reason:

@@ -17,17 +17,9 @@ on the stream that uses it, so the work between the two overlaps the collective:
     torch.ops.ce_overlap.wait_tensor(tensor) -> tensor   (joins the op's stream; raises if a CE collective timed out)
 Point-to-point (pipeline parallelism): send / recv / isend / irecv / batch_isend_irecv below.
 
-Environment (read at rendezvous, must match on every rank, unless noted):
-    CE_OVERLAP_POOL_MB      symmetric pool per group and rank, MiB (default 1024)
-    CE_OVERLAP_STAGING_MB   part of it used to stage inputs / receive reduce-scatter chunks (default min(256, pool/4))
-    CE_OVERLAP_TIMEOUT_S    an op that has not completed after this long raises (default 60)
-    CE_OVERLAP_AG_MODE      pull (default) or push: how all-gathers into symmetric outputs move (read at first use)
-    CE_OVERLAP_RS_ROUND_MB  reduce-scatter bytes per rank and round (default 32; pipelines copies and reduction)
-    CE_OVERLAP_REDUCE_SMS   CTAs of the reduce-scatter reduction kernel (default 32; may differ per rank)
-    CE_OVERLAP_PULL_SPLIT   streams (copy engines) one pulled peer copy is split over, 1..4 (default 1; local)
-    CE_OVERLAP_P2P_MB       part of the pool that receives point-to-point messages (default min(64, pool/8))
-    tune() changes the last three between ops.
-    CE_OVERLAP_RUNTIME_LIB  explicit path of _runtime.so (otherwise found next to the package)
+Settings: a RuntimeConfig (ce_overlap.runtime.config; pool sizes, timeout, reduction CTAs, ...) given to
+rendezvous(group, config); without one, RuntimeConfig.from_env() (defaults, then the CE_OVERLAP_* overrides listed
+in docs/configuration.md). Test and benchmark hooks (tuning between ops, probes): ce_overlap.runtime.testing.
 """
 from __future__ import annotations
 
@@ -40,11 +32,14 @@ from typing import NamedTuple
 
 import torch
 
+from .. import environment
+from .config import RuntimeConfig, RuntimeConfigError
+
 __all__ = [
-    "Availability", "available", "library_loaded", "load_library", "rendezvous", "all_gather_into_tensor",
-    "all_gather", "all_gather_many", "reduce_scatter_tensor", "reduce_scatter", "reduce_scatter_many", "empty_symmetric", "is_symmetric", "synchronize",
-    "wait_tensor", "describe", "set_all_gather_mode", "tune", "all_to_all_single", "broadcast", "P2POp", "P2PWork",
-    "batch_isend_irecv", "send", "recv", "isend", "irecv",
+    "Availability", "RuntimeConfig", "RuntimeConfigError", "available", "library_loaded", "load_library", "rendezvous",
+    "all_gather_into_tensor", "all_gather", "all_gather_many", "reduce_scatter_tensor", "reduce_scatter",
+    "reduce_scatter_many", "empty_symmetric", "is_symmetric", "synchronize", "wait_tensor", "describe",
+    "all_to_all_single", "broadcast", "P2POp", "P2PWork", "batch_isend_irecv", "send", "recv", "isend", "irecv",
 ]
 
 
@@ -62,6 +57,8 @@ _lock = threading.Lock()
 _loaded_from: str | None = None
 _load_error: str | None = None
 _groups: dict[str, int] = {}  # rendezvoused group name -> world size
+_configs: dict[str, RuntimeConfig] = {}  # rendezvoused group name -> its config
+_process_args: tuple | None = None  # the process fields last given to the library
 _alloc_lock = threading.Lock()
 _alloc_seq: dict[str, int] = {}  # group name -> number of empty_symmetric calls so far (SPMD: equal on every rank)
 _exchange = None  # _symalloc.StoreExchange over the default store, made on first use
@@ -70,7 +67,7 @@ _exchange = None  # _symalloc.StoreExchange over the default store, made on firs
 def library_candidates() -> list[str]:
     """Where the library is looked for, first match wins."""
     found: list[str] = []
-    explicit = os.environ.get("CE_OVERLAP_RUNTIME_LIB")
+    explicit = environment.read("CE_OVERLAP_RUNTIME_LIB")
     if explicit:
         return [explicit]
     try:  # installed or editable (scikit-build-core's redirecting finder knows the built file)
@@ -118,11 +115,13 @@ def load_library() -> str:
             try:
                 torch.ops.load_library(path)
                 _loaded_from = path
-                return path
+                break
             except Exception as e:  # noqa: BLE001 (any loader failure is reported, never raised raw)
                 errors.append(f"{path}: {type(e).__name__}: {e}")
-        _load_error = "ce_overlap runtime library failed to load: " + "; ".join(errors)
-        raise RuntimeError(_load_error)
+        if _loaded_from is None:
+            _load_error = "ce_overlap runtime library failed to load: " + "; ".join(errors)
+            raise RuntimeError(_load_error)
+        return _loaded_from
 
 
 def library_loaded() -> Availability:
@@ -158,45 +157,69 @@ def _resolve_group(group):
     return group
 
 
-def _timeout_s() -> float:
-    try:
-        return float(os.environ.get("CE_OVERLAP_TIMEOUT_S", "60"))
-    except ValueError:
-        return 60.0
+def _configure_process(config: RuntimeConfig) -> None:
+    """Gives the library the config's process-wide fields (when they differ from what it has)."""
+    global _process_args
+    args = config.process_args()
+    if args != _process_args:
+        torch.ops.ce_overlap._configure_process(*args)
+        _process_args = args
 
 
-def rendezvous(group=None) -> str:
+def config_of(group=None) -> RuntimeConfig:
+    """The RuntimeConfig `group` was rendezvoused with."""
+    name, _ = _group_name_and_size(group)
+    return _configs.get(name) or RuntimeConfig.from_env()
+
+
+def rendezvous(group=None, config: RuntimeConfig | None = None) -> str:
     """Creates this rank's symmetric pool for `group` (default: WORLD) and maps every peer's. Collective: every
-    rank of the group must call it (the first CE collective on a group calls it implicitly). Outside CUDA graph
-    capture. Returns the group name. Refuses groups that are not fully P2P-connected or span hosts."""
+    rank of the group must call it (the first CE collective on a group calls it implicitly, with the default
+    config). `config`: the group's RuntimeConfig (default RuntimeConfig.from_env()); its process-wide fields apply
+    to the whole process from now on. Outside CUDA graph capture. Returns the group name. Refuses groups that are
+    not fully P2P-connected or span hosts."""
     import torch.distributed as dist
 
     load_library()
     group = _resolve_group(group)
     name = group.group_name
-    if name in _groups:
+    if name in _groups and torch.ops.ce_overlap._has_group(name):
         return name
+    config = RuntimeConfig.from_env() if config is None else config
+    if not isinstance(config, RuntimeConfig):
+        raise TypeError(f"ce_overlap.runtime.rendezvous: config must be a RuntimeConfig, got {type(config).__name__}")
     if torch.ops.ce_overlap._has_group(name):
         _groups[name] = dist.get_world_size(group)
+        _configs.setdefault(name, config)
         return name
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError(f"ce_overlap.rendezvous of group '{name}' must happen outside CUDA graph capture")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    device = torch.cuda.current_device()
-    store = dist.distributed_c10d._get_default_store()
-    prefix = f"ce_overlap/pool/{name}/"
+    open_pool(name, rank, world, torch.cuda.current_device(), dist.distributed_c10d._get_default_store(),
+              f"ce_overlap/pool/{name}/", config)
+    return name
+
+
+def open_pool(name: str, rank: int, world: int, device: int, store, prefix: str, config: RuntimeConfig) -> None:
+    """Rendezvous of group `name` through `store` (what rendezvous and the torch.distributed backend run): creates
+    this rank's pool on `device`, publishes its handle under prefix + rank, waits for every rank's
+    (RuntimeConfig.timeout_s) and maps them; applies the config's process fields. On failure nothing of the group
+    remains."""
+    load_library()
+    _configure_process(config)
+    _groups.pop(name, None)  # a group of this name that was closed (e.g. a destroyed process group's backend)
+    _configs.pop(name, None)
     keys = [f"{prefix}{r}" for r in range(world)]
-    blob = torch.ops.ce_overlap._pool_create(name, rank, world, device)
+    blob = torch.ops.ce_overlap._pool_create(name, rank, world, device, *config.pool_create_args())
     try:
         store.set(keys[rank], blob.numpy().tobytes())
-        timeout = _timeout_s()
         try:
-            store.wait(keys, timedelta(seconds=timeout))
+            store.wait(keys, timedelta(seconds=config.timeout_s))
         except Exception as e:  # noqa: BLE001 (store timeouts have backend-specific types)
             missing = [r for r in range(world) if not store.check([keys[r]])]
             raise RuntimeError(
-                f"ce_overlap.rendezvous of group '{name}' (rank {rank} of {world}) timed out after {timeout} s: "
-                f"ranks {missing} never published their pool handle (did every rank of the group call "
+                f"ce_overlap.rendezvous of group '{name}' (rank {rank} of {world}) timed out after {config.timeout_s} "
+                f"s: ranks {missing} never published their pool handle (did every rank of the group call "
                 f"ce_overlap.runtime.rendezvous or its first CE collective?). Store error: {e}") from None
         raw = b"".join(store.get(k) for k in keys)
         handles = torch.frombuffer(bytearray(raw), dtype=torch.uint8).reshape(world, -1)
@@ -205,7 +228,19 @@ def rendezvous(group=None) -> str:
         torch.ops.ce_overlap._pool_abort(name)
         raise
     _groups[name] = world
-    return name
+    _configs[name] = config
+
+
+def close_pool(name: str) -> None:
+    """Drops this rank's pool of group `name` (after a rendezvous that the other ranks did not all complete)."""
+    torch.ops.ce_overlap._pool_abort(name)
+    _groups.pop(name, None)
+    _configs.pop(name, None)
+
+
+def rendezvoused_groups() -> list[str]:
+    """Names of the groups this process has a pool for (rendezvous or the torch.distributed backend)."""
+    return sorted(_groups)
 
 
 def _group_name_and_size(group) -> tuple[str, int]:
@@ -398,25 +433,6 @@ def _reduce_op_name(op) -> str:
     raise RuntimeError(f"ce_overlap reduce_scatter: reduce op {op!r} is not supported (sum and avg are)")
 
 
-def set_all_gather_mode(mode: str) -> str:
-    """'pull' or 'push' for all-gathers whose output lies in the symmetric pool (others always pull); returns the
-    previous mode. Process-wide; every rank must use the same mode for an op. Default: CE_OVERLAP_AG_MODE or pull."""
-    load_library()
-    return torch.ops.ce_overlap._set_all_gather_mode(mode)
-
-
-def tune(group=None, *, pull_split: int | None = None, reduce_sms: int | None = None,
-         rs_round_mb: float | None = None) -> str:
-    """Changes the group's tuning knobs between ops (benchmarks sweep them); None leaves a knob as it is. Returns
-    the resulting "pull_split=.. reduce_ctas=.. rs_round_bytes=..". pull_split (1..4: pieces of every pulled peer
-    copy, each on its own stream) and reduce_sms (CTAs of the reduce-scatter reduction) are local to this rank.
-    rs_round_mb must be set to the same value on every rank before the next reduce-scatter (it is part of the ops'
-    signature: ranks that disagree get a "different collective" timeout, not wrong data)."""
-    name, _ = _group_name_and_size(group)
-    round_bytes = 0 if rs_round_mb is None else max(1, int(rs_round_mb * (1 << 20)))
-    return torch.ops.ce_overlap._tune(name, int(pull_split or 0), int(reduce_sms or 0), round_bytes)
-
-
 def empty_symmetric(shape, dtype: torch.dtype, group=None) -> torch.Tensor:
     """An uninitialized CUDA tensor inside the group's symmetric pool, so collectives read (and, push mode, write)
     it in place, at the same pool offset on every rank. COLLECTIVE: every rank of the group must call it, the same
@@ -447,7 +463,7 @@ def empty_symmetric(shape, dtype: torch.dtype, group=None) -> torch.Tensor:
 
     with _alloc_lock:
         if _exchange is None and world > 1:
-            _exchange = _symalloc.StoreExchange(dist.distributed_c10d._get_default_store(), _timeout_s())
+            _exchange = _symalloc.StoreExchange(dist.distributed_c10d._get_default_store(), config_of(group).timeout_s)
         seq = _alloc_seq.get(name, 0) + 1
         _alloc_seq[name] = seq
         offset = _symalloc.agree(_exchange, name, seq, rank, world, nbytes, free_ranges,

@@ -1,0 +1,78 @@
+"""Test and benchmark hooks of the CE runtime (the ops of torch.ops.ce_overlap_testing): tuning a group between ops,
+probes of single mechanisms, counters. Not part of the production API: training code needs none of them."""
+from __future__ import annotations
+
+import torch
+
+from . import _group_name_and_size, load_library
+
+
+def _ops():
+    load_library()
+    return torch.ops.ce_overlap_testing
+
+
+def tune(group=None, *, pull_split: int | None = None, reduce_sms: int | None = None,
+         rs_round_mb: float | None = None) -> str:
+    """Changes the group's tuning knobs between ops (benchmarks sweep them); None leaves a knob as it is. Returns
+    the resulting "pull_split=.. reduce_ctas=.. rs_round_bytes=..". pull_split (1..4: pieces of every pulled peer
+    copy, each on its own stream) and reduce_sms (CTAs of the reduce-scatter reduction) are local to this rank.
+    rs_round_mb must be set to the same value on every rank before the next reduce-scatter (it is part of the ops'
+    signature: ranks that disagree get a "different collective" timeout, not wrong data)."""
+    name, _ = _group_name_and_size(group)
+    round_bytes = 0 if rs_round_mb is None else max(1, int(rs_round_mb * (1 << 20)))
+    return _ops()._tune(name, int(pull_split or 0), int(reduce_sms or 0), round_bytes)
+
+
+def set_all_gather_mode(mode: str) -> str:
+    """'pull' or 'push' for all-gathers whose output lies in the symmetric pool (others always pull); returns the
+    previous mode. Process-wide; every rank must use the same mode for an op. RuntimeConfig.all_gather_mode sets it
+    at rendezvous; this switches it between ops (benchmarks compare the two)."""
+    return _ops()._set_all_gather_mode(mode)
+
+
+def reduce_scatter_round_bytes(group=None) -> int:
+    """Bytes per rank and round of the group's reduce-scatters (min of RuntimeConfig.rs_round_mb and a staging slot)."""
+    name, _ = _group_name_and_size(group)
+    return int(_ops()._reduce_scatter_round_bytes(name))
+
+
+def p2p_round_bytes(group=None) -> int:
+    """Bytes per landing bank of the group's point-to-point channels (one round of a staged message)."""
+    name, _ = _group_name_and_size(group)
+    return int(_ops()._p2p_round_bytes(name))
+
+
+def reduce_bench(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ctas: int) -> None:
+    """The reduce-scatter's reduction kernel alone, as it runs for 2 ranks: out = a + b on at most `ctas` CTAs."""
+    _ops()._reduce_bench(out, a, b, int(ctas))
+
+
+def local_copy(dst: torch.Tensor, src: torch.Tensor, mode: str) -> None:
+    """One same-GPU copy by `mode` ("memcpy", "batch_hint", "batch" or "peer"), no fallback."""
+    _ops()._local_copy(dst, src, mode)
+
+
+def local_copy_mode() -> str:
+    """How the runtime copies within one GPU: "ce-hint", or "memcpy" with the reason."""
+    return str(_ops()._local_copy_mode())
+
+
+def stashed_tensors() -> int:
+    """Tensors held by functional ops not yet waited for (a stash never dropped is a leak)."""
+    return int(_ops()._stashed_tensors())
+
+
+def reaped_unwaited() -> int:
+    """Functional ops whose results were dropped without a wait, handed back to the allocator so far."""
+    return int(_ops()._reaped_unwaited())
+
+
+def keep_alive_mode() -> str:
+    """"stash" or "record_stream" (RuntimeConfig.keep_alive)."""
+    return str(_ops()._keep_alive_mode())
+
+
+def range_allocator_self_test(seed: int, steps: int) -> int:
+    """Randomized self-test of the pool's range allocator; returns steps + 1 when every invariant held."""
+    return int(_ops()._range_allocator_self_test(int(seed), int(steps)))

@@ -1,0 +1,180 @@
+"""torch.distributed.pipelining, unchanged, over the "ce_overlap" backend against the same schedule over a host-staged
+gloo transport (for backend_worker.py's pipeline mode; also the model of bench/pipeline.py).
+
+The reference transport is a ProcessGroup written here: send copies the tensor to the host and sends it with gloo,
+recv receives into host memory and copies it to the GPU at wait(). Both runs compute the same kernels on the same
+GPU in the same order; only the bytes' path differs, so losses and gradients must be bit-identical.
+"""
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import gpu_worker as gw
+
+VOCAB, DIM, HEADS, SEQ, MB_SIZE = 256, 64, 4, 32, 2
+HOST_STAGED = "ce_test_host_staged"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The model: embedding, pre-norm transformer blocks (attention written out, deterministic), head
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
+        self.qkv, self.proj = nn.Linear(DIM, 3 * DIM), nn.Linear(DIM, DIM)
+        self.up, self.down = nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, HEADS, DIM // HEADS).permute(2, 0, 3, 1, 4)
+        mask = torch.full((s, s), float("-inf"), device=x.device).triu(1)
+        att = torch.softmax(q @ k.transpose(-1, -2) / (DIM // HEADS) ** 0.5 + mask, dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, s, DIM))
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+
+class Stage(nn.Module):
+    def __init__(self, first: bool, last: bool, blocks: int):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM) if first else None
+        self.blocks = nn.ModuleList(Block() for _ in range(blocks))
+        self.head = nn.Linear(DIM, VOCAB) if last else None
+
+    def forward(self, x):
+        if self.embed is not None:
+            x = self.embed(x)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(x) if self.head is not None else x
+
+
+def build_stages(num_stages: int) -> list[Stage]:
+    """Every stage of the model, identically on every rank (seeded), on the GPU."""
+    torch.manual_seed(2024)
+    return [Stage(i == 0, i == num_stages - 1, 1).cuda() for i in range(num_stages)]
+
+
+def loss_fn(out, target):
+    return F.cross_entropy(out.reshape(-1, VOCAB), target.reshape(-1))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The reference transport
+
+class _CopyBack(dist.Work):
+    def __init__(self, work, host, dst):
+        super().__init__()
+        self._work, self._host, self._dst = work, host, dst
+
+    def wait(self, timeout=None):
+        self._work.wait()
+        self._dst.copy_(self._host)
+        return True
+
+    def is_completed(self):
+        return self._work.is_completed()
+
+
+class HostStagedGroup(dist.ProcessGroup):
+    """send / recv of CUDA tensors through host memory over gloo; nothing else."""
+
+    def __init__(self, gloo, rank: int, size: int):
+        super().__init__(rank, size)
+        self._gloo = gloo
+
+    def send(self, tensors, dst, tag=0):
+        host = tensors[0].detach().to("cpu")
+        return self._gloo.send([host], dst, tag)
+
+    def recv(self, tensors, src, tag=0):
+        host = torch.empty(tensors[0].shape, dtype=tensors[0].dtype)
+        return _CopyBack(self._gloo.recv([host], src, tag), host, tensors[0])
+
+    def getBackendName(self):
+        return HOST_STAGED
+
+
+def host_staged_group():
+    if HOST_STAGED.upper() not in dist.Backend._plugins:
+        def create(store, rank, size, timeout):
+            gloo = dist.ProcessGroupGloo(dist.PrefixStore("host_staged/", store), rank, size, timeout)
+            return HostStagedGroup(gloo, rank, size)
+
+        dist.Backend.register_backend(HOST_STAGED, create, devices=["cpu", "cuda"])
+    return dist.new_group(backend=HOST_STAGED, timeout=datetime.timedelta(seconds=120))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One schedule run
+
+def run_schedule(schedule: str, n_mb: int, group) -> tuple[list[float], list[torch.Tensor]]:
+    """Losses (on the last stage's rank) and every gradient of this rank's stages after one step."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    virtual = 2 if schedule == "interleaved1f1b" else 1
+    num_stages = world * virtual
+    modules = build_stages(num_stages)
+    mine = [rank + k * world for k in range(virtual)]
+    device = torch.device("cuda", torch.cuda.current_device())
+    hidden = torch.empty(MB_SIZE, SEQ, DIM, device=device)
+    stages = []
+    for idx in mine:
+        inp = torch.zeros(MB_SIZE, SEQ, dtype=torch.long, device=device) if idx == 0 else hidden
+        out = torch.empty(MB_SIZE, SEQ, VOCAB, device=device) if idx == num_stages - 1 else hidden
+        stages.append(PipelineStage(modules[idx], idx, num_stages, device, input_args=(inp,), output_args=out,
+                                    group=group))
+    if virtual == 1:
+        cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
+        sched = cls(stages[0], n_microbatches=n_mb, loss_fn=loss_fn)
+    else:
+        sched = ScheduleInterleaved1F1B(stages, n_microbatches=n_mb, loss_fn=loss_fn)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(77)
+    tokens = torch.randint(0, VOCAB, (n_mb * MB_SIZE, SEQ), device=device, generator=gen)
+    target = torch.randint(0, VOCAB, (n_mb * MB_SIZE, SEQ), device=device, generator=gen)
+    losses: list = []
+    if 0 in mine:
+        sched.step(tokens)
+    elif num_stages - 1 in mine:
+        sched.step(target=target, losses=losses)
+    else:
+        sched.step()
+    torch.cuda.synchronize()
+    grads = [p.grad.detach().clone() for idx in mine for p in modules[idx].parameters()]
+    return [float(x.item()) for x in losses], grads
+
+
+def run_all(ce_group, args) -> int:
+    """Every schedule and microbatch count, CE against the host-staged reference; returns the failures here."""
+    torch.use_deterministic_algorithms(True)
+    ref = host_staged_group()
+    failures = 0
+    rank = dist.get_rank()
+    for schedule in ("gpipe", "1f1b", "interleaved1f1b"):
+        for n_mb in [int(m) for m in args.microbatches.split(",")]:
+            gw.step(f"pipeline {schedule} {n_mb} microbatches")
+            try:
+                ce_losses, ce_grads = run_schedule(schedule, n_mb, ce_group)
+                ref_losses, ref_grads = run_schedule(schedule, n_mb, ref)
+            except Exception as e:  # noqa: BLE001 (report it, go on with the next schedule)
+                import traceback
+
+                traceback.print_exc()
+                gw.log(f"pipeline {schedule} x{n_mb} FAILED: {type(e).__name__}: {e}")
+                failures += 1
+                continue
+            same = ce_losses == ref_losses and len(ce_grads) == len(ref_grads) and \
+                all(torch.equal(a, b) for a, b in zip(ce_grads, ref_grads))
+            if not same:
+                failures += 1
+            if rank == dist.get_world_size() - 1 or not same:
+                gw.log(f"pipeline {schedule} x{n_mb}: losses {ce_losses} vs {ref_losses}, {len(ce_grads)} gradients, "
+                       f"bit-identical: {same}")
+    return failures
