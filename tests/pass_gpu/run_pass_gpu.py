@@ -17,6 +17,9 @@ synthetic tokens per rank and step) is compiled in these variants, one after ano
                    copy-out kernels) around the one-tensor CE ops
   pass-ce-rs-kernel  pass-ce-all with ce_reduction="kernel": CE reduce-scatters summed by the runtime's reduction
                    kernel instead of in the graph (pass-ce-all's default, ce_reduction="consumer")
+  pass-auto        ce="auto" with the default 1 MiB min_ce_bytes (the planner keeps small buckets on the group's
+                   backend): on NCCL it matches pass-on-nccl within tolerance; with the ranks sharing a GPU over gloo
+                   it must run (every gloo all-gather moved to CE, saying why) and match pass-ce-all
   pass-no-runtime  ce="on" with the CE runtime made unavailable (ce_overlap.runtime.library_loaded patched
                    to fail, as when _runtime.so is missing): the pass must keep NCCL and say so once
 
@@ -85,9 +88,12 @@ VARIANTS = {
     "pass-ce-packed": dict(ce="on", pack_ce_buckets=True),
     "pass-ce-rs-kernel": dict(ce="on", ce_reduction="kernel"),
     "pass-no-runtime": dict(ce="on"),
+    "pass-auto": dict(ce="auto", min_ce_bytes=1 << 20),
 }
-# Variants that run every collective on CE (the only ones a shared GPU can run: no NCCL there).
-ALL_CE = ("pass-ce-all", "pass-ce-packed", "pass-ce-rs-kernel")
+# Variants that run every collective on CE (the only ones a shared GPU can run: no NCCL there). pass-auto is one there:
+# the planner keeps small buckets on the group's backend, but on gloo with CUDA tensors the pass moves them to CE
+# (gloo's in-graph all-gather on CUDA tensors crashes the process) or stops the compile with an error.
+ALL_CE = ("pass-ce-all", "pass-ce-packed", "pass-ce-rs-kernel", "pass-auto")
 SHARED_GPU = os.environ.get("CE_TEST_SHARED_GPU") == "1"
 LOSS_TOL, GRAD_TOL, PARAM_TOL = 1e-3, 1e-2, 1e-3
 
@@ -126,8 +132,8 @@ def compile_options(variant: str, args) -> dict | None:
     extra = {"deterministic": True} if "deterministic" in torch._inductor.config.get_config_copy() else {}
     if fields is None:
         return extra
-    opts = ce_overlap.inductor_options(bucket_cap_mb=args.bucket_cap_mb, min_ce_bytes=0, verbose=args.verbose,
-                                       **fields)
+    opts = ce_overlap.inductor_options(**{"bucket_cap_mb": args.bucket_cap_mb, "min_ce_bytes": 0,
+                                          "verbose": args.verbose, **fields})
     return {**opts, **extra}
 
 
@@ -373,6 +379,17 @@ def main(argv=None) -> int:
                 what = "multi-tensor vs packed" if v == "pass-ce-packed" else "sum in the graph vs reduction kernel"
                 against("pass-ce-all", f"{v} {'bit-identical to' if two else 'matches'} pass-ce-all ({what})",
                         exact=two)
+            elif v == "pass-auto":
+                if SHARED_GPU:  # gloo underneath: nothing may stay on it
+                    forced = [b for r in res["reports"] for b in r["buckets"]
+                              if b["planned"] != "ce" and b["backend"] == "ce" and "gloo" in b["reason"]]
+                    left = [b for r in res["reports"] for b in r["buckets"] if b["backend"] != "ce"
+                            and b["type"] == "all_gather"]
+                    check(model, "pass-auto on gloo: every all-gather on CE (the planner's NCCL ones moved, saying why)",
+                          not left, f"{len(forced)} bucket(s) moved off gloo; left on gloo: {left}")
+                    against("pass-ce-all", "pass-auto matches pass-ce-all (tolerance)", exact=False)
+                else:
+                    against("pass-on-nccl", "pass-auto matches pass-on-nccl (tolerance)", exact=False)
             elif v == "pass-no-runtime":
                 unavailable = [m for m in res["messages"] if "CE runtime unavailable" in m]
                 check(model, "pass-no-runtime: NCCL only, said so once",

@@ -134,7 +134,7 @@ def _runtime_fingerprint() -> str:
         names = [*rewrite.CE_OPS.values(), *rewrite.CE_MANY_OPS.values(), rewrite.CE_UNREDUCED_OP]
         parts.append(f"ops={[n for n in names if hasattr(torch.ops.ce_overlap, n)]}")
         parts.append(f"available={runtime.available().ok}")
-        parts.append(f"groups={sorted(runtime._groups)}")
+        parts.append(f"groups={runtime.rendezvoused_groups()}")
     return ";".join(parts)
 
 
@@ -328,16 +328,65 @@ def _dump(config: PassConfig, name: str, ir_text: str, plan: dict | None) -> lis
     return written
 
 
+# Collective types whose in-graph (functional) form on CUDA tensors crashes the process when the group's backend for
+# CUDA is gloo: measured on torch 2.11 (a segfault in wait_tensor, eager and compiled alike; pytorch/pytorch#152645).
+GLOO_CUDA_CRASHES = ("all_gather",)
+
+
+def _cuda_backend_of(group_name: str) -> str | None:
+    """The name of the backend that runs the group's CUDA tensors ("nccl", "gloo", "ce_overlap", ...); None when it
+    cannot be known (capture on fake tensors, torch.distributed not initialized)."""
+    if _capture_only.get():
+        return None
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return None
+        pg = dist.distributed_c10d._resolve_process_group(group_name)
+        return pg._get_backend(torch.device("cuda")).name()
+    except Exception:  # noqa: BLE001 (a group torch cannot resolve: nothing to say about it)
+        return None
+
+
+def _ce_possible(config: PassConfig, cb: rewrite.CheckedBucket, device: str | None) -> tuple[bool, str]:
+    """Whether this bucket can run on the copy engines (config, runtime, op, group), and why not."""
+    if config.ce == "off":
+        return False, "PassConfig.ce is 'off'"
+    if cb.type not in config.ce_collectives:
+        return False, f"PassConfig.ce_collectives excludes {cb.type}"
+    ok, why = ce_runtime_state(device)
+    if not ok:
+        return False, f"CE runtime unavailable ({why})"
+    op, why = rewrite.ce_op_for(cb.type)
+    if op is None:
+        return False, why
+    return _group_ready(cb.members[0].group)
+
+
 def _backend_chooser(config: PassConfig, graph_name: str):
     def choose(cb: rewrite.CheckedBucket) -> tuple[str, str]:
+        val = cb.members[0].input.meta.get("val") if cb.members[0].input is not None else None
+        device = val.device.type if isinstance(val, torch.Tensor) else None
+        if device == "cuda" and cb.type in GLOO_CUDA_CRASHES and _cuda_backend_of(cb.members[0].group) == "gloo":
+            # The group's own backend would be gloo on CUDA tensors, which crashes in-graph: copy engines, or an error.
+            ok, why = _ce_possible(config, cb, device)
+            if ok:
+                return "ce", (f"ce: the group runs CUDA tensors on gloo, whose in-graph {cb.type} crashes the process "
+                              "(pytorch/pytorch#152645); the copy engine is the in-graph path")
+            raise CeOverlapError(
+                f"ce_overlap: {graph_name} bucket {cb.id} ({cb.type} x{len(cb.members)}) would run in the graph on "
+                f"group '{cb.members[0].group}', whose backend for CUDA tensors is gloo: gloo's in-graph {cb.type} on "
+                "CUDA tensors crashes the process (a segfault in torch 2.11, pytorch/pytorch#152645), and the copy "
+                f"engine cannot take it here ({why}). Give CUDA tensors NCCL (init_process_group('cpu:gloo,cuda:nccl'))"
+                ", or let copy engines run them (ce='auto' or 'on', the CE runtime built, "
+                "ce_overlap.runtime.rendezvous(group) before the first step)")
         if cb.backend != "ce":
             return "nccl", cb.reason
         if config.ce == "off":
             return "nccl", "nccl: PassConfig.ce is 'off'"
         if cb.type not in config.ce_collectives:
             return "nccl", f"nccl: PassConfig.ce_collectives excludes {cb.type}"
-        val = cb.members[0].input.meta.get("val") if cb.members[0].input is not None else None
-        device = val.device.type if isinstance(val, torch.Tensor) else None
         ok, why = ce_runtime_state(device)  # loads the library, which registers the ops
         if not ok:
             _log_once(logging.WARNING, f"ce_overlap: CE runtime unavailable ({why}): keeping NCCL")
