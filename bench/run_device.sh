@@ -10,7 +10,9 @@
 #   overlap            bench/collectives.py overlap: GEMM and 1 GiB add beside every all-gather and
 #                      reduce-scatter variant, 256 MiB per rank, bursts                             [2 GPUs]
 #   overlap_sustained  the same, GEMM only, both arms ~1 s at steady clocks (issue 4's "GEMM <= 3%")
-#   gpu_tests          tests/runtime/test_runtime_gpu.py (CE_OVERLAP_REQUIRE_GPU_TESTS=1: no skips)
+#   gpu_tests          tests/runtime/test_runtime_gpu.py (CE_OVERLAP_REQUIRE_GPU_TESTS=1: no skips), at 2, 3 and 4
+#                      ranks
+#   backend_tests      tests/runtime/test_backend_gpu.py: the torch.distributed backend at 2, 3 and 4 ranks
 #   pass_gpu           tests/pass_gpu/run_pass_gpu.py: the pass on real Inductor code vs NCCL
 #   probe              bench/collectives.py probe: copy APIs, pull split vs push, RS tuning, reduction kernel
 #   cpu_tests          tests/runtime/test_runtime_cpu.py
@@ -26,8 +28,8 @@ set -o pipefail
 cd "$(dirname "$0")/.."
 
 BUDGET_S=${CE_DEVICE_BUDGET_S:-540}
-ALL_STAGES="collectives p2p overlap overlap_sustained gpu_tests pass_gpu probe cpu_tests faults sanitizer"
-STAGES=${CE_DEVICE_STAGES:-collectives overlap overlap_sustained p2p gpu_tests pass_gpu probe cpu_tests sanitizer}
+ALL_STAGES="collectives p2p overlap overlap_sustained gpu_tests backend_tests pass_gpu probe cpu_tests faults sanitizer"
+STAGES=${CE_DEVICE_STAGES:-collectives overlap overlap_sustained p2p gpu_tests backend_tests pass_gpu probe cpu_tests sanitizer}
 source bench/_device_lib.sh
 check_stages "$STAGES" $ALL_STAGES || exit 2
 want() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -41,9 +43,12 @@ want overlap_sustained && stage overlap_sustained 150 torchrun2 bench/collective
   --compute gemm --out "$OUT/overlap-sustained.json"
 want gpu_tests && stage gpu_tests "${CE_DEVICE_GPU_TESTS_S:-420}" env CE_OVERLAP_REQUIRE_GPU_TESTS=1 "$PY" -m pytest \
   tests/runtime/test_runtime_gpu.py -v -s -rs
+want backend_tests && stage backend_tests "${CE_DEVICE_BACKEND_TESTS_S:-420}" env CE_OVERLAP_REQUIRE_GPU_TESTS=1 "$PY" \
+  -m pytest tests/runtime/test_backend_gpu.py -v -s -rs
 want pass_gpu && pass_gpu_stage llama3-tiny,llama3-1b 240
 want probe && stage probe 100 torchrun2 bench/collectives.py probe --out "$OUT/ce_probe.json"
-want cpu_tests && stage cpu_tests 60 "$PY" -m pytest tests/runtime/test_runtime_cpu.py -q -rs
+want cpu_tests && stage cpu_tests 90 "$PY" -m pytest tests/runtime/test_runtime_cpu.py tests/runtime/test_runtime_config.py \
+  tests/runtime/test_c10d_backend_cpu.py -q -rs
 want faults && stage faults "${CE_DEVICE_FAULTS_S:-300}" "$PY" bench/fault_repeats.py \
   --repeats "${CE_DEVICE_FAULT_REPEATS:-20}" --parallel 6 --out "$OUT/faults.json"
 # memcheck: every collective; racecheck and synccheck: the reduce-scatters (one- and multi-tensor), whose reduction
