@@ -74,7 +74,8 @@ class _CopyBack(dist.Work):
 
     def wait(self, timeout=None):
         self._work.wait()
-        self._dst.copy_(self._host)
+        with torch.no_grad():  # pipelining's receive buffers may be leaves that require grad
+            self._dst.copy_(self._host)
         return True
 
     def is_completed(self):
@@ -163,13 +164,14 @@ def run_all(ce_group, args) -> int:
             try:
                 ce_losses, ce_grads = run_schedule(schedule, n_mb, ce_group)
                 ref_losses, ref_grads = run_schedule(schedule, n_mb, ref)
-            except Exception as e:  # noqa: BLE001 (report it, go on with the next schedule)
+            except Exception as e:  # noqa: BLE001 (report it; every rank stops below)
                 import traceback
 
                 traceback.print_exc()
                 gw.log(f"pipeline {schedule} x{n_mb} FAILED: {type(e).__name__}: {e}")
                 failures += 1
-                continue
+                gw.failed_on_all_ranks(failures)
+                return failures
             same = ce_losses == ref_losses and len(ce_grads) == len(ref_grads) and \
                 all(torch.equal(a, b) for a, b in zip(ce_grads, ref_grads))
             if not same:
@@ -177,4 +179,7 @@ def run_all(ce_group, args) -> int:
             if rank == dist.get_world_size() - 1 or not same:
                 gw.log(f"pipeline {schedule} x{n_mb}: losses {ce_losses} vs {ref_losses}, {len(ce_grads)} gradients, "
                        f"bit-identical: {same}")
+            # Every rank stops at the first failure anywhere: a rank that went on would wait for peers that did not.
+            if gw.failed_on_all_ranks(failures):
+                return failures
     return failures
