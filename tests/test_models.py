@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -62,3 +63,17 @@ def test_builtin_profile_for_device_names():
     assert builtin_for_device("NVIDIA GH200 480GB") is None
     assert builtin_for_device("Some Future GPU", default="h100-sxm") == "h100-sxm"
     assert {builtin_for_device(n) for n in ("H200", "H100", "H100 PCIe", "A100-SXM", "B200")} <= set(names())
+
+
+@pytest.mark.parametrize("gpu,profile", [
+    ("NVIDIA H200", "h200-sxm"), ("NVIDIA H200 NVL", "h200-sxm"), ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+    ("NVIDIA H100 PCIe", "h100-pcie"), ("NVIDIA H100 PCIE", "h100-pcie"), ("NVIDIA H100 NVL", None),
+    ("NVIDIA GH200 480GB", None), ("NVIDIA GB200", None), ("NVIDIA A100-SXM4-80GB", "a100-sxm"),
+    ("NVIDIA A100-PCIE-40GB", None), ("NVIDIA A100 80GB PCIe", None), ("NVIDIA B200", "b200"),
+    ("Tesla V100-SXM2-32GB", None),
+])
+def test_one_table_maps_gpu_names_to_profiles(gpu, profile):
+    """The one GPU -> profile resolver (the pass's "auto", calibrate, the benchmarks): a GPU no built-in profile
+    describes gets none (then DEFAULT, said), never a look-alike's."""
+    assert builtin_for_device(gpu) == profile
+    assert profile is None or profile in names()

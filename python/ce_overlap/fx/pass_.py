@@ -66,23 +66,15 @@ def _log_once(level: int, message: str) -> None:
 # Profile and CE runtime state
 
 
-_DEVICE_PROFILES = (("H200", "h200-sxm"), ("H100 PCIE", "h100-pcie"), ("H100", "h100-sxm"), ("A100", "a100-sxm"),
-                    ("B200", "b200"))
-
-
 def resolve_profile(name: str) -> str:
-    """A built-in profile name or a file path; "auto" picks one from torch.cuda.get_device_name()."""
-    if name != "auto":
-        return name
-    try:
-        if torch.cuda.is_available():
-            device = torch.cuda.get_device_name().upper()
-            for key, profile in _DEVICE_PROFILES:
-                if key in device:
-                    return profile
-    except Exception:  # noqa: BLE001 (no driver: fall back like a CPU machine)
-        pass
-    return "h100-sxm"
+    """A built-in profile name or a file path; "auto" picks one from this process's GPU (ce_overlap.profiles.resolve,
+    the one resolver), saying once when none fits it."""
+    from .. import profiles
+
+    profile, how = profiles.resolve(name)
+    if "no built-in profile fits" in how:
+        _log_once(logging.WARNING, f"ce_overlap: profile {how}")
+    return profile
 
 
 @functools.lru_cache(maxsize=None)
