@@ -25,7 +25,7 @@ retired_knobs() {
 # Knobs that are whole numbers (seconds, counts): a typo stops the driver naming the knob, before any stage runs.
 whole_number_knobs() {
   local name bad=0
-  for name in CE_DEVICE_BUDGET_S CE_DEVICE_GPUS CE_DEVICE_GPU_TESTS_S CE_DEVICE_BACKEND_TESTS_S CE_DEVICE_PASS_S CE_DEVICE_FAULTS_S \
+  for name in CE_DEVICE_BUDGET_S CE_DEVICE_GPUS CE_DEVICE_GPU_TESTS_S CE_DEVICE_BACKEND_TESTS_S CE_DEVICE_FSDP2_S CE_DEVICE_PASS_S CE_DEVICE_FAULTS_S \
     CE_DEVICE_FAULT_REPEATS CE_DEVICE_MEMCHECK_S CE_TRAIN_LAYERS CE_TRAIN_STEPS CE_TRAIN_KERNEL_PROFILE \
     CE_SESSION_TRAIN_S CE_SESSION_VALIDATION_S; do
     if [ -n "${!name+set}" ] && ! [[ ${!name} =~ ^[0-9]+$ ]]; then

@@ -13,6 +13,7 @@
 #   gpu_tests          tests/runtime/test_runtime_gpu.py (CE_OVERLAP_REQUIRE_GPU_TESTS=1: no skips), at 2, 3 and 4
 #                      ranks
 #   backend_tests      tests/runtime/test_backend_gpu.py: the torch.distributed backend at 2, 3 and 4 ranks
+#   fsdp2              tests/fsdp2_gpu/run_fsdp2_gpu.py: FSDP2 with copy engines vs without, at 2 and 3 ranks
 #   pass_gpu           tests/pass_gpu/run_pass_gpu.py: the pass on real Inductor code vs NCCL
 #   probe              bench/collectives.py probe: copy APIs, pull split vs push, RS tuning, reduction kernel
 #   cpu_tests          tests/runtime/test_runtime_cpu.py
@@ -28,8 +29,8 @@ set -o pipefail
 cd "$(dirname "$0")/.."
 
 BUDGET_S=${CE_DEVICE_BUDGET_S:-540}
-ALL_STAGES="collectives p2p overlap overlap_sustained gpu_tests backend_tests pass_gpu probe cpu_tests faults sanitizer"
-STAGES=${CE_DEVICE_STAGES:-collectives overlap overlap_sustained p2p gpu_tests backend_tests pass_gpu probe cpu_tests sanitizer}
+ALL_STAGES="collectives p2p overlap overlap_sustained gpu_tests backend_tests fsdp2 pass_gpu probe cpu_tests faults sanitizer"
+STAGES=${CE_DEVICE_STAGES:-collectives overlap overlap_sustained p2p gpu_tests backend_tests fsdp2 pass_gpu probe cpu_tests sanitizer}
 source bench/_device_lib.sh
 check_stages "$STAGES" $ALL_STAGES || exit 2
 want() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -45,6 +46,10 @@ want gpu_tests && stage gpu_tests "${CE_DEVICE_GPU_TESTS_S:-420}" env CE_OVERLAP
   tests/runtime/test_runtime_gpu.py -v -s -rs
 want backend_tests && stage backend_tests "${CE_DEVICE_BACKEND_TESTS_S:-420}" env CE_OVERLAP_REQUIRE_GPU_TESTS=1 "$PY" \
   -m pytest tests/runtime/test_backend_gpu.py -v -s -rs
+for n in 2 3; do
+  want fsdp2 && stage fsdp2-$n "${CE_DEVICE_FSDP2_S:-240}" "$PY" -m torch.distributed.run --standalone --nproc-per-node $n \
+    tests/fsdp2_gpu/run_fsdp2_gpu.py
+done
 want pass_gpu && pass_gpu_stage llama3-tiny,llama3-1b 240
 want probe && stage probe 100 torchrun2 bench/collectives.py probe --out "$OUT/ce_probe.json"
 want cpu_tests && stage cpu_tests 90 "$PY" -m pytest tests/runtime/test_runtime_cpu.py tests/runtime/test_runtime_config.py \

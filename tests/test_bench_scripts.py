@@ -424,7 +424,7 @@ def test_run_device_dry_runs_the_stages_in_order_with_the_entry_points(tmp_path)
     assert proc.returncode == 0, proc.stderr
     summary = (tmp_path / "summary.txt").read_text().splitlines()[1:]
     assert [line.split(":")[0].strip() for line in summary] == [
-        "env", "build", "collectives", "p2p", "overlap", "overlap_sustained", "gpu_tests", "backend_tests", "pass_gpu", "probe",
+        "env", "build", "collectives", "p2p", "overlap", "overlap_sustained", "gpu_tests", "backend_tests", "fsdp2-2", "fsdp2-3", "pass_gpu", "probe",
         "cpu_tests", "memcheck", "racecheck", "synccheck"]
     cmds = _stage_commands(tmp_path)
     assert cmds["collectives"] == f"torchrun2 bench/collectives.py all --out {tmp_path}/collectives.json"

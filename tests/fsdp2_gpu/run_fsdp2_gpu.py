@@ -1,0 +1,217 @@
+"""GPU check of ce_overlap.fsdp: FSDP2 (`fully_shard`) training with copy-engine collectives against the same FSDP2
+model without them.
+
+    torchrun --standalone --nproc-per-node 2 tests/fsdp2_gpu/run_fsdp2_gpu.py
+    CE_TEST_SHARED_GPU=1 torchrun --standalone --nproc-per-node 3 tests/fsdp2_gpu/run_fsdp2_gpu.py --models llama3-tiny
+
+Per model (llama3-tiny; llama3-1b at 4 layers) and per mode (eager; every block torch.compile'd before fully_shard,
+torchtitan's pattern), the same seeded run (3 AdamW steps, bf16 parameters, fp32 gradient reduction, reshard after
+forward, fixed per-rank tokens) in two variants:
+
+  reference  FSDP2 without ce_overlap: NCCL where every rank has its own GPU; with the ranks sharing one GPU (gloo,
+             whose all-gather on CUDA tensors crashes: pytorch/pytorch#152645) FSDP2's own custom-comm hooks
+             moving the same bytes through host memory over gloo (the reduction: an fp32 sum in rank order,
+             then times 1 / n for avg, rounded once)
+  ce         ce_overlap.fsdp.use_copy_engines(model, ce="on"): every FSDP group's all-gather in place in the
+             symmetric pool, every reduce-scatter on copy engines plus the reduction kernel
+
+Checks (PASS/FAIL table, exit 1 on a failure): every FSDP group's all-gather and reduce-scatter ran on CE in the ce
+variant; losses, gradients and parameters bit-identical to the reference at 2 ranks, within the reduction order's
+tolerance at more (the largest relative error is printed: the all-gathers move bytes exactly, the reduce-scatter
+sums in another order).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import sys
+import time
+import traceback
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import ce_overlap.fsdp as cefsdp  # noqa: E402
+from ce_overlap.models.llama import LLAMA_CONFIGS, Llama, init_weights  # noqa: E402
+
+# Every rank on GPU 0 (over gloo) when asked, or when there are more local ranks than GPUs.
+SHARED_GPU = os.environ.get("CE_TEST_SHARED_GPU") == "1" or \
+    int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > torch.cuda.device_count()
+LOSS_TOL, GRAD_TOL, PARAM_TOL = 1e-3, 1e-2, 1e-3
+
+
+def log0(msg: str) -> None:
+    if dist.get_rank() == 0:
+        print(msg, flush=True)
+
+
+def host_comms():
+    """FSDP2 custom comms that move bytes through host memory over the (gloo) group: the shared-GPU reference."""
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+
+    class HostAllGather(AllGather):
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            host = torch.empty(output_tensor.numel() * output_tensor.element_size(), dtype=torch.uint8)
+            dist.all_gather_into_tensor(host, input_tensor.reshape(-1).view(torch.uint8).cpu(), group=group)
+            output_tensor.reshape(-1).view(torch.uint8).copy_(host)
+            return None
+
+    class HostReduceScatter(ReduceScatter):
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            world, rank = group.size(), group.rank()
+            host = torch.empty(world * input_tensor.numel(), dtype=torch.float32)
+            dist.all_gather_into_tensor(host, input_tensor.reshape(-1).float().cpu(), group=group)
+            total = host.view(world, -1)[0].clone()
+            for r in range(1, world):
+                total += host.view(world, -1)[r]
+            if op == dist.ReduceOp.AVG:
+                total = total * (1.0 / world)
+            chunk = total.view(world, -1)[rank]
+            output_tensor.reshape(-1).copy_(chunk.to(output_tensor.dtype))
+            return None
+
+    return HostAllGather(), HostReduceScatter()
+
+
+def build(model_name: str, args, compiled: bool):
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    cfg = LLAMA_CONFIGS[model_name]
+    cfg = dataclasses.replace(cfg, seq_len=args.seq_len, n_layers=min(cfg.n_layers, args.layers))
+    torch.manual_seed(1234)
+    with torch.device("cuda"):
+        model = Llama(cfg)
+    init_weights(model)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.layers:
+        if compiled:
+            block.compile()
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model, cfg
+
+
+def run_variant(model_name: str, variant: str, compiled: bool, args) -> dict:
+    from torch.distributed.fsdp import FSDPModule
+
+    torch._dynamo.reset()
+    model, cfg = build(model_name, args, compiled)
+    decisions = []
+    if variant == "ce":
+        decisions = cefsdp.use_copy_engines(model, ce="on")
+    elif SHARED_GPU:
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                ag, rs = host_comms()
+                m.set_custom_all_gather(ag)
+                m.set_custom_reduce_scatter(rs)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    gen = torch.Generator(device="cuda")
+    out = {"losses": [], "grads": [], "decisions": decisions}
+    t0 = time.perf_counter()
+    for step in range(args.steps):
+        gen.manual_seed(1000 * step + dist.get_rank())
+        tokens = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len), device="cuda", generator=gen)
+        loss = model(tokens, tokens)
+        loss.backward()
+        out["losses"].append(loss.detach().double().item())
+        out["grads"].append([p.grad.to_local().detach().clone() for p in model.parameters()])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    out["seconds"] = time.perf_counter() - t0
+    out["params"] = [p.to_local().detach().clone() for p in model.parameters()]
+    del model, opt
+    torch.cuda.empty_cache()
+    return out
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    den = b.norm().item()
+    return (a - b).norm().item() / den if den > 0 else (a - b).norm().item()
+
+
+def compare(x: dict, ref: dict) -> dict:
+    loss_err = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(x["losses"], ref["losses"]))
+    grad_err = max((_rel(a, b) for ga, gb in zip(x["grads"], ref["grads"]) for a, b in zip(ga, gb)), default=0.0)
+    param_err = max((_rel(a, b) for a, b in zip(x["params"], ref["params"])), default=0.0)
+    same = x["losses"] == ref["losses"] and \
+        all(torch.equal(a, b) for ga, gb in zip(x["grads"], ref["grads"]) for a, b in zip(ga, gb)) and \
+        all(torch.equal(a, b) for a, b in zip(x["params"], ref["params"]))
+    t = torch.tensor([loss_err, grad_err, param_err, 0.0 if same else 1.0], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=CPU_GROUP)
+    return {"loss_err": t[0].item(), "grad_err": t[1].item(), "param_err": t[2].item(), "identical": t[3].item() == 0}
+
+
+CPU_GROUP = None
+
+
+def main() -> int:
+    global CPU_GROUP
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="llama3-tiny,llama3-1b")
+    p.add_argument("--modes", default="eager,compiled")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=128)
+    args = p.parse_args()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(0 if SHARED_GPU else local)
+    if SHARED_GPU:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    else:
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local), timeout=datetime.timedelta(seconds=300))
+    CPU_GROUP = dist.new_group(backend="gloo")
+    torch.use_deterministic_algorithms(True)
+    world = dist.get_world_size()
+    log0(f"torch {torch.__version__}, {world} ranks on {'one shared ' if SHARED_GPU else ''}"
+         f"{torch.cuda.get_device_name()}")
+    rows = []
+
+    def check(name: str, ok: bool, detail: str) -> None:
+        rows.append((name, ok))
+        log0(f"  {'PASS' if ok else 'FAIL'}  {name}: {detail}")
+
+    for model_name in [m for m in args.models.split(",") if m]:
+        for mode in [m for m in args.modes.split(",") if m]:
+            label = f"{model_name} {mode}"
+            try:
+                ref = run_variant(model_name, "reference", mode == "compiled", args)
+                ce = run_variant(model_name, "ce", mode == "compiled", args)
+            except Exception as e:  # noqa: BLE001 (a failing run is a FAIL row)
+                traceback.print_exc()
+                check(f"{label}: runs", False, f"{type(e).__name__}: {str(e)[:300]}")
+                continue
+            on_ce = [d for d in ce["decisions"] if d.backend == "ce"]
+            check(f"{label}: every FSDP group's all-gather and reduce-scatter on CE",
+                  len(on_ce) == len(ce["decisions"]) > 0, f"{len(on_ce)} of {len(ce['decisions'])} collectives")
+            c = compare(ce, ref)
+            exact = world == 2
+            ok = c["identical"] if exact else (c["loss_err"] <= LOSS_TOL and c["grad_err"] <= GRAD_TOL
+                                               and c["param_err"] <= PARAM_TOL)
+            check(f"{label}: ce {'bit-identical to' if exact else 'matches'} the reference", ok,
+                  f"losses {['%.6f' % v for v in ce['losses']]}, loss err {c['loss_err']:.2e}, grad rel err "
+                  f"{c['grad_err']:.2e}, param rel err {c['param_err']:.2e}, bit-identical {c['identical']}; "
+                  f"{ref['seconds']:.1f} s / {ce['seconds']:.1f} s")
+    failed = [r for r in rows if not r[1]]
+    log0(f"\n{len(rows) - len(failed)}/{len(rows)} checks passed" + (": FAIL" if failed else ": PASS"))
+    dist.barrier(group=CPU_GROUP)
+    dist.destroy_process_group()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""ce_overlap.fsdp on CPU (the GPU side: tests/fsdp2_gpu/run_fsdp2_gpu.py): which FSDP groups get which backend and
+why, the comm objects' routing, every fallback and error message, with the runtime absent (no GPU here). FSDP2 is
+the real fully_shard, over a fake process group of 8 ranks (shapes and sharding only)."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ce_overlap import fsdp
+from ce_overlap.errors import CeOverlapError
+from ce_overlap.fx.capture import fake_process_group
+
+MIB = 1 << 20
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, 4 * dim, bias=False)
+        self.down = nn.Linear(4 * dim, dim, bias=False)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(self.norm(x))))
+
+
+def _sharded(world: int = 8, dim: int = 4096, blocks: int = 2, reduce_dtype=torch.float32):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
+    with torch.device("meta"):
+        model = nn.Sequential(*[Block(dim) for _ in range(blocks)], nn.LayerNorm(dim))
+    for b in model[:blocks]:
+        fully_shard(b, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+@pytest.fixture
+def world8():
+    with fake_process_group(8, 0) as g:
+        yield g
+
+
+def test_groups_and_their_sizes(world8):
+    model = _sharded()
+    groups = fsdp.fsdp_groups(model)
+    assert [name for name, _, _ in groups] == ["", "0", "1"]  # the root owns the final norm
+    ag, rs, gdt, rdt = fsdp._group_bytes(groups[1][2])
+    block = 2 * 4096 + 8 * 4096 * 4096  # norm weight + bias, up, down (dim 0 divides by 8: no padding)
+    assert (ag, rs, gdt, rdt) == (block // 8 * 2, block * 4, "bfloat16", "float32")
+
+
+def test_the_cost_model_decides_per_group(world8):
+    """A 32 MiB block shard goes to the copy engine, the 2 KiB final norm stays on NCCL (below the crossover), each
+    with the cost model's reason; the same on every profile that has the copy-engine curves."""
+    model = _sharded()
+    decisions = fsdp.decide(fsdp.fsdp_groups(model), ce="auto", profile="h200-sxm")
+    by = {(d.module, d.collective): d for d in decisions}
+    assert by[("0", "all_gather")].backend == "ce" and by[("1", "reduce_scatter")].backend == "ce"
+    assert by[("", "all_gather")].backend == "nccl"
+    assert all(d.reason.startswith(d.backend + ":") and "us" in d.reason for d in decisions if d.bytes)
+    on = fsdp.decide(fsdp.fsdp_groups(model), ce="on", profile="h200-sxm")
+    assert {d.backend for d in on} == {"ce"}
+    off = fsdp.decide(fsdp.fsdp_groups(model), ce="off", profile="h200-sxm")
+    assert {d.backend for d in off} == {"nccl"} and all("ce='off'" in d.reason for d in off)
+    gone = fsdp.decide(fsdp.fsdp_groups(model), ce="on", profile="h200-sxm",
+                       unavailable={world8.group_name: "spans hosts"})
+    assert {d.backend for d in gone} == {"nccl"} and all("spans hosts" in d.reason for d in gone)
+
+
+def test_bad_input_is_named_and_the_model_left_unchanged(world8):
+    with pytest.raises(CeOverlapError, match="no FSDPModule"):
+        fsdp.use_copy_engines(nn.Linear(4, 4))
+    model = _sharded(blocks=1, dim=64)
+    comms = [m._get_fsdp_state()._fsdp_param_group._all_gather_comm for _, m, _ in fsdp.fsdp_groups(model)]
+    with pytest.raises(CeOverlapError, match="ce must be one of"):
+        fsdp.use_copy_engines(model, ce="maybe")
+    other = dist.new_group([0, 1, 2, 3, 4, 5, 6, 7])
+    with pytest.raises(CeOverlapError, match="is sharded over group .* not the given group"):
+        fsdp.use_copy_engines(model, group=other)
+    with pytest.raises(CeOverlapError, match="parameters on (cpu|meta).*copy engines move CUDA tensors"):
+        fsdp.use_copy_engines(model)
+    assert comms == [m._get_fsdp_state()._fsdp_param_group._all_gather_comm for _, m, _ in fsdp.fsdp_groups(model)]
+
+
+def test_without_the_hooks_fsdp_keeps_nccl_and_says_so(world8, monkeypatch, caplog):
+    model = _sharded(blocks=1, dim=64)
+    monkeypatch.setattr(fsdp, "_fsdp_types", lambda: (None, None, None, "torch 2.3 has no set_custom_all_gather"))
+    with caplog.at_level(logging.WARNING, logger="ce_overlap"):
+        assert fsdp.use_copy_engines(model) == []
+    assert "has no set_custom_all_gather: FSDP keeps NCCL" in caplog.text
+
+
+def test_comm_objects_route_to_nccl_where_the_runtime_cannot(world8, monkeypatch, caplog):
+    """The reduce-scatter falls back per call (premul-sum, an integer dtype), saying why once; the all-gather falls
+    back when its output is not symmetric or the group is not the one decided for."""
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+
+    model = _sharded(blocks=1, dim=64)
+    pg = fsdp.fsdp_groups(model)[0][2]
+    calls = []
+    monkeypatch.setattr(dist, "reduce_scatter_tensor", lambda out, inp, op, group, async_op: calls.append(("nccl", op)))
+    monkeypatch.setattr(fsdp_runtime(), "reduce_scatter_tensor", lambda out, inp, op, group: calls.append(("ce", op)))
+    rs = fsdp._make_reduce_scatter(ReduceScatter, pg, use_ce=True)
+    x, y = torch.zeros(16), torch.zeros(2)
+    g = pg._reduce_scatter_process_group
+    rs(y, x, g, dist.ReduceOp.AVG)
+    rs(y, x, g, dist.ReduceOp.SUM)
+    premul = dist._make_nccl_premul_sum(0.125)
+    with caplog.at_level(logging.INFO, logger="ce_overlap"):
+        rs(y, x, g, premul)
+        rs(y, x, g, premul)
+        rs(y.int(), x.int(), g, dist.ReduceOp.SUM)
+    assert [c[0] for c in calls] == ["ce", "ce", "nccl", "nccl", "nccl"] and calls[0][1] == "avg"
+    assert caplog.text.count("reduce op premul_sum") == 1 and "dtype torch.int32" in caplog.text
+    ag = fsdp._make_all_gather(AllGather, pg, use_ce=True, ready={g.group_name: ""})
+    monkeypatch.setattr(dist, "all_gather_into_tensor", lambda out, inp, group, async_op: calls.append("ag-nccl"))
+    monkeypatch.setattr(fsdp_runtime(), "is_symmetric", lambda t, group: False)
+    ag(torch.zeros(8), torch.zeros(1), g)  # an ordinary tensor: not the symmetric output, so NCCL
+    assert calls[-1] == "ag-nccl"
+
+
+def fsdp_runtime():
+    import ce_overlap.runtime as rt
+
+    return rt
