@@ -127,12 +127,12 @@ def run_variant(model_name: str, variant: str, compiled: bool, args) -> dict:
         loss = model(tokens, tokens)
         loss.backward()
         out["losses"].append(loss.detach().double().item())
-        out["grads"].append([p.grad.to_local().detach().clone() for p in model.parameters()])
+        out["grads"].append([p.grad.to_local().detach().cpu() for p in model.parameters()])  # host: two runs' copies
         opt.step()
         opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     out["seconds"] = time.perf_counter() - t0
-    out["params"] = [p.to_local().detach().clone() for p in model.parameters()]
+    out["params"] = [p.to_local().detach().cpu() for p in model.parameters()]
     del model, opt
     torch.cuda.empty_cache()
     return out
