@@ -19,6 +19,10 @@ Modes:
                              bounded reduction kernel beside the backward, not in the graph's consumer kernels
   no-comm                    each all-gather replaced by a local op of the same shape, no reduce-scatter:
                              the bound no overlap scheme can pass
+  fsdp2                      FSDP2 (fully_shard) instead of in-graph FSDP, every block compiled, NCCL (torchtitan's
+                             default pattern; bench/_fsdp2.py)
+  fsdp2-ce                   fsdp2 with ce_overlap's copy engines (ce_overlap.fsdp.use_copy_engines, --ce)
+  fsdp2-symm-mem             fsdp2 with PyTorch's own symmetric-memory all-gather, where the torch has it
 
 Step time: CUDA events between consecutive step ends; the host never waits for the GPU inside the measured loop
 (losses are read after it), so the host's launch work overlaps the previous step as in a real training run
@@ -69,7 +73,7 @@ def max_over_ranks(value: float) -> float:
 
 
 MODES = ["eager", "compile", "compile+inductor-overlap", "ce_overlap-nccl", "ce_overlap", "ce_overlap-packed",
-         "ce_overlap-rs-kernel", "no-comm"]
+         "ce_overlap-rs-kernel", "no-comm", "fsdp2", "fsdp2-ce", "fsdp2-symm-mem"]
 CE_MODES = ("ce_overlap", "ce_overlap-packed", "ce_overlap-rs-kernel")  # modes that may run CE collectives
 
 # torchtitan's peak bf16 dense TFLOP/s table (torchtitan/tools/utils.py get_peak_flops), by device name.
@@ -99,7 +103,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(200); 0: the peak rate from step 1. Without it, random tokens at 3e-4 make the loss "
                         "chaotic and the modes' losses drift apart from reduction-order noise alone")
     p.add_argument("--ce", choices=["auto", "on"], default="auto",
-                   help="the ce_overlap modes' copy-engine policy: auto (the cost model decides per bucket) or on "
+                   help="the ce_overlap and fsdp2-ce modes' copy-engine policy: auto (the cost model decides per bucket "
+                        "or FSDP group) or on "
                         "(every bucket on CE; on one GPU, the group of one's self copies: the CE path's memory and "
                         "streams without a peer)")
     p.add_argument("--gqa", choices=["expand", "native"], default="expand",
@@ -153,10 +158,14 @@ def model_config(args):
                                expand_kv=args.gqa == "expand")
 
 
-def build_model(cfg, mode: str, group):
+def build_model(cfg, mode: str, group, ce: str = "auto"):
     from ce_overlap.fx.fsdp import fully_shard_in_graph
     from ce_overlap.models.llama import Llama, init_weights
 
+    if mode.startswith("fsdp2"):
+        import _fsdp2
+
+        return _fsdp2.build(cfg, mode, DEVICE, ce)
     torch.manual_seed(0)  # the same full weights on every rank and in every mode
     with torch.device(DEVICE):
         model = Llama(cfg)
@@ -371,10 +380,10 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    model = build_model(cfg, mode, group)
+    model = build_model(cfg, mode, group, args.ce)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=DEVICE == "cuda")
     step_fn = model
-    if mode != "eager":
+    if mode != "eager" and not mode.startswith("fsdp2"):  # FSDP2 modes compile their blocks themselves
         opts = compile_options(mode, args.ce)
         if args.inductor_config:
             opts = {**inductor_config_items(args.inductor_config), **(opts or {})}
