@@ -498,20 +498,32 @@ def source_fingerprint() -> str:
 
 
 class CeOverlapPass(CustomGraphPass):
-    """torch._inductor post_grad_custom_post_pass: buckets, reorders and moves collectives to CE."""
+    """torch._inductor post_grad_custom_post_pass: buckets, reorders and moves collectives to CE. `run_before`: post-grad
+    passes that were configured already (a user's own), run first on each graph, in their order, so the plan is made
+    on the graph they leave; the uuid covers them (None, i.e. no caching, when one of them has no uuid)."""
 
-    def __init__(self, config: PassConfig | None = None, planner: Planner | None = None):
+    def __init__(self, config: PassConfig | None = None, planner: Planner | None = None, run_before: tuple = ()):
         self.config = config if config is not None else get_default_config()
         self.planner = planner
+        self.run_before = tuple(run_before)
         self.reports: list[PassReport] = []
 
     def __call__(self, graph: torch.fx.Graph) -> None:
+        for user_pass in self.run_before:
+            user_pass(graph)
         report = run_pass(graph, self.config, planner=self.planner)
         if report is not None:
             self.reports.append(report)
 
-    def uuid(self) -> str:
+    def uuid(self) -> str | None:
+        before = []
+        for user_pass in self.run_before:
+            uid = user_pass.uuid() if hasattr(user_pass, "uuid") else None
+            if uid is None:
+                return None  # a pass Inductor cannot key: no caching for the composition either
+            before.append(repr(uid))
         h = hashlib.sha256()
+        h.update(json.dumps(before).encode())
         h.update(json.dumps(self.config.to_dict(), sort_keys=True).encode())
         h.update(source_fingerprint().encode())
         profile = resolve_profile(self.config.profile)
@@ -564,10 +576,25 @@ def conflicting_options(current: dict | None = None) -> tuple[dict, list[str]]:
     return options, changed
 
 
+def user_post_grad_passes(configured) -> tuple:
+    """The post-grad passes configured besides ours (Inductor's post_grad_custom_post_pass: one pass, or a list in
+    newer torch), an earlier ce_overlap pass dropped (it is replaced) and one it already composed kept."""
+    passes = list(configured) if isinstance(configured, (list, tuple)) else ([configured] if configured else [])
+    out = []
+    for p in passes:
+        if isinstance(p, CeOverlapPass):
+            out.extend(p.run_before)
+        else:
+            out.append(p)
+    return tuple(out)
+
+
 def inductor_options(config: PassConfig | None = None, **fields) -> dict:
     """Options for torch.compile(model, options=...): installs the pass as Inductor's
     post_grad_custom_post_pass and (unless keep_inductor_overlap) turns off Inductor's conflicting
-    collective passes. Give a PassConfig or its fields; neither: the default config."""
+    collective passes. Give a PassConfig or its fields; neither: the default config. A post-grad pass already
+    configured (torch._inductor.config.post_grad_custom_post_pass, e.g. a user's own) is kept: it runs first on each
+    graph, then ce_overlap's, and the cache key covers both (vLLM's PostGradPassManager composes the same way)."""
     if config is not None and fields:
         raise CeOverlapError("inductor_options: pass a PassConfig or fields, not both")
     if config is None:
@@ -575,11 +602,9 @@ def inductor_options(config: PassConfig | None = None, **fields) -> dict:
     elif not isinstance(config, PassConfig):
         raise CeOverlapError(f"inductor_options: config must be a PassConfig, got {type(config).__name__}")
     current = torch._inductor.config.get_config_copy()
-    if current.get("post_grad_custom_post_pass") is not None and \
-            not isinstance(current["post_grad_custom_post_pass"], CeOverlapPass):
-        _log_once(logging.WARNING, "ce_overlap: replacing the configured post_grad_custom_post_pass "
-                                   f"{current['post_grad_custom_post_pass']!r} with the ce_overlap pass")
-    options: dict = {"post_grad_custom_post_pass": CeOverlapPass(config)}
+    # The live value: get_config_copy() deep-copies it, and the user's pass object is the one they hold.
+    configured = torch._inductor.config.post_grad_custom_post_pass
+    options: dict = {"post_grad_custom_post_pass": CeOverlapPass(config, run_before=user_post_grad_passes(configured))}
     if config.enabled and not config.keep_inductor_overlap:
         off, changed = conflicting_options(current)
         options.update(off)
