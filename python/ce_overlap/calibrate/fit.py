@@ -344,21 +344,39 @@ def _fit_nccl_all_gather(analytic: dict, curves: dict, world: int, fitted: list[
     return analytic
 
 
+def _slope_fit(analytic: dict, points: list, coll: str, backend: str, world: int, set_field, lo: float,
+               hi: float) -> tuple[float, bool]:
+    """The value of one profile field (set_field(profile copy, value)) at which the model's time difference between
+    the two largest points equals the measured one; (value, whether it fell inside [lo, hi])."""
+    (b1, t1), (b2, t2) = points[-2], points[-1]
+
+    def model_slope(v):
+        d = copy.deepcopy(analytic)
+        set_field(d, v)
+        return collective_us(d, coll, b2, world, backend) - collective_us(d, coll, b1, world, backend)
+
+    return solve(model_slope, t2 - t1, lo, hi)
+
+
+def _rising(points) -> bool:
+    """At least two points and the largest slower than the one before it: a slope to fit."""
+    return bool(points) and len(points) >= 2 and points[-1][1] > points[-2][1]
+
+
+def _with(analytic: dict, section: str, **fields) -> dict:
+    d = copy.deepcopy(analytic)
+    d[section].update(fields)
+    return d
+
+
 def _fit_nccl_reduce_scatter(analytic: dict, curves: dict, world: int, fitted: list[str],
                              kept: list[str]) -> dict:
     """nccl.reduction_bandwidth_factor to the reduce-scatter slope. Returns the fitted analytic profile."""
     rs = curves.get(("reduce_scatter", "nccl", world))
-    if rs and len(rs) >= 2 and rs[-1][1] > rs[-2][1]:
-        (b1, t1), (b2, t2) = rs[-2], rs[-1]
-
-        def with_factor(f):
-            d = copy.deepcopy(analytic)
-            d["nccl"]["reduction_bandwidth_factor"] = f
-            return d
-
-        f, ok = solve(lambda f: collective_us(with_factor(f), "reduce_scatter", b2, world, "nccl")
-                      - collective_us(with_factor(f), "reduce_scatter", b1, world, "nccl"), t2 - t1, 0.05, 1.0)
-        analytic = with_factor(round(f, 4))
+    if _rising(rs):
+        f, ok = _slope_fit(analytic, rs, "reduce_scatter", "nccl", world,
+                           lambda d, v: d["nccl"].update(reduction_bandwidth_factor=v), 0.05, 1.0)
+        analytic = _with(analytic, "nccl", reduction_bandwidth_factor=round(f, 4))
         fitted.append(f"nccl.reduction_bandwidth_factor {f:.3f} (reduce-scatter slope{'' if ok else ', clamped'})")
     else:
         kept.append("nccl.reduction_bandwidth_factor")
@@ -370,26 +388,18 @@ def _fit_ce_all_gather(analytic: dict, curves: dict, world: int, fitted: list[st
     one engine demonstrably moved), the signal latency to its smallest point. Returns the fitted analytic
     profile."""
     ce_ag = curves.get(("all_gather", "ce", world))
-    if ce_ag and len(ce_ag) >= 2 and ce_ag[-1][1] > ce_ag[-2][1]:
+    if _rising(ce_ag):
         (b1, t1), (b2, t2) = ce_ag[-2], ce_ag[-1]
         inbound = (world - 1) * (b2 - b1) / (t2 - t1) / 1e3  # GB/s into one rank
         if inbound > analytic["ce"]["engine_gbps"]:
             analytic["ce"]["engine_gbps"] = round(1.05 * inbound, 1)
             fitted.append(f"ce.engine_gbps {analytic['ce']['engine_gbps']:g} (one engine moved {inbound:.0f} GB/s)")
-
-        def with_bidi(e, signal=None):
-            d = copy.deepcopy(analytic)
-            d["ce"]["bidirectional_efficiency"] = e
-            if signal is not None:
-                d["ce"]["signal_latency_us"] = signal
-            return d
-
-        e, ok = solve(lambda e: collective_us(with_bidi(e), "all_gather", b2, world, "ce")
-                      - collective_us(with_bidi(e), "all_gather", b1, world, "ce"), t2 - t1, 0.02, 1.0)
+        e, ok = _slope_fit(analytic, ce_ag, "all_gather", "ce", world,
+                           lambda d, v: d["ce"].update(bidirectional_efficiency=v), 0.02, 1.0)
         b0, t0 = ce_ag[0]
-        sig, ok2 = solve(lambda x: collective_us(with_bidi(e, x), "all_gather", b0, world, "ce"), t0, 0.0, 2000.0,
-                         log=False)
-        analytic = with_bidi(round(e, 4), round(sig, 2))
+        sig, ok2 = solve(lambda x: collective_us(_with(analytic, "ce", bidirectional_efficiency=e, signal_latency_us=x),
+                                                 "all_gather", b0, world, "ce"), t0, 0.0, 2000.0, log=False)
+        analytic = _with(analytic, "ce", bidirectional_efficiency=round(e, 4), signal_latency_us=round(sig, 2))
         fitted.append(f"ce.bidirectional_efficiency {e:.3f} (CE all-gather slope{'' if ok else ', clamped'}), "
                       f"ce.signal_latency_us {sig:.1f} ({format_bytes(b0)} point{'' if ok2 else ', clamped'})")
     else:
@@ -405,17 +415,10 @@ def _fit_ce_reduce_scatter(analytic: dict, curves: dict, m: dict, world: int, fi
     ce_rs = curves.get(("reduce_scatter", "ce", world))
     if rk:
         pass  # measured directly (_fit_reduction_kernel)
-    elif ce_rs and len(ce_rs) >= 2 and ce_rs[-1][1] > ce_rs[-2][1]:
-        (b1, t1), (b2, t2) = ce_rs[-2], ce_rs[-1]
-
-        def with_rate(r):
-            d = copy.deepcopy(analytic)
-            d["ce"]["reduce_gbps_per_sm"] = r
-            return d
-
-        r, ok = solve(lambda r: collective_us(with_rate(r), "reduce_scatter", b2, world, "ce")
-                      - collective_us(with_rate(r), "reduce_scatter", b1, world, "ce"), t2 - t1, 1.0, 5000.0)
-        analytic = with_rate(round(r, 2))
+    elif _rising(ce_rs):
+        r, ok = _slope_fit(analytic, ce_rs, "reduce_scatter", "ce", world,
+                           lambda d, v: d["ce"].update(reduce_gbps_per_sm=v), 1.0, 5000.0)
+        analytic = _with(analytic, "ce", reduce_gbps_per_sm=round(r, 2))
         fitted.append(f"ce.reduce_gbps_per_sm {r:.1f} (CE reduce-scatter slope{'' if ok else ', clamped'})")
     else:
         kept.append("ce.reduce_gbps_per_sm")
