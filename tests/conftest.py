@@ -44,3 +44,20 @@ def cli(tmp_path):
     def run(*args: str, **kw):
         return run_cli(*args, env_extra={"CE_OVERLAP_CACHE": str(tmp_path / "cache")}, **kw)
     return run
+
+
+@pytest.fixture
+def gloo_world1():
+    """A real gloo default group of one rank on CPU (torch.compile end to end, FSDP2, the backend chooser)."""
+    import torch
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    torch._dynamo.reset()
+    try:
+        yield dist.group.WORLD
+    finally:
+        torch._dynamo.reset()
+        dist.destroy_process_group()

@@ -4,28 +4,15 @@ puts such a bucket on the copy engines or stops the compile with an error naming
 segfaults. (On a shared GPU, tests/pass_gpu/run_pass_gpu.py's pass-auto variant runs the ce="auto" case end to end.)"""
 from __future__ import annotations
 
-import os
 import types
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ce_overlap import PassConfig
 from ce_overlap.errors import CeOverlapError
 from ce_overlap.fx import pass_
-
-
-@pytest.fixture
-def gloo_group():
-    assert not dist.is_initialized()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
 
 
 def _bucket(kind: str, group_name: str, backend: str = "nccl", device: str = "cuda"):
@@ -36,23 +23,23 @@ def _bucket(kind: str, group_name: str, backend: str = "nccl", device: str = "cu
 
 
 @pytest.mark.parametrize("ce", ["auto", "off"])
-def test_a_gloo_cuda_all_gather_the_copy_engine_cannot_take_is_an_error(gloo_group, ce):
-    assert pass_._cuda_backend_of(gloo_group.group_name) == "gloo"
+def test_a_gloo_cuda_all_gather_the_copy_engine_cannot_take_is_an_error(gloo_world1, ce):
+    assert pass_._cuda_backend_of(gloo_world1.group_name) == "gloo"
     choose = pass_._backend_chooser(PassConfig(ce=ce), "forward")
     with pytest.raises(CeOverlapError, match=r"forward bucket 3 \(all_gather x2\).*gloo.*crashes.*152645"):
-        choose(_bucket("all_gather", gloo_group.group_name))
+        choose(_bucket("all_gather", gloo_world1.group_name))
 
 
-def test_other_buckets_keep_their_plan(gloo_group):
+def test_other_buckets_keep_their_plan(gloo_world1):
     choose = pass_._backend_chooser(PassConfig(ce="auto"), "forward")
-    assert choose(_bucket("all_reduce", gloo_group.group_name)) == ("nccl", "nccl: planned")
-    assert choose(_bucket("all_gather", gloo_group.group_name, device="cpu")) == ("nccl", "nccl: planned")
+    assert choose(_bucket("all_reduce", gloo_world1.group_name)) == ("nccl", "nccl: planned")
+    assert choose(_bucket("all_gather", gloo_world1.group_name, device="cpu")) == ("nccl", "nccl: planned")
     assert choose(_bucket("all_gather", "no-such-group")) == ("nccl", "nccl: planned")  # unknown: nothing to say
 
 
-def test_a_gloo_cuda_all_gather_goes_to_the_copy_engine_when_it_can(gloo_group, monkeypatch):
+def test_a_gloo_cuda_all_gather_goes_to_the_copy_engine_when_it_can(gloo_world1, monkeypatch):
     monkeypatch.setattr(pass_, "ce_runtime_state", lambda device: (True, "stub: the runtime is here"))
     monkeypatch.setattr(pass_, "_group_ready", lambda group: (True, ""))
     choose = pass_._backend_chooser(PassConfig(ce="auto"), "forward")
-    backend, reason = choose(_bucket("all_gather", gloo_group.group_name))
+    backend, reason = choose(_bucket("all_gather", gloo_world1.group_name))
     assert backend == "ce" and "gloo" in reason and "152645" in reason

@@ -3,11 +3,7 @@ theirs runs first on each graph, then ce_overlap's, and the cache key covers bot
 from __future__ import annotations
 
 import dataclasses
-import os
-
-import pytest
 import torch
-import torch.distributed as dist
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import ce_overlap
@@ -46,18 +42,6 @@ def test_a_configured_pass_is_kept_first_and_keyed():
     user.version = None
     assert p.uuid() is None  # a pass Inductor cannot key: no caching at all
     assert ce_overlap.inductor_options(ce="off")["post_grad_custom_post_pass"].run_before == ()
-
-
-@pytest.fixture
-def gloo_world1():
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    torch._dynamo.reset()
-    try:
-        yield dist.group.WORLD
-    finally:
-        torch._dynamo.reset()
-        dist.destroy_process_group()
 
 
 def test_both_passes_run_on_every_graph_of_a_real_compile(gloo_world1):

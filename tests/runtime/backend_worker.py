@@ -29,7 +29,6 @@ import os
 import random
 import sys
 import time
-import traceback
 
 import torch
 import torch.distributed as dist
@@ -375,17 +374,7 @@ def main() -> int:
     gw.step("setup: init_process_group")
     group, ref = setup()
     gw.log(f"backend of WORLD: {ced.backend_of(group).name()}, inner {ced.inner_backend(group).name()}")
-    rc = 0
-    for mode in modes:
-        t0 = time.time()
-        gw.step(f"mode {mode}: start")
-        try:
-            mode_rc = MODES[mode](args, group, ref)
-        except Exception:  # noqa: BLE001
-            traceback.print_exc()
-            mode_rc = 1
-        gw.log(f"== mode {mode}: {'ok' if mode_rc == 0 else 'FAILED'} ({time.time() - t0:.1f} s)")
-        rc = max(rc, mode_rc)
+    rc = gw.run_modes(modes, lambda mode: MODES[mode](args, group, ref))
     sys.stdout.flush()
     if "timeout" in modes:
         os._exit(rc)  # a group is failed on purpose: no collective teardown

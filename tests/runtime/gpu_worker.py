@@ -1570,6 +1570,23 @@ MODES = {"correctness": mode_correctness, "reduce_scatter": mode_reduce_scatter,
 BREAKING = ("timeout", "mismatch", "p2p_faults", "die_before_rendezvous", "die_mid_collective")
 
 
+def run_modes(modes: list[str], run, echo=()) -> int:
+    """Runs run(mode) for each mode in order (each a step, an exception a failure with its traceback), prints each
+    mode's result line; returns the worst exit code."""
+    rc = 0
+    for mode in modes:
+        t0 = time.time()
+        step(f"mode {mode}: start", echo=mode in echo)
+        try:
+            mode_rc = run(mode)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+            mode_rc = 1
+        log(f"== mode {mode}: {'ok' if mode_rc == 0 else 'FAILED'} ({time.time() - t0:.1f} s)")
+        rc = max(rc, mode_rc)
+    return rc
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("modes", help=f"comma list of {list(MODES)}, run in this order in one process (saves the "
@@ -1592,17 +1609,7 @@ def main() -> int:
         return 1
     step("setup: init_process_group")
     setup()
-    rc = 0
-    for mode in modes:
-        t0 = time.time()
-        step(f"mode {mode}: start", echo=mode in BREAKING)
-        try:
-            mode_rc = MODES[mode](args)
-        except Exception:  # noqa: BLE001
-            traceback.print_exc()
-            mode_rc = 1
-        log(f"== mode {mode}: {'ok' if mode_rc == 0 else 'FAILED'} ({time.time() - t0:.1f} s)")
-        rc = max(rc, mode_rc)
+    rc = run_modes(modes, lambda mode: MODES[mode](args), echo=BREAKING)
     step("teardown")
     sys.stdout.flush()
     if any(m in BREAKING for m in modes):

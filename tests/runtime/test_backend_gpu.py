@@ -9,16 +9,16 @@ import os
 import pytest
 import torch
 
-from test_runtime_gpu import SHARED_GPU, _SKIP, torchrun
+import test_runtime_gpu as base
+from test_runtime_gpu import SHARED_GPU, torchrun
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "backend_worker.py")
 
-if _SKIP and os.environ.get("CE_OVERLAP_REQUIRE_GPU_TESTS") == "1":
-    @pytest.fixture(autouse=True)
-    def _required():
-        pytest.fail(f"CE_OVERLAP_REQUIRE_GPU_TESTS=1 but the GPU tests cannot run: {_SKIP}")
+# The same gate as the runtime's GPU tests: skipped with the reason, or failed when the device run requires them.
+if hasattr(base, "_required"):
+    _required = base._required
 else:
-    pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+    pytestmark = base.pytestmark
 
 
 @pytest.mark.parametrize("nproc", [2, 3, 4])
