@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Quick start, part 2: set up, then run every test: the C++ suites (ctest), the Python suite (pytest), and
-# the core under sanitizers plus its fuzzers (scripts/check_native.sh; CE_OVERLAP_SKIP_NATIVE_CHECKS=1 skips
-# that part for a quick local run).
+# Quick start, part 2: set up (.venv/, scripts/setup.sh), then run every test: the C++ suites (ctest), the
+# Python suite (pytest, with .venv's python), and the core under sanitizers plus its fuzzers
+# (scripts/check_native.sh; CE_OVERLAP_SKIP_NATIVE_CHECKS=1 skips that part for a quick local run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+VENV=${CE_OVERLAP_VENV:-.venv}
 build_dir=$(dirname "$(ls -t build/cp*/CTestTestfile.cmake | head -n 1)")
 echo "== ctest ($build_dir)"
 ctest --test-dir "$build_dir" --output-on-failure
 echo "== pytest"
-python3 -m pytest tests "$@"
+"$VENV/bin/python" -m pytest tests "$@"
 if [ "${CE_OVERLAP_SKIP_NATIVE_CHECKS:-0}" != 1 ]; then
   bash scripts/check_native.sh
 fi
