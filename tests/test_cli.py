@@ -71,6 +71,32 @@ def test_user_build_target(cli):
     assert "blocks: 3 x Stage (stage_a .. stage_c)" in proc.stdout
 
 
+def test_tied_gpt2_analyzes_and_captures_with_the_defaults_and_says_what_it_assumed(cli, tmp_path):
+    target = os.path.join(DATA, "gpt2_tied.py") + ":build"
+    proc = cli("analyze", target)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "blocks: 2 x Block (h.0 .. h.1)" in lines
+    assert ("note: the loss is output[0] (the first of 2 tensors in a tuple), a scalar; the other 1 tensor output is "
+            "not differentiated") in lines
+    assert any(line.startswith("note: world size 8 does not divide dim 0 of 1 parameter (largest: wte.weight: "
+                               "1001 -> 1008 rows)") for line in lines)
+    assert any(line.startswith("per rank and step: fwd AG out MiB = ") for line in lines)
+    ir = tmp_path / "gpt2.json"
+    proc = cli("capture", target, "-o", str(ir))
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads(ir.read_text())["meta"]
+    assert (meta["loss_unused_outputs"], meta["fsdp_padded_params"], meta["fsdp_padding_bytes"]) == (1, 1, 1792)
+    assert proc.stdout.splitlines()[1] == ("note: the loss is output[0] (the first of 2 tensors in a tuple), a scalar; "
+                                           "the other 1 tensor output is not differentiated")
+
+
+def test_a_model_that_fails_to_compile_shows_the_error_underneath(cli):
+    proc = cli("analyze", os.path.join(DATA, "vit.py") + ":build", "--no-cast-inputs")
+    _assert_clean_error(proc, "torch.compile of the model failed: RuntimeError: Input type (float) and bias type "
+                              "(c10::BFloat16) should be the same", "vit.py:")
+
+
 def _write(tmp_path, name, text):
     p = tmp_path / name
     p.write_text(text)

@@ -27,6 +27,7 @@ from ce_overlap.fx import pass_, rewrite
 from ce_overlap.fx.capture import CaptureOptions, capture_graphs, fake_process_group
 from ce_overlap.models.llama import LLAMA_CONFIGS
 
+from conftest import DATA
 from test_pass_helpers import (EmulatedCollectives, ir_graph, make_planner, peak_memory, plan_from_ir, real_inputs,
                                run_emulated)
 
@@ -574,6 +575,126 @@ def test_rewritten_tiny_graphs_are_bit_identical(backend, singletons):
                 assert torch.equal(a, b), (name, i)
 
 
+# --------------------------------------------------------------------------------------------------
+# A tied weight (GPT-2: the output projection reuses the token embedding's weight), tests/data/gpt2_tied.py
+
+
+@functools.cache
+def _captured_gpt2(gather_once: bool = True):
+    """The tied GPT-2's graphs. gather_once=False: as in-graph FSDP without its gather-once window captures it,
+    the tied weight gathered twice in the forward (Inductor merges the two), the second read's wait in the
+    checkpointed region of the backward: the backward waits on the forward's collective, a graph input."""
+    from ce_overlap import models
+    from ce_overlap.fx import fsdp
+
+    built = models.build_from_file(os.path.join(DATA, "gpt2_tied.py") + ":build")
+    forward = fsdp.GatherParameter.forward
+    try:
+        if not gather_once:
+            fsdp.GatherParameter.forward = fsdp.GatherParameter._gather_now
+        graphs, _ = capture_graphs(built.module, built.example_inputs, CaptureOptions(world_size=WORLD))
+    finally:
+        fsdp.GatherParameter.forward = forward
+    return dict(graphs)
+
+
+def fresh_gpt2(graph: str, gather_once: bool = True) -> torch.fx.GraphModule:
+    gm = _captured_gpt2(gather_once)[graph]
+    g = torch.fx.Graph()
+    g.output(g.graph_copy(gm.graph, {}))
+    return torch.fx.GraphModule(gm, g)
+
+
+def test_pass_plans_the_tied_weight_like_any_other(caplog):
+    """The C++ planner through the pass, CE everywhere: the tied weight's one all-gather and one reduce-scatter are
+    bucketed with the embeddings outside the blocks, and every block gets one bucket per collective type."""
+    config = PassConfig(bucket_cap_mb=4096, ce="on", min_ce_bytes=0, profile="h200-sxm")
+    for name in ("forward", "backward"):
+        gm = fresh_gpt2(name)
+        n_collectives = sum(rewrite.is_functional_collective(n) for n in gm.graph.nodes)
+        assert n_collectives == (28 if name == "forward" else 14 + 28)
+        with pass_.capture_mode(), fake_process_group(WORLD, 1):
+            report = pass_.run_pass(gm.graph, config)
+        assert report.changed and report.refused is None and report.collectives == n_collectives
+        gm.graph.lint()
+        rewrite.check_invariants(gm.graph)
+        _check_one_bucket_per_block(gm, name, 2)
+        assert all(b.backend == "ce" for b in report.buckets), [(b.id, b.reason) for b in report.buckets]
+        assert sum(b.members for b in report.buckets) == n_collectives
+        assert not any(rewrite.is_functional_collective(n) for n in gm.graph.nodes)
+        # outside the blocks: wte, wpe and ln_f's two in the forward; the backward re-gathers wte and ln_f.weight
+        outside = collectives_by_block(gm, name)
+        assert outside[(-1, "all_gather")] >= 1
+        assert sum(b.members for b in report.buckets if b.type == "all_gather") == (28 if name == "forward" else 14)
+
+
+@pytest.mark.parametrize("backend", ["nccl", "ce"])
+def test_rewritten_tied_graphs_are_bit_identical(backend):
+    for name in ("forward", "backward"):
+        gm = fresh_gpt2(name)
+        inputs = real_inputs(gm, int_high=1001)
+        want = run_emulated(gm, inputs, WORLD, rank=3)
+        plan = plan_from_ir(ir_graph(gm, name), backend=backend, prefetch=True)
+        results = rewrite.apply_plan(gm.graph, rewrite.check_plan(gm.graph, plan))
+        rewrite.check_invariants(gm.graph)
+        gm.recompile()
+        assert {r.backend for r in results} == {backend} and len(results) == (3 if name == "forward" else 6)
+        got = run_emulated(gm, inputs, WORLD, rank=3)
+        assert len(got) == len(want)
+        for i, (a, b) in enumerate(zip(want, got)):
+            if isinstance(a, torch.Tensor):
+                assert torch.equal(a, b), (name, i)
+
+
+def test_a_wait_on_a_graph_input_stays_put_and_counts_nothing():
+    """The forward's collective, handed to the backward unwaited and waited on there (docs/ir.md): the IR takes it,
+    the analysis counts the all-gather once (in the forward), the planner keeps that all-gather on NCCL where it
+    was captured (its result leaves the graph), and the backward's wait on the graph input is left as it is."""
+    fwd, bwd = fresh_gpt2("forward", gather_once=False), fresh_gpt2("backward", gather_once=False)
+    shared = next(n for n in fwd.graph.nodes if rewrite.is_functional_collective(n)
+                  and any(u.op == "output" for u in n.users))
+    assert len([u for u in shared.users if rewrite.is_wait(u)]) == 2
+    waits = [n for n in bwd.graph.nodes if rewrite.is_wait(n) and n.args[0].op == "placeholder"]
+    assert [w.args[0].name for w in waits] == [shared.name]
+    rewrite.check_invariants(fwd.graph)
+    rewrite.check_invariants(bwd.graph)
+
+    import ce_overlap._core as core
+    from ce_overlap.fx.to_ir import graph_to_ir
+
+    doc = core.IrDocument.from_json(json.dumps({"schema": "ce_overlap.ir/1", "meta": {"world_size": WORLD},
+                                                "blocks": [], "graphs": [graph_to_ir(fwd, "forward"),
+                                                                         graph_to_ir(bwd, "backward")]}))
+    doc.detect_blocks()
+    ir = ce_overlap.ir.Ir(doc)
+    totals = ce_overlap.analyze(ir, "h100-sxm")["totals"]
+    gathered = [n for n in fwd.graph.nodes if rewrite.is_functional_collective(n)]
+    assert totals["forward_all_gather_count"] == len(gathered) == 28  # the two reads' gathers merged: one
+    assert totals["forward_all_gather_bytes"] == sum(rewrite.read_collective(n).bytes for n in gathered) * WORLD
+    assert totals["backward_all_gather_count"] == 6 * 2 + 1  # no re-gather of the tied weight: its wait is no gather
+
+    config = PassConfig(bucket_cap_mb=4096, ce="on", min_ce_bytes=0, profile="h200-sxm")
+    for name, gm in (("forward", fwd), ("backward", bwd)):
+        inputs = real_inputs(gm, int_high=1001)
+        want = run_emulated(gm, inputs, WORLD, rank=1)
+        with pass_.capture_mode(), fake_process_group(WORLD, 1):
+            report = pass_.run_pass(gm.graph, config)
+        assert report.changed and report.refused is None, report.refused
+        rewrite.check_invariants(gm.graph)
+        gm.recompile()
+        if name == "forward":
+            kept = [b for b in report.buckets if b.backend == "nccl"]
+            assert [(b.members, b.reason) for b in kept] == [
+                (1, "nccl: read by 2 waits (coalesced); kept where captured")]
+            assert shared in gm.graph.nodes and shared.target == torch.ops._c10d_functional.all_gather_into_tensor.default
+            got = run_emulated(gm, inputs, WORLD, rank=1)
+            assert all(torch.equal(a, b) for a, b in zip(want, got) if isinstance(a, torch.Tensor))
+        else:
+            wait = next(n for n in gm.graph.nodes if rewrite.is_wait(n) and n.args[0].op == "placeholder")
+            assert wait.target == torch.ops._c10d_functional.wait_tensor.default and wait.args[0].name == shared.name
+            assert all(b.backend == "ce" for b in report.buckets)
+
+
 def _handmade_graph(group_size: int):
     """Collectives of every layout case: N-d, 1-d, non-contiguous inputs, two dtypes, RS and AR, and
     waited values that are graph outputs."""
@@ -793,6 +914,41 @@ def test_backend_ce_overlap_compiles_and_runs(gloo_world1, caplog):
         ce_overlap.set_default_config(None)
     lines = [r.message for r in caplog.records if re.match(r"ce_overlap: (forward|backward) graph", r.message)]
     assert len(lines) == 2 and all("merged" in ln for ln in lines), lines
+
+
+def test_backend_ce_overlap_trains_a_tied_gpt2_without_recompiling(gloo_world1, caplog):
+    """Real tensors: the sharded tied GPT-2 compiled with the pass matches the unsharded model in eager, two steps,
+    one compile (the gather-once window and the cast are in the graph, not in guards)."""
+    from ce_overlap import models
+    from ce_overlap.fx.fsdp import fully_shard_in_graph
+
+    gpt2 = models.build_from_file(os.path.join(DATA, "gpt2_tied.py") + ":build")
+    mod = __import__(type(gpt2.module).__module__)
+    cfg = mod.Gpt2Config(vocab_size=64, n_ctx=16, dim=32, n_layers=2, seq_len=16)
+    torch.manual_seed(0)
+    ref = mod.Gpt2(cfg)
+    model = copy.deepcopy(ref)
+    fully_shard_in_graph(model, param_dtype=None)
+    compiled = torch.compile(model, backend="ce_overlap", fullgraph=True)
+    gen = torch.Generator().manual_seed(3)
+    try:
+        ce_overlap.set_default_config(bucket_cap_mb=4096)
+        with caplog.at_level(logging.INFO, logger="ce_overlap"), torch._inductor.config.patch(fx_graph_cache=False), \
+                torch._dynamo.config.patch(error_on_recompile=True):
+            for _ in range(2):
+                tokens = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=gen)
+                loss, logits = compiled(tokens, tokens)
+                loss.backward()
+                ref_loss, _ = ref(tokens, tokens)
+                ref_loss.backward()
+                torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    finally:
+        ce_overlap.set_default_config(None)
+    grads = {n.replace("parametrizations.", "").replace(".original", ""): p.grad for n, p in model.named_parameters()}
+    for name, q in ref.named_parameters():  # two steps' gradients, accumulated; wte's from both its uses
+        torch.testing.assert_close(grads[name], q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    lines = [r.message for r in caplog.records if re.match(r"ce_overlap: (forward|backward) graph", r.message)]
+    assert len(lines) == 2, lines
 
 
 @pytest.fixture

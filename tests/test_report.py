@@ -74,6 +74,46 @@ def test_table_has_a_row_per_block_and_the_totals(tiny_report):
     assert float(total[2]) == pytest.approx(t["forward_all_gather_bytes"] / 2**20, abs=0.05)
 
 
+def test_byte_columns_say_what_they_count(tiny_ir, tiny_report):
+    header = render.format_table(tiny_report).splitlines()[0]
+    assert "fwd AG out MiB" in header and "RS in MiB" in header
+    assert render.table_units(tiny_report) == (
+        "per rank and step: fwd AG out MiB = the gathered parameters the forward's all-gathers produce; "
+        "RS in MiB = the full gradients the reduce-scatters take (each rank keeps 1/8)")
+    plan = ce_overlap.ir.plan(tiny_ir, "backward", "h100-sxm")
+    lines = render.format_plan(plan).splitlines()
+    assert lines[2] == "  " + render.PLAN_UNITS and "input MiB" in lines[3].split("  ")
+    # the numbers under those labels: a reduce-scatter bucket's input is the full gradient, an all-gather's the
+    # shards (1/8 of the gathered bytes)
+    rs = next(b for b in plan["buckets"] if b["type"] == "reduce_scatter" and b["block_path"] == "layers.0")
+    ag = next(b for b in plan["buckets"] if b["type"] == "all_gather" and b["block_path"] == "layers.0")
+    row = tiny_report["blocks"][0]
+    assert rs["bytes"] == row["reduce_scatter_bytes"]
+    assert ag["bytes"] * 8 == row["backward_all_gather_bytes"]
+
+
+def test_recommendation_sums_the_plans(tiny_ir, tiny_report):
+    plans = [ce_overlap.ir.plan(tiny_ir, g, "h100-sxm", {"ce": "on", "min_ce_bytes": 0}) for g in tiny_ir.graph_names]
+    for p, g in zip(plans, tiny_report["graphs"]):  # the plan's "before" is the analysis's step
+        assert p["summary"]["makespan_us_before"] == pytest.approx(g["makespan_us"])
+        assert p["summary"]["makespan_us_after"] <= p["summary"]["makespan_us_before"]
+    text = render.format_recommendation(tiny_report, plans)
+    lines = text.splitlines()
+    buckets = [b for p in plans for b in p["buckets"]]
+    collectives = sum(len(b["members"]) for b in buckets)
+    assert lines[0] == (f"recommendation (h100-sxm): {collectives} of {collectives} collectives to the copy engines, "
+                        f"in {len(buckets)} of {len(buckets)} buckets")
+    assert sum(int(line.split()[0]) for line in lines[1:] if line.strip()[0].isdigit()) == len(buckets)
+    ms = lambda us: f"{us / 1000:.2f}"  # noqa: E731
+    before = sum(p["summary"]["exposed_comm_us_before"] for p in plans)
+    after = sum(p["summary"]["exposed_comm_us_after"] for p in plans)
+    assert f"  exposed communication {ms(before)} -> {ms(after)} ms per step (forward " in text
+    step_before = sum(p["summary"]["makespan_us_before"] for p in plans)
+    step_after = sum(p["summary"]["makespan_us_after"] for p in plans)
+    assert (f"  predicted step {ms(step_before)} -> {ms(step_after)} ms "
+            f"({100 * (step_before - step_after) / step_before:.1f}% shorter: ") in text
+
+
 def test_chrome_trace_matches_timeline(tiny_report):
     trace = render.to_chrome_trace(tiny_report)
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]

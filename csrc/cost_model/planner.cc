@@ -167,6 +167,8 @@ Plan make_plan(const Document& doc, const std::string& graph_name, const CostMod
   sum.ce_buckets = ce_buckets;
   for (double x : before_tl.exposed_us_by_collective) sum.exposed_comm_us_before += x;
   for (double x : after_tl.exposed_us_by_collective) sum.exposed_comm_us_after += x;
+  sum.makespan_us_before = before_tl.makespan_us;
+  sum.makespan_us_after = after_tl.makespan_us;
   sum.peak_memory_bytes_before = s.peak_bytes_before;
   sum.peak_memory_bytes_after = s.peak_bytes_after;
   sum.memory_budget_bytes = config.memory_budget_bytes;

@@ -324,13 +324,16 @@ PlanBucket read_bucket(const json& j, const std::string& path) {
 PlanSummary read_summary(const json& j, const std::string& path) {
   ObjectReader r(j, path,
                  {"collectives", "buckets", "ce_buckets", "exposed_comm_us_before", "exposed_comm_us_after",
-                  "peak_memory_bytes_before", "peak_memory_bytes_after", "memory_budget_bytes", "plan_ms"});
+                  "peak_memory_bytes_before", "peak_memory_bytes_after", "memory_budget_bytes", "plan_ms"},
+                 true, {"makespan_us_before", "makespan_us_after"});
   PlanSummary s;
   s.collectives = int_value(r["collectives"], r.path("collectives"), 0, INT64_MAX, "0..2^63-1");
   s.buckets = int_value(r["buckets"], r.path("buckets"), 0, INT64_MAX, "0..2^63-1");
   s.ce_buckets = int_value(r["ce_buckets"], r.path("ce_buckets"), 0, INT64_MAX, "0..2^63-1");
   s.exposed_comm_us_before = us_value(r["exposed_comm_us_before"], r.path("exposed_comm_us_before"));
   s.exposed_comm_us_after = us_value(r["exposed_comm_us_after"], r.path("exposed_comm_us_after"));
+  if (r.has("makespan_us_before")) s.makespan_us_before = us_value(r["makespan_us_before"], r.path("makespan_us_before"));
+  if (r.has("makespan_us_after")) s.makespan_us_after = us_value(r["makespan_us_after"], r.path("makespan_us_after"));
   s.peak_memory_bytes_before =
       int_value(r["peak_memory_bytes_before"], r.path("peak_memory_bytes_before"), 0, INT64_MAX, "0..2^63-1");
   s.peak_memory_bytes_after =
@@ -468,6 +471,16 @@ void write_summary(std::string& out, const PlanSummary& s) {
   key(out, "exposed_comm_us_after");
   put(out, num(s.exposed_comm_us_after));
   out += ", ";
+  if (s.makespan_us_before) {
+    key(out, "makespan_us_before");
+    put(out, num(*s.makespan_us_before));
+    out += ", ";
+  }
+  if (s.makespan_us_after) {
+    key(out, "makespan_us_after");
+    put(out, num(*s.makespan_us_after));
+    out += ", ";
+  }
   key(out, "peak_memory_bytes_before");
   out += std::to_string(s.peak_memory_bytes_before) + ", ";
   key(out, "peak_memory_bytes_after");
@@ -591,7 +604,8 @@ void validate_plan(const Plan& plan) {
                                             std::to_string(plan.config.memory_budget_bytes) + ", got " +
                                             std::to_string(s.memory_budget_bytes));
   }
-  for (double us : {s.exposed_comm_us_before, s.exposed_comm_us_after, s.plan_ms}) {
+  for (double us : {s.exposed_comm_us_before, s.exposed_comm_us_after, s.plan_ms,
+                    s.makespan_us_before.value_or(0.0), s.makespan_us_after.value_or(0.0)}) {
     if (!std::isfinite(us) || us < 0) fail("summary", "times must be finite and non-negative");
   }
   if (s.peak_memory_bytes_before < 0 || s.peak_memory_bytes_after < 0) {

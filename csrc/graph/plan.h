@@ -80,6 +80,10 @@ struct PlanSummary {
   int64_t ce_buckets = 0;
   double exposed_comm_us_before = 0;
   double exposed_comm_us_after = 0;
+  // The two-stream timeline's end (the graph's step time, contention aside), before and after; optional on load
+  // (plans written before they existed lack them), always written by the planner.
+  std::optional<double> makespan_us_before;
+  std::optional<double> makespan_us_after;
   int64_t peak_memory_bytes_before = 0;
   int64_t peak_memory_bytes_after = 0;
   int64_t memory_budget_bytes = 0;

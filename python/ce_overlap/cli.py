@@ -47,6 +47,9 @@ def _add_capture_options(p: argparse.ArgumentParser) -> None:
                    help="dtype parameters are all-gathered in (default bfloat16)")
     p.add_argument("--no-reshard", action="store_true",
                    help="keep gathered parameters for the backward instead of re-gathering them")
+    p.add_argument("--no-cast-inputs", action="store_true",
+                   help="keep floating-point forward inputs in their dtype (default: cast to --param-dtype, as "
+                        "FSDP2's MixedPrecisionPolicy does)")
     p.add_argument("--no-fsdp", action="store_true", help="capture the model as is, without in-graph FSDP")
     p.add_argument("--no-cache", action="store_true", help="capture again even if a cached capture exists")
     p.add_argument("--full-capture", action="store_true",
@@ -152,13 +155,18 @@ def _cache_path(args, target: str) -> str | None:
 
     key = {"target": target, "world_size": args.world_size, "seq_len": args.seq_len, "batch": args.batch,
            "param_dtype": args.param_dtype, "reshard": not args.no_reshard, "fsdp": not args.no_fsdp,
+           "cast_inputs": not args.no_cast_inputs,
            "full_capture": args.full_capture, "torch": torch.__version__, "code": _source_fingerprint()}
     if models.is_build_target(target):
         path = target.rpartition(":")[0]
         with open(path, "rb") as f:
             key["file"] = hashlib.sha256(f.read()).hexdigest()
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    folder = os.environ.get("CE_OVERLAP_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ce_overlap"))
+    from . import environment
+
+    folder = environment.read("CE_OVERLAP_CACHE")
+    if folder is None:
+        folder = os.path.join(os.path.expanduser("~"), ".cache", "ce_overlap")
     return os.path.join(folder, f"ir-{digest}.json")
 
 
@@ -173,7 +181,7 @@ def _capture_target(args, target: str):
         except CeOverlapError:
             pass  # a damaged cache entry is recaptured and overwritten
     common = dict(world_size=args.world_size, fsdp=not args.no_fsdp, param_dtype=args.param_dtype,
-                  reshard_after_forward=not args.no_reshard)
+                  reshard_after_forward=not args.no_reshard, cast_forward_inputs=not args.no_cast_inputs)
     if models.is_build_target(target):
         built = models.build_from_file(target)
         if args.seq_len is not None:
@@ -207,6 +215,10 @@ def _cmd_capture(args) -> int:
     print(f"wrote {args.output}: {nodes}, {len(ir.blocks)} blocks"
           f" ({'cached capture' if cached else f'captured in {time.perf_counter() - started:.1f} s'}"
           f"{f'; {how}' if how else ''})")
+    from . import report
+
+    for note in report.format_notes({"meta": ir.meta}):
+        print(f"note: {note}")
     return 0
 
 
@@ -237,10 +249,14 @@ def _cmd_analyze(args) -> int:
         return 0
     print(report.format_summary(result))
     print()
+    print(report.table_units(result))
     print(report.format_table(result, max_rows=None if args.all_blocks else 8))
     for p in plans or []:
         print()
         print(report.format_plan(p, max_rows=None if args.all_blocks else 12))
+    if plans:  # the conclusion last, where the terminal leaves it
+        print()
+        print(report.format_recommendation(result, plans))
     if args.plan_json:
         print(f"\nplans written to {args.plan_json}")
     # Where the IR came from is status, not report: stderr, so stdout stays the report alone.

@@ -58,7 +58,8 @@ class Ir:
         return self._doc.num_nodes(graph)
 
 
-def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config):
+def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
+                     cast_forward_inputs=True):
     import torch
 
     from .fx.capture import CaptureOptions
@@ -71,7 +72,8 @@ def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward,
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise CeOverlapError(f"param_dtype must be a floating torch dtype or its name, got {param_dtype!r}")
     return CaptureOptions(world_size=world_size, rank=rank, fsdp=fsdp, param_dtype=dtype,
-                          reshard_after_forward=reshard_after_forward, inductor_config=dict(inductor_config or {}))
+                          reshard_after_forward=reshard_after_forward, inductor_config=dict(inductor_config or {}),
+                          cast_forward_inputs=bool(cast_forward_inputs))
 
 
 def _capture_doc(model, example_inputs, options, meta: dict) -> dict:
@@ -91,16 +93,19 @@ def _from_doc(doc: dict) -> Ir:
 
 
 def capture(model, example_inputs: Sequence[Any], *, world_size: int, rank: int = 0, fsdp: bool = True,
-            param_dtype="bfloat16", reshard_after_forward: bool = True,
+            param_dtype="bfloat16", reshard_after_forward: bool = True, cast_forward_inputs: bool = True,
             inductor_config: dict | None = None, name: str | None = None, meta: dict | None = None) -> Ir:
     """Capture one training step of `model` as Inductor's post-grad graphs, as IR.
 
     Runs on any machine (fake process group, fake tensors): build the model on the meta device to
     capture large configurations without memory. With `fsdp` the model is wrapped in in-graph FSDP
-    over `world_size` ranks (modified in place). The forward's output is the loss if it is a scalar,
-    else its sum. Raises CeOverlapError for bad arguments or a model that does not compile to one graph.
+    over `world_size` ranks (modified in place); with `cast_forward_inputs` (FSDP2's default) its floating
+    forward inputs are cast to `param_dtype`. The loss is the forward's output, or the first tensor of a tuple,
+    list or dict it returns, summed unless it is a scalar (meta["loss"] says which). Raises CeOverlapError for
+    bad arguments or a model that does not compile to one graph.
     """
-    options = _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config)
+    options = _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
+                               cast_forward_inputs)
     return _from_doc(_capture_doc(model, example_inputs, options,
                                   {"model": name or type(model).__name__, **(meta or {})}))
 
@@ -111,7 +116,7 @@ EXTRAPOLATE_FROM_BLOCKS = 3
 
 def capture_named(name: str, *, world_size: int, seq_len: int | None = None, batch: int = 1, rank: int = 0,
                   fsdp: bool = True, param_dtype="bfloat16", reshard_after_forward: bool = True,
-                  inductor_config: dict | None = None, full: bool = False) -> Ir:
+                  cast_forward_inputs: bool = True, inductor_config: dict | None = None, full: bool = False) -> Ir:
     """Capture a zoo model (ce_overlap.models) by name.
 
     Its blocks are identical, so unless `full` the model is captured at 3 and 4 blocks and the graphs of all
@@ -125,7 +130,8 @@ def capture_named(name: str, *, world_size: int, seq_len: int | None = None, bat
     from . import models
     from .extrapolate import NeedsDeeperCaptures, NotExtrapolable, extrapolate
 
-    options = _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config)
+    options = _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
+                               cast_forward_inputs)
     built = models.build_named(name, seq_len=seq_len, batch=batch)
     tokens = built.example_inputs[0]
     meta = {"model": name, "batch": int(tokens.shape[0]), "seq_len": int(tokens.shape[1])}

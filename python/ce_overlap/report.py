@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 _MIB = 1024 * 1024
 
@@ -21,8 +22,16 @@ def _row_cells(row: dict, label: str, path: str) -> list[str]:
     ]
 
 
-_HEADER = ["block", "module", "fwd AG", "fwd AG MiB", "bwd AG", "RS", "RS MiB", "fwd GFLOP", "bwd GFLOP",
+_HEADER = ["block", "module", "fwd AG", "fwd AG out MiB", "bwd AG", "RS", "RS in MiB", "fwd GFLOP", "bwd GFLOP",
            "compute ms", "comm ms", "exposed ms"]
+
+
+def table_units(report: dict) -> str:
+    """The block table's byte columns, said in words (a line to print above it)."""
+    ws = report.get("meta", {}).get("world_size")
+    keeps = f"1/{ws}" if isinstance(ws, int) else "its share"
+    return (f"per rank and step: fwd AG out MiB = the gathered parameters the forward's all-gathers produce; "
+            f"RS in MiB = the full gradients the reduce-scatters take (each rank keeps {keeps})")
 
 
 def format_table(report: dict, *, max_rows: int | None = None) -> str:
@@ -43,6 +52,32 @@ def format_table(report: dict, *, max_rows: int | None = None) -> str:
     return "\n".join(out)
 
 
+def format_notes(report: dict) -> list[str]:
+    """What the capture assumed or added that changes the numbers (from the IR's meta; docs/ir.md), one line each:
+    which output is the loss, FSDP's padding, floating inputs cast to the gather dtype."""
+    meta = report.get("meta", {})
+    notes = []
+    loss, unused = meta.get("loss"), meta.get("loss_unused_outputs", 0)
+    if loss and (unused or not loss.endswith("a scalar") or loss.startswith("the sum")):
+        text = f"the loss is {loss}"
+        if unused:
+            text += f"; the other {unused} tensor output{'s are' if unused > 1 else ' is'} not differentiated"
+        notes.append(text)
+    pad, padded = meta.get("fsdp_padding_bytes", 0), meta.get("fsdp_padded_params", 0)
+    if pad:
+        gathered = report.get("totals", {}).get("forward_all_gather_bytes") or 0
+        share = f", {100 * pad / gathered:.2f}% of the forward all-gather bytes" if gathered else ""
+        notes.append(
+            f"world size {meta.get('world_size', '?')} does not divide dim 0 of {padded} parameter"
+            f"{'s' if padded != 1 else ''} (largest: {meta.get('fsdp_padding_largest', '?')}): FSDP pads their shards, "
+            f"and the all-gather and reduce-scatter bytes include the padding, {_bytes(pad)} per pass over them{share}")
+    cast = meta.get("forward_inputs_cast", 0)
+    if cast:
+        notes.append(f"{cast} floating-point forward input{'s' if cast != 1 else ''} cast to {meta.get('param_dtype')} "
+                     "(FSDP2's MixedPrecisionPolicy default; --no-cast-inputs keeps the input dtype)")
+    return notes
+
+
 def format_summary(report: dict) -> str:
     meta = report.get("meta", {})
     lines = []
@@ -61,10 +96,14 @@ def format_summary(report: dict) -> str:
             f"{g['name']:<9} {g['nodes']:>6} nodes, {g['collectives']:>4} collectives: compute {_ms(g['compute_us'])} ms, "
             f"comm {_ms(g['comm_us'])} ms, exposed {_ms(g['exposed_comm_us'])} ms, step {_ms(g['makespan_us'])} ms, "
             f"peak activations {g['peak_memory_bytes'] / 2**30:.2f} GiB")
+    lines += [f"note: {n}" for n in format_notes(report)]
     return "\n".join(lines)
 
 
-_PLAN_HEADER = ["id", "block", "type", "members", "MiB", "backend", "NCCL us", "CE us", "window us", "reason"]
+_PLAN_HEADER = ["id", "block", "type", "members", "input MiB", "backend", "NCCL us", "CE us", "window us", "reason"]
+
+PLAN_UNITS = ("input MiB: what each rank puts in (an all-gather bucket: the parameter shards; a reduce-scatter "
+              "bucket: the full gradients)")
 
 
 def _bytes(n: float) -> str:
@@ -87,6 +126,7 @@ def format_plan(plan: dict, *, max_rows: int | None = None) -> str:
         f"{s['plan_ms']:.0f} ms",
         f"  exposed comm {_ms(s['exposed_comm_us_before'])} -> {_ms(s['exposed_comm_us_after'])} ms, peak memory "
         f"{_bytes(s['peak_memory_bytes_before'])} -> {_bytes(s['peak_memory_bytes_after'])}",
+        f"  {PLAN_UNITS}",
     ]
     rows = []
     for b in plan["buckets"]:
@@ -106,6 +146,50 @@ def format_plan(plan: dict, *, max_rows: int | None = None) -> str:
                          for i, (cell, w) in enumerate(zip(cells, widths))).rstrip()
 
     lines += [line(_PLAN_HEADER), "-" * len(line(_PLAN_HEADER[:-1]) + "  reason"), *(line(r) for r in rows)]
+    return "\n".join(lines)
+
+
+def _reason_kind(reason: str) -> str:
+    """A bucket's reason without its numbers and notes: what groups buckets decided alike."""
+    head = reason.split("; ")[0]
+    return re.sub(r"\d+(\.\d+)?( ?(ms|us|KiB|MiB|GiB|B|%))?", "#", head)
+
+
+def format_recommendation(report: dict, plans: list[dict]) -> str:
+    """The plans' conclusion in a few lines: which collectives go to the copy engines and why (the cost model's
+    reasons, grouped), the exposed communication and the step time before -> after (the plans' simulated two-stream
+    timelines, docs/plan.md)."""
+    buckets = [(p["graph"], b) for p in plans for b in p["buckets"]]
+    ce = [(g, b) for g, b in buckets if b["backend"] == "ce"]
+    n_coll = sum(len(b["members"]) for _, b in buckets)
+    ce_coll = sum(len(b["members"]) for _, b in ce)
+    lines = [f"recommendation ({plans[0]['profile'] if plans else report['profile']}): "
+             f"{ce_coll} of {n_coll} collectives to the copy engines, in {len(ce)} of {len(buckets)} buckets"]
+    groups: dict[tuple[str, str], list] = {}
+    for g, b in buckets:
+        groups.setdefault((b["backend"], _reason_kind(b["reason"])), []).append((g, b))
+    ranked = sorted(groups.items(), key=lambda kv: (kv[0][0] != "ce", -len(kv[1])))
+    for (backend, _), members in ranked[:4]:
+        g, b = members[0]
+        where = b["block_path"] or ("outside blocks" if b["block"] is None else f"block {b['block']}")
+        lines.append(f"  {len(members):>4} {'bucket' if len(members) == 1 else 'buckets'} on {backend.upper()}, e.g. "
+                     f"{g} bucket {b['id']} ({b['type']}, {where}): {b['reason'].split('; ')[0]}")
+    if len(ranked) > 4:
+        rest = sum(len(m) for _, m in ranked[4:])
+        lines.append(f"  {rest:>4} more bucket{'s' if rest != 1 else ''} (the tables above)")
+    before = sum(p["summary"]["exposed_comm_us_before"] for p in plans)
+    after = sum(p["summary"]["exposed_comm_us_after"] for p in plans)
+    per_graph = ", ".join(f"{p['graph']} {_ms(p['summary']['exposed_comm_us_before'])} -> "
+                          f"{_ms(p['summary']['exposed_comm_us_after'])}" for p in plans)
+    lines.append(f"  exposed communication {_ms(before)} -> {_ms(after)} ms per step ({per_graph})")
+    spans = [(p["summary"].get("makespan_us_before"), p["summary"].get("makespan_us_after")) for p in plans]
+    if plans and all(a is not None and b is not None for a, b in spans):
+        step_before, step_after = sum(a for a, _ in spans), sum(b for _, b in spans)
+        gain = 100 * (step_before - step_after) / step_before if step_before else 0.0
+        change = f"{gain:.1f}% shorter" if gain >= 0 else f"{-gain:.1f}% longer"
+        lines.append(f"  predicted step {_ms(step_before)} -> {_ms(step_after)} ms ({change}: forward and "
+                     "backward on the simulated compute and comm streams; the optimizer, and NCCL's slowdown of the "
+                     "kernels beside it that the copy engines avoid, not counted)")
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cost_model/analyze.h"
+#include "cost_model/planner.h"
 #include "graph/analysis.h"
 #include "test_util.h"
 
@@ -349,6 +350,66 @@ TEST(Analyze, TwentyThousandNodes) {
   EXPECT_EQ(r["graphs"][0]["collectives"], 1000);
   EXPECT_EQ(r["blocks"].size(), 1000u);
   std::printf("analyze(): %zu nodes, %zu blocks: %.2f ms\n", doc.graphs[0].nodes.size(), doc.blocks.size(), ms);
+}
+
+// A tied weight (GPT-2: the output projection reuses the embedding's weight). The forward all-gathers it once,
+// waits twice (embedding, output projection) and hands the collective's output to the backward, which waits on
+// that graph input again. Its bytes count once (the forward's all-gather); the backward's wait has no collective
+// of its graph: no comm, no exposure, no bucket, and the plans keep the tied all-gather where it was captured.
+TEST(Analyze, TiedWeightGatheredOnceAndWaitedOnInTheBackward) {
+  Document doc;
+  doc.meta = {{"model", "tied"}, {"world_size", 2}};
+  const std::string bf16 = "bfloat16";
+  Graph fwd;
+  fwd.name = "forward";
+  add(fwd, "primals_1", NodeKind::Other, "placeholder", {}, {{512, 1024}}, bf16, -1);   // 0: the shard
+  add(fwd, "tokens", NodeKind::Other, "placeholder", {}, {{1024, 1024}}, bf16, -1);     // 1
+  add(fwd, "all_gather_into_tensor", NodeKind::Collective, "_c10d_functional.all_gather_into_tensor.default", {0},
+      {{1024, 1024}}, bf16, -1)
+      .collective = coll(CollectiveType::AllGather, 2, 1 * kMiB);                          // 2
+  add(fwd, "wait_tensor", NodeKind::Wait, "_c10d_functional.wait_tensor.default", {2}, {{1024, 1024}}, bf16, -1);
+  add(fwd, "embedding", NodeKind::Compute, "aten.embedding.default", {3, 1}, {{1024, 1024}}, bf16, -1, 0, 4 * kMiB);
+  add(fwd, "wait_tensor_1", NodeKind::Wait, "_c10d_functional.wait_tensor.default", {2}, {{1024, 1024}}, bf16, -1);
+  add(fwd, "mm", NodeKind::Compute, "aten.mm.default", {4, 5}, {{1024, 1024}}, bf16, -1, 2 * 1024 * 1024 * 1024LL,
+      6 * kMiB);                                                                            // 6
+  add(fwd, "output", NodeKind::Other, "output", {6, 2}, {}, bf16, -1);
+  Graph bwd;
+  bwd.name = "backward";
+  add(bwd, "all_gather_into_tensor", NodeKind::Other, "placeholder", {}, {{1024, 1024}}, bf16, -1);  // 0: saved
+  add(bwd, "tangents_1", NodeKind::Other, "placeholder", {}, {{1024, 1024}}, bf16, -1);              // 1
+  add(bwd, "mm_1", NodeKind::Compute, "aten.mm.default", {1, 1}, {{1024, 1024}}, bf16, -1, 2 * 1024 * 1024 * 1024LL,
+      6 * kMiB);                                                                            // 2
+  add(bwd, "wait_tensor_2", NodeKind::Wait, "_c10d_functional.wait_tensor.default", {0}, {{1024, 1024}}, bf16, -1);
+  add(bwd, "mm_2", NodeKind::Compute, "aten.mm.default", {2, 3}, {{1024, 1024}}, bf16, -1, 2 * 1024 * 1024 * 1024LL,
+      6 * kMiB);                                                                            // 4
+  add(bwd, "output", NodeKind::Other, "output", {4}, {}, bf16, -1);
+  doc.graphs = {fwd, bwd};
+  validate(doc);
+
+  const CostModel m(round_profile());
+  const ordered_json r = analyze(doc, m);
+  const ordered_json& t = r["totals"];
+  EXPECT_EQ(t["forward_all_gather_count"], 1);
+  EXPECT_EQ(t["forward_all_gather_bytes"], 2 * kMiB);  // gathered once
+  EXPECT_EQ(t["backward_all_gather_count"], 0);
+  EXPECT_EQ(t["backward_all_gather_bytes"], 0);
+  EXPECT_EQ(r["graphs"][1]["collectives"], 0);
+  EXPECT_EQ(r["graphs"][1]["comm_us"].get<double>(), 0.0);
+  EXPECT_EQ(r["graphs"][1]["exposed_comm_us"].get<double>(), 0.0);
+  EXPECT_NEAR(r["graphs"][1]["makespan_us"].get<double>(), 2 * kMmUs, kEps);
+  EXPECT_NEAR(r["graphs"][0]["comm_us"].get<double>(), kAgUs, kEps);
+
+  const Plan f = make_plan(doc, "forward", m, PlanConfig());
+  ASSERT_EQ(f.buckets.size(), 1u);
+  EXPECT_EQ(f.buckets[0].backend, "nccl");
+  EXPECT_EQ(f.buckets[0].reason, "nccl: read by 2 waits (coalesced); kept where captured");
+  const Plan b = make_plan(doc, "backward", m, PlanConfig());
+  EXPECT_TRUE(b.buckets.empty());
+  EXPECT_EQ(b.summary.collectives, 0);
+  EXPECT_EQ(b.summary.exposed_comm_us_after, 0.0);
+  // The wait keeps its captured place: after mm_1, right before its user.
+  EXPECT_EQ(b.order, (std::vector<std::string>{"all_gather_into_tensor", "tangents_1", "mm_1", "wait_tensor_2", "mm_2",
+                                               "output"}));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../../graph/tests/plan_builder.h"
+#include "cost_model/analyze.h"
 #include "cost_model/planner.h"
 #include "graph/plan.h"
 #include "test_util.h"
@@ -49,6 +50,14 @@ TEST(Planner, AutoPlanHidesTheAllGathers) {
   EXPECT_EQ(plan.summary.collectives, 4 * 3 + 2);
   EXPECT_EQ(plan.summary.buckets, 6);
   EXPECT_LT(plan.summary.exposed_comm_us_after, plan.summary.exposed_comm_us_before);
+  // The makespans are the two timelines' ends: the analysis's step before, shorter after by more or less the
+  // exposure removed.
+  const double analyzed = analyze(doc, model)["graphs"][0]["makespan_us"].get<double>();
+  ASSERT_TRUE(plan.summary.makespan_us_before && plan.summary.makespan_us_after);
+  EXPECT_DOUBLE_EQ(*plan.summary.makespan_us_before, analyzed);
+  EXPECT_LT(*plan.summary.makespan_us_after, *plan.summary.makespan_us_before);
+  EXPECT_GE(*plan.summary.makespan_us_after + 1e-6,
+            *plan.summary.makespan_us_before - (plan.summary.exposed_comm_us_before - plan.summary.exposed_comm_us_after));
   EXPECT_GT(plan.summary.plan_ms, 0);
   for (const PlanBucket& b : plan.buckets) {
     EXPECT_EQ(b.reason.rfind(b.backend + ": ", 0), 0u) << b.reason;

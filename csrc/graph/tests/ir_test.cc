@@ -4,6 +4,7 @@
 #include <functional>
 #include <string>
 
+#include "graph/analysis.h"
 #include "graph/ir.h"
 #include "graph_builder.h"
 
@@ -297,14 +298,17 @@ TEST(IrReject, DuplicateInputsAreAllowed) {
 }
 
 TEST(IrReject, WaitWithoutCollective) {
-  EXPECT_EQ(mutated_error([](json& j) { node(j, 3)["inputs"] = {0}; }),
-            "graphs[0].nodes[3].inputs[0]: a wait's input must be a collective or a view chain ending at one; "
-            "the chain ends at node 0 (\"x\") of kind other");
+  EXPECT_EQ(mutated_error([](json& j) {
+              node(j, 0)["op"] = "get_attr";  // kind other, but no graph input
+              node(j, 3)["inputs"] = {0};
+            }),
+            "graphs[0].nodes[3].inputs[0]: a wait's input must be a collective, a graph input (placeholder) or a "
+            "view chain ending at one; the chain ends at node 0 (\"x\") of kind other");
   EXPECT_EQ(mutated_error([](json& j) { node(j, 3)["inputs"] = {2, 0}; }),
             "graphs[0].nodes[3].inputs: a wait takes exactly one input, got 2");
   EXPECT_EQ(mutated_error([](json& j) { node(j, 7)["inputs"] = {5}; }),  // view of a compute
-            "graphs[0].nodes[7].inputs[0]: a wait's input must be a collective or a view chain ending at one; "
-            "the chain ends at node 4 (\"mm\") of kind compute");
+            "graphs[0].nodes[7].inputs[0]: a wait's input must be a collective, a graph input (placeholder) or a "
+            "view chain ending at one; the chain ends at node 4 (\"mm\") of kind compute");
 }
 
 TEST(IrReject, WaitThroughViewChainIsAccepted) {
@@ -316,6 +320,25 @@ TEST(IrReject, WaitThroughViewChainIsAccepted) {
   const int item2 = b.view("getitem_view", item);
   b.wait("wait", item2);
   EXPECT_NO_THROW(validate(make_doc({b.graph()})));
+}
+
+// A collective issued in one graph and waited on in the next: the forward all-gathers a tied weight (read by
+// the embedding and the output projection), waits on it, and hands the collective's output to the backward,
+// which waits on it again. The backward's wait reads a graph input. It is valid, has no collective in its
+// graph, so it is neither bucketed nor counted, costs no time and keeps its place in a plan.
+TEST(IrReject, WaitOnGraphInputIsAccepted) {
+  GraphBuilder b("backward");
+  const int saved = b.placeholder("all_gather_into_tensor", tensor({8, 4}, "bfloat16"));
+  const int grad = b.placeholder("tangents_1", tensor({4, 8}, "bfloat16"));
+  const int item = b.view("view", saved, tensor({8, 4}, "bfloat16"));
+  const int w = b.wait("wait_tensor_28", item, tensor({8, 4}, "bfloat16"));
+  const int mm = b.compute("mm", {grad, w}, tensor({4, 4}, "bfloat16"), 2 * 4 * 8 * 4);
+  b.output({mm});
+  Document doc = make_doc({b.graph()});
+  EXPECT_NO_THROW(validate(doc));
+  EXPECT_EQ(waited_collective(doc.graphs[0], w), -1);
+  // Survives a JSON round trip.
+  EXPECT_EQ(load_ir(save_ir(doc)).graphs[0].nodes[w].inputs, (std::vector<int>{item}));
 }
 
 TEST(IrReject, ViewWithoutInput) {

@@ -487,6 +487,8 @@ Plan sample_plan() {
   plan.summary.ce_buckets = 1;
   plan.summary.exposed_comm_us_before = 1234.5;
   plan.summary.exposed_comm_us_after = 0.1 + 0.2;
+  plan.summary.makespan_us_before = 5000.25;
+  plan.summary.makespan_us_after = 3766.0;
   plan.summary.plan_ms = 4.2;
   return plan;
 }
@@ -498,10 +500,26 @@ TEST(PlanJson, SaveLoadSaveIsByteIdentical) {
   const Plan loaded = load_plan(text);
   EXPECT_EQ(save_plan(loaded), text);
   EXPECT_EQ(loaded.summary.exposed_comm_us_after, 0.1 + 0.2);
+  EXPECT_EQ(loaded.summary.makespan_us_before, std::optional<double>(5000.25));
+  EXPECT_EQ(loaded.summary.makespan_us_after, std::optional<double>(3766.0));
   EXPECT_EQ(loaded.buckets[1].predicted.ce_us, std::optional<double>(7.25));
   EXPECT_FALSE(loaded.buckets[0].predicted.ce_us.has_value());
   EXPECT_EQ(loaded.config.bucket_patterns, plan.config.bucket_patterns);
   EXPECT_EQ(plan_to_json(loaded)["buckets"][1]["reason"], plan.buckets[1].reason);
+}
+
+TEST(PlanJson, MakespansAreOptionalOnLoad) {
+  // Plans written before the summary had makespans still load, and save as they were.
+  nlohmann::json j = nlohmann::json::parse(save_plan(sample_plan()));
+  j["summary"].erase("makespan_us_before");
+  j["summary"].erase("makespan_us_after");
+  const Plan loaded = load_plan(j.dump());
+  EXPECT_FALSE(loaded.summary.makespan_us_before.has_value());
+  EXPECT_FALSE(loaded.summary.makespan_us_after.has_value());
+  EXPECT_EQ(save_plan(loaded).find("makespan_us"), std::string::npos);
+  j["summary"]["makespan_us_after"] = -1;
+  EXPECT_EQ(error_of([&] { load_plan(j.dump()); }),
+            "summary.makespan_us_after: expected a non-negative number of microseconds, got -1");
 }
 
 TEST(PlanJson, ErrorsNameTheField) {

@@ -14,6 +14,8 @@ import dataclasses
 import functools
 import gc
 import logging
+import os
+import re
 import time
 from typing import Any, Callable, Sequence
 
@@ -21,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .fsdp import fully_shard_in_graph
+from .fsdp import fully_shard_in_graph, shard_rows
 from .to_ir import CaptureError, graph_to_ir
 
 
@@ -37,6 +39,9 @@ class CaptureOptions:
     """Dtype parameters are cast to before the all-gather (bf16 mixed precision); None keeps them."""
     reshard_after_forward: bool = True
     """Re-gather parameters in the backward instead of saving them (FSDP's default)."""
+    cast_forward_inputs: bool = True
+    """With FSDP and a param_dtype: cast the model's floating-point forward inputs to param_dtype, as FSDP2's
+    MixedPrecisionPolicy does by default (a float32 image meets bf16 conv weights as bf16)."""
     inductor_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     """torch._inductor.config patches in force while compiling (e.g. Inductor's own bucketing)."""
 
@@ -122,21 +127,96 @@ def _fakeify_module(model: nn.Module, fsdp: bool, group, options: CaptureOptions
             module._buffers[name] = _to_fake_cpu(buf)
     if fsdp:
         return fully_shard_in_graph(model, group, param_dtype=options.param_dtype,
-                                    reshard_after_forward=options.reshard_after_forward, device="cpu")
+                                    reshard_after_forward=options.reshard_after_forward, device="cpu",
+                                    cast_forward_inputs=options.cast_forward_inputs)
     for module in model.modules():
         for name, p in list(module.named_parameters(recurse=False)):
             module._parameters[name] = nn.Parameter(_to_fake_cpu(p), requires_grad=p.requires_grad)
     return model
 
 
-def _scalar_loss(out) -> torch.Tensor:
-    if isinstance(out, (tuple, list)):
-        out = next((o for o in out if isinstance(o, torch.Tensor)), None)
-    elif isinstance(out, dict):
-        out = next((o for o in out.values() if isinstance(o, torch.Tensor)), None)
+def _shape(t: torch.Tensor) -> str:
+    return "[" + ", ".join(str(int(d)) for d in t.shape) + "]"
+
+
+def _scalar_loss(out) -> tuple[torch.Tensor, dict]:
+    """The loss to differentiate: the output if it is a tensor, else the first tensor of a tuple, list or dict;
+    summed unless it is a scalar. The meta says which (`loss`) and how many other tensors went unused."""
+    where, others = "the output", 0
+    if isinstance(out, (tuple, list, dict)):
+        items = list(out.items()) if isinstance(out, dict) else list(enumerate(out))
+        tensors = [(k, v) for k, v in items if isinstance(v, torch.Tensor)]
+        kind = type(out).__name__
+        if tensors:
+            key, out = tensors[0]
+            others = len(tensors) - 1
+            where = f"output[{key!r}]" if isinstance(key, str) else f"output[{key}]"
+            where += f" (the first of {len(tensors)} tensors in a {kind})" if others else f" (of a {kind})"
+        else:
+            out = None
     if not isinstance(out, torch.Tensor):
         raise CaptureError("the model's forward returned no tensor; capture needs one to differentiate")
-    return out if out.dim() == 0 else out.float().sum()
+    if out.dim() == 0:
+        return out, {"loss": f"{where}, a scalar", "loss_unused_outputs": others}
+    return out.float().sum(), {"loss": f"the sum of {where}, shape {_shape(out)} (not a scalar)",
+                               "loss_unused_outputs": others}
+
+
+def _fsdp_padding(model: nn.Module, options: CaptureOptions) -> dict:
+    """What FSDP's dim-0 padding adds to each gather (and reduce-scatter) of the parameters whose first dim the
+    world size does not divide: bytes in the gathered dtype, how many parameters, the largest one."""
+    ws = options.world_size
+    total, count, largest = 0, 0, None
+    for name, p in model.named_parameters():  # a tied Parameter once
+        if p.dim() == 0:
+            continue
+        rows = p.shape[0]
+        pad_rows = shard_rows(rows, ws) * ws - rows
+        if not pad_rows:
+            continue
+        itemsize = torch.empty((), dtype=options.param_dtype or p.dtype).element_size()
+        nbytes = pad_rows * (p.numel() // rows if rows else 0) * itemsize
+        total += nbytes
+        count += 1
+        if largest is None or nbytes > largest[0]:
+            largest = (nbytes, f"{name}: {rows} -> {rows + pad_rows} rows")
+    return {"fsdp_padding_bytes": total, "fsdp_padded_params": count,
+            **({"fsdp_padding_largest": largest[1]} if largest else {})}
+
+
+_PACKAGE_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _failure_message(e: BaseException) -> str:
+    """One line for a failed compile: the error that caused it first (torch wraps it, e.g. a fake tensor call's
+    RuntimeError inside TorchRuntimeError or Dynamo's Unsupported, and shows the wrapper), then the user's code
+    line torch names, then the wrapper."""
+    def first_line(x: BaseException) -> str:
+        text = str(x).strip()
+        return text.splitlines()[0].strip() if text else ""
+
+    chain, x = [], e
+    while x is not None and all(x is not c for c in chain) and len(chain) < 20:
+        chain.append(x)
+        x = x.__cause__ or (None if x.__suppress_context__ else x.__context__)
+    texts = "\n".join(str(c) for c in chain)
+    # Dynamo's wrappers quote the op's own error as `got RuntimeError('...')`.
+    quoted = re.findall(r"got (\w+)\((['\"])(.*?)\2\)", texts)
+    if quoted:
+        cause = f"{quoted[-1][0]}: {quoted[-1][2]}"
+    else:
+        inner = chain[-1]
+        cause = f"{type(inner).__name__}: {first_line(inner)}".rstrip(": ")
+    outer = f"{type(e).__name__}: {first_line(e)}".rstrip(": ")
+    text = cause
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\w+)', texts)
+    user = [f for f in frames if not os.path.abspath(f[0]).startswith(_PACKAGE_DIRS)]
+    if user or frames:
+        path, line, fn = (user or frames)[-1]
+        text += f" (in {fn}, {path}:{line})"
+    if outer != cause:
+        text += f"; raised as {outer}"
+    return text
 
 
 def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: CaptureOptions
@@ -152,6 +232,11 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
     from .pass_ import capture_mode  # the graphs only run on fake tensors: a pass in inductor_config may emit CE ops
 
     num_params = sum(p.numel() for p in model.parameters())
+    padding = _fsdp_padding(model, options) if options.fsdp else {}
+    cast_dtype = options.param_dtype if options.fsdp and options.cast_forward_inputs else None
+    inputs_cast = sum(1 for x in torch.utils._pytree.tree_leaves(list(example_inputs))
+                      if cast_dtype is not None and isinstance(x, torch.Tensor) and x.is_floating_point()
+                      and x.dtype != cast_dtype)
     recorder = _Recorder()
     started = time.perf_counter()
     torch._dynamo.reset()
@@ -174,14 +259,13 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
             backend = functools.partial(compile_fx, inner_compile=recorder.inner_compile)
             compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=False)
             try:
-                loss = _scalar_loss(compiled(*inputs))
+                loss, loss_meta = _scalar_loss(compiled(*inputs))
                 if loss.requires_grad:
                     loss.backward()
             except CaptureError:
                 raise
             except Exception as e:  # the model failed to compile or run: a user-facing error, not a crash
-                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                raise CaptureError(f"torch.compile of the model failed: {type(e).__name__}: {first}") from e
+                raise CaptureError(f"torch.compile of the model failed: {_failure_message(e)}") from e
     finally:
         sac_log.setLevel(sac_level)
         torch._dynamo.reset()
@@ -196,7 +280,12 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
         "reshard_after_forward": options.reshard_after_forward,
         "num_params": num_params,
         "torch": torch.__version__,
+        **loss_meta,
+        **padding,
     }
+    if options.fsdp and options.param_dtype is not None:
+        meta["cast_forward_inputs"] = options.cast_forward_inputs
+        meta["forward_inputs_cast"] = inputs_cast
     return recorder.graphs, meta
 
 

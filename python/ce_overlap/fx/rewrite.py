@@ -323,9 +323,12 @@ def check_plan(graph: torch.fx.Graph, plan: dict) -> CheckedPlan:
             if not simple and (len(members) > 1 or backend == "ce"):
                 raise PlanRuleError("bucket.wait", cname, "the collective must be consumed by exactly one wait_tensor "
                                     f"to be merged or moved to CE (users: {[u.name for u in c.node.users]})")
-            if c.other_users:
+            # The graph's output may take the result unwaited: the next graph waits on it (a collective issued in
+            # the forward and waited on in the backward). Such a collective is never simple: it stays as it is.
+            unwaited = [u for u in c.other_users if u.op != "output"]
+            if unwaited:
                 raise PlanRuleError("bucket.wait", cname, f"its result is used without a wait by "
-                                    f"{[u.name for u in c.other_users]}")
+                                    f"{[u.name for u in unwaited]}")
             mcolls.append(c)
             mwaits.append(w)
         if nbytes != total:
@@ -820,7 +823,9 @@ def check_invariants(graph: torch.fx.Graph) -> None:
     """Raises InvariantError unless: every node comes after its inputs; every collective (functional or
     ce_overlap) is consumed only by waits of its own family (directly, or through getitem for
     coalesced ones) and has at least one; every wait consumes a collective; so every use of a
-    collective's result comes after its wait."""
+    collective's result comes after its wait. Across graphs (docs/ir.md): a functional collective's result may
+    also be a graph output, and a wait may consume a graph input (a collective of an earlier graph, which the
+    pass never rewrites: only functional waits can wait on it)."""
     pos = {n: i for i, n in enumerate(graph.nodes)}
     problems = []
     for node in graph.nodes:
@@ -833,6 +838,8 @@ def check_invariants(graph: torch.fx.Graph) -> None:
                 problems.append(f"collective {node.name} is never waited on")
             family = "ce_overlap" if not functional else None
             for user in node.users:
+                if user.op == "output" and functional:
+                    continue  # handed to the next graph, which waits on it
                 waits = [user]
                 if user.op == "call_function" and user.target is operator.getitem:
                     waits = list(user.users)
@@ -850,6 +857,10 @@ def check_invariants(graph: torch.fx.Graph) -> None:
             src = node.args[0] if node.args else None
             if isinstance(src, torch.fx.Node) and src.op == "call_function" and src.target is operator.getitem:
                 src = src.args[0]
+            if isinstance(src, torch.fx.Node) and src.op == "placeholder":
+                if node.target.namespace == "ce_overlap":
+                    problems.append(f"wait {node.name} is a ce_overlap wait on graph input {src.name}")
+                continue
             if not (isinstance(src, torch.fx.Node) and (is_functional_collective(src) or is_ce_collective(src))):
                 problems.append(f"wait {node.name} consumes {getattr(src, 'name', src)}, not a collective")
     if problems:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import sys
 from typing import Any
 
 from ..errors import CeOverlapError
@@ -68,9 +69,12 @@ def build_from_file(target: str) -> BuiltModel:
         raise CeOverlapError(f"{target}: no such file {path!r}")
     spec = importlib.util.spec_from_file_location(f"ce_overlap_user_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(spec)
+    # Registered while it runs, as an import would: dataclasses and pickling look the module up by name.
+    sys.modules[spec.name] = module
     try:
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as e:  # the user's file: report, never crash or exit
+        sys.modules.pop(spec.name, None)
         raise CeOverlapError(f"{target}: importing {path} raised {type(e).__name__}: {e}") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
