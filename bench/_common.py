@@ -70,6 +70,7 @@ def header(title: str) -> dict:
         nccl = "unknown"
     info = {
         "gpu": props.name, "sms": props.multi_processor_count, "world_size": dist.get_world_size(),
+        "gpus": torch.cuda.device_count(),
         "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl, "host": platform.node(),
         "ce_runtime": rt.available().reason,
         "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "CE_OVERLAP_POOL_MB",
@@ -79,7 +80,9 @@ def header(title: str) -> dict:
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     log0(f"# {title}")
-    log0(f"# {info['world_size']} x {info['gpu']} ({info['sms']} SMs), torch {info['torch']}, CUDA {info['cuda']}, "
+    ranks = (f"{info['world_size']} x {info['gpu']}" if info["gpus"] >= info["world_size"] else
+             f"{info['world_size']} ranks sharing {info['gpus']} x {info['gpu']} (correctness only, not speed)")
+    log0(f"# {ranks} ({info['sms']} SMs), torch {info['torch']}, CUDA {info['cuda']}, "
          f"NCCL {nccl}, host {info['host']}")
     log0(f"# ce_overlap runtime: {info['ce_runtime']}")
     log0(f"# env: {info['env']}")
