@@ -37,6 +37,7 @@ from .config import RuntimeConfig, RuntimeConfigError
 
 __all__ = [
     "Availability", "RuntimeConfig", "RuntimeConfigError", "available", "library_loaded", "load_library", "rendezvous",
+    "group_name_and_size",
     "all_gather_into_tensor", "all_gather", "all_gather_many", "reduce_scatter_tensor", "reduce_scatter",
     "reduce_scatter_many", "empty_symmetric", "is_symmetric", "synchronize", "wait_tensor", "describe",
     "all_to_all_single", "broadcast", "P2POp", "P2PWork", "batch_isend_irecv", "send", "recv", "isend", "irecv",
@@ -168,7 +169,7 @@ def _configure_process(config: RuntimeConfig) -> None:
 
 def config_of(group=None) -> RuntimeConfig:
     """The RuntimeConfig `group` was rendezvoused with."""
-    name, _ = _group_name_and_size(group)
+    name, _ = group_name_and_size(group)
     return _configs.get(name) or RuntimeConfig.from_env()
 
 
@@ -243,7 +244,9 @@ def rendezvoused_groups() -> list[str]:
     return sorted(_groups)
 
 
-def _group_name_and_size(group) -> tuple[str, int]:
+def group_name_and_size(group) -> tuple[str, int]:
+    """(name, size) of a process group (a ProcessGroup, its name, or None for the default group), rendezvousing it
+    first if this process has not yet."""
     if isinstance(group, str) and group in _groups:
         return group, _groups[group]
     if group is not None and not isinstance(group, str):
@@ -258,14 +261,14 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group=None
     """Like torch.distributed.all_gather_into_tensor, over copy engines. `output` holds world_size * input.numel()
     elements (any contiguous shape); shard r lands at output.flatten()[r * n:(r + 1) * n]. Stream-ordered on the
     current stream. Zero-copy when `input` comes from empty_symmetric (on every rank, at the same offsets)."""
-    name, world = _group_name_and_size(group)
+    name, world = group_name_and_size(group)
     torch.ops.ce_overlap.all_gather_into_tensor_out(input, world, name, out=output)
 
 
 def all_gather(input: torch.Tensor, group=None) -> torch.Tensor:
     """Functional form: returns a new tensor of shape [world_size * input.shape[0], *input.shape[1:]], ready on the
     current stream (the op plus its wait_tensor)."""
-    name, world = _group_name_and_size(group)
+    name, world = group_name_and_size(group)
     return torch.ops.ce_overlap.wait_tensor(torch.ops.ce_overlap.all_gather_into_tensor(input, world, name))
 
 
@@ -275,7 +278,7 @@ def all_gather_many(inputs: list[torch.Tensor], group=None) -> list[torch.Tensor
     pack or unpack a bucket. Ready on the current stream."""
     if not inputs:
         raise ValueError("all_gather_many: needs at least one input tensor")
-    name, world = _group_name_and_size(group)
+    name, world = group_name_and_size(group)
     outs = torch.ops.ce_overlap.all_gather_into_tensors(list(inputs), world, name)
     return [torch.ops.ce_overlap.wait_tensor(t) for t in outs]
 
@@ -286,7 +289,7 @@ def reduce_scatter_many(inputs: list[torch.Tensor], op: str = "sum", group=None)
     bucket buffer). Ready on the current stream."""
     if not inputs:
         raise ValueError("reduce_scatter_many: needs at least one input tensor")
-    name, world = _group_name_and_size(group)
+    name, world = group_name_and_size(group)
     return torch.ops.ce_overlap.wait_tensor(
         torch.ops.ce_overlap.reduce_scatter_tensors(list(inputs), _reduce_op_name(op), world, name))
 
@@ -296,14 +299,14 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: str = "
     CE_OVERLAP_REDUCE_SMS CTAs). `input` holds world_size chunks along dim 0 (any contiguous tensor whose numel is
     world_size * output.numel()); rank r gets the sum (op="sum") or mean (op="avg") of every rank's chunk r, summed in
     fp32. float32, float16, bfloat16. Stream-ordered on the current stream. `output` may be input's own chunk."""
-    name, world = _group_name_and_size(group)
+    name, world = group_name_and_size(group)
     torch.ops.ce_overlap.reduce_scatter_tensor_out(input, _reduce_op_name(op), world, name, out=output)
 
 
 def reduce_scatter(input: torch.Tensor, op: str = "sum", group=None) -> torch.Tensor:
     """Functional form: returns a new tensor of shape [input.shape[0] // world_size, *input.shape[1:]], ready on the
     current stream (the op plus its wait_tensor)."""
-    name, world = _group_name_and_size(group)
+    name, world = group_name_and_size(group)
     return torch.ops.ce_overlap.wait_tensor(
         torch.ops.ce_overlap.reduce_scatter_tensor(input, _reduce_op_name(op), world, name))
 
@@ -313,7 +316,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, group=None) -> 
     along dim 0, chunk p goes to rank p; `output` (as many elements, not overlapping `input`) receives rank p's chunk r
     as its chunk p. Stream-ordered on the current stream. Zero-copy when `input` comes from empty_symmetric (on every
     rank, at the same offset); otherwise staged through the pool."""
-    name, world = _group_name_and_size(group)
+    name, world = group_name_and_size(group)
     torch.ops.ce_overlap.all_to_all_single_out(input, world, name, out=output)
 
 
@@ -321,7 +324,7 @@ def broadcast(tensor: torch.Tensor, src: int, group=None) -> None:
     """Like torch.distributed.broadcast, over copy engines: every rank's `tensor` gets the bytes of rank `src`'s (the
     rank in `group`). Stream-ordered on the current stream. Zero-copy when `tensor` comes from empty_symmetric on every
     rank (one allocation, the same offset); otherwise staged through the root's pool."""
-    name, world = _group_name_and_size(group)
+    name, world = group_name_and_size(group)
     torch.ops.ce_overlap.broadcast_(tensor, int(src), world, name)
 
 
@@ -381,7 +384,7 @@ def _p2p_batch(ops, group, async_op: bool) -> P2PWork:
             raise RuntimeError("ce_overlap.runtime.batch_isend_irecv: every op of a batch must use the same group")
         (sends if kind == "send" else recvs).append(tensor)
         (send_peers if kind == "send" else recv_peers).append(peer)
-    name, _ = _group_name_and_size(group)
+    name, _ = group_name_and_size(group)
     if not sends and not recvs:  # this rank takes no part in the batch: nothing to enqueue, nothing to wait for
         return P2PWork(0)
     return P2PWork(int(torch.ops.ce_overlap._batch_p2p(sends, send_peers, recvs, recv_peers, name, async_op)))
@@ -445,7 +448,7 @@ def empty_symmetric(shape, dtype: torch.dtype, group=None) -> torch.Tensor:
     from . import _symalloc
 
     global _exchange
-    name, world = _group_name_and_size(group)
+    name, world = group_name_and_size(group)
     if isinstance(shape, int):
         shape = (shape,)
     shape = [int(s) for s in shape]
@@ -473,14 +476,14 @@ def empty_symmetric(shape, dtype: torch.dtype, group=None) -> torch.Tensor:
 
 def is_symmetric(tensor: torch.Tensor, group=None) -> bool:
     """Whether `tensor`'s bytes lie in the group's symmetric pool (the zero-copy path)."""
-    name, _ = _group_name_and_size(group)
+    name, _ = group_name_and_size(group)
     return torch.ops.ce_overlap._symmetric_offset(tensor, name) >= 0
 
 
 def synchronize(group=None, timeout_s: float | None = None) -> None:
     """Blocks the host until every CE op enqueued on `group` completed. Raises RuntimeError with the watchdog's
     message if one timed out (CE_OVERLAP_TIMEOUT_S). Polls: never hangs in a CUDA call."""
-    name, _ = _group_name_and_size(group)
+    name, _ = group_name_and_size(group)
     torch.ops.ce_overlap._synchronize(name, float(timeout_s or 0.0))
 
 
@@ -492,5 +495,5 @@ def wait_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 def describe(group=None) -> str:
     """One line on the group's pool and state (rank, GPU, sizes, epochs, in-flight ops, failure)."""
-    name, _ = _group_name_and_size(group)
+    name, _ = group_name_and_size(group)
     return torch.ops.ce_overlap._describe(name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _group_name_and_size, load_library
+from . import group_name_and_size, load_library
 
 
 def _ops():
@@ -19,7 +19,7 @@ def tune(group=None, *, pull_split: int | None = None, reduce_sms: int | None = 
     copy, each on its own stream) and reduce_sms (CTAs of the reduce-scatter reduction) are local to this rank.
     rs_round_mb must be set to the same value on every rank before the next reduce-scatter (it is part of the ops'
     signature: ranks that disagree get a "different collective" timeout, not wrong data)."""
-    name, _ = _group_name_and_size(group)
+    name, _ = group_name_and_size(group)
     round_bytes = 0 if rs_round_mb is None else max(1, int(rs_round_mb * (1 << 20)))
     return _ops()._tune(name, int(pull_split or 0), int(reduce_sms or 0), round_bytes)
 
@@ -33,13 +33,13 @@ def set_all_gather_mode(mode: str) -> str:
 
 def reduce_scatter_round_bytes(group=None) -> int:
     """Bytes per rank and round of the group's reduce-scatters (min of RuntimeConfig.rs_round_mb and a staging slot)."""
-    name, _ = _group_name_and_size(group)
+    name, _ = group_name_and_size(group)
     return int(_ops()._reduce_scatter_round_bytes(name))
 
 
 def p2p_round_bytes(group=None) -> int:
     """Bytes per landing bank of the group's point-to-point channels (one round of a staged message)."""
-    name, _ = _group_name_and_size(group)
+    name, _ = group_name_and_size(group)
     return int(_ops()._p2p_round_bytes(name))
 
 
