@@ -22,8 +22,8 @@ import torch.distributed as dist
 import torch.fx
 
 import ce_overlap
-from ce_overlap import PassConfig
-from ce_overlap.fx import pass_, rewrite
+from ce_overlap import PassConfig, logs
+from ce_overlap.fx import backend_choice, pass_, rewrite
 from ce_overlap.fx.capture import CaptureOptions, capture_graphs, fake_process_group
 from ce_overlap.models.llama import LLAMA_CONFIGS
 
@@ -55,9 +55,9 @@ def fresh(model: str, graph: str) -> torch.fx.GraphModule:
 
 @pytest.fixture(autouse=True)
 def _fresh_log_once():
-    pass_._logged_once.clear()
+    logs.forget_said()
     yield
-    pass_._logged_once.clear()
+    logs.forget_said()
 
 
 def _type_of(node: torch.fx.Node) -> str:
@@ -978,8 +978,8 @@ def cpu_ce_kernels(monkeypatch):
     lib.impl("reduce_scatter_tensor", reduce_scatter, "CPU")
     lib.impl("all_gather_into_tensors", all_gather_many, "CPU")
     lib.impl("reduce_scatter_tensors", reduce_scatter_many, "CPU")
-    monkeypatch.setattr(pass_, "ce_runtime_state", lambda device: (True, "test: CPU kernels"))
-    monkeypatch.setattr(pass_, "_group_ready", lambda group: (True, ""))
+    monkeypatch.setattr(backend_choice, "ce_runtime_state", lambda device: (True, "test: CPU kernels"))
+    monkeypatch.setattr(backend_choice, "group_ready", lambda group: (True, ""))
     yield
     lib._destroy()
 

@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ce_overlap import PassConfig
 from ce_overlap.errors import CeOverlapError
-from ce_overlap.fx import pass_
+from ce_overlap.fx import backend_choice
 
 
 def _bucket(kind: str, group_name: str, backend: str = "nccl", device: str = "cuda"):
@@ -24,22 +24,22 @@ def _bucket(kind: str, group_name: str, backend: str = "nccl", device: str = "cu
 
 @pytest.mark.parametrize("ce", ["auto", "off"])
 def test_a_gloo_cuda_all_gather_the_copy_engine_cannot_take_is_an_error(gloo_world1, ce):
-    assert pass_._cuda_backend_of(gloo_world1.group_name) == "gloo"
-    choose = pass_._backend_chooser(PassConfig(ce=ce), "forward")
+    assert backend_choice.cuda_backend_of(gloo_world1.group_name) == "gloo"
+    choose = backend_choice.backend_chooser(PassConfig(ce=ce), "forward")
     with pytest.raises(CeOverlapError, match=r"forward bucket 3 \(all_gather x2\).*gloo.*crashes.*152645"):
         choose(_bucket("all_gather", gloo_world1.group_name))
 
 
 def test_other_buckets_keep_their_plan(gloo_world1):
-    choose = pass_._backend_chooser(PassConfig(ce="auto"), "forward")
+    choose = backend_choice.backend_chooser(PassConfig(ce="auto"), "forward")
     assert choose(_bucket("all_reduce", gloo_world1.group_name)) == ("nccl", "nccl: planned")
     assert choose(_bucket("all_gather", gloo_world1.group_name, device="cpu")) == ("nccl", "nccl: planned")
     assert choose(_bucket("all_gather", "no-such-group")) == ("nccl", "nccl: planned")  # unknown: nothing to say
 
 
 def test_a_gloo_cuda_all_gather_goes_to_the_copy_engine_when_it_can(gloo_world1, monkeypatch):
-    monkeypatch.setattr(pass_, "ce_runtime_state", lambda device: (True, "stub: the runtime is here"))
-    monkeypatch.setattr(pass_, "_group_ready", lambda group: (True, ""))
-    choose = pass_._backend_chooser(PassConfig(ce="auto"), "forward")
+    monkeypatch.setattr(backend_choice, "ce_runtime_state", lambda device: (True, "stub: the runtime is here"))
+    monkeypatch.setattr(backend_choice, "group_ready", lambda group: (True, ""))
+    choose = backend_choice.backend_chooser(PassConfig(ce="auto"), "forward")
     backend, reason = choose(_bucket("all_gather", gloo_world1.group_name))
     assert backend == "ce" and "gloo" in reason and "152645" in reason

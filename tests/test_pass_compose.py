@@ -7,7 +7,7 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import ce_overlap
-from ce_overlap.fx import pass_
+from ce_overlap.fx import pass_, rewrite
 from ce_overlap.models.llama import LLAMA_CONFIGS
 
 
@@ -19,7 +19,7 @@ class CountingPass(CustomGraphPass):
         self.seen: list[int] = []
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        self.seen.append(sum(pass_.rewrite.is_functional_collective(n) for n in graph.nodes))
+        self.seen.append(sum(rewrite.is_functional_collective(n) for n in graph.nodes))
 
     def uuid(self):
         return None if self.version is None else f"counting-{self.version}"

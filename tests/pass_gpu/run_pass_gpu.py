@@ -75,7 +75,7 @@ import torch.distributed as dist  # noqa: E402
 
 import ce_overlap  # noqa: E402
 import ce_overlap.runtime as rt  # noqa: E402
-from ce_overlap.fx import pass_  # noqa: E402
+from ce_overlap import logs  # noqa: E402
 from ce_overlap.fx.fsdp import fully_shard_in_graph  # noqa: E402
 from ce_overlap.models.llama import LLAMA_CONFIGS, Llama  # noqa: E402
 
@@ -120,7 +120,7 @@ def runtime_absent(active: bool):
         return
     saved = rt.library_loaded
     rt.library_loaded = lambda: rt.Availability(False, "simulated by run_pass_gpu.py: _runtime.so not loadable")
-    pass_._logged_once.clear()
+    logs.forget_said()
     try:
         yield
     finally:

@@ -17,7 +17,7 @@ import logging
 import os
 import re
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -229,7 +229,7 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
     from torch._inductor.compile_fx import compile_fx
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .pass_ import capture_mode  # the graphs only run on fake tensors: a pass in inductor_config may emit CE ops
+    from .capture_state import capture_mode  # the graphs only run on fake tensors: a pass in inductor_config may emit CE ops
 
     num_params = sum(p.numel() for p in model.parameters())
     padding = _fsdp_padding(model, options) if options.fsdp else {}
