@@ -25,24 +25,28 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"ce-overlap: error: {message} (see {self.prog} --help)\n")
 
 
-def _positive_int(what: str):
-    def parse(text: str) -> int:
+def _bounded(what: str, kind: type = int, lowest: float = 0, strict: bool = False):
+    """argparse type: a finite `kind` (int or float) >= lowest (> lowest if strict); the error names the flag."""
+    noun = "an integer" if kind is int else "a number"
+
+    def parse(text: str):
         try:
-            value = int(text)
+            value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} must be an integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{what} must be >= 1, got {value}")
+            raise argparse.ArgumentTypeError(f"{what} must be {noun}, got {text!r}") from None
+        if not (value > lowest if strict else value >= lowest) or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{what} must be {'a finite number ' if kind is float else ''}"
+                                             f"{'>' if strict else '>='} {lowest:g}, got {text}")
         return value
     return parse
 
 
 def _add_capture_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--world-size", type=_positive_int("--world-size"), default=DEFAULT_WORLD_SIZE,
+    p.add_argument("--world-size", type=_bounded("--world-size", lowest=1), default=DEFAULT_WORLD_SIZE,
                    help=f"FSDP ranks to capture for (default {DEFAULT_WORLD_SIZE})")
-    p.add_argument("--seq-len", type=_positive_int("--seq-len"), default=None,
+    p.add_argument("--seq-len", type=_bounded("--seq-len", lowest=1), default=None,
                    help="sequence length for zoo models (default: the model's)")
-    p.add_argument("--batch", type=_positive_int("--batch"), default=1, help="batch per rank for zoo models")
+    p.add_argument("--batch", type=_bounded("--batch", lowest=1), default=1, help="batch per rank for zoo models")
     p.add_argument("--param-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
                    help="dtype parameters are all-gathered in (default bfloat16)")
     p.add_argument("--no-reshard", action="store_true",
@@ -57,36 +61,41 @@ def _add_capture_options(p: argparse.ArgumentParser) -> None:
                         "(same graphs, node for node; slower)")
 
 
-def _non_negative_int(what: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} must be an integer, got {text!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{what} must be >= 0, got {value}")
-        return value
-    return parse
-
-
 def _add_plan_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("planning (--plan; docs/plan.md)")
+    """The planner's settings: each flag sets one PassConfig field (its default is PassConfig's, docs/pass.md)."""
+    from .config import CE_COLLECTIVE_TYPES, CE_MODES, CE_REDUCTIONS, PassConfig
+
+    d = PassConfig()
+    g = p.add_argument_group("planning (--plan; docs/plan.md): PassConfig's fields, its defaults")
     g.add_argument("--plan", action="store_true", help="also plan every graph: buckets, NCCL or CE, the new order")
     g.add_argument("--plan-json", metavar="FILE", help="write the plans (a JSON array, one Plan per graph); implies --plan")
-    g.add_argument("--ce", choices=["auto", "on", "off"], default="auto", help="CE backend choice (default auto)")
-    g.add_argument("--prefetch-blocks", type=_non_negative_int("--prefetch-blocks"), default=1,
-                   help="issue all-gather buckets this many blocks early (default 1)")
-    g.add_argument("--bucket-cap-mib", type=_positive_int("--bucket-cap-mib"), default=512,
-                   help="bucket size cap, per-rank input MiB (default 512)")
-    g.add_argument("--memory-budget-mib", type=_non_negative_int("--memory-budget-mib"), default=4096,
-                   help="peak-memory increase allowed over the captured order, MiB (default 4096)")
+    g.add_argument("--ce", choices=CE_MODES, default=d.ce, help=f"CE backend choice (default {d.ce})")
+    g.add_argument("--prefetch-blocks", type=_bounded("--prefetch-blocks"), default=d.prefetch_blocks,
+                   help=f"issue all-gather buckets this many blocks early (default {d.prefetch_blocks})")
+    g.add_argument("--bucket-cap-mib", type=_bounded("--bucket-cap-mib", float, strict=True), default=d.bucket_cap_mb,
+                   help=f"bucket size cap, per-rank input MiB (default {d.bucket_cap_mb:g})")
+    g.add_argument("--memory-budget-mib", type=_bounded("--memory-budget-mib", float),
+                   default=d.memory_budget_mb,
+                   help=f"peak-memory increase allowed over the captured order, MiB (default {d.memory_budget_mb:g})")
+    g.add_argument("--min-ce-bytes", type=_bounded("--min-ce-bytes"), default=d.min_ce_bytes,
+                   help=f"smaller buckets (per-rank bytes) stay on NCCL (default {d.min_ce_bytes})")
+    g.add_argument("--ce-collectives", default=",".join(d.ce_collectives), metavar="TYPES",
+                   help=f"comma-separated collective types that may move to CE, of {', '.join(CE_COLLECTIVE_TYPES)} "
+                        f"(default {','.join(d.ce_collectives)})")
+    g.add_argument("--ce-reduction", choices=CE_REDUCTIONS, default=d.ce_reduction,
+                   help=f"where a reduce-scatter on CE adds the ranks' chunks (default {d.ce_reduction})")
     g.add_argument("--bucket-pattern", action="append", default=[], metavar="REGEX",
                    help="module-path regex that keys buckets instead of the detected block (repeatable)")
 
 
-def _plan_config(args) -> dict:
-    return {"bucket_cap_bytes": args.bucket_cap_mib << 20, "memory_budget_bytes": args.memory_budget_mib << 20,
-            "ce": args.ce, "prefetch_blocks": args.prefetch_blocks, "bucket_patterns": list(args.bucket_pattern)}
+def _pass_config(args):
+    """The PassConfig the plan flags describe (it validates them: a bad value names its field)."""
+    from .config import PassConfig
+
+    return PassConfig(bucket_cap_mb=args.bucket_cap_mib, memory_budget_mb=args.memory_budget_mib, ce=args.ce,
+                      min_ce_bytes=args.min_ce_bytes, prefetch_blocks=args.prefetch_blocks,
+                      bucket_patterns=tuple(args.bucket_pattern), ce_reduction=args.ce_reduction,
+                      ce_collectives=tuple(k.strip() for k in args.ce_collectives.split(",") if k.strip()))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -120,13 +129,13 @@ def _parser() -> argparse.ArgumentParser:
     cal.add_argument("-o", "--output", required=True, help="profile JSON file to write")
     cal.add_argument("--base", help="built-in profile (or file) to start from (default: the detected GPU's)")
     cal.add_argument("--name", help="the written profile's name (default: BASE-calibrated)")
-    cal.add_argument("--gpus", type=_positive_int("--gpus"), default=None,
+    cal.add_argument("--gpus", type=_bounded("--gpus", lowest=1), default=None,
                      help="GPUs to calibrate; more than 1 needs torchrun (default: torchrun's WORLD_SIZE, else 1)")
     cal.add_argument("--min-size", default="64K", help="smallest collective size per rank (default 64K)")
     cal.add_argument("--max-size", default="256M", help="largest collective size per rank (default 256M)")
     cal.add_argument("--slowdown-size", default="256M", help="collective size per rank beside compute (default 256M)")
-    cal.add_argument("--iters", type=_positive_int("--iters"), default=10, help="timed ops per point (median)")
-    cal.add_argument("--warmup", type=_positive_int("--warmup"), default=3, help="untimed ops per point")
+    cal.add_argument("--iters", type=_bounded("--iters", lowest=1), default=10, help="timed ops per point (median)")
+    cal.add_argument("--warmup", type=_bounded("--warmup", lowest=1), default=3, help="untimed ops per point")
     cal.add_argument("--keep-topology", action="store_true", help="keep the base profile's topology")
     cal.add_argument("--measurements", metavar="FILE", help="also write the raw measurements as JSON")
     cal.add_argument("--from-measurements", metavar="FILE",
@@ -237,7 +246,8 @@ def _cmd_analyze(args) -> int:
     if args.plan or args.plan_json:
         from .ir import plan
 
-        plans = [plan(ir, g, profile, _plan_config(args)) for g in ir.graph_names]
+        config = _pass_config(args).plan_config()
+        plans = [plan(ir, g, profile, config) for g in ir.graph_names]
         result["plans"] = plans
         if args.plan_json:
             with open(args.plan_json, "w", encoding="utf-8") as f:
