@@ -53,6 +53,14 @@ def apply_env_defaults(env: dict[str, str]) -> None:
         os.environ.setdefault(key, value)
 
 
+def start(todo: dict):
+    """A collective subcommand's start: its pool settings (todo["pool_env"], unless set), the NCCL process group.
+    Returns (rank, world size, the world group)."""
+    apply_env_defaults(todo["pool_env"])
+    rank, world, _ = init()
+    return rank, world, dist.group.WORLD
+
+
 def init() -> tuple[int, int, int]:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local_rank)

@@ -87,9 +87,7 @@ def plan(args) -> dict:
 def run(args) -> int:
     todo = plan(args)
     nbytes = todo["size_bytes_per_rank"]
-    C.apply_env_defaults(todo["pool_env"])
-    rank, world, _ = C.init()
-    group = dist.group.WORLD
+    rank, world, group = C.start(todo)
     info = C.header(f"compute slowdown beside all-gathers / reduce-scatters of {args.size_mib} MiB per rank, "
                     f"{world} ranks")
     variants, computes = todo["variants"], todo["computes"]

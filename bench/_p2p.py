@@ -106,9 +106,7 @@ def plan(args) -> dict:
 def run(args) -> int:
     todo = plan(args)
     sizes, variants, patterns = todo["sizes"], todo["variants"], todo["patterns"]
-    C.apply_env_defaults(todo["pool_env"])
-    rank, world, _ = C.init()
-    group = dist.group.WORLD
+    rank, world, group = C.start(todo)
     info = C.header(f"send/recv, {world} ranks, median of {args.iters} batches after {args.warmup} warmup")
     for v in variants:
         C.log0(f"#   {v:<10} {HELP.get(v, '')}")

@@ -167,6 +167,19 @@ def _measure(run, settle, iters: int, mm, gemm_alone: float, nbytes: int, world:
     return row
 
 
+def _collective_probe_setup(args, results: dict):
+    """(group, world, rank, runtime ok, its reason, the GEMM, its time alone in ms) of a collective probe; the GEMM's
+    time alone is measured once per run (results["gemm_alone_ms"]) and shared by the probes."""
+    import ce_overlap.runtime as rt
+
+    ok, reason = rt.available()
+    mm = C.gemm()
+    torch.cuda.synchronize()
+    gemm_alone = results.get("gemm_alone_ms") or C.time_alone(mm, args.iters, 5, torch.cuda.synchronize)
+    results["gemm_alone_ms"] = gemm_alone
+    return dist.group.WORLD, dist.get_world_size(), dist.get_rank(), ok, reason, mm, gemm_alone
+
+
 def _print_rows(title: str, rows: list[dict], world: int) -> None:
     """(b) and (c): nccl-tests' columns (size = bytes per rank, bf16; algbw = world * size / time), then the variant,
     the GEMM's slowdown beside the op and the op's busbw beside the GEMM."""
@@ -188,13 +201,7 @@ def probe_all_gather(args, results: dict) -> None:
     """(b): NCCL, pull in place split k = 1..3, push in place; GEMM beside at the large sizes."""
     import ce_overlap.runtime as rt
 
-    group = dist.group.WORLD
-    world, rank = dist.get_world_size(), dist.get_rank()
-    ok, reason = rt.available()
-    mm = C.gemm()
-    torch.cuda.synchronize()
-    gemm_alone = results.get("gemm_alone_ms") or C.time_alone(mm, args.iters, 5, torch.cuda.synchronize)
-    results["gemm_alone_ms"] = gemm_alone
+    group, world, rank, ok, reason, mm, gemm_alone = _collective_probe_setup(args, results)
     # "staged" (ordinary input and output: the input is copied into the staging region, the own shard into the
     # output, both by the runtime's local copies) shows what local copies really use (describe's local_copy).
     plan = [(64 << 10, ["nccl", "pull", "push"], False), (4 << 20, ["nccl", "pull", "push", "staged"], False)]
@@ -263,12 +270,7 @@ def probe_reduce_scatter(args, results: dict) -> None:
     """(c): NCCL vs ce_overlap over reduction CTAs x round size, GEMM beside."""
     import ce_overlap.runtime as rt
 
-    group = dist.group.WORLD
-    world, rank = dist.get_world_size(), dist.get_rank()
-    ok, reason = rt.available()
-    mm = C.gemm()
-    torch.cuda.synchronize()
-    gemm_alone = results.get("gemm_alone_ms") or C.time_alone(mm, args.iters, 5, torch.cuda.synchronize)
+    group, world, rank, ok, reason, mm, gemm_alone = _collective_probe_setup(args, results)
     name = rt.rendezvous(group) if ok else ""
     before = rtt.tune(group) if ok else ""
     rows = []

@@ -169,9 +169,7 @@ def plan(args) -> dict:
 def run(args) -> int:
     todo = plan(args)
     sizes = todo["sizes"]
-    C.apply_env_defaults(todo["pool_env"])
-    rank, world, _ = C.init()
-    group = dist.group.WORLD
+    rank, world, group = C.start(todo)
     dtype = DTYPES[args.dtype]
     colls = A.items(args.colls)
     info = C.header(f"{', '.join(colls)}, {world} ranks, {args.dtype}, median of {args.iters} ops after "
