@@ -866,20 +866,6 @@ def test_ce_reduction_kernel_and_packed_buckets_keep_the_reducing_op():
 # torch.compile end to end on CPU (gloo, one rank): Inductor lowers the rewritten graphs and runs them
 
 
-@pytest.fixture
-def gloo_world1():
-    assert not dist.is_initialized()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    store = dist.HashStore()
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    torch._dynamo.reset()
-    try:
-        yield dist.group.WORLD
-    finally:
-        torch._dynamo.reset()
-        dist.destroy_process_group()
-
-
 def _tiny_fsdp_pair():
     from ce_overlap.fx.fsdp import fully_shard_in_graph
     from ce_overlap.models.llama import Llama
