@@ -1,12 +1,15 @@
 // The Plan (schema ce_overlap.plan/1, docs/plan.md): buckets of collectives, their backends and a new
 // order of one IR graph. The planner fills it (csrc/cost_model/planner.h); the FX rewriter applies it.
-// Loading validates every field and the rules that need no graph, naming the field by its JSON path
-// (like the IR loader); check_plan checks every rule of docs/plan.md against the graph.
+// This core owns the Plan's schema, defaults and rules: loading validates every field and the rules that need
+// no graph, naming the field by its JSON path (like the IR loader); check_plan checks every rule of
+// docs/plan.md against the graph (the FX rewriter calls it through _core.check_plan). plan_json.cc reads and
+// writes, plan_validate.cc holds the rules that need no graph, plan_check.cc those against the graph.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -16,6 +19,23 @@
 namespace ce_overlap {
 
 inline constexpr const char* kPlanSchema = "ce_overlap.plan/1";
+
+// A Plan that breaks a rule of docs/plan.md ("Rules" lists every name). what() is "<JSON path>: <message>" as
+// for any IrError; rule() names the rule ("schema" for a malformed field, "order.topological", "bucket.bytes",
+// ...); node() where it broke: the graph node's name, "bucket <id>" for a bucket-level rule, "buckets[<i>]" for
+// a malformed field inside a bucket, or nothing (plan-level rules).
+class PlanRuleError : public IrError {
+ public:
+  PlanRuleError(std::string rule, std::optional<std::string> node, const std::string& message)
+      : IrError(message), rule_(std::move(rule)), node_(node ? std::optional<std::string>(printable_utf8(*node))
+                                                             : std::nullopt) {}
+  const std::string& rule() const { return rule_; }
+  const std::optional<std::string>& node() const { return node_; }
+
+ private:
+  std::string rule_;
+  std::optional<std::string> node_;
+};
 
 // config.ce: "auto" follows the cost model, "on" forces CE wherever CE can serve the group, "off" keeps NCCL.
 enum class CeMode { Auto, On, Off };
@@ -101,20 +121,26 @@ struct Plan {
 
 // Parse and validate (structure, and every rule that needs no graph: ids, byte sums, the cap,
 // backends and reasons, `order` unique, bucket members and waits contiguous in `order`, summary
-// counts, the memory budget). Throws IrError("buckets[2].members[0].bytes: ...").
+// counts, the memory budget). Throws PlanRuleError("buckets[2].members[0].bytes: ...").
 Plan load_plan(const std::string& json_text);
 Plan plan_from_json(const nlohmann::json& j);
+// Parse only: JSON, structure and field types (PlanRuleError with rule "schema"), none of the rules between
+// fields; for check_plan, which runs every rule in its own order.
+Plan parse_plan(const std::string& json_text);
 // Canonical text (fixed key order, one bucket and one order entry per line): load_plan(save_plan(p))
 // == p, and save_plan(load_plan(s)) == s for any s that save_plan wrote. Validates first.
 std::string save_plan(const Plan& plan);
 nlohmann::ordered_json plan_to_json(const Plan& plan);
-// The loader's rules on a Plan built in memory; throws IrError.
+// The loader's rules on a Plan built in memory; throws PlanRuleError.
 void validate_plan(const Plan& plan);
 
-// Every rule of docs/plan.md against the graph `plan.graph` of `doc`: names exist, `order` is a
-// topological order with placeholders first and `output` last, bucket fields match the member
-// nodes, every collective is in exactly one bucket with its own wait, inputs come before the first
-// member and wait users after the last member wait. Throws IrError naming the rule and the field.
+// Every rule of docs/plan.md (validate_plan's included) against the graph `plan.graph` of `doc`: names exist,
+// `order` is a topological order with placeholders first and `output` last, bucket fields match the member
+// nodes, every collective is in exactly one bucket with its own wait, inputs come before the first member and
+// wait users after the last member wait. Throws PlanRuleError naming the rule, the node and the field. Rules
+// are checked in a fixed order (the schema; `order` against the graph; per bucket: its fields, backend and
+// reason, each member, its bytes and cap, merge-ability, its order; coverage; the summary), so a Plan that
+// breaks several reports the same first one every time.
 void check_plan(const Document& doc, const Plan& plan);
 
 }  // namespace ce_overlap

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <functional>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -612,6 +613,106 @@ TEST(CheckPlan, CatchesEveryBrokenRule) {
             std::string::npos);
   EXPECT_NE(broken([&](Plan& p) { p.graph = "forward"; }).find("graph: no graph named \"forward\""), std::string::npos);
   EXPECT_NE(broken([&](Plan& p) { p.buckets[1].block = 99; }).find("buckets[1].block"), std::string::npos);
+}
+
+// The rule and the node of a broken Plan, as the FX rewriter reports them (python/ce_overlap/fx/plan_check.py).
+struct Broken {
+  std::string rule;
+  std::optional<std::string> node;
+  std::string message;
+};
+
+Broken broken_rule(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const PlanRuleError& e) {
+    return {e.rule(), e.node(), e.what()};
+  }
+  return {"", std::nullopt, ""};
+}
+
+TEST(CheckPlan, NamesTheRuleAndTheNode) {
+  FsdpOptions o;
+  o.backward = true;
+  const Document doc = fsdp_doc(o);
+  const Graph& g = doc.graphs[0];
+  const PlanConfig config;
+  const Schedule s = schedule_graph(g, bucket_collectives(g, doc.blocks, config), config);
+  const Plan good = plan_of(doc, g, s, config);
+  auto broken = [&](const std::function<void(Plan&)>& edit) {
+    Plan p = good;
+    edit(p);
+    return broken_rule([&] { check_plan(doc, p); });
+  };
+  auto expect = [](const Broken& b, const std::string& rule, const std::optional<std::string>& node) {
+    EXPECT_EQ(b.rule, rule) << b.message;
+    EXPECT_EQ(b.node, node) << b.message;
+  };
+  auto find = [&](const Plan& p, const std::string& name) {
+    return static_cast<size_t>(std::find(p.order.begin(), p.order.end(), name) - p.order.begin());
+  };
+  const PlanBucket& multi = good.buckets[1];
+  ASSERT_GT(multi.members.size(), 1u);
+  const std::string first = multi.members[0].collective;
+
+  expect(broken([&](Plan& p) { p.order.pop_back(); }), "order.complete", g.nodes.back().name);
+  expect(broken([&](Plan& p) { p.order[4] = "nope"; }), "order.complete", "nope");
+  expect(broken([&](Plan& p) { p.order.push_back(p.order[2]); }), "order.complete", good.order[2]);
+  expect(broken([&](Plan& p) { std::rotate(p.order.begin(), p.order.begin() + 1, p.order.end() - 1); }),
+         "order.placeholders_first", good.order[0]);
+  expect(broken([&](Plan& p) { std::swap(p.order[p.order.size() - 1], p.order[p.order.size() - 2]); }),
+         "order.output_last", good.order[good.order.size() - 2]);
+  expect(broken([&](Plan& p) {
+           p.order.erase(p.order.begin() + find(p, "cast_1_2"));
+           p.order.insert(p.order.begin() + find(p, "ag_1_2") + 1, "cast_1_2");
+         }),
+         "order.topological", "ag_1_2");
+  expect(broken([&](Plan& p) { p.buckets[1].backend = "gpu"; }), "bucket.backend", "bucket 1");
+  expect(broken([&](Plan& p) { p.buckets[1].reason = "because"; }), "bucket.reason", "bucket 1");
+  expect(broken([&](Plan& p) { p.buckets[1].group = "7"; }), "bucket.members_match", first);
+  expect(broken([&](Plan& p) { p.buckets[1].type = CollectiveType::ReduceScatter; }), "bucket.members_match", first);
+  expect(broken([&](Plan& p) { p.buckets[1].members[1].bytes += 2; }), "bucket.bytes", multi.members[1].collective);
+  expect(broken([&](Plan& p) { p.buckets[1].bytes += 1; }), "bucket.bytes", "bucket 1");
+  expect(broken([&](Plan& p) { p.config.bucket_cap_bytes = p.buckets[1].bytes - 1; }), "bucket.cap", "bucket 1");
+  expect(broken([&](Plan& p) { std::swap(p.buckets[1].members[0].wait, p.buckets[1].members[1].wait); }),
+         "bucket.wait", first);
+  expect(broken([&](Plan& p) { p.buckets[2].members.push_back(p.buckets[1].members[0]); }), "bucket.coverage", first);
+  expect(broken([&](Plan& p) {
+           p.summary.collectives -= 1;
+           p.buckets[1].bytes -= p.buckets[1].members.back().bytes;
+           p.buckets[1].members.pop_back();
+         }),
+         "bucket.coverage", multi.members.back().collective);
+  expect(broken([&](Plan& p) { p.buckets[1].block = 99; }), "bucket.block", "bucket 1");
+  expect(broken([&](Plan& p) { p.buckets[1].predicted.ce_us = 1.0; }), "bucket.predicted", "bucket 1");
+  expect(broken([&](Plan& p) { p.summary.buckets += 1; }), "summary.counts", std::nullopt);
+  expect(broken([&](Plan& p) { p.summary.peak_memory_bytes_after += p.config.memory_budget_bytes + 1; }),
+         "summary.memory_budget", std::nullopt);
+  expect(broken([&](Plan& p) { p.graph = "forward"; }), "plan.graph", std::nullopt);
+  // A member collective moved past the next node, which does not read it: that node splits the bucket.
+  expect(broken([&](Plan& p) {
+           const size_t last = find(p, p.buckets[1].members.back().collective);
+           std::swap(p.order[last], p.order[last + 1]);
+         }),
+         "order.bucket_collectives_contiguous", good.order[find(good, multi.members.back().collective) + 1]);
+  // A collective the rewriter cannot merge, in a bucket of several.
+  Document coalesced = doc;
+  Node& c = coalesced.graphs[0].nodes[id_of(g, first)];
+  c.op = "_c10d_functional.all_gather_into_tensor_coalesced.default";
+  expect(broken_rule([&] { check_plan(coalesced, good); }), "bucket.supported", first);
+  // The same rules without a graph.
+  expect(broken_rule([&] {
+           Plan p = good;
+           p.buckets[1].bytes += 1;
+           validate_plan(p);
+         }),
+         "bucket.bytes", "bucket 1");
+  nlohmann::json j = nlohmann::json::parse(save_plan(good));
+  j["buckets"][2]["bytes"] = -4;
+  const Broken schema = broken_rule([&] { load_plan(j.dump()); });
+  expect(schema, "schema", "buckets[2]");
+  EXPECT_EQ(schema.message, "buckets[2].bytes: expected an integer in 0..2^63-1, got -4");
+  expect(broken_rule([&] { load_plan("{"); }), "schema", std::nullopt);
 }
 
 }  // namespace
