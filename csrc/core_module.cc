@@ -117,7 +117,23 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "ce_overlap native core: IR, graph analysis and cost model (no torch)";
   // Bad input surfaces as the package's one documented exception type.
   py::object base = py::module_::import("ce_overlap.errors").attr("CeOverlapError");
-  py::register_exception<IrError>(m, "IrError", base);
+  auto& ir_error = py::register_exception<IrError>(m, "IrError", base);
+  // A broken Plan rule is an IrError that also carries `rule` and `node` (docs/plan.md "Rules"). Translators run
+  // newest first, so this one sees a PlanRuleError before IrError's does.
+  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> plan_rule_error;
+  plan_rule_error.call_once_and_store_result(
+      [&]() { return py::object(py::exception<PlanRuleError>(m, "PlanRuleError", ir_error.ptr())); });
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const PlanRuleError& e) {
+      const py::object& type = plan_rule_error.get_stored();
+      py::object error = type(py::str(e.what()));
+      error.attr("rule") = py::str(e.rule());
+      error.attr("node") = e.node() ? py::object(py::str(*e.node())) : py::object(py::none());
+      py::set_error(type, error);
+    }
+  });
 
   m.attr("IR_SCHEMA") = kIrSchema;
   m.attr("PROFILE_SCHEMA") = kProfileSchema;
@@ -183,11 +199,12 @@ PYBIND11_MODULE(_core, m) {
         Document storage;
         const Document& doc = ir_arg(ir, storage);
         py::gil_scoped_release release;
-        check_plan(doc, load_plan(text));
+        check_plan(doc, parse_plan(text));
       },
       py::arg("ir"), py::arg("plan"),
-      "Check Plan JSON text against its graph in `ir` (every rule of docs/plan.md); raises IrError naming the "
-      "rule and the field.");
+      "Check Plan JSON text against its graph in `ir` (every rule of docs/plan.md, in one fixed order); raises "
+      "PlanRuleError (an IrError) with `rule` (its name in docs/plan.md), `node` (the node or bucket, or None) and "
+      "the field's JSON path in the message.");
 
   m.def(
       "estimate_collective",

@@ -203,5 +203,7 @@ def load_plan(text: str) -> dict:
 
 
 def check_plan(ir, plan: dict | str) -> None:
-    """Check a Plan (dict or JSON text) against its graph in `ir`: every rule of docs/plan.md."""
+    """Check a Plan (dict or JSON text) against its graph in `ir`: every rule of docs/plan.md, by the C++ core
+    (their one owner). Raises _core.PlanRuleError, a CeOverlapError with `rule` and `node` (docs/plan.md, "Rules")
+    whose message names the field."""
     _core.check_plan(_ir_arg(ir), plan if isinstance(plan, str) else json.dumps(plan))
