@@ -1,9 +1,9 @@
 """Apply a Plan (docs/plan.md, schema ce_overlap.plan/1) to the post-grad FX graph it was made from.
 
-check_plan() verifies every rule of the Plan against the FX graph and raises PlanRuleError naming the
-rule and the node; apply_plan() then reorders the nodes to the Plan's `order` and rewrites each bucket:
-one copy-in, one collective (NCCL `_c10d_functional.*` or `ce_overlap.*`), one wait, and a copy-out
-that replaces every member wait. A CE bucket (unless packed on request) is instead ONE multi-tensor op,
+check_plan() (fx/plan_check.py: the C++ core's rules, bound to the FX nodes) refuses a Plan that breaks a
+rule with PlanRuleError naming the rule and the node; apply_plan() then reorders the nodes to the Plan's
+`order` and rewrites each bucket: one copy-in, one collective (NCCL `_c10d_functional.*` or `ce_overlap.*`),
+one wait, and a copy-out that replaces every member wait. A CE bucket (unless packed on request) is instead ONE multi-tensor op,
 `ce_overlap.all_gather_into_tensors` / `reduce_scatter_tensors`, over the members' own inputs: the copy
 engines read every input and (all-gather) write every output where they lie, so it has no copy-in and
 no copy-out kernel; an all-gather has one wait per member output, a reduce-scatter one wait and views.
@@ -30,16 +30,13 @@ from typing import Callable, Iterable
 
 import torch
 import torch.fx
-from torch.fx.operator_schemas import normalize_function
 from torch.utils import _pytree as pytree
 
-from ..errors import CeOverlapError
-from .to_ir import _COLLECTIVE_TYPES, _DTYPE_NAMES, _FUNCTIONAL_NAMESPACES, _REDUCE_OPS
+from .collectives import (CE_MANY_OPS, CE_OPS, CE_UNREDUCED_OP, Collective, collectives_in, group_of,  # noqa: F401
+                          is_ce_collective, is_functional_collective, is_wait, read_collective)
+from .plan_check import CheckedBucket, CheckedPlan, PlanRuleError, check_plan  # noqa: F401 (rewrite's API)
 
 log = logging.getLogger("ce_overlap")
-
-PLAN_SCHEMA = "ce_overlap.plan/1"
-BACKENDS = ("nccl", "ce")
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -51,336 +48,11 @@ _MERGEABLE = {
     "reduce_scatter": "reduce_scatter_tensor",
     "all_reduce": "all_reduce",
 }
-# The CE runtime's op per collective type (torch.ops.ce_overlap.<name>), if the runtime has it.
-CE_OPS = {
-    "all_gather": "all_gather_into_tensor",
-    "reduce_scatter": "reduce_scatter_tensor",
-}
-# Its multi-tensor form: a whole bucket as one collective that reads every member's input where it lies (and, for
-# all-gathers, writes every member's output), so the bucket needs no copy-in / copy-out kernels.
-CE_MANY_OPS = {
-    "all_gather": "all_gather_into_tensors",
-    "reduce_scatter": "reduce_scatter_tensors",
-}
-# A reduce-scatter's exchange without its reduction (PassConfig.ce_reduction="consumer"): the graph adds the peers'
-# chunks to this rank's own, and Inductor fuses that add into the kernel that reads the result.
-CE_UNREDUCED_OP = "reduce_scatter_tensors_unreduced"
 _SUMMABLE = ("sum", "avg")
-
-
-class PlanRuleError(CeOverlapError):
-    """A Plan breaks a rule of docs/plan.md against the FX graph. `rule` names the rule, `node` the FX
-    node (or bucket) where it broke."""
-
-    def __init__(self, rule: str, node: str | None, detail: str):
-        self.rule, self.node, self.detail = rule, node, detail
-        where = f" at {node}" if node else ""
-        super().__init__(f"plan rule '{rule}' broken{where}: {detail}")
 
 
 class InvariantError(RuntimeError):
     """A rewritten graph breaks a structural invariant (a bug in the rewriter, never user input)."""
-
-
-# --------------------------------------------------------------------------------------------------
-# Reading collectives out of the FX graph
-
-
-def _is_op(node: torch.fx.Node, namespaces: Iterable[str]) -> bool:
-    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
-        and node.target.namespace in namespaces
-
-
-def is_functional_collective(node: torch.fx.Node) -> bool:
-    return _is_op(node, _FUNCTIONAL_NAMESPACES) and node.target._opname != "wait_tensor" \
-        and node.target._opname.rstrip("_") in _COLLECTIVE_TYPES
-
-
-def is_ce_collective(node: torch.fx.Node) -> bool:
-    return _is_op(node, ("ce_overlap",)) and node.target._opname in set(CE_OPS.values()) | set(
-        CE_MANY_OPS.values()) | {CE_UNREDUCED_OP, "all_gather_into_tensor_out"}
-
-
-def is_wait(node: torch.fx.Node) -> bool:
-    return _is_op(node, _FUNCTIONAL_NAMESPACES | {"ce_overlap"}) and node.target._opname == "wait_tensor"
-
-
-def _kwargs(node: torch.fx.Node) -> dict:
-    normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
-    return dict(normalized.kwargs) if normalized is not None else dict(node.kwargs)
-
-
-@dataclasses.dataclass
-class Collective:
-    node: torch.fx.Node
-    type: str                  # IR collective type
-    opname: str                # all_gather_into_tensor, reduce_scatter_tensor, ...
-    input: torch.fx.Node | None
-    group: str
-    group_name: object         # the argument as it appears in the graph
-    group_size: int | None
-    reduce_op: str | None      # normalized (IR) name
-    reduce_op_arg: str | None  # as in the graph
-    dtype: str | None
-    bytes: int                 # per-rank input bytes (IR collective.bytes)
-    waits: list[torch.fx.Node]  # wait_tensor nodes consuming it (directly or through getitem)
-    other_users: list[torch.fx.Node]
-
-
-def _val_bytes(val) -> int:
-    if isinstance(val, torch.Tensor):
-        return int(val.numel()) * val.element_size()
-    if isinstance(val, (list, tuple)):
-        return sum(_val_bytes(v) for v in val)
-    return 0
-
-
-def read_collective(node: torch.fx.Node) -> Collective:
-    opname = node.target._opname
-    kw = _kwargs(node)
-    inp = kw.get("input", kw.get("inputs"))
-    inp_node = inp if isinstance(inp, torch.fx.Node) else None
-    nbytes = sum(_val_bytes(a.meta.get("val")) for a in node.all_input_nodes)
-    dtype = None
-    val = inp_node.meta.get("val") if inp_node is not None else None
-    if isinstance(val, torch.Tensor):
-        dtype = _DTYPE_NAMES.get(val.dtype)
-    group_name = kw.get("group_name")
-    group_size = kw.get("group_size")
-    if group_size is None and group_name is not None:
-        pg = _group_of(group_name)  # an unknown group: the size stays unknown, checked later
-        group_size = pg.size() if pg is not None else None
-    reduce_arg = kw.get("reduce_op")
-    reduce_op = _REDUCE_OPS.get(str(reduce_arg).lower(), str(reduce_arg).lower()) if reduce_arg is not None else None
-    waits, others = [], []
-    for user in node.users:
-        if is_wait(user):
-            waits.append(user)
-        elif user.op == "call_function" and user.target is operator.getitem and all(is_wait(u) for u in user.users) \
-                and user.users:
-            waits.extend(user.users)
-        else:
-            others.append(user)
-    ctype = _COLLECTIVE_TYPES.get(opname.rstrip("_"), "all_gather" if "all_gather" in opname else opname)
-    return Collective(node=node, type=ctype, opname=opname, input=inp_node, group=str(group_name),
-                      group_name=group_name, group_size=int(group_size) if group_size is not None else None,
-                      reduce_op=reduce_op, reduce_op_arg=reduce_arg, dtype=dtype, bytes=int(nbytes), waits=waits,
-                      other_users=others)
-
-
-def collectives_in(graph: torch.fx.Graph) -> dict[str, Collective]:
-    return {n.name: read_collective(n) for n in graph.nodes if is_functional_collective(n)}
-
-
-# --------------------------------------------------------------------------------------------------
-# The rules of docs/plan.md, checked against the FX graph
-
-
-def _need(obj: dict, key: str, types, where: str):
-    if not isinstance(obj, dict) or key not in obj:
-        raise PlanRuleError("schema", where, f"missing field {key!r}")
-    value = obj[key]
-    if not isinstance(value, types) or (isinstance(value, bool) and types is not bool):
-        raise PlanRuleError("schema", where, f"field {key!r} has the wrong type ({type(value).__name__})")
-    return value
-
-
-@dataclasses.dataclass
-class CheckedBucket:
-    id: int
-    type: str
-    backend: str
-    reason: str
-    members: list[Collective]  # layout order
-    waits: list[torch.fx.Node]
-    raw: dict
-
-
-@dataclasses.dataclass
-class CheckedPlan:
-    order: list[torch.fx.Node]
-    buckets: list[CheckedBucket]
-    plan: dict
-
-
-def check_plan(graph: torch.fx.Graph, plan: dict) -> CheckedPlan:
-    """Every rule of docs/plan.md against `graph`; raises PlanRuleError(rule, node, detail)."""
-    if not isinstance(plan, dict):
-        raise PlanRuleError("schema", None, f"a Plan is a JSON object, got {type(plan).__name__}")
-    if plan.get("schema") != PLAN_SCHEMA:
-        raise PlanRuleError("schema", None, f"expected schema {PLAN_SCHEMA!r}, got {plan.get('schema')!r}")
-    config = _need(plan, "config", dict, "plan")
-    cap = _need(config, "bucket_cap_bytes", int, "config")
-    budget = _need(config, "memory_budget_bytes", int, "config")
-    order_names = _need(plan, "order", list, "plan")
-    buckets = _need(plan, "buckets", list, "plan")
-    summary = _need(plan, "summary", dict, "plan")
-
-    # -- order: every node exactly once, topological, placeholders first, output last
-    by_name = {n.name: n for n in graph.nodes}
-    pos: dict[str, int] = {}
-    for i, name in enumerate(order_names):
-        if not isinstance(name, str):
-            raise PlanRuleError("order.complete", None, f"order[{i}] is not a node name: {name!r}")
-        if name not in by_name:
-            raise PlanRuleError("order.complete", name, f"order[{i}] names no node of the graph")
-        if name in pos:
-            raise PlanRuleError("order.complete", name, f"named twice in order (at {pos[name]} and {i})")
-        pos[name] = i
-    if len(pos) != len(by_name):
-        missing = next(n for n in by_name if n not in pos)
-        raise PlanRuleError("order.complete", missing,
-                            f"order names {len(pos)} of the graph's {len(by_name)} nodes; this one is missing")
-    order = [by_name[n] for n in order_names]
-    seen_other = None
-    for node in order:
-        if node.op == "placeholder" and seen_other is not None:
-            raise PlanRuleError("order.placeholders_first", node.name, f"placeholder after {seen_other}")
-        if node.op != "placeholder":
-            seen_other = node.name
-    if order and order[-1].op != "output":
-        raise PlanRuleError("order.output_last", order[-1].name, "the last node of order is not the output")
-    for node in order:
-        for inp in node.all_input_nodes:
-            if pos[inp.name] > pos[node.name]:
-                raise PlanRuleError("order.topological", node.name,
-                                    f"comes before its input {inp.name} in order ({pos[node.name]} < {pos[inp.name]})")
-
-    # -- buckets
-    colls = collectives_in(graph)
-    owner: dict[str, int] = {}
-    checked: list[CheckedBucket] = []
-    for bi, b in enumerate(buckets):
-        where = f"buckets[{bi}]"
-        bid = _need(b, "id", int, where)
-        btype = _need(b, "type", str, where)
-        group = _need(b, "group", str, where)
-        gsize = _need(b, "group_size", int, where)
-        if "dtype" not in b or not (b["dtype"] is None or isinstance(b["dtype"], str)):
-            raise PlanRuleError("schema", where, "field 'dtype' must be a dtype name or null")
-        dtype = b["dtype"]
-        if "reduce_op" not in b:
-            raise PlanRuleError("schema", where, "missing field 'reduce_op'")
-        reduce_op = b["reduce_op"]
-        members = _need(b, "members", list, where)
-        nbytes = _need(b, "bytes", int, where)
-        backend = _need(b, "backend", str, where)
-        reason = _need(b, "reason", str, where)
-        _need(b, "predicted", dict, where)
-        where = f"bucket {bid}"
-        if any(cb.id == bid for cb in checked):
-            raise PlanRuleError("schema", where, "bucket id used twice")
-        if backend not in BACKENDS:
-            raise PlanRuleError("bucket.backend", where, f"backend must be 'nccl' or 'ce', got {backend!r}")
-        if not reason.startswith(backend) or "\n" in reason:
-            raise PlanRuleError("bucket.reason", where,
-                                f"reason must be one line starting with {backend!r}: {reason!r}")
-        if not members:
-            raise PlanRuleError("bucket.members", where, "a bucket has at least one member")
-        mcolls, mwaits, total = [], [], 0
-        for mi, m in enumerate(members):
-            mwhere = f"{where}.members[{mi}]"
-            cname = _need(m, "collective", str, mwhere)
-            if "wait" not in m:
-                raise PlanRuleError("schema", mwhere, "missing field 'wait'")
-            wname = m["wait"]
-            if wname is not None and not isinstance(wname, str):
-                raise PlanRuleError("schema", mwhere, f"field 'wait' must be a node name or null, got {wname!r}")
-            mbytes = _need(m, "bytes", int, mwhere)
-            if cname not in colls:
-                raise PlanRuleError("bucket.coverage", cname, f"{mwhere} names no collective of the graph")
-            if cname in owner:
-                raise PlanRuleError("bucket.coverage", cname, f"in two buckets ({owner[cname]} and {bid})")
-            owner[cname] = bid
-            c = colls[cname]
-            for field, want, got in (("type", btype, c.type), ("group", group, c.group),
-                                     ("group_size", gsize, c.group_size), ("dtype", dtype, c.dtype),
-                                     ("reduce_op", reduce_op, c.reduce_op)):
-                if want != got:
-                    raise PlanRuleError("bucket.members_match", cname,
-                                        f"bucket {bid} has {field}={want!r} but this member has {got!r}")
-            if mbytes != c.bytes:
-                raise PlanRuleError("bucket.bytes", cname, f"member bytes {mbytes} but the collective's per-rank "
-                                                           f"input is {c.bytes} bytes")
-            total += mbytes
-            direct = [w for w in c.node.users if is_wait(w)]
-            if wname is None:
-                if c.waits:
-                    raise PlanRuleError("bucket.wait", cname,
-                                        f"the plan names no wait but {c.waits[0].name} waits on it")
-                if len(members) > 1 or backend == "ce":
-                    raise PlanRuleError("bucket.wait", cname, "a collective without a wait cannot be merged or "
-                                                              "moved to CE")
-                mcolls.append(c)
-                total += mbytes
-                continue
-            if wname not in by_name:
-                raise PlanRuleError("bucket.wait", cname, f"wait {wname!r} is no node of the graph")
-            w = by_name[wname]
-            if w not in c.waits:
-                raise PlanRuleError("bucket.wait", cname, f"{wname} is not a wait_tensor of this collective")
-            simple = len(direct) == 1 and not c.other_users and len(c.waits) == 1
-            if not simple and (len(members) > 1 or backend == "ce"):
-                raise PlanRuleError("bucket.wait", cname, "the collective must be consumed by exactly one wait_tensor "
-                                    f"to be merged or moved to CE (users: {[u.name for u in c.node.users]})")
-            # The graph's output may take the result unwaited: the next graph waits on it (a collective issued in
-            # the forward and waited on in the backward). Such a collective is never simple: it stays as it is.
-            unwaited = [u for u in c.other_users if u.op != "output"]
-            if unwaited:
-                raise PlanRuleError("bucket.wait", cname, f"its result is used without a wait by "
-                                    f"{[u.name for u in unwaited]}")
-            mcolls.append(c)
-            mwaits.append(w)
-        if nbytes != total:
-            raise PlanRuleError("bucket.bytes", where, f"bytes {nbytes} but its members sum to {total}")
-        if len(members) > 1 and nbytes > cap:
-            raise PlanRuleError("bucket.cap", where, f"{nbytes} bytes over config.bucket_cap_bytes {cap}")
-        if len(members) > 1:
-            for c in mcolls:
-                if _MERGEABLE.get(c.type) != c.opname:
-                    raise PlanRuleError("bucket.supported", c.node.name,
-                                        f"{c.opname} cannot be merged into a bucket (only "
-                                        f"{', '.join(sorted(_MERGEABLE.values()))})")
-                val = c.input.meta.get("val") if c.input is not None else None
-                if not isinstance(val, torch.Tensor) or val.dim() == 0:
-                    raise PlanRuleError("bucket.supported", c.node.name, "merged collectives need a tensor input of "
-                                        "at least one dimension with a known shape")
-                if c.type == "reduce_scatter" and (c.group_size is None or val.shape[0] % c.group_size):
-                    raise PlanRuleError("bucket.supported", c.node.name, f"reduce-scatter input dim 0 ({val.shape[0]}) "
-                                        f"is not a multiple of the group size {c.group_size}")
-        # -- order: member collectives contiguous, waits contiguous, inputs first, wait users after
-        cpos = sorted(pos[c.node.name] for c in mcolls)
-        wpos = sorted(pos[w.name] for w in mwaits) or [cpos[-1]]
-        if cpos[-1] - cpos[0] != len(cpos) - 1:
-            gap = order[next(p for p in range(cpos[0], cpos[-1]) if p not in set(cpos))]
-            raise PlanRuleError("order.bucket_collectives_contiguous", gap.name,
-                                f"between member collectives of bucket {bid}")
-        if mwaits and wpos[-1] - wpos[0] != len(wpos) - 1:
-            gap = order[next(p for p in range(wpos[0], wpos[-1]) if p not in set(wpos))]
-            raise PlanRuleError("order.bucket_waits_contiguous", gap.name, f"between member waits of bucket {bid}")
-        for c in mcolls:
-            for inp in c.node.all_input_nodes:
-                if pos[inp.name] > cpos[0]:
-                    raise PlanRuleError("order.bucket_inputs_first", inp.name,
-                                        f"input of {c.node.name} comes after bucket {bid}'s first collective")
-        for w in mwaits:
-            for user in w.users:
-                if pos[user.name] < wpos[-1]:
-                    raise PlanRuleError("order.wait_users_after", user.name,
-                                        f"uses {w.name} before bucket {bid}'s last wait")
-        checked.append(CheckedBucket(id=bid, type=btype, backend=backend, reason=reason, members=mcolls,
-                                     waits=mwaits, raw=b))
-    for name in colls:
-        if name not in owner:
-            raise PlanRuleError("bucket.coverage", name, "collective of the graph in no bucket")
-
-    # -- memory
-    before = _need(summary, "peak_memory_bytes_before", int, "summary")
-    after = _need(summary, "peak_memory_bytes_after", int, "summary")
-    if after - before > budget:
-        raise PlanRuleError("summary.memory_budget", None, f"peak memory grows by {after - before} bytes, over "
-                            f"config.memory_budget_bytes {budget}")
-    return CheckedPlan(order=order, buckets=checked, plan=plan)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -536,16 +208,6 @@ def ce_unreduced_op():
     return _runtime_op("reduce_scatter", CE_UNREDUCED_OP, lambda names: names == ["inputs", "group_size", "group_name"])
 
 
-def _group_of(group_name):
-    """The process group a collective names, or None if it cannot be resolved (no process group, unknown name)."""
-    try:
-        from torch.distributed.distributed_c10d import _resolve_process_group
-
-        return _resolve_process_group(str(group_name))
-    except Exception:  # noqa: BLE001
-        return None
-
-
 def _ce_args(op, **values) -> list:
     return [values[a.name] for a in op._schema.arguments]
 
@@ -575,7 +237,7 @@ def _sum_in_consumer(cb: CheckedBucket, backend: str, ce_reduction: str) -> tupl
     # bfloat16 and float32 only: a float16 sum would need its own rounding on the bits (see _round_to_bfloat16).
     if any(c.input.meta["val"].dtype not in (torch.bfloat16, torch.float32) for c in cb.members):
         return None, None
-    pg = _group_of(c0.group_name)  # unresolvable (e.g. a captured graph outside its group): the reducing op
+    pg = group_of(c0.group_name)  # unresolvable (e.g. a captured graph outside its group): the reducing op
     rank = int(pg.rank()) if pg is not None else None
     if rank is None or not 0 <= rank < c0.group_size:
         return None, None

@@ -1,8 +1,10 @@
 """Post-grad FX graph -> IR graph dict (docs/ir.md). The only place that reads FX node internals."""
 from __future__ import annotations
 
+import json
 import operator
 import re
+import types
 
 import torch
 import torch.fx
@@ -12,7 +14,7 @@ from .flops import node_flops
 from .fsdp import PARAMETRIZATION_PATH_MARKER
 
 # Functional collectives as they appear in post-grad graphs -> IR collective type.
-_COLLECTIVE_TYPES = {
+COLLECTIVE_TYPES = {
     "all_gather_into_tensor": "all_gather",
     "all_gather_into_tensor_coalesced": "all_gather",
     "all_gather_into_tensor_out": "all_gather",
@@ -23,10 +25,10 @@ _COLLECTIVE_TYPES = {
     "all_to_all_single": "all_to_all",
     "broadcast": "broadcast",
 }
-_FUNCTIONAL_NAMESPACES = {"_c10d_functional", "c10d_functional"}
-_REDUCE_OPS = {"sum": "sum", "avg": "avg", "max": "max", "min": "min", "product": "product", "prod": "product"}
+FUNCTIONAL_NAMESPACES = {"_c10d_functional", "c10d_functional"}
+REDUCE_OPS = {"sum": "sum", "avg": "avg", "max": "max", "min": "min", "product": "product", "prod": "product"}
 
-_DTYPE_NAMES = {
+DTYPE_NAMES = {
     torch.float64: "float64", torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
     torch.float8_e4m3fn: "float8_e4m3fn", torch.float8_e5m2: "float8_e5m2", torch.int64: "int64",
     torch.int32: "int32", torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
@@ -76,13 +78,13 @@ def module_stack(node: torch.fx.Node) -> list[list[str]]:
 
 
 def _tensor_info(value, where: str) -> dict:
-    if value.dtype not in _DTYPE_NAMES:
+    if value.dtype not in DTYPE_NAMES:
         raise CaptureError(f"{where}: dtype {value.dtype} is not representable in the IR")
     shape = [int(d) for d in value.shape]
     numel = 1
     for d in shape:
         numel *= d
-    return {"shape": shape, "dtype": _DTYPE_NAMES[value.dtype], "bytes": numel * value.element_size()}
+    return {"shape": shape, "dtype": DTYPE_NAMES[value.dtype], "bytes": numel * value.element_size()}
 
 
 def _outputs(node: torch.fx.Node) -> list[dict]:
@@ -114,7 +116,7 @@ def _collective(node: torch.fx.Node, ctype: str) -> dict:
         group_size = _group_size(str(group_name))
     reduce_op = kwargs.get("reduce_op")
     if reduce_op is not None:
-        reduce_op = _REDUCE_OPS.get(str(reduce_op).lower(), str(reduce_op).lower())
+        reduce_op = REDUCE_OPS.get(str(reduce_op).lower(), str(reduce_op).lower())
     return {"type": ctype, "group": str(group_name), "group_size": int(group_size),
             "reduce_op": reduce_op, "bytes": int(nbytes)}
 
@@ -130,10 +132,10 @@ def _classify(node: torch.fx.Node) -> tuple[str, str]:
         return "view", "getitem"
     if isinstance(target, torch._ops.OpOverload):
         name = str(target)
-        if target.namespace in _FUNCTIONAL_NAMESPACES:
+        if target.namespace in FUNCTIONAL_NAMESPACES:
             if target._opname == "wait_tensor":
                 return "wait", name
-            if target._opname.rstrip("_") in _COLLECTIVE_TYPES:
+            if target._opname.rstrip("_") in COLLECTIVE_TYPES:
                 return "collective", name
         if target.is_view:
             return "view", name
@@ -172,6 +174,18 @@ def graph_to_ir(gm: torch.fx.GraphModule, name: str) -> dict:
                         read += _tensor_info(v, f"node {node.name}")["bytes"]
             record["bytes_accessed"] = read + sum(o["bytes"] for o in outputs)
         if kind == "collective":
-            record["collective"] = _collective(node, _COLLECTIVE_TYPES[node.target._opname.rstrip("_")])
+            record["collective"] = _collective(node, COLLECTIVE_TYPES[node.target._opname.rstrip("_")])
         out.append(record)
     return {"name": name, "nodes": out}
+
+
+def core_document(graph: torch.fx.Graph, name: str, meta: dict | None = None):
+    """The C++ core's IR document (_core.IrDocument, blocks detected) of one FX graph, named `name`: what the
+    planner plans and the Plan is checked against. Raises CaptureError for a graph the IR cannot represent."""
+    from .. import _core
+
+    gm = graph.owning_module if graph.owning_module is not None else types.SimpleNamespace(graph=graph)
+    doc = {"schema": "ce_overlap.ir/1", "meta": meta or {}, "blocks": [], "graphs": [graph_to_ir(gm, name)]}
+    core_doc = _core.IrDocument.from_json(json.dumps(doc))
+    core_doc.detect_blocks()
+    return core_doc
