@@ -119,7 +119,8 @@ def plan_from_ir(g: dict, *, cap_bytes: int = 1 << 40, budget_bytes: int = 1 << 
     plan_buckets = []
     for bid, members in enumerate(buckets):
         c0 = members[0]["collective"]
-        b = {"id": bid, "type": c0["type"], "block": members[0]["block"], "block_path": "",
+        b = {"id": bid, "type": c0["type"], "block": members[0]["block"] if members[0]["block"] >= 0 else None,
+             "block_path": None,
              "group": c0["group"], "group_size": c0["group_size"],
              "dtype": nodes[members[0]["inputs"][0]]["outputs"][0]["dtype"], "reduce_op": c0["reduce_op"],
              "members": [{"collective": m["name"], "wait": nodes[waits[m["id"]][0]]["name"],
