@@ -192,7 +192,7 @@ def run_pass(graph: torch.fx.Graph, config: PassConfig | None = None, *, planner
         return refuse(f"planning failed ({e})", ir_text)
     plan_ms = (time.perf_counter() - started) * 1e3
     try:
-        checked = rewrite.check_plan(graph, plan)
+        checked = rewrite.check_plan(graph, plan, ir=ir)  # the IR the plan was made from
     except rewrite.PlanRuleError as e:
         return refuse(f"refused the plan: {e}", ir_text, plan)
     t0 = time.perf_counter()
