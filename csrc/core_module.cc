@@ -140,6 +140,28 @@ PYBIND11_MODULE(_core, m) {
   m.attr("ANALYSIS_SCHEMA") = kAnalysisSchema;
   m.attr("PLAN_SCHEMA") = kPlanSchema;
 
+  // The planner's config (plan.h owns its keys, defaults, choices and checks; PassConfig and the CLI read them here).
+  m.def(
+      "plan_config_defaults", []() { return plan_config_to_json(PlanConfig()).dump(); },
+      "The planner config's defaults (docs/plan.md), as JSON text of an object with every key.");
+  m.def(
+      "plan_config_choices",
+      []() {
+        nlohmann::json choices;
+        for (CeMode mode : {CeMode::Auto, CeMode::On, CeMode::Off}) choices["ce"].push_back(to_string(mode));
+        for (CeReduction where : {CeReduction::Consumer, CeReduction::Kernel}) {
+          choices["ce_reduction"].push_back(to_string(where));
+        }
+        for (CollectiveType type : kCeCollectiveTypes) choices["ce_collectives"].push_back(to_string(type));
+        return choices.dump();
+      },
+      "The accepted values of the config keys that take names, as JSON text: {key: [names]}.");
+  m.def(
+      "normalize_plan_config", [](const py::object& config) { return plan_config_to_json(config_arg(config)).dump(); },
+      py::arg("config"),
+      "A planner config (dict, JSON text or None) checked like the planner checks it, with every key filled in "
+      "(JSON text); a bad value raises IrError naming config.<key>.");
+
   py::class_<Document>(m, "IrDocument")
       .def_static("from_json", &load_ir, py::arg("text"), "Parse and validate IR JSON text.",
                   py::call_guard<py::gil_scoped_release>())

@@ -87,7 +87,7 @@ def test_config_defaults_and_plan_config():
     assert (c.enabled, c.ce, c.profile, c.dump_dir, c.verbose) == (True, "auto", "auto", None, False)
     assert c.plan_config() == {"bucket_cap_bytes": 512 * MIB, "memory_budget_bytes": 4096 * MIB, "ce": "auto",
                                "min_ce_bytes": MIB, "prefetch_blocks": 1, "bucket_patterns": [],
-                               "ce_reduction": "consumer"}
+                               "ce_reduction": "consumer", "ce_collectives": ["all_gather", "reduce_scatter"]}
     c2 = PassConfig(bucket_patterns=[r"layers\.\d+"], bucket_cap_mb=0.5)
     assert c2.bucket_patterns == (r"layers\.\d+",) and c2.plan_config()["bucket_cap_bytes"] == MIB // 2
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -231,6 +231,22 @@ def _check_one_bucket_per_block(gm, name, n_layers):
     for i in range(n_layers):
         assert counts[(i, "all_gather")] == 1, (name, i, counts)
         assert counts[(i, "reduce_scatter")] == (name == "backward"), (name, i, counts)
+
+
+def test_ce_collectives_reach_the_planner_so_the_summary_is_what_is_applied():
+    config = PassConfig(bucket_cap_mb=4096, ce="on", min_ce_bytes=0, profile="h200-sxm", ce_collectives=("all_gather",))
+    gm = fresh("llama3-tiny", "backward")
+    with pass_.capture_mode(), fake_process_group(WORLD, 1):
+        report = pass_.run_pass(gm.graph, config)
+    assert report.changed and report.refused is None
+    rs = [b for b in report.buckets if b.type == "reduce_scatter"]
+    ag = [b for b in report.buckets if b.type == "all_gather"]
+    assert rs and ag
+    for b in rs:  # planned on NCCL by the planner itself, not overruled after planning
+        assert (b.planned_backend, b.backend, b.reason) == \
+            ("nccl", "nccl", "nccl: config.ce_collectives excludes reduce_scatter"), b
+    assert all(b.backend == "ce" for b in ag)
+    assert report.summary["ce_buckets"] == report.ce_buckets == len(ag)
 
 
 @pytest.mark.parametrize("model", ["llama3-tiny", "llama3-1b"])

@@ -30,6 +30,11 @@ Choice choose(const Bucket& bucket, const CollectiveInfo& c, const Decision& d, 
               const PlanConfig& config) {
   if (!bucket.planned) return {Backend::Nccl, "nccl: " + bucket.kept_reason + "; kept where captured"};
   if (config.ce == CeMode::Off) return {Backend::Nccl, "nccl: config.ce is off"};
+  const bool ce_serves = std::find(std::begin(kCeCollectiveTypes), std::end(kCeCollectiveTypes), c.type) !=
+                         std::end(kCeCollectiveTypes);
+  if (ce_serves && !ce_allows(config, c.type)) {
+    return {Backend::Nccl, std::string("nccl: config.ce_collectives excludes ") + to_string(c.type)};
+  }
   // A group of 1 moves no data; "on" still puts it on CE (the runtime's self copy), so one GPU exercises the CE path.
   if (c.group_size <= 1 && config.ce != CeMode::On) return {Backend::Nccl, d.reason};
   if (c.group_size > 1 && model.ce_blocker(c.group_size)) return {Backend::Nccl, d.reason};  // the blocker

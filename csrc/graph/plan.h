@@ -55,11 +55,19 @@ struct PlanConfig {
   int prefetch_blocks = 1;                          // all-gather buckets are issued this many blocks early
   std::vector<std::string> bucket_patterns;         // module-path regexes (ECMAScript) that key buckets
   CeReduction ce_reduction = CeReduction::Consumer;  // optional in a Plan's config (older plans lack it)
+  // The collective types that may move to CE (each of kCeCollectiveTypes at most once, any order); a bucket of another
+  // type stays on NCCL. Optional in a Plan's config: absent means all of them.
+  std::vector<CollectiveType> ce_collectives = {CollectiveType::AllGather, CollectiveType::ReduceScatter};
 };
+
+// The collective types the copy-engine runtime serves: the choices of config.ce_collectives.
+inline constexpr CollectiveType kCeCollectiveTypes[] = {CollectiveType::AllGather, CollectiveType::ReduceScatter};
+bool ce_allows(const PlanConfig& config, CollectiveType type);
 
 // A config object; every key is optional (the defaults above), unknown keys are rejected, and errors
 // name the field under `path` ("config.prefetch_blocks: expected an integer in 0..1024, got -1").
-// Patterns are compiled here, so a bad regex fails early.
+// Patterns are compiled here, so a bad regex fails early. plan_config_to_json writes every key; a Plan's config
+// (save_plan) writes the optional keys (ce_reduction, ce_collectives) only where they differ from the default.
 PlanConfig plan_config_from_json(const nlohmann::json& j, const std::string& path = "config");
 nlohmann::json plan_config_to_json(const PlanConfig& config);
 

@@ -3,6 +3,7 @@
 // plan_validate.cc, those against the graph in plan_check.cc.
 #include "plan.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <initializer_list>
@@ -155,7 +156,7 @@ CeMode ce_mode_from_string(const std::string& s, const std::string& path) {
 PlanConfig read_config(const json& j, const std::string& path, bool all_required) {
   ObjectReader r(j, path,
                  {"bucket_cap_bytes", "memory_budget_bytes", "ce", "min_ce_bytes", "prefetch_blocks", "bucket_patterns"},
-                 all_required, {"ce_reduction"});
+                 all_required, {"ce_reduction", "ce_collectives"});
   PlanConfig c;
   if (r.has("bucket_cap_bytes")) {
     c.bucket_cap_bytes = int_value(r["bucket_cap_bytes"], r.path("bucket_cap_bytes"), 1, kMaxBytes, "1..2^50");
@@ -185,7 +186,40 @@ PlanConfig read_config(const json& j, const std::string& path, bool all_required
     c.ce_reduction = ce_reduction_from_string(string_value(r["ce_reduction"], r.path("ce_reduction"), false),
                                               r.path("ce_reduction"));
   }
+  if (r.has("ce_collectives")) {
+    const json& k = r["ce_collectives"];
+    const std::string kpath = r.path("ce_collectives");
+    if (!k.is_array()) fail_schema(kpath, "expected an array of collective types, got " + describe(k));
+    c.ce_collectives.clear();
+    for (size_t i = 0; i < k.size(); ++i) {
+      const std::string name = string_value(k[i], at(kpath, i), false);
+      const CollectiveType* hit = nullptr;
+      for (const CollectiveType& t : kCeCollectiveTypes) {
+        if (name == to_string(t)) hit = &t;
+      }
+      if (!hit) fail_schema(at(kpath, i), "expected \"all_gather\" or \"reduce_scatter\" (the types CE serves), got " +
+                                              json_quoted(name));
+      if (ce_allows(c, *hit)) fail_schema(at(kpath, i), json_quoted(name) + " is listed twice");
+      c.ce_collectives.push_back(*hit);
+    }
+  }
   return c;
+}
+
+// config.ce_collectives as names, in kCeCollectiveTypes' order (the canonical text), and whether it is the default.
+json ce_collective_names(const PlanConfig& c) {
+  json names = json::array();
+  for (CollectiveType t : kCeCollectiveTypes) {
+    if (ce_allows(c, t)) names.push_back(to_string(t));
+  }
+  return names;
+}
+
+bool all_ce_collectives(const PlanConfig& c) {
+  for (CollectiveType t : kCeCollectiveTypes) {
+    if (!ce_allows(c, t)) return false;
+  }
+  return true;
 }
 
 PlanBucket read_bucket(const json& j, const std::string& path) {
@@ -294,7 +328,19 @@ void write_config(std::string& out, const PlanConfig& c) {
     if (i) out += ", ";
     put(out, c.bucket_patterns[i]);
   }
-  out += "]}";
+  out += ']';
+  // The optional keys, only where they differ from the default: plans made before they existed read back the same.
+  if (c.ce_reduction != CeReduction::Consumer) {
+    out += ", ";
+    key(out, "ce_reduction");
+    put(out, to_string(c.ce_reduction));
+  }
+  if (!all_ce_collectives(c)) {
+    out += ", ";
+    key(out, "ce_collectives");
+    put(out, ce_collective_names(c));
+  }
+  out += '}';
 }
 
 void write_bucket(std::string& out, const PlanBucket& b) {
@@ -428,7 +474,11 @@ json plan_config_to_json(const PlanConfig& c) {
   return json{{"bucket_cap_bytes", c.bucket_cap_bytes}, {"memory_budget_bytes", c.memory_budget_bytes},
               {"ce", to_string(c.ce)},                  {"min_ce_bytes", c.min_ce_bytes},
               {"prefetch_blocks", c.prefetch_blocks},   {"bucket_patterns", c.bucket_patterns},
-              {"ce_reduction", to_string(c.ce_reduction)}};
+              {"ce_reduction", to_string(c.ce_reduction)}, {"ce_collectives", ce_collective_names(c)}};
+}
+
+bool ce_allows(const PlanConfig& config, CollectiveType type) {
+  return std::find(config.ce_collectives.begin(), config.ce_collectives.end(), type) != config.ce_collectives.end();
 }
 
 namespace {

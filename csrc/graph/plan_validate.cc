@@ -31,6 +31,15 @@ void validate_config(const PlanConfig& c, const std::string& path) {
     fail_schema(at(path, "prefetch_blocks"),
                 "expected an integer in 0..1024, got " + std::to_string(c.prefetch_blocks));
   }
+  for (size_t i = 0; i < c.ce_collectives.size(); ++i) {
+    const CollectiveType t = c.ce_collectives[i];
+    const bool served = std::find(std::begin(kCeCollectiveTypes), std::end(kCeCollectiveTypes), t) !=
+                        std::end(kCeCollectiveTypes);
+    if (!served) fail_schema(at(at(path, "ce_collectives"), i), "expected \"all_gather\" or \"reduce_scatter\"");
+    if (std::find(c.ce_collectives.begin(), c.ce_collectives.begin() + i, t) != c.ce_collectives.begin() + i) {
+      fail_schema(at(at(path, "ce_collectives"), i), std::string("\"") + to_string(t) + "\" is listed twice");
+    }
+  }
   try {
     (void)to_string(c.ce);
     (void)to_string(c.ce_reduction);

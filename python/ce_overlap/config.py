@@ -1,23 +1,30 @@
 """PassConfig: the settings of the ce_overlap graph pass (docs/pass.md).
 
 Importing this module needs no torch. Values are checked when a PassConfig is built: a bad one raises
-CeOverlapError naming the field, so a typo never becomes a silent default.
+CeOverlapError naming the field, so a typo never becomes a silent default. The planner's fields (bucket cap, memory
+budget, ce, min_ce_bytes, prefetch, bucket patterns, ce_collectives, ce_reduction) take their defaults, choices and
+range checks from the C++ core, which owns the planner's config (csrc/graph/plan.h); this module checks only that each
+value has a type JSON can carry to it.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
-import re
 from typing import Any
 
-from . import environment
+from . import _core, environment
 from .errors import CeOverlapError
 
 _MIB = 1 << 20
-CE_MODES = ("auto", "on", "off")
-CE_COLLECTIVE_TYPES = ("all_gather", "reduce_scatter")
-CE_REDUCTIONS = ("consumer", "kernel")
+_PLAN_DEFAULTS = json.loads(_core.plan_config_defaults())
+_PLAN_CHOICES = json.loads(_core.plan_config_choices())
+CE_MODES = tuple(_PLAN_CHOICES["ce"])
+CE_COLLECTIVE_TYPES = tuple(_PLAN_CHOICES["ce_collectives"])
+CE_REDUCTIONS = tuple(_PLAN_CHOICES["ce_reduction"])
+# The planner config's key of each PassConfig field whose name or unit differs (MiB here, bytes there).
+_PLAN_KEY_FIELDS = {"bucket_cap_bytes": "bucket_cap_mb", "memory_budget_bytes": "memory_budget_mb"}
 _BOOL_FIELDS = ("enabled", "verbose", "check_numerics", "keep_inductor_overlap", "pack_ce_buckets")
 
 
@@ -33,42 +40,41 @@ class PassConfig:
     enabled: bool = True
     """Run the pass at all. False leaves every graph exactly as Inductor produced it."""
 
-    bucket_cap_mb: float = 512.0
+    bucket_cap_mb: float = _PLAN_DEFAULTS["bucket_cap_bytes"] / _MIB
     """Largest bucket, in MiB of per-rank collective input (a single collective larger than the cap
     becomes a bucket of its own). A large cap gives one bucket per transformer block and kind."""
 
-    memory_budget_mb: float = 4096.0
+    memory_budget_mb: float = _PLAN_DEFAULTS["memory_budget_bytes"] / _MIB
     """How much the planner may raise the graph's peak memory (MiB) by issuing collectives early
     (prefetch) and keeping bucket buffers alive. 0 forbids any increase."""
 
-    ce: str = "auto"
+    ce: str = _PLAN_DEFAULTS["ce"]
     """Copy-engine use: "auto" (the cost model decides per bucket), "on" (every bucket the CE runtime
     can serve, a group of one included: its self copy, which lets one GPU run the CE path), "off" (NCCL only;
     the pass still buckets and reorders)."""
 
-    min_ce_bytes: int = 1 << 20
+    min_ce_bytes: int = _PLAN_DEFAULTS["min_ce_bytes"]
     """Buckets smaller than this (per-rank bytes) stay on NCCL: below it the CE signalling overhead
     outweighs the saved SMs."""
 
-    prefetch_blocks: int = 1
+    prefetch_blocks: int = _PLAN_DEFAULTS["prefetch_blocks"]
     """How many transformer blocks ahead the planner may issue a bucket's collective (0: issue at the
     first use's block, no prefetch)."""
 
-    bucket_patterns: tuple[str, ...] = ()
-    """Module-path regexes (re.search on paths like "layers.3.attention") that define buckets instead
-    of the detected transformer blocks: collectives whose module path matches the same pattern and
-    instance share a bucket. Empty: bucket per detected block."""
+    bucket_patterns: tuple[str, ...] = tuple(_PLAN_DEFAULTS["bucket_patterns"])
+    """Module-path regexes (ECMAScript syntax, found anywhere in paths like "layers.3.attention") that define
+    buckets instead of the detected transformer blocks: collectives whose module path matches the same pattern
+    and instance share a bucket. Empty: bucket per detected block."""
 
     profile: str = "auto"
     """Hardware profile for the cost model: a built-in name (h100-sxm, h200-sxm, ...), a path to a
     profile JSON file, or "auto" (picked from torch.cuda.get_device_name(), else h100-sxm)."""
 
-    ce_collectives: tuple[str, ...] = ("all_gather", "reduce_scatter")
-    """Collective types that may move to CE (IR type names). A bucket the planner puts on CE whose type
-    is not listed stays on NCCL with the same buckets and order, e.g. ("all_gather",) keeps every
-    reduce-scatter on NCCL."""
+    ce_collectives: tuple[str, ...] = tuple(_PLAN_DEFAULTS["ce_collectives"])
+    """Collective types that may move to CE (IR type names). The planner keeps a bucket of another type on NCCL
+    (its prediction and summary priced that way), e.g. ("all_gather",) keeps every reduce-scatter on NCCL."""
 
-    ce_reduction: str = "consumer"
+    ce_reduction: str = _PLAN_DEFAULTS["ce_reduction"]
     """Where a reduce-scatter moved to CE adds the ranks' chunks. "consumer" (default): the copy engines only move
     the chunks (ce_overlap.reduce_scatter_tensors_unreduced) and the graph adds them to this rank's own chunk, an
     add that Inductor fuses into the kernel reading the result, with every SM and no kernel beside the backward's
@@ -107,36 +113,26 @@ class PassConfig:
         for field in _BOOL_FIELDS:
             if not isinstance(getattr(self, field), bool):
                 bad(field, "True or False", getattr(self, field))
-        if not _is_number(self.bucket_cap_mb) or not 0 < self.bucket_cap_mb <= (1 << 30):
-            bad("bucket_cap_mb", "a number of MiB > 0 (at most 2^30)", self.bucket_cap_mb)
-        if not _is_number(self.memory_budget_mb) or not 0 <= self.memory_budget_mb <= (1 << 30):
-            bad("memory_budget_mb", "a number of MiB >= 0 (at most 2^30)", self.memory_budget_mb)
-        if self.ce not in CE_MODES:
-            bad("ce", "one of " + ", ".join(repr(m) for m in CE_MODES), self.ce)
-        if not isinstance(self.min_ce_bytes, int) or isinstance(self.min_ce_bytes, bool) or self.min_ce_bytes < 0:
-            bad("min_ce_bytes", "an integer >= 0", self.min_ce_bytes)
-        if not isinstance(self.prefetch_blocks, int) or isinstance(self.prefetch_blocks, bool) \
-                or not 0 <= self.prefetch_blocks <= 1024:
-            bad("prefetch_blocks", "an integer in [0, 1024]", self.prefetch_blocks)
-        patterns = self.bucket_patterns
-        if isinstance(patterns, str) or not isinstance(patterns, (tuple, list)):
-            bad("bucket_patterns", "a list of regular expressions", patterns)
-        for p in patterns:
-            if not isinstance(p, str) or not p:
-                bad("bucket_patterns", "non-empty strings (regular expressions)", p)
-            try:
-                re.compile(p)
-            except re.error as e:
-                raise CeOverlapError(f"PassConfig.bucket_patterns: {p!r} is not a valid regular expression: {e}") \
-                    from None
-        object.__setattr__(self, "bucket_patterns", tuple(patterns))
-        kinds = self.ce_collectives
-        if isinstance(kinds, str) or not isinstance(kinds, (tuple, list)) or \
-                any(k not in CE_COLLECTIVE_TYPES for k in kinds):
-            bad("ce_collectives", "a list drawn from " + ", ".join(repr(k) for k in CE_COLLECTIVE_TYPES), kinds)
-        object.__setattr__(self, "ce_collectives", tuple(kinds))
-        if self.ce_reduction not in CE_REDUCTIONS:
-            bad("ce_reduction", "one of " + ", ".join(repr(m) for m in CE_REDUCTIONS), self.ce_reduction)
+        # Types only: the ranges and choices are the planner's (checked below, by the core).
+        for field in ("bucket_cap_mb", "memory_budget_mb"):
+            value = getattr(self, field)
+            if not _is_number(value) or not math.isfinite(value):
+                bad(field, "a finite number of MiB", value)
+        for field in ("min_ce_bytes", "prefetch_blocks"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool):
+                bad(field, "an integer", value)
+        for field, what in (("bucket_patterns", "regular expressions"), ("ce_collectives", "collective type names")):
+            value = getattr(self, field)
+            if isinstance(value, str) or not isinstance(value, (tuple, list)):
+                bad(field, f"a list of {what}", value)
+            object.__setattr__(self, field, tuple(value))
+        try:
+            _core.normalize_plan_config(json.dumps(self.plan_config()))
+        except CeOverlapError as e:  # "config.<key>[...]: <what>": name the PassConfig field
+            key = str(e).partition(":")[0].removeprefix("config.").partition("[")[0].partition(".")[0]
+            field = _PLAN_KEY_FIELDS.get(key, key)
+            raise CeOverlapError(f"PassConfig.{field}: {e}") from None
         if not isinstance(self.profile, str) or not self.profile:
             bad("profile", '"auto", a built-in profile name or a profile file path', self.profile)
         if self.profile != "auto":
@@ -176,6 +172,7 @@ class PassConfig:
             "prefetch_blocks": self.prefetch_blocks,
             "bucket_patterns": list(self.bucket_patterns),
             "ce_reduction": self.ce_reduction,
+            "ce_collectives": list(self.ce_collectives),
         }
 
     @classmethod

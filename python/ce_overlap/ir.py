@@ -192,8 +192,8 @@ def plan(ir, graph: str = "forward", profile="h100-sxm", config: dict | None = N
     """The Plan (docs/plan.md, schema ce_overlap.plan/1) of graph `graph` of `ir` (an Ir, an IrDocument or
     IR JSON text): buckets, NCCL/CE per bucket, the new order and a summary. `profile`: a built-in profile
     name, a profile file or a loaded `_core.Profile`. `config`: any of bucket_cap_bytes,
-    memory_budget_bytes, ce ("auto" | "on" | "off"), min_ce_bytes, prefetch_blocks, bucket_patterns
-    (None: the defaults of docs/plan.md). Bad input raises CeOverlapError naming the field."""
+    memory_budget_bytes, ce ("auto" | "on" | "off"), min_ce_bytes, prefetch_blocks, bucket_patterns, ce_reduction,
+    ce_collectives (None: the defaults of docs/plan.md; PassConfig.plan_config() builds one). Bad input raises CeOverlapError naming the field."""
     return json.loads(_core.plan(_ir_arg(ir), graph, _profile_arg(profile), config))
 
 

@@ -176,7 +176,8 @@ TEST(Planner, RejectsUnknownGraphAndBadConfig) {
   EXPECT_EQ(plan_config_to_json(c),
             (nlohmann::json{{"bucket_cap_bytes", 536870912}, {"memory_budget_bytes", 4294967296},
                             {"ce", "auto"}, {"min_ce_bytes", 1048576}, {"prefetch_blocks", 1},
-                            {"bucket_patterns", nlohmann::json::array()}, {"ce_reduction", "consumer"}}));
+                            {"bucket_patterns", nlohmann::json::array()}, {"ce_reduction", "consumer"},
+                            {"ce_collectives", {"all_gather", "reduce_scatter"}}}));
   EXPECT_EQ(plan_config_from_json(nlohmann::json{{"ce_reduction", "kernel"}}).ce_reduction, CeReduction::Kernel);
   try {
     plan_config_from_json(nlohmann::json{{"ce_reduction", "sm"}});
@@ -217,6 +218,52 @@ TEST(Planner, CeReduceScatterPricedTheWayThePassRunsIt) {
       }
     }
     EXPECT_GT(reduce_scatters, 0);
+  }
+}
+
+TEST(Planner, CeCollectivesKeepExcludedTypesOnNcclAndPriceThemSo) {
+  // config.ce_collectives reaches the planner: with only all-gathers allowed, every reduce-scatter bucket is planned on
+  // NCCL (so the summary is what the pass will apply), and the plan says why.
+  const Document doc = big_fsdp(true);
+  const CostModel model(builtin_profile("h200-sxm"));
+  PlanConfig on;
+  on.ce = CeMode::On;
+  on.ce_collectives = {CollectiveType::AllGather};
+  const Plan plan = make_plan(doc, "backward", model, on);
+  int all_gathers_on_ce = 0, reduce_scatters = 0, ce_buckets = 0;
+  for (const PlanBucket& b : plan.buckets) {
+    ce_buckets += b.backend == "ce";
+    if (b.type == CollectiveType::AllGather && b.backend == "ce") ++all_gathers_on_ce;
+    if (b.type != CollectiveType::ReduceScatter) continue;
+    ++reduce_scatters;
+    EXPECT_EQ(b.backend, "nccl") << b.id;
+    EXPECT_EQ(b.reason, "nccl: config.ce_collectives excludes reduce_scatter") << b.id;
+  }
+  EXPECT_GT(reduce_scatters, 0);
+  EXPECT_GT(all_gathers_on_ce, 0);
+  EXPECT_EQ(plan.summary.ce_buckets, ce_buckets);
+  // Written where not the default, and read back the same (ce_reduction too: it was dropped on save before).
+  on.ce_reduction = CeReduction::Kernel;
+  const std::string text = save_plan(make_plan(doc, "backward", model, on));
+  const Plan back = load_plan(text);
+  EXPECT_EQ(back.config.ce_collectives, std::vector<CollectiveType>{CollectiveType::AllGather});
+  EXPECT_EQ(back.config.ce_reduction, CeReduction::Kernel);
+  EXPECT_EQ(save_plan(back), text);
+  EXPECT_NE(text.find("\"ce_collectives\": [\"all_gather\"]"), std::string::npos);
+  // The default is not written (plans from before the key read back byte for byte).
+  EXPECT_EQ(save_plan(make_plan(doc, "backward", model, PlanConfig())).find("ce_collectives"), std::string::npos);
+  for (const auto& [config, message] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {{{"ce_collectives", {"all_reduce"}}},
+            "config.ce_collectives[0]: expected \"all_gather\" or \"reduce_scatter\" (the types CE serves), got "
+            "\"all_reduce\""},
+           {{{"ce_collectives", {"all_gather", "all_gather"}}}, "config.ce_collectives[1]: \"all_gather\" is listed twice"},
+           {{{"ce_collectives", "all_gather"}}, "config.ce_collectives: expected an array of collective types, got \"all_gather\""}}) {
+    try {
+      plan_config_from_json(config);
+      FAIL() << config;
+    } catch (const IrError& e) {
+      EXPECT_EQ(e.what(), message);
+    }
   }
 }
 
