@@ -23,7 +23,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama3-8b")
     ap.add_argument("--world-size", type=int, default=8)
-    ap.add_argument("--profile", default="h100-sxm")
+    ap.add_argument("--profile", default=profiles.DEFAULT)
     ap.add_argument("--ir", help="analyze this IR JSON instead of capturing")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--out")

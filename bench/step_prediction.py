@@ -81,7 +81,7 @@ def main() -> int:
     import torch
 
     import train
-    from ce_overlap.profiles import builtin_for_device
+    from ce_overlap.profiles import DEFAULT, builtin_for_device
 
     measured: dict[str, float] = {}
     kernels: dict[str, dict] = {}  # mode -> its kernel profile (train.py --kernel-profile)
@@ -93,7 +93,7 @@ def main() -> int:
             setattr(args, key, run["args"].get(key, getattr(args, key)))
         args.layers = args.layers or run["args"].get("layers")
         args.world_size = args.world_size or run["info"]["world_size"]
-        args.profile = args.profile or builtin_for_device(run["info"]["gpu"], default="h100-sxm")
+        args.profile = args.profile or builtin_for_device(run["info"]["gpu"], default=DEFAULT)
         measured = {r["mode"]: r["median_ms"] for r in run["results"] if r.get("ok", True) and r.get("median_ms")}
         kernels = {r["mode"]: r["kernels"] for r in run["results"] if r.get("kernels")}
         source = f"{args.train_json} ({run['info'].get('gpu')}, torch {run['info'].get('torch')})"

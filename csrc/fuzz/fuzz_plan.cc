@@ -1,4 +1,4 @@
-// libFuzzer target: the Plan JSON loader (csrc/graph/plan.cc). Oracle: any input loads or throws IrError
+// libFuzzer target: the Plan JSON loader (csrc/graph/plan_json.cc, plan_validate.cc). Oracle: any input loads or throws IrError
 // (the one documented exception type); an accepted Plan saves canonically (save -> load -> save identical).
 #include <cstdint>
 #include <cstdio>

@@ -12,9 +12,10 @@ import sys
 import time
 
 from .errors import CeOverlapError
+from .profiles import DEFAULT as DEFAULT_PROFILE_NAME
 
 DEFAULT_MODEL = "llama3-8b"
-DEFAULT_PROFILE = "h100-sxm"
+DEFAULT_PROFILE = DEFAULT_PROFILE_NAME
 DEFAULT_WORLD_SIZE = 8
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from . import _core
+from . import _core, profiles
 from .errors import CeOverlapError
 
 
@@ -165,18 +165,13 @@ def capture_named(name: str, *, world_size: int, seq_len: int | None = None, bat
     return _from_doc(doc)
 
 
-def analyze(ir: Ir, profile="h100-sxm") -> dict:
+def analyze(ir: Ir, profile=profiles.DEFAULT) -> dict:
     """The analysis report (docs/analysis.md) of `ir` under a built-in profile name, a profile file,
     or an already loaded `_core.Profile`."""
-    from . import profiles
-
-    loaded = profile if isinstance(profile, _core.Profile) else profiles.load(profile)
-    return json.loads(_core.analyze(ir._doc, loaded))
+    return json.loads(_core.analyze(ir._doc, _profile_arg(profile)))
 
 
 def _profile_arg(profile):
-    from . import profiles
-
     return profile if isinstance(profile, _core.Profile) else profiles.load(profile)
 
 
@@ -188,7 +183,7 @@ def _ir_arg(ir):
     raise CeOverlapError(f"ir: expected an Ir, an IrDocument or IR JSON text, got {type(ir).__name__}")
 
 
-def plan(ir, graph: str = "forward", profile="h100-sxm", config: dict | None = None) -> dict:
+def plan(ir, graph: str = "forward", profile=profiles.DEFAULT, config: dict | None = None) -> dict:
     """The Plan (docs/plan.md, schema ce_overlap.plan/1) of graph `graph` of `ir` (an Ir, an IrDocument or
     IR JSON text): buckets, NCCL/CE per bucket, the new order and a summary. `profile`: a built-in profile
     name, a profile file or a loaded `_core.Profile`. `config`: any of bucket_cap_bytes,

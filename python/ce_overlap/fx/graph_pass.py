@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import time
-import types
 from typing import Any, Callable
 
 import torch
@@ -26,7 +25,7 @@ from . import rewrite
 from .backend_choice import backend_chooser
 from .capture_state import capturing
 from .lowering import register_ce_lowerings
-from .to_ir import CaptureError, graph_to_ir
+from .to_ir import CaptureError, core_document
 
 _MIB = 1 << 20
 
@@ -113,16 +112,10 @@ def graph_name_of(graph: torch.fx.Graph) -> str:
 
 
 def ir_document(graph: torch.fx.Graph, name: str):
-    from .. import _core
+    """The IR of one post-grad graph (ce_overlap.ir.Ir over to_ir.core_document), named `name`."""
     from ..ir import Ir
 
-    gm = graph.owning_module if graph.owning_module is not None else types.SimpleNamespace(graph=graph)
-    doc = {"schema": "ce_overlap.ir/1",
-           "meta": {"source": "ce_overlap pass", "torch": torch.__version__, "graph": name},
-           "blocks": [], "graphs": [graph_to_ir(gm, name)]}
-    core_doc = _core.IrDocument.from_json(json.dumps(doc))
-    core_doc.detect_blocks()
-    return Ir(core_doc)
+    return Ir(core_document(graph, name, {"source": "ce_overlap pass", "torch": torch.__version__, "graph": name}))
 
 
 def dump_plan(config: PassConfig, name: str, ir_text: str, plan: dict | None) -> list[str]:
