@@ -267,6 +267,21 @@ def lr_at(step: int, args) -> float:
     return args.lr * min(1.0, step / args.lr_warmup_steps) if args.lr_warmup_steps > 0 else args.lr
 
 
+def log_kernel_table(results: list) -> None:
+    """With --kernel-profile: per mode, the GPU busy time per step of the GEMMs beside the collectives (NCCL kernels,
+    copy-engine copies) and the time the compute stream waited on them (rank 0, ms per step)."""
+    profiled = [r for r in results if r.ok and r.kernels]
+    if not profiled:
+        return
+    log0("")
+    log0(f"{'kernels, ms/step (rank 0)':<26}{'GEMM':>9}{'attention':>10}{'NCCL':>9}{'copies':>9}{'compute wait':>13}"
+         f"{'wall':>9}")
+    for r in profiled:
+        cls = r.kernels["by_class_ms"]
+        log0(f"{r.mode:<26}{cls.get('gemm', 0.0):9.2f}{cls.get('attention', 0.0):10.2f}{cls.get('collective', 0.0):9.2f}"
+             f"{cls.get('copy', 0.0):9.2f}{r.kernels['compute_wait_ms']:13.2f}{r.kernels['wall_ms']:9.1f}")
+
+
 def losses_agree(results: list, ulps: float = 1.0) -> tuple[bool, str]:
     """Whether every pair of modes' losses agree at every step within `ulps` bf16 spacings of the loss (2^-7
     relative: bf16 keeps 8 significant bits), and the worst step."""
@@ -743,6 +758,7 @@ def main(argv=None) -> int:
             gap = f"{100 * (r.tps - base.tps) / (bound.tps - base.tps):.0f}%"
         log0(f"{r.mode:<26}{r.median_ms:9.1f}{r.tps:11,.0f}{r.tflops:9.1f}{r.mfu:7.1f}{vs:>11}{gap:>11}"
              f"{r.peak_mem_gib:9.1f}{r.peak_alloc_gib:10.1f}{r.losses[-1]:9.4f}{r.compile_s:10.1f}")
+    log_kernel_table(results)
     compiled = [r for r in results if r.ok and r.mode not in ("eager", "no-comm")]
     if len(compiled) > 1:
         worst = max(abs(a - b) for r in compiled for a, b in zip(r.losses, compiled[0].losses))
@@ -752,9 +768,9 @@ def main(argv=None) -> int:
 
     prediction = None
     if args.predict and rank == 0:
-        from ce_overlap.profiles import builtin_for_device  # noqa: PLC0415
+        from ce_overlap.profiles import DEFAULT, builtin_for_device  # noqa: PLC0415
 
-        profile = args.profile or builtin_for_device(info["gpu"], default="h100-sxm")
+        profile = args.profile or builtin_for_device(info["gpu"], default=DEFAULT)
         prediction = predict(args, world, profile)
         pred_ms = predicted_step_ms(prediction)
         prediction["step_ms"] = pred_ms

@@ -518,3 +518,24 @@ def test_drivers_refuse_renamed_and_bad_knobs(script, env, message, tmp_path):
     proc = _driver(script, tmp_path, env)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert not any(tmp_path.glob("*.log"))  # nothing ran
+
+
+def test_train_kernel_table_shows_gemm_beside_the_collectives(capsys):
+    """--kernel-profile's table: per mode the GEMM busy time beside the NCCL kernels and the copy-engine copies, and
+    the compute stream's wait; modes without a profile or that failed are left out."""
+    import train
+
+    kernels = {"by_class_ms": {"gemm": 12.5, "attention": 3.25, "collective": 4.0, "copy": 1.5},
+               "compute_wait_ms": 0.75, "wall_ms": 25.0}
+    results = [train.ModeResult("fsdp2", kernels=kernels),
+               train.ModeResult("fsdp2-ce", kernels={**kernels, "by_class_ms": {"gemm": 11.0}}),
+               train.ModeResult("no-profile"), train.ModeResult("failed", ok=False, kernels=kernels)]
+    train.log_kernel_table(results)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split() == ["kernels,", "ms/step", "(rank", "0)", "GEMM", "attention", "NCCL", "copies",
+                                "compute", "wait", "wall"]
+    assert lines[1].split() == ["fsdp2", "12.50", "3.25", "4.00", "1.50", "0.75", "25.0"]
+    assert lines[2].split() == ["fsdp2-ce", "11.00", "0.00", "0.00", "0.00", "0.75", "25.0"]
+    assert len(lines) == 3
+    train.log_kernel_table([train.ModeResult("fsdp2")])
+    assert capsys.readouterr().out == ""
