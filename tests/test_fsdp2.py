@@ -4,6 +4,7 @@ the real fully_shard, over a fake process group of 8 ranks (shapes and sharding 
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 import torch
@@ -55,6 +56,38 @@ def test_groups_and_their_sizes(world8):
     ag, rs, gdt, rdt = fsdp._group_bytes(groups[1][2])
     block = 2 * 4096 + 8 * 4096 * 4096  # norm weight + bias, up, down (dim 0 divides by 8: no padding)
     assert (ag, rs, gdt, rdt) == (block // 8 * 2, block * 4, "bfloat16", "float32")
+
+
+def test_each_process_group_gets_a_pool_for_its_own_largest_outputs(world8):
+    """One pool per process group, sized for the 3 largest all-gather outputs gathered over it (plus staging and p2p,
+    at least RuntimeConfig.pool_mb): a group every module shares holds three of them; a module with a group of its
+    own (fully_shard without a mesh under a gloo default group makes one per call) holds its own output only, so the
+    small blocks' groups do not each get room for the model's largest."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from ce_overlap.runtime import RuntimeConfig
+
+    cfg = RuntimeConfig()
+    extra = cfg.group_staging_mb() + cfg.group_p2p_mb()
+    gathered = {dim: (2 * dim + 8 * dim * dim) * 2 / MIB for dim in (8192, 4096)}  # a Block's bf16 parameters
+
+    shared = fsdp.fsdp_groups(_sharded(dim=8192, blocks=4))
+    assert fsdp.pool_mb_by_group([pg for _, _, pg in shared], cfg) == {
+        world8.group_name: float(math.ceil(3 * gathered[8192] + extra))}
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    with torch.device("meta"):
+        model = nn.Sequential(Block(8192), Block(4096), nn.LayerNorm(64))
+    own = {}
+    for name, module in (("0", model[0]), ("1", model[1]), ("", model)):
+        g = dist.new_group(list(range(8)))
+        own[name] = g.group_name
+        fully_shard(module, mesh=DeviceMesh.from_group(g, "cpu"), mp_policy=mp)
+    groups = fsdp.fsdp_groups(model)
+    assert {name: pg.mesh_info.shard_process_group.group_name for name, _, pg in groups} == own
+    assert fsdp.pool_mb_by_group([pg for _, _, pg in groups], cfg) == {
+        own["0"]: float(math.ceil(gathered[8192] + extra)), own["1"]: cfg.pool_mb, own[""]: cfg.pool_mb}
 
 
 def test_the_cost_model_decides_per_group(world8):

@@ -139,8 +139,8 @@ def decide(groups, *, ce: str = "auto", profile: str = "auto", unavailable: dict
 def use_copy_engines(model, *, ce: str = "auto", profile: str = "auto", runtime=None, group=None) -> list[Decision]:
     """Installs copy-engine collectives on every FSDPModule of `model` (call after fully_shard, on every rank: it
     rendezvouses the FSDP groups). Returns what was decided per FSDP group and collective, also logged (one line per
-    group). `runtime`: the RuntimeConfig for the groups' pools (default: RuntimeConfig.from_env() with a pool large
-    enough for three of the largest group's all-gather outputs). `group`: the process group the model must be
+    group). `runtime`: the RuntimeConfig for the groups' pools (default: RuntimeConfig.from_env() with each process
+    group's pool large enough for the three largest all-gather outputs of the FSDP groups on it). `group`: the process group the model must be
     sharded over (an error otherwise). Raises CeOverlapError, leaving the model unchanged, when the model has no
     FSDPModule, a module is sharded over another group than `group`, or its parameters are not on a CUDA device.
     Where torch lacks FSDP2's hooks or the CE runtime is unavailable, FSDP keeps NCCL (said once; nothing
@@ -177,26 +177,54 @@ def use_copy_engines(model, *, ce: str = "auto", profile: str = "auto", runtime=
     return decisions
 
 
+def _groups_of(param_group) -> list:
+    """The process groups an FSDP group gathers or reduces over: its shard group, and the post-forward group when it
+    reshards to a smaller one after forward (reshard_after_forward=int)."""
+    post = getattr(getattr(param_group, "post_forward_mesh_info", None), "shard_process_group", None)
+    shard = param_group.mesh_info.shard_process_group
+    return [shard] + ([post] if post is not None and post is not shard else [])
+
+
+# All-gather outputs of one process group that FSDP2 holds at once: the current module's, the prefetched next one's,
+# and the one still being freed (implicit or explicit prefetching of one module ahead).
+POOL_OUTPUTS_IN_FLIGHT = 3
+
+
+def pool_mb_by_group(param_groups, runtime) -> dict[str, float]:
+    """Group name -> the symmetric pool (MiB) its rendezvous needs: room for the POOL_OUTPUTS_IN_FLIGHT largest
+    all-gather outputs of the FSDP groups that gather over it, plus the runtime's staging and p2p parts, at least
+    runtime.pool_mb. Per group: where every module has its own group (fully_shard without a mesh under a gloo
+    default group makes one per call), each pool holds that module's outputs only, not the whole model's largest."""
+    outputs: dict[str, list[int]] = {}
+    for pg in param_groups:
+        per_rank = _group_bytes(pg)[0]
+        for g in _groups_of(pg):
+            outputs.setdefault(g.group_name, []).append(per_rank * g.size())
+    extra = runtime.group_staging_mb() + runtime.group_p2p_mb()
+    return {name: max(runtime.pool_mb, float(math.ceil(
+                sum(sorted(sizes, reverse=True)[:POOL_OUTPUTS_IN_FLIGHT]) / _MIB + extra)))
+            for name, sizes in outputs.items()}
+
+
 def _rendezvous_groups(param_groups, runtime) -> dict[str, str]:
     """Rendezvouses every process group the FSDP groups gather or reduce over (collective: every rank runs this in
-    the same order). Returns group name -> why copy engines cannot serve it ("" when they can)."""
+    the same order). `runtime`: the RuntimeConfig of every group, or None: RuntimeConfig.from_env() with each group's
+    pool grown to what its FSDP groups need (pool_mb_by_group). Returns group name -> why copy engines cannot serve
+    it ("" when they can)."""
     from . import runtime as rt
 
+    sized = {}
     if runtime is None:
-        largest = max((_group_bytes(pg)[0] * pg.mesh_info.shard_process_group.size() for pg in param_groups),
-                      default=0)
-        runtime = rt.RuntimeConfig.from_env()
-        needed = 3 * largest / _MIB + runtime.group_staging_mb() + runtime.group_p2p_mb()
-        if needed > runtime.pool_mb:
-            runtime = dataclasses.replace(runtime, pool_mb=float(math.ceil(needed)))
+        base = rt.RuntimeConfig.from_env()
+        sized = {name: dataclasses.replace(base, pool_mb=mb) for name, mb in pool_mb_by_group(param_groups,
+                                                                                              base).items()}
     seen: dict[str, str] = {}
     for pg in param_groups:
-        for g in (pg.mesh_info.shard_process_group,
-                  getattr(getattr(pg, "post_forward_mesh_info", None), "shard_process_group", None)):
-            if g is None or g.group_name in seen:
+        for g in _groups_of(pg):
+            if g.group_name in seen:
                 continue
             try:
-                rt.rendezvous(g, runtime)
+                rt.rendezvous(g, sized.get(g.group_name, runtime))
                 seen[g.group_name] = ""
             except Exception as e:  # noqa: BLE001 (that group keeps NCCL, and says why)
                 seen[g.group_name] = f"CE rendezvous of group {g.group_name!r} failed: {e}"

@@ -38,6 +38,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import ce_overlap.fsdp as cefsdp  # noqa: E402
+import ce_overlap.runtime as rt  # noqa: E402
 from ce_overlap.models.llama import LLAMA_CONFIGS, Llama, init_weights  # noqa: E402
 
 # Every rank on GPU 0 (over gloo) when asked, or when there are more local ranks than GPUs.
@@ -107,6 +108,7 @@ def run_variant(model_name: str, variant: str, compiled: bool, args) -> dict:
     from torch.distributed.fsdp import FSDPModule
 
     torch._dynamo.reset()
+    torch.cuda.reset_peak_memory_stats()
     model, cfg = build(model_name, args, compiled)
     decisions = []
     if variant == "ce":
@@ -132,6 +134,8 @@ def run_variant(model_name: str, variant: str, compiled: bool, args) -> dict:
         opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     out["seconds"] = time.perf_counter() - t0
+    out["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+    out["pools"] = {name: rt.config_of(name).pool_mb for name in rt.rendezvoused_groups()}  # this process's, so far
     out["params"] = [p.to_local().detach().cpu() for p in model.parameters()]
     del model, opt
     torch.cuda.empty_cache()
@@ -206,6 +210,9 @@ def main() -> int:
                   f"losses {['%.6f' % v for v in ce['losses']]}, loss err {c['loss_err']:.2e}, grad rel err "
                   f"{c['grad_err']:.2e}, param rel err {c['param_err']:.2e}, bit-identical {c['identical']}; "
                   f"{ref['seconds']:.1f} s / {ce['seconds']:.1f} s")
+            log0(f"    memory (rank 0): torch peak reserved {ce['peak_reserved_gib']:.2f} GiB (reference "
+                 f"{ref['peak_reserved_gib']:.2f}); CE pools so far {len(ce['pools'])} groups, "
+                 f"{sum(ce['pools'].values()) / 1024:.2f} GiB ({', '.join(f'{v:.0f}' for v in ce['pools'].values())} MiB)")
     failed = [r for r in rows if not r[1]]
     log0(f"\n{len(rows) - len(failed)}/{len(rows)} checks passed" + (": FAIL" if failed else ": PASS"))
     dist.barrier(group=CPU_GROUP)
