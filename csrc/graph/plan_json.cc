@@ -292,6 +292,8 @@ PlanSummary read_summary(const json& j, const std::string& path) {
 }
 
 // --- canonical writer ---
+// A Plan is written one bucket per line, each object on that line as {"key": value, "key": value}: diffs of two plans
+// read bucket by bucket, and save -> load -> save is byte-identical (the fuzzer's oracle).
 
 void put(std::string& out, const json& v) {
   try {
@@ -300,153 +302,108 @@ void put(std::string& out, const json& v) {
     throw IrError(std::string("plan: cannot be written as JSON: ") + e.what());
   }
 }
-void key(std::string& out, const char* k) {
-  out += '"';
-  out += k;
-  out += "\": ";
-}
 json opt(const std::optional<std::string>& s) { return s ? json(*s) : json(nullptr); }
 json opt(const std::optional<double>& d) { return d ? json(*d) : json(nullptr); }
+json opt(const std::optional<int>& i) { return i ? json(*i) : json(nullptr); }
 json num(double d) { return json(d); }  // shortest text that reads back to the same double
 
-void write_config(std::string& out, const PlanConfig& c) {
-  out += '{';
-  key(out, "bucket_cap_bytes");
-  out += std::to_string(c.bucket_cap_bytes) + ", ";
-  key(out, "memory_budget_bytes");
-  out += std::to_string(c.memory_budget_bytes) + ", ";
-  key(out, "ce");
-  put(out, to_string(c.ce));
-  out += ", ";
-  key(out, "min_ce_bytes");
-  out += std::to_string(c.min_ce_bytes) + ", ";
-  key(out, "prefetch_blocks");
-  out += std::to_string(c.prefetch_blocks) + ", ";
-  key(out, "bucket_patterns");
+// One JSON object written in place: Line(out).field("a", 1).field("b", "x").close() appends {"a": 1, "b": "x"}.
+class Line {
+ public:
+  explicit Line(std::string& out) : out_(out) { out_ += '{'; }
+  Line& field(const char* name, const json& value) {
+    key(name);
+    put(out_, value);
+    return *this;
+  }
+  // A field whose value the caller appends: returns the string to append it to.
+  std::string& raw(const char* name) {
+    key(name);
+    return out_;
+  }
+  void close() { out_ += '}'; }
+
+ private:
+  void key(const char* name) {
+    if (!first_) out_ += ", ";
+    first_ = false;
+    out_ += '"';
+    out_ += name;
+    out_ += "\": ";
+  }
+  std::string& out_;
+  bool first_ = true;
+};
+
+// A JSON list on one line: ["a", "b"] (nlohmann's compact dump writes ["a","b"]).
+void write_list(std::string& out, const std::vector<std::string>& items) {
   out += '[';
-  for (size_t i = 0; i < c.bucket_patterns.size(); ++i) {
+  for (size_t i = 0; i < items.size(); ++i) {
     if (i) out += ", ";
-    put(out, c.bucket_patterns[i]);
+    put(out, items[i]);
   }
   out += ']';
+}
+
+void write_config(std::string& out, const PlanConfig& c) {
+  Line line(out);
+  line.field("bucket_cap_bytes", c.bucket_cap_bytes)
+      .field("memory_budget_bytes", c.memory_budget_bytes)
+      .field("ce", to_string(c.ce))
+      .field("min_ce_bytes", c.min_ce_bytes)
+      .field("prefetch_blocks", c.prefetch_blocks);
+  write_list(line.raw("bucket_patterns"), c.bucket_patterns);
   // The optional keys, only where they differ from the default: plans made before they existed read back the same.
-  if (c.ce_reduction != CeReduction::Consumer) {
-    out += ", ";
-    key(out, "ce_reduction");
-    put(out, to_string(c.ce_reduction));
-  }
-  if (!all_ce_collectives(c)) {
-    out += ", ";
-    key(out, "ce_collectives");
-    put(out, ce_collective_names(c));
-  }
-  out += '}';
+  if (c.ce_reduction != CeReduction::Consumer) line.field("ce_reduction", to_string(c.ce_reduction));
+  if (!all_ce_collectives(c)) line.field("ce_collectives", ce_collective_names(c));
+  line.close();
 }
 
 void write_bucket(std::string& out, const PlanBucket& b) {
-  out += '{';
-  key(out, "id");
-  out += std::to_string(b.id) + ", ";
-  key(out, "type");
-  put(out, to_string(b.type));
-  out += ", ";
-  key(out, "block");
-  out += b.block ? std::to_string(*b.block) : "null";
-  out += ", ";
-  key(out, "block_path");
-  put(out, opt(b.block_path));
-  out += ", ";
-  key(out, "group");
-  put(out, b.group);
-  out += ", ";
-  key(out, "group_size");
-  out += std::to_string(b.group_size) + ", ";
-  key(out, "dtype");
-  put(out, opt(b.dtype));
-  out += ", ";
-  key(out, "reduce_op");
-  put(out, opt(b.reduce_op));
-  out += ", ";
-  key(out, "members");
-  out += '[';
+  Line line(out);
+  line.field("id", b.id)
+      .field("type", to_string(b.type))
+      .field("block", opt(b.block))
+      .field("block_path", opt(b.block_path))
+      .field("group", b.group)
+      .field("group_size", b.group_size)
+      .field("dtype", opt(b.dtype))
+      .field("reduce_op", opt(b.reduce_op));
+  std::string& members = line.raw("members");
+  members += '[';
   for (size_t k = 0; k < b.members.size(); ++k) {
     const PlanMember& m = b.members[k];
-    if (k) out += ", ";
-    out += '{';
-    key(out, "collective");
-    put(out, m.collective);
-    out += ", ";
-    key(out, "wait");
-    put(out, opt(m.wait));
-    out += ", ";
-    key(out, "bytes");
-    out += std::to_string(m.bytes) + "}";
+    if (k) members += ", ";
+    Line(members).field("collective", m.collective).field("wait", opt(m.wait)).field("bytes", m.bytes).close();
   }
-  out += "], ";
-  key(out, "bytes");
-  out += std::to_string(b.bytes) + ", ";
-  key(out, "backend");
-  put(out, b.backend);
-  out += ", ";
-  key(out, "reason");
-  put(out, b.reason);
-  out += ", ";
-  key(out, "predicted");
+  members += ']';
   const PlanPrediction& p = b.predicted;
-  out += '{';
-  key(out, "nccl_us");
-  put(out, num(p.nccl_us));
-  out += ", ";
-  key(out, "ce_us");
-  put(out, opt(p.ce_us));
-  out += ", ";
-  key(out, "window_us");
-  put(out, num(p.window_us));
-  out += ", ";
-  key(out, "nccl_cost_us");
-  put(out, num(p.nccl_cost_us));
-  out += ", ";
-  key(out, "ce_cost_us");
-  put(out, opt(p.ce_cost_us));
-  out += ", ";
-  key(out, "exposed_us");
-  put(out, num(p.exposed_us));
-  out += "}}";
+  line.field("bytes", b.bytes).field("backend", b.backend).field("reason", b.reason);
+  Line(line.raw("predicted"))
+      .field("nccl_us", num(p.nccl_us))
+      .field("ce_us", opt(p.ce_us))
+      .field("window_us", num(p.window_us))
+      .field("nccl_cost_us", num(p.nccl_cost_us))
+      .field("ce_cost_us", opt(p.ce_cost_us))
+      .field("exposed_us", num(p.exposed_us))
+      .close();
+  line.close();
 }
 
 void write_summary(std::string& out, const PlanSummary& s) {
-  out += '{';
-  key(out, "collectives");
-  out += std::to_string(s.collectives) + ", ";
-  key(out, "buckets");
-  out += std::to_string(s.buckets) + ", ";
-  key(out, "ce_buckets");
-  out += std::to_string(s.ce_buckets) + ", ";
-  key(out, "exposed_comm_us_before");
-  put(out, num(s.exposed_comm_us_before));
-  out += ", ";
-  key(out, "exposed_comm_us_after");
-  put(out, num(s.exposed_comm_us_after));
-  out += ", ";
-  if (s.makespan_us_before) {
-    key(out, "makespan_us_before");
-    put(out, num(*s.makespan_us_before));
-    out += ", ";
-  }
-  if (s.makespan_us_after) {
-    key(out, "makespan_us_after");
-    put(out, num(*s.makespan_us_after));
-    out += ", ";
-  }
-  key(out, "peak_memory_bytes_before");
-  out += std::to_string(s.peak_memory_bytes_before) + ", ";
-  key(out, "peak_memory_bytes_after");
-  out += std::to_string(s.peak_memory_bytes_after) + ", ";
-  key(out, "memory_budget_bytes");
-  out += std::to_string(s.memory_budget_bytes) + ", ";
-  key(out, "plan_ms");
-  put(out, num(s.plan_ms));
-  out += '}';
+  Line line(out);
+  line.field("collectives", s.collectives)
+      .field("buckets", s.buckets)
+      .field("ce_buckets", s.ce_buckets)
+      .field("exposed_comm_us_before", num(s.exposed_comm_us_before))
+      .field("exposed_comm_us_after", num(s.exposed_comm_us_after));
+  if (s.makespan_us_before) line.field("makespan_us_before", num(*s.makespan_us_before));
+  if (s.makespan_us_after) line.field("makespan_us_after", num(*s.makespan_us_after));
+  line.field("peak_memory_bytes_before", s.peak_memory_bytes_before)
+      .field("peak_memory_bytes_after", s.peak_memory_bytes_after)
+      .field("memory_budget_bytes", s.memory_budget_bytes)
+      .field("plan_ms", num(s.plan_ms))
+      .close();
 }
 
 }  // namespace
