@@ -572,14 +572,26 @@ TEST(PlanJson, ErrorsNameTheField) {
   EXPECT_EQ(error_of([&] { load_plan("{"); }).rfind("malformed JSON: ", 0), 0u);
 }
 
-TEST(CheckPlan, CatchesEveryBrokenRule) {
+// A backward FSDP graph and its valid Plan: what the CheckPlan tests break one rule at a time.
+struct PlannedFsdp {
+  Document doc;
+  Plan plan;
+};
+PlannedFsdp planned_fsdp_backward() {
   FsdpOptions o;
   o.backward = true;
-  const Document doc = fsdp_doc(o);
-  const Graph& g = doc.graphs[0];
+  PlannedFsdp out{fsdp_doc(o), {}};
+  const Graph& g = out.doc.graphs[0];
   const PlanConfig config;
-  const Schedule s = schedule_graph(g, bucket_collectives(g, doc.blocks, config), config);
-  const Plan good = plan_of(doc, g, s, config);
+  out.plan = plan_of(out.doc, g, schedule_graph(g, bucket_collectives(g, out.doc.blocks, config), config), config);
+  return out;
+}
+
+TEST(CheckPlan, CatchesEveryBrokenRule) {
+  const PlannedFsdp base = planned_fsdp_backward();
+  const Document& doc = base.doc;
+  const Graph& g = doc.graphs[0];
+  const Plan& good = base.plan;
   check_plan(doc, good);
   auto broken = [&](const std::function<void(Plan&)>& edit) {
     Plan p = good;
@@ -632,13 +644,10 @@ Broken broken_rule(const std::function<void()>& f) {
 }
 
 TEST(CheckPlan, NamesTheRuleAndTheNode) {
-  FsdpOptions o;
-  o.backward = true;
-  const Document doc = fsdp_doc(o);
+  const PlannedFsdp base = planned_fsdp_backward();
+  const Document& doc = base.doc;
   const Graph& g = doc.graphs[0];
-  const PlanConfig config;
-  const Schedule s = schedule_graph(g, bucket_collectives(g, doc.blocks, config), config);
-  const Plan good = plan_of(doc, g, s, config);
+  const Plan& good = base.plan;
   auto broken = [&](const std::function<void(Plan&)>& edit) {
     Plan p = good;
     edit(p);
