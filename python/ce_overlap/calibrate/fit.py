@@ -369,18 +369,25 @@ def _with(analytic: dict, section: str, **fields) -> dict:
     return d
 
 
+def _fit_to_slope(analytic: dict, curve, kind: str, backend: str, world: int, field: str, bounds: tuple,
+                  digits: int, what: str, fitted: list[str], kept: list[str]) -> dict:
+    """Profile field `field` ("section.name") fitted to the slope of the measured `curve` within `bounds` and
+    rounded to `digits` decimals, said in `fitted` (one decimal fewer), or named in `kept` when the curve does not
+    rise. Returns the fitted analytic profile."""
+    section, name = field.split(".")
+    if not _rising(curve):
+        kept.append(field)
+        return analytic
+    v, ok = _slope_fit(analytic, curve, kind, backend, world, lambda d, x: d[section].update({name: x}), *bounds)
+    fitted.append(f"{field} {v:.{digits - 1}f} ({what} slope{'' if ok else ', clamped'})")
+    return _with(analytic, section, **{name: round(v, digits)})
+
+
 def _fit_nccl_reduce_scatter(analytic: dict, curves: dict, world: int, fitted: list[str],
                              kept: list[str]) -> dict:
     """nccl.reduction_bandwidth_factor to the reduce-scatter slope. Returns the fitted analytic profile."""
-    rs = curves.get(("reduce_scatter", "nccl", world))
-    if _rising(rs):
-        f, ok = _slope_fit(analytic, rs, "reduce_scatter", "nccl", world,
-                           lambda d, v: d["nccl"].update(reduction_bandwidth_factor=v), 0.05, 1.0)
-        analytic = _with(analytic, "nccl", reduction_bandwidth_factor=round(f, 4))
-        fitted.append(f"nccl.reduction_bandwidth_factor {f:.3f} (reduce-scatter slope{'' if ok else ', clamped'})")
-    else:
-        kept.append("nccl.reduction_bandwidth_factor")
-    return analytic
+    return _fit_to_slope(analytic, curves.get(("reduce_scatter", "nccl", world)), "reduce_scatter", "nccl", world,
+                         "nccl.reduction_bandwidth_factor", (0.05, 1.0), 4, "reduce-scatter", fitted, kept)
 
 
 def _fit_ce_all_gather(analytic: dict, curves: dict, world: int, fitted: list[str], kept: list[str]) -> dict:
@@ -411,18 +418,10 @@ def _fit_ce_reduce_scatter(analytic: dict, curves: dict, m: dict, world: int, fi
                            kept: list[str]) -> dict:
     """The reduction kernel's per-SM rate to the CE reduce-scatter slope (unless the kernel was measured
     directly). Returns the fitted analytic profile."""
-    rk = m.get("reduction_kernel")
-    ce_rs = curves.get(("reduce_scatter", "ce", world))
-    if rk:
-        pass  # measured directly (_fit_reduction_kernel)
-    elif _rising(ce_rs):
-        r, ok = _slope_fit(analytic, ce_rs, "reduce_scatter", "ce", world,
-                           lambda d, v: d["ce"].update(reduce_gbps_per_sm=v), 1.0, 5000.0)
-        analytic = _with(analytic, "ce", reduce_gbps_per_sm=round(r, 2))
-        fitted.append(f"ce.reduce_gbps_per_sm {r:.1f} (CE reduce-scatter slope{'' if ok else ', clamped'})")
-    else:
-        kept.append("ce.reduce_gbps_per_sm")
-    return analytic
+    if m.get("reduction_kernel"):
+        return analytic  # measured directly (_fit_reduction_kernel)
+    return _fit_to_slope(analytic, curves.get(("reduce_scatter", "ce", world)), "reduce_scatter", "ce", world,
+                         "ce.reduce_gbps_per_sm", (1.0, 5000.0), 2, "CE reduce-scatter", fitted, kept)
 
 
 def _fit_peer_copy(analytic: dict, m: dict, fitted: list[str], kept: list[str]) -> None:
