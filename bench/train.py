@@ -278,8 +278,9 @@ def log_kernel_table(results: list) -> None:
          f"{'wall':>9}")
     for r in profiled:
         cls = r.kernels["by_class_ms"]
-        log0(f"{r.mode:<26}{cls.get('gemm', 0.0):9.2f}{cls.get('attention', 0.0):10.2f}{cls.get('collective', 0.0):9.2f}"
-             f"{cls.get('copy', 0.0):9.2f}{r.kernels['compute_wait_ms']:13.2f}{r.kernels['wall_ms']:9.1f}")
+        log0(f"{r.mode:<26}{cls.get('gemm', 0.0):9.2f}{cls.get('attention', 0.0):10.2f}"
+             f"{cls.get('collective', 0.0):9.2f}{cls.get('copy', 0.0):9.2f}{r.kernels['compute_wait_ms']:13.2f}"
+             f"{r.kernels['wall_ms']:9.1f}")
 
 
 def losses_agree(results: list, ulps: float = 1.0) -> tuple[bool, str]:

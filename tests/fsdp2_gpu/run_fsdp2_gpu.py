@@ -23,6 +23,7 @@ sums in another order).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import os
@@ -45,6 +46,16 @@ from ce_overlap.models.llama import LLAMA_CONFIGS, Llama, init_weights  # noqa: 
 SHARED_GPU = os.environ.get("CE_TEST_SHARED_GPU") == "1" or \
     int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > torch.cuda.device_count()
 LOSS_TOL, GRAD_TOL, PARAM_TOL = 1e-3, 1e-2, 1e-3
+
+# The FSDP2 setups a run can ask for (--setups): what fully_shard and the training loop do differently.
+SETUPS = {
+    "default": "reshard after forward, implicit prefetching, fp32 gradient reduction, one microbatch per step",
+    "no-reshard": "reshard_after_forward=False on the blocks (their parameters stay gathered from forward to backward)",
+    "reshard-2": "reshard_after_forward=2 on the blocks (gathered again in backward over a 2-rank post-forward group)",
+    "explicit-prefetch": "set_modules_to_forward_prefetch / set_modules_to_backward_prefetch, one block ahead",
+    "grad-accum": "2 microbatches per step, set_requires_gradient_sync(False) on the first (no reduce-scatter)",
+    "bf16-reduce": "MixedPrecisionPolicy(reduce_dtype=bfloat16): the reduce-scatter in bf16",
+}
 
 
 def log0(msg: str) -> None:
@@ -86,7 +97,7 @@ def host_comms():
     return HostAllGather(), HostReduceScatter()
 
 
-def build(model_name: str, args, compiled: bool):
+def build(model_name: str, args, compiled: bool, setup: str = "default"):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     cfg = LLAMA_CONFIGS[model_name]
@@ -95,21 +106,60 @@ def build(model_name: str, args, compiled: bool):
     with torch.device("cuda"):
         model = Llama(cfg)
     init_weights(model)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                              reduce_dtype=torch.bfloat16 if setup == "bf16-reduce" else torch.float32)
+    reshard = {"no-reshard": False, "reshard-2": 2}.get(setup, True)
     for block in model.layers:
         if compiled:
             block.compile()
-        fully_shard(block, mp_policy=mp)
+        fully_shard(block, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(model, mp_policy=mp)
+    if setup == "explicit-prefetch":
+        blocks = list(model.layers)
+        for i, block in enumerate(blocks):
+            if i + 1 < len(blocks):
+                block.set_modules_to_forward_prefetch([blocks[i + 1]])
+            if i > 0:
+                block.set_modules_to_backward_prefetch([blocks[i - 1]])
     return model, cfg
 
 
-def run_variant(model_name: str, variant: str, compiled: bool, args) -> dict:
+class CallCounter:
+    """Counts the collectives FSDP2's comm objects actually ran, by path: the CE runtime's or torch.distributed's
+    (a fallback), so the check is what happened, not only what was decided."""
+
+    NAMES = (("ce", rt, "all_gather_into_tensor"), ("ce", rt, "reduce_scatter_tensor"),
+             ("fallback", dist, "all_gather_into_tensor"), ("fallback", dist, "reduce_scatter_tensor"))
+
+    def __init__(self):
+        self.counts: dict[str, int] = {}
+        self._saved = []
+
+    def __enter__(self):
+        for path, module, name in self.NAMES:
+            fn = getattr(module, name)
+            key = f"{path} {name.split('_into')[0].replace('_tensor', '')}"
+
+            def counted(*a, _fn=fn, _key=key, **k):
+                self.counts[_key] = self.counts.get(_key, 0) + 1
+                return _fn(*a, **k)
+
+            self._saved.append((module, name, fn))
+            setattr(module, name, counted)
+        return self
+
+    def __exit__(self, *exc):
+        for module, name, fn in self._saved:
+            setattr(module, name, fn)
+
+
+def run_variant(model_name: str, variant: str, compiled: bool, args, setup: str = "default") -> dict:
     from torch.distributed.fsdp import FSDPModule
 
     torch._dynamo.reset()
     torch.cuda.reset_peak_memory_stats()
-    model, cfg = build(model_name, args, compiled)
+    pools_before = set(rt.rendezvoused_groups())
+    model, cfg = build(model_name, args, compiled, setup)
     decisions = []
     if variant == "ce":
         decisions = cefsdp.use_copy_engines(model, ce="on")
@@ -122,22 +172,35 @@ def run_variant(model_name: str, variant: str, compiled: bool, args) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     gen = torch.Generator(device="cuda")
     out = {"losses": [], "grads": [], "decisions": decisions}
+    counter = CallCounter() if variant == "ce" else contextlib.nullcontext()
     t0 = time.perf_counter()
-    for step in range(args.steps):
-        gen.manual_seed(1000 * step + dist.get_rank())
-        tokens = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len), device="cuda", generator=gen)
-        loss = model(tokens, tokens)
-        loss.backward()
-        out["losses"].append(loss.detach().double().item())
-        out["grads"].append([p.grad.to_local().detach().cpu() for p in model.parameters()])  # host: two runs' copies
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
+    with counter:
+        micro = 2 if setup == "grad-accum" else 1
+        for step in range(args.steps):
+            for m in range(micro):
+                gen.manual_seed(1000 * step + 10 * m + dist.get_rank())
+                tokens = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len), device="cuda", generator=gen)
+                if micro > 1:
+                    model.set_requires_gradient_sync(m == micro - 1)  # the last microbatch reduce-scatters the sum
+                loss = model(tokens, tokens)
+                loss.backward()
+            out["losses"].append(loss.detach().double().item())
+            out["grads"].append([p.grad.to_local().detach().cpu() for p in model.parameters()])
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
     out["seconds"] = time.perf_counter() - t0
+    out["calls"] = counter.counts if variant == "ce" else {}
     out["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
-    out["pools"] = {name: rt.config_of(name).pool_mb for name in rt.rendezvoused_groups()}  # this process's, so far
+    out["pools"] = {name: rt.config_of(name).pool_mb for name in rt.rendezvoused_groups() if name not in pools_before}
     out["params"] = [p.to_local().detach().cpu() for p in model.parameters()]
     del model, opt
+    torch.cuda.synchronize()
+    # The groups FSDP made for this model (one per fully_shard under a gloo default group) outlive it, and so would
+    # their pools: drop them once every rank is done, or a run of many setups holds a pool per group it ever made.
+    dist.barrier(group=CPU_GROUP)
+    for name in out["pools"]:
+        rt.close_pool(name)
     torch.cuda.empty_cache()
     return out
 
@@ -171,7 +234,13 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--setups", default="default",
+                   help="comma-separated FSDP2 setups: " + "; ".join(f"{k}: {v}" for k, v in SETUPS.items()))
     args = p.parse_args()
+    setups = [x for x in args.setups.split(",") if x]
+    unknown = [x for x in setups if x not in SETUPS]
+    if unknown:
+        p.error(f"--setups: unknown {unknown}; choose from {list(SETUPS)}")
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(0 if SHARED_GPU else local)
     if SHARED_GPU:
@@ -189,30 +258,40 @@ def main() -> int:
         rows.append((name, ok))
         log0(f"  {'PASS' if ok else 'FAIL'}  {name}: {detail}")
 
-    for model_name in [m for m in args.models.split(",") if m]:
-        for mode in [m for m in args.modes.split(",") if m]:
-            label = f"{model_name} {mode}"
-            try:
-                ref = run_variant(model_name, "reference", mode == "compiled", args)
-                ce = run_variant(model_name, "ce", mode == "compiled", args)
-            except Exception as e:  # noqa: BLE001 (a failing run is a FAIL row)
-                traceback.print_exc()
-                check(f"{label}: runs", False, f"{type(e).__name__}: {str(e)[:300]}")
-                continue
-            on_ce = [d for d in ce["decisions"] if d.backend == "ce"]
-            check(f"{label}: every FSDP group's all-gather and reduce-scatter on CE",
-                  len(on_ce) == len(ce["decisions"]) > 0, f"{len(on_ce)} of {len(ce['decisions'])} collectives")
-            c = compare(ce, ref)
-            exact = world == 2
-            ok = c["identical"] if exact else (c["loss_err"] <= LOSS_TOL and c["grad_err"] <= GRAD_TOL
-                                               and c["param_err"] <= PARAM_TOL)
-            check(f"{label}: ce {'bit-identical to' if exact else 'matches'} the reference", ok,
-                  f"losses {['%.6f' % v for v in ce['losses']]}, loss err {c['loss_err']:.2e}, grad rel err "
-                  f"{c['grad_err']:.2e}, param rel err {c['param_err']:.2e}, bit-identical {c['identical']}; "
-                  f"{ref['seconds']:.1f} s / {ce['seconds']:.1f} s")
-            log0(f"    memory (rank 0): torch peak reserved {ce['peak_reserved_gib']:.2f} GiB (reference "
-                 f"{ref['peak_reserved_gib']:.2f}); CE pools so far {len(ce['pools'])} groups, "
-                 f"{sum(ce['pools'].values()) / 1024:.2f} GiB ({', '.join(f'{v:.0f}' for v in ce['pools'].values())} MiB)")
+    runs = [(model_name, mode, setup) for model_name in args.models.split(",") if model_name
+            for mode in args.modes.split(",") if mode for setup in setups]
+    for model_name, mode, setup in runs:
+        label = f"{model_name} {mode}" + ("" if setup == "default" else f" {setup}")
+        if setup == "reshard-2" and (world <= 2 or world % 2):
+            log0(f"  skipped  {label}: reshard_after_forward=2 needs an even world size above 2, not {world}")
+            continue
+        try:
+            ref = run_variant(model_name, "reference", mode == "compiled", args, setup)
+            ce = run_variant(model_name, "ce", mode == "compiled", args, setup)
+        except Exception as e:  # noqa: BLE001 (a failing run is a FAIL row)
+            traceback.print_exc()
+            check(f"{label}: runs", False, f"{type(e).__name__}: {str(e)[:300]}")
+            continue
+        on_ce = [d for d in ce["decisions"] if d.backend == "ce"]
+        calls = ce["calls"]
+        ran_on_ce = not any(k.startswith("fallback") for k in calls) and \
+            calls.get("ce all_gather", 0) > 0 and calls.get("ce reduce_scatter", 0) > 0
+        check(f"{label}: every FSDP group's all-gather and reduce-scatter on CE",
+              len(on_ce) == len(ce["decisions"]) > 0 and ran_on_ce,
+              f"{len(on_ce)} of {len(ce['decisions'])} collectives decided CE; calls on rank 0 "
+              + ", ".join(f"{k} {v}" for k, v in sorted(calls.items())))
+        c = compare(ce, ref)
+        exact = world == 2
+        ok = c["identical"] if exact else (c["loss_err"] <= LOSS_TOL and c["grad_err"] <= GRAD_TOL
+                                           and c["param_err"] <= PARAM_TOL)
+        check(f"{label}: ce {'bit-identical to' if exact else 'matches'} the reference", ok,
+              f"losses {['%.6f' % v for v in ce['losses']]}, loss err {c['loss_err']:.2e}, grad rel err "
+              f"{c['grad_err']:.2e}, param rel err {c['param_err']:.2e}, bit-identical {c['identical']}; "
+              f"{ref['seconds']:.1f} s / {ce['seconds']:.1f} s")
+        log0(f"    memory (rank 0): torch peak reserved {ce['peak_reserved_gib']:.2f} GiB (reference "
+             f"{ref['peak_reserved_gib']:.2f}); CE pools of this model {len(ce['pools'])} groups, "
+             f"{sum(ce['pools'].values()) / 1024:.2f} GiB"
+             + (f" ({', '.join(f'{v:.0f}' for v in ce['pools'].values())} MiB)" if len(ce["pools"]) <= 12 else ""))
     failed = [r for r in rows if not r[1]]
     log0(f"\n{len(rows) - len(failed)}/{len(rows)} checks passed" + (": FAIL" if failed else ": PASS"))
     dist.barrier(group=CPU_GROUP)

@@ -233,7 +233,9 @@ def open_pool(name: str, rank: int, world: int, device: int, store, prefix: str,
 
 
 def close_pool(name: str) -> None:
-    """Drops this rank's pool of group `name` (after a rendezvous that the other ranks did not all complete)."""
+    """Drops this rank's pool of group `name`: after a rendezvous that the other ranks did not all complete, or when
+    the group is done (every rank, after its last op on the group has finished: e.g. behind a barrier). Symmetric
+    tensors still alive keep the pool's memory until they are freed; a later op on the group rendezvouses anew."""
     torch.ops.ce_overlap._pool_abort(name)
     _groups.pop(name, None)
     _configs.pop(name, None)
