@@ -153,6 +153,14 @@ def _print_local_copies(args, rows, gemm_alone, alone: dict | None) -> None:
         C.log0(f"{label:<12} {d['gemm_ms'] * 1e3:>9.1f} {(d['gemm_ms'] / alone['gemm_ms'] - 1) * 100:>+8.1f}% {clock}")
 
 
+def _ce_settle(rt, group):
+    """Waits for the group's CE ops and the device: what a timed CE arm does between repeats."""
+    def settle():
+        rt.synchronize(group)
+        torch.cuda.synchronize()
+    return settle
+
+
 def _measure(run, settle, iters: int, mm, gemm_alone: float, nbytes: int, world: int, beside: bool) -> dict:
     """Times `run` alone and (beside=True) beside the GEMM. busbw = nbytes * (world - 1) / time."""
     dist.barrier()
@@ -229,9 +237,7 @@ def probe_all_gather(args, results: dict) -> None:
                     out = torch.empty(world * count, dtype=torch.bfloat16, device="cuda")
                     run = lambda: rt.all_gather_into_tensor(out, inp, group)  # noqa: E731
 
-                    def settle():
-                        rt.synchronize(group)
-                        torch.cuda.synchronize()
+                    settle = _ce_settle(rt, group)
                 else:
                     out = sym_out
                     shard = out.view(world, count)[rank]
@@ -241,9 +247,7 @@ def probe_all_gather(args, results: dict) -> None:
                     rtt.set_all_gather_mode("push" if name == "push" else "pull")
                     run = lambda: rt.all_gather_into_tensor(out, shard, group)  # noqa: E731
 
-                    def settle():
-                        rt.synchronize(group)
-                        torch.cuda.synchronize()
+                    settle = _ce_settle(rt, group)
                 row.update(_measure(run, settle, args.iters, mm, gemm_alone, nbytes, world, beside))
                 row["wrong"] = C.sum_over_ranks(C.count_wrong(out, ref))
             except Exception as e:  # noqa: BLE001
@@ -299,9 +303,7 @@ def probe_reduce_scatter(args, results: dict) -> None:
                     row["round_bytes"] = rtt.reduce_scatter_round_bytes(name)
                     run = lambda: rt.reduce_scatter_tensor(out, inp, "sum", group)  # noqa: E731
 
-                    def settle():
-                        rt.synchronize(group)
-                        torch.cuda.synchronize()
+                    settle = _ce_settle(rt, group)
                 row.update(_measure(run, settle, args.iters, mm, gemm_alone, nbytes, world, True))
                 row["wrong"] = C.sum_over_ranks(C.count_wrong(out, ref))
             except Exception as e:  # noqa: BLE001
