@@ -236,7 +236,6 @@ def probe_all_gather(args, results: dict) -> None:
                 elif name == "staged":
                     out = torch.empty(world * count, dtype=torch.bfloat16, device="cuda")
                     run = lambda: rt.all_gather_into_tensor(out, inp, group)  # noqa: E731
-
                     settle = _ce_settle(rt, group)
                 else:
                     out = sym_out
@@ -246,7 +245,6 @@ def probe_all_gather(args, results: dict) -> None:
                     rtt.tune(group, pull_split=split)
                     rtt.set_all_gather_mode("push" if name == "push" else "pull")
                     run = lambda: rt.all_gather_into_tensor(out, shard, group)  # noqa: E731
-
                     settle = _ce_settle(rt, group)
                 row.update(_measure(run, settle, args.iters, mm, gemm_alone, nbytes, world, beside))
                 row["wrong"] = C.sum_over_ranks(C.count_wrong(out, ref))
@@ -302,7 +300,6 @@ def probe_reduce_scatter(args, results: dict) -> None:
                     rtt.tune(group, reduce_sms=sms, rs_round_mb=round_mb)
                     row["round_bytes"] = rtt.reduce_scatter_round_bytes(name)
                     run = lambda: rt.reduce_scatter_tensor(out, inp, "sum", group)  # noqa: E731
-
                     settle = _ce_settle(rt, group)
                 row.update(_measure(run, settle, args.iters, mm, gemm_alone, nbytes, world, True))
                 row["wrong"] = C.sum_over_ranks(C.count_wrong(out, ref))
