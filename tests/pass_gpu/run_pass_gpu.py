@@ -96,6 +96,30 @@ VARIANTS = {
 ALL_CE = ("pass-ce-all", "pass-ce-packed", "pass-ce-rs-kernel", "pass-auto")
 SHARED_GPU = os.environ.get("CE_TEST_SHARED_GPU") == "1"
 LOSS_TOL, GRAD_TOL, PARAM_TOL = 1e-3, 1e-2, 1e-3
+# Besides the zoo's Llamas: tests/data/gpt2_tied.py, a GPT-2-style model whose output projection reuses the token
+# embedding's weight (its forward all-gather is waited on again in the backward) and whose forward returns
+# (loss, logits); its vocabulary (1001) does not divide by the ranks, so the tied shard is padded.
+GPT2_TIED = "gpt2-tied"
+
+
+def build_model(model_name: str, args):
+    """(model on the GPU, vocab size, sequence length) of a zoo Llama or gpt2-tied, with --seq-len / --layers."""
+    if model_name == GPT2_TIED:
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "data"))
+        import gpt2_tied  # noqa: PLC0415
+
+        cfg = gpt2_tied.Gpt2Config()
+        seq = args.seq_len or cfg.seq_len
+        cfg = dataclasses.replace(cfg, seq_len=seq, n_ctx=max(cfg.n_ctx, seq), n_layers=args.layers or cfg.n_layers)
+        with torch.device("cuda"):
+            return gpt2_tied.Gpt2(cfg), cfg.vocab_size, cfg.seq_len
+    cfg = LLAMA_CONFIGS[model_name]
+    if args.seq_len:
+        cfg = dataclasses.replace(cfg, seq_len=args.seq_len)
+    if args.layers:
+        cfg = dataclasses.replace(cfg, n_layers=args.layers)
+    with torch.device("cuda"):
+        return Llama(cfg), cfg.vocab_size, cfg.seq_len
 
 
 def log0(msg: str = "") -> None:
@@ -140,14 +164,8 @@ def compile_options(variant: str, args) -> dict | None:
 def run_variant(model_name: str, variant: str, args) -> dict:
     rank = dist.get_rank()
     torch._dynamo.reset()
-    cfg = LLAMA_CONFIGS[model_name]
-    if args.seq_len:
-        cfg = dataclasses.replace(cfg, seq_len=args.seq_len)
-    if args.layers:
-        cfg = dataclasses.replace(cfg, n_layers=args.layers)
     torch.manual_seed(1234)
-    with torch.device("cuda"):
-        model = Llama(cfg)
+    model, vocab_size, seq_len = build_model(model_name, args)
     fully_shard_in_graph(model, dist.group.WORLD, param_dtype=torch.bfloat16)
     named = list(model.named_parameters())
     params = [p for _, p in named]
@@ -167,10 +185,11 @@ def run_variant(model_name: str, variant: str, args) -> dict:
         with runtime_absent(variant == "pass-no-runtime"):
             for step in range(args.steps):
                 gen.manual_seed(1000 * step + rank)
-                tokens = torch.randint(0, cfg.vocab_size, (args.batch, cfg.seq_len), device="cuda", generator=gen)
+                tokens = torch.randint(0, vocab_size, (args.batch, seq_len), device="cuda", generator=gen)
                 torch.cuda.synchronize()
                 s0 = time.perf_counter()
                 loss = compiled(tokens, tokens)
+                loss = loss[0] if isinstance(loss, tuple) else loss  # gpt2-tied returns (loss, logits)
                 loss.backward()
                 torch.cuda.synchronize()
                 out["step_s"].append(time.perf_counter() - s0)
@@ -242,10 +261,11 @@ def ce_counts(res: dict) -> dict:
 def main(argv=None) -> int:
     global SHARED_GPU
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="llama3-tiny,llama3-1b")
+    p.add_argument("--models", default="llama3-tiny,llama3-1b", help=f"zoo Llamas, and {GPT2_TIED}")
     p.add_argument("--variants", default=",".join(VARIANTS), help="subset of: " + ", ".join(VARIANTS))
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--seq-len", type=int, default=None, help="default: 128 for llama3-tiny, 2048 otherwise")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help=f"default: 128 for llama3-tiny and {GPT2_TIED}, 2048 otherwise")
     p.add_argument("--layers", type=int, default=None, help="override the number of transformer blocks")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -305,7 +325,7 @@ def main(argv=None) -> int:
         log0(f"  {'PASS' if ok else 'FAIL'}  {name}: {detail}")
 
     for model in [m for m in args.models.split(",") if m]:
-        seq = args.seq_len or (128 if model == "llama3-tiny" else 2048)
+        seq = args.seq_len or (128 if model in ("llama3-tiny", GPT2_TIED) else 2048)
         margs = argparse.Namespace(**{**vars(args), "seq_len": seq})
         log0(f"== {model} (seq {seq}, {args.steps} steps, variants {', '.join(variants)})")
         ran: dict[str, dict] = {}
