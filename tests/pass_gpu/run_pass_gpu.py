@@ -188,7 +188,11 @@ def run_variant(model_name: str, variant: str, args) -> dict:
                 tokens = torch.randint(0, vocab_size, (args.batch, seq_len), device="cuda", generator=gen)
                 torch.cuda.synchronize()
                 s0 = time.perf_counter()
-                loss = compiled(tokens, tokens)
+                # The Llamas predict the input tokens (as every earlier run of this harness); gpt2-tied predicts the
+                # next token: with the output projection tied to the embedding, predicting its own input token is
+                # trivial (loss ~0, gradients ~0) and would check nothing.
+                targets = tokens.roll(-1, dims=1) if model_name == GPT2_TIED else tokens
+                loss = compiled(tokens, targets)
                 loss = loss[0] if isinstance(loss, tuple) else loss  # gpt2-tied returns (loss, logits)
                 loss.backward()
                 torch.cuda.synchronize()
