@@ -112,7 +112,16 @@ def build_model(model_name: str, args):
         seq = args.seq_len or cfg.seq_len
         cfg = dataclasses.replace(cfg, seq_len=seq, n_ctx=max(cfg.n_ctx, seq), n_layers=args.layers or cfg.n_layers)
         with torch.device("cuda"):
-            return gpt2_tied.Gpt2(cfg), cfg.vocab_size, cfg.seq_len
+            model = gpt2_tied.Gpt2(cfg)
+        # GPT-2's initialization (normal, std 0.02; zero biases), not PyTorch's N(0, 1) embeddings: with the output
+        # projection tied to them, those make logits of magnitude ~dim and a loss near 87 where Adam amplifies any
+        # reduction-order difference into a different trajectory within three steps.
+        for m in model.modules():
+            if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
+                torch.nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, torch.nn.Linear) and m.bias is not None:
+                torch.nn.init.zeros_(m.bias)
+        return model, cfg.vocab_size, cfg.seq_len
     cfg = LLAMA_CONFIGS[model_name]
     if args.seq_len:
         cfg = dataclasses.replace(cfg, seq_len=args.seq_len)
@@ -235,6 +244,7 @@ def compare(x: dict, ref: dict) -> dict:
     loss_err = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(x["losses"], ref["losses"]))
     per = [[_rel(a, b) for a, b in zip(ga, gb)] for ga, gb in zip(x["grads"], ref["grads"])]
     grad_err = max(e for step in per for e in step)
+    grad_err_first = max(per[0], default=0.0)  # before any optimizer step: the collectives' own difference
     worst = max(((e, s, i) for s, step in enumerate(per) for i, e in enumerate(step)), default=(0.0, 0, 0))
     names = x.get("param_names") or []
     where = {"step": worst[1] + 1, "param": names[worst[2]] if worst[2] < len(names) else worst[2],
@@ -244,10 +254,11 @@ def compare(x: dict, ref: dict) -> dict:
     identical = float(all(a == b for a, b in zip(x["losses"], ref["losses"]))
                       and all(torch.equal(a, b) for ga, gb in zip(x["grads"], ref["grads"]) for a, b in zip(ga, gb))
                       and all(torch.equal(a, b) for a, b in zip(x["params"], ref["params"])))
-    t = torch.tensor([loss_err, grad_err, param_err, 1.0 - identical], dtype=torch.float64,
+    t = torch.tensor([loss_err, grad_err, param_err, 1.0 - identical, grad_err_first], dtype=torch.float64,
                      device="cpu" if SHARED_GPU else "cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return {"loss_err": t[0].item(), "grad_err": t[1].item(), "param_err": t[2].item(), "identical": t[3].item() == 0,
+            "grad_err_first_step": t[4].item(),
             "worst_grad_rank0": where}
 
 
@@ -367,7 +378,8 @@ def main(argv=None) -> int:
                     return
                 c = compare(res, ran[ref])
                 summary[v][f"vs_{ref}"] = c
-                detail = (f"loss err {c['loss_err']:.2e}, grad rel err {c['grad_err']:.2e}, "
+                detail = (f"loss err {c['loss_err']:.2e}, grad rel err {c['grad_err']:.2e} (first step "
+                          f"{c['grad_err_first_step']:.2e}), "
                           f"param rel err {c['param_err']:.2e}, bit-identical: {c['identical']}")
                 if not c["identical"]:
                     detail += f" (rank 0: {c['worst_grad_rank0']})"
