@@ -60,6 +60,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -245,11 +246,16 @@ def compare(x: dict, ref: dict) -> dict:
     per = [[_rel(a, b) for a, b in zip(ga, gb)] for ga, gb in zip(x["grads"], ref["grads"])]
     grad_err = max(e for step in per for e in step)
     grad_err_first = max(per[0], default=0.0)  # before any optimizer step: the collectives' own difference
+    i_first = max(range(len(per[0])), key=lambda i: per[0][i], default=0)
     worst = max(((e, s, i) for s, step in enumerate(per) for i, e in enumerate(step)), default=(0.0, 0, 0))
     names = x.get("param_names") or []
     where = {"step": worst[1] + 1, "param": names[worst[2]] if worst[2] < len(names) else worst[2],
              "differing_per_step": [sum(not torch.equal(a, b) for a, b in zip(ga, gb))
-                                    for ga, gb in zip(x["grads"], ref["grads"])]}
+                                    for ga, gb in zip(x["grads"], ref["grads"])],
+             "first_step_worst": {"param": names[i_first] if i_first < len(names) else i_first,
+                                  "ref_norm": ref["grads"][0][i_first].float().norm().item() if per[0] else 0.0,
+                                  "all_grads_norm": math.sqrt(sum(g.float().norm().item() ** 2
+                                                                  for g in ref["grads"][0]))}}
     param_err = max(_rel(a, b) for a, b in zip(x["params"], ref["params"]))
     identical = float(all(a == b for a, b in zip(x["losses"], ref["losses"]))
                       and all(torch.equal(a, b) for ga, gb in zip(x["grads"], ref["grads"]) for a, b in zip(ga, gb))
