@@ -11,6 +11,8 @@ Modes:
   eager                      no compile
   compile                    torch.compile, Inductor defaults
   compile+inductor-overlap   + Inductor's own overlap scheduler and FSDP bucketing (the best it offers)
+  compile+low-contention     compile+inductor-overlap plus PyTorch's low-contention pass (its copy-engine symm_mem
+                             all-gather / reduce-scatter for overlapped FSDP collectives), where the torch has it
   ce_overlap-nccl            + ce_overlap's pass with CE off: our bucketing and reordering on NCCL
   ce_overlap                 + ce_overlap's pass with the cost model's NCCL/CE choice
   ce_overlap-packed          ce_overlap with pack_ce_buckets=True: CE buckets packed into one buffer (copy-in /
@@ -72,7 +74,7 @@ def max_over_ranks(value: float) -> float:
     return float(t.item())
 
 
-MODES = ["eager", "compile", "compile+inductor-overlap", "ce_overlap-nccl", "ce_overlap", "ce_overlap-packed",
+MODES = ["eager", "compile", "compile+inductor-overlap", "compile+low-contention", "ce_overlap-nccl", "ce_overlap", "ce_overlap-packed",
          "ce_overlap-rs-kernel", "no-comm", "fsdp2", "fsdp2-ce", "fsdp2-symm-mem"]
 CE_MODES = ("ce_overlap", "ce_overlap-packed", "ce_overlap-rs-kernel")  # modes that may run CE collectives
 
@@ -175,18 +177,33 @@ def build_model(cfg, mode: str, group, ce: str = "auto"):
     return model
 
 
+def inductor_config():
+    """torch._inductor.config (a function: the tests hand compile_options a torch without some option)."""
+    import torch._inductor.config as ic
+
+    return ic
+
+
 def compile_options(mode: str, ce: str = "auto") -> dict | None:
     if mode in ("eager", "compile", "no-comm"):
         return None
-    if mode == "compile+inductor-overlap":
-        import torch._inductor.config as ic
-
+    if mode in ("compile+inductor-overlap", "compile+low-contention"):
+        ic = inductor_config()
         # The configuration MEASURED.md found best on torch 2.11 (+5.2%). Adding Inductor's FX bucketing
         # (bucket_all_gathers_fx="only_fsdp", bucket_reduce_scatters_fx="all") gave NaN losses from step 1 with this
         # model on torch 2.11 (the first 2-GPU run, 2026-11-22: bench/results/HISTORY.md), so it is left off.
         if not hasattr(ic, "aten_distributed_optimizations"):
-            raise RuntimeError("this torch has no aten_distributed_optimizations (Inductor's overlap scheduler)")
-        return {"aten_distributed_optimizations.enable_overlap_scheduling": True}
+            raise RuntimeError(f"torch {torch.__version__} has no aten_distributed_optimizations (Inductor's overlap "
+                               "scheduler)")
+        opts = {"aten_distributed_optimizations.enable_overlap_scheduling": True}
+        if mode == "compile+low-contention":
+            # PyTorch's pass swaps overlapped FSDP all-gathers / reduce-scatters of >= 16 MiB per rank (its default)
+            # for torch.ops.symm_mem's copy-engine variants; torch 2.11 lacks it, 2.14 has it.
+            if not hasattr(ic.aten_distributed_optimizations, "enable_low_contention_collectives"):
+                raise RuntimeError(f"torch {torch.__version__} has no aten_distributed_optimizations."
+                                   "enable_low_contention_collectives (PyTorch's low-contention copy-engine pass)")
+            opts["aten_distributed_optimizations.enable_low_contention_collectives"] = True
+        return opts
     import ce_overlap
 
     if mode == "ce_overlap-packed":

@@ -539,3 +539,24 @@ def test_train_kernel_table_shows_gemm_beside_the_collectives(capsys):
     assert len(lines) == 3
     train.log_kernel_table([train.ModeResult("fsdp2")])
     assert capsys.readouterr().out == ""
+
+
+def test_train_low_contention_mode_turns_on_pytorchs_pass_or_names_what_torch_lacks(monkeypatch):
+    """compile+low-contention: Inductor's overlap scheduler plus PyTorch's low-contention copy-engine pass where the
+    installed torch has the option; a torch without it fails that mode with a message naming the option."""
+    import types
+
+    import train
+
+    ic = train.inductor_config()
+    have = hasattr(getattr(ic, "aten_distributed_optimizations", None), "enable_low_contention_collectives")
+    if have:  # torch 2.14 (this machine); 2.11 lacks it
+        assert train.compile_options("compile+low-contention") == {
+            "aten_distributed_optimizations.enable_overlap_scheduling": True,
+            "aten_distributed_optimizations.enable_low_contention_collectives": True}
+    older = types.SimpleNamespace(aten_distributed_optimizations=types.SimpleNamespace(enable_overlap_scheduling=False))
+    monkeypatch.setattr(train, "inductor_config", lambda: older)
+    assert train.compile_options("compile+inductor-overlap") == {
+        "aten_distributed_optimizations.enable_overlap_scheduling": True}
+    with pytest.raises(RuntimeError, match="has no aten_distributed_optimizations.enable_low_contention_collectives"):
+        train.compile_options("compile+low-contention")
