@@ -90,6 +90,29 @@ def test_each_process_group_gets_a_pool_for_its_own_largest_outputs(world8):
         own["0"]: float(math.ceil(gathered[8192] + extra)), own["1"]: cfg.pool_mb, own[""]: cfg.pool_mb}
 
 
+def test_a_post_forward_group_pool_holds_the_full_parameters(world8):
+    """reshard_after_forward=2: the backward all-gathers over a 2-rank post-forward group, from larger shards into the
+    same full-size output, so that group's pool is sized for the full parameters, not 2 of 8 shards."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from ce_overlap.runtime import RuntimeConfig
+
+    cfg = RuntimeConfig()
+    mesh = init_device_mesh("cpu", (8,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    with torch.device("meta"):
+        model = nn.Sequential(Block(8192), nn.LayerNorm(64))
+    fully_shard(model[0], mesh=mesh, mp_policy=mp, reshard_after_forward=2)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    block = dict((name, pg) for name, _, pg in fsdp.fsdp_groups(model))["0"]
+    shard, post = fsdp._groups_of(block)
+    assert (shard.size(), post.size()) == (8, 2)
+    full = (2 * 8192 + 8 * 8192 * 8192) * 2 / MIB
+    want = float(math.ceil(full + cfg.group_staging_mb() + cfg.group_p2p_mb()))
+    assert fsdp.pool_mb_by_group([block], cfg) == {shard.group_name: want, post.group_name: want}
+
+
 def test_the_cost_model_decides_per_group(world8):
     """A 32 MiB block shard goes to the copy engine, the 2 KiB final norm stays on NCCL (below the crossover), each
     with the cost model's reason; the same on every profile that has the copy-engine curves."""

@@ -197,9 +197,11 @@ def pool_mb_by_group(param_groups, runtime) -> dict[str, float]:
     default group makes one per call), each pool holds that module's outputs only, not the whole model's largest."""
     outputs: dict[str, list[int]] = {}
     for pg in param_groups:
-        per_rank = _group_bytes(pg)[0]
+        # The output is the whole (padded) parameter set over either group: the post-forward group gathers larger
+        # shards (reshard_after_forward=int keeps 1/int of it per rank), into the same full size.
+        full = _group_bytes(pg)[0] * pg.mesh_info.shard_process_group.size()
         for g in _groups_of(pg):
-            outputs.setdefault(g.group_name, []).append(per_rank * g.size())
+            outputs.setdefault(g.group_name, []).append(full)
     extra = runtime.group_staging_mb() + runtime.group_p2p_mb()
     return {name: max(runtime.pool_mb, float(math.ceil(
                 sum(sorted(sizes, reverse=True)[:POOL_OUTPUTS_IN_FLIGHT]) / _MIB + extra)))
