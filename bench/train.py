@@ -56,8 +56,7 @@ from _common import format_exc_line, header, init, log0, write_json  # noqa: E40
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from ce_overlap.gpu_trace import (  # noqa: E402
-    compute_stream_wait, gpu_activities, idle_between, kernel_class, largest_gaps, time_by_class)
+from _kernel_profile import log_kernel_table, profile_kernels  # noqa: E402
 
 # "cuda" normally; "cpu" (gloo, --device cpu) only for the smoke test that runs in CI (tests/test_train_bench.py).
 DEVICE = "cuda"
@@ -220,47 +219,6 @@ def batch_for(step: int, cfg, args, rank: int) -> tuple[torch.Tensor, torch.Tens
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-def profile_kernels(run_step, steps: int) -> dict:
-    """GPU kernel time per step by class (ms; kernels on different streams overlap, so the sum is busy time, not
-    wall time), the steps' wall time, the 12 kernels that took longest and the time of the 200 longest by name."""
-    from torch.profiler import ProfilerActivity, profile
-
-    sync()
-    t0 = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            run_step()
-        sync()
-    wall_ms = 1e3 * (time.perf_counter() - t0) / steps
-    activities = gpu_activities(prof)
-    by_class = {cls: us / 1e3 for cls, us in time_by_class(activities, steps).items()}
-    by_name: dict[str, float] = {}
-    by_stream: dict[int, list] = {}  # the compute classes' kernels per stream (device_resource_id: the stream)
-    for start, end, name, stream in activities:
-        by_name[name] = by_name.get(name, 0.0) + (end - start) / 1e3 / steps
-        if kernel_class(name) in COMPUTE_CLASSES:
-            by_stream.setdefault(stream, []).append((start, end))
-    spans = [(start, end) for start, end, _, _ in activities]
-    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
-    return {"steps": steps, "wall_ms": round(wall_ms, 3), "by_class_ms": {k: round(v, 3) for k, v in
-                                                                         sorted(by_class.items())},
-            "busy_ms": round(sum(by_class.values()), 3),
-            "activities_per_step": round(len(spans) / steps, 1),
-            "gpu_idle_ms": round(idle_between(spans) / 1e3 / steps, 3),
-            # The compute stream (most compute-class kernel time) idle while another stream works: mostly waiting
-            # for collectives (exposed communication), what the plan's exposed_comm_us predicts.
-            "compute_wait_ms": round(compute_stream_wait(spans, by_stream) / 1e3 / steps, 3),
-            # Where the GPU waited longest (steps after the first include the boundary between two steps).
-            "largest_gaps": largest_gaps([a[:3] for a in activities], 8),
-            "top": [{"name": n[:160], "class": kernel_class(n), "ms": round(v, 3)} for n, v in top],
-            # Every kernel name's time (the 200 longest): maps a class's error in bench/step_prediction.py to ops.
-            "by_name_ms": {n[:200]: round(v, 4) for n, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:200]}}
-
-
-# Kernel classes that are the model's compute (what runs on the compute stream); copies and NCCL kernels are not.
-COMPUTE_CLASSES = ("gemm", "attention", "fused", "optimizer")
-
-
 @dataclasses.dataclass
 class ModeResult:
     mode: str
@@ -282,22 +240,6 @@ class ModeResult:
 def lr_at(step: int, args) -> float:
     """The learning rate of 1-based `step`: linear warm-up over --lr-warmup-steps, then --lr."""
     return args.lr * min(1.0, step / args.lr_warmup_steps) if args.lr_warmup_steps > 0 else args.lr
-
-
-def log_kernel_table(results: list) -> None:
-    """With --kernel-profile: per mode, the GPU busy time per step of the GEMMs beside the collectives (NCCL kernels,
-    copy-engine copies) and the time the compute stream waited on them (rank 0, ms per step)."""
-    profiled = [r for r in results if r.ok and r.kernels]
-    if not profiled:
-        return
-    log0("")
-    log0(f"{'kernels, ms/step (rank 0)':<26}{'GEMM':>9}{'attention':>10}{'NCCL':>9}{'copies':>9}{'compute wait':>13}"
-         f"{'wall':>9}")
-    for r in profiled:
-        cls = r.kernels["by_class_ms"]
-        log0(f"{r.mode:<26}{cls.get('gemm', 0.0):9.2f}{cls.get('attention', 0.0):10.2f}"
-             f"{cls.get('collective', 0.0):9.2f}{cls.get('copy', 0.0):9.2f}{r.kernels['compute_wait_ms']:13.2f}"
-             f"{r.kernels['wall_ms']:9.1f}")
 
 
 def losses_agree(results: list, ulps: float = 1.0) -> tuple[bool, str]:

@@ -260,16 +260,16 @@ def test_gpu_idle_between_kernels():
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         torch.ones(4).add_(1)
     assert T.gpu_activities(prof) == []
-    import train
+    import _kernel_profile
 
-    assert train.idle_between is T.idle_between  # one implementation
+    assert _kernel_profile.idle_between is T.idle_between  # one implementation (train.py's kernel profile)
 
 
 def test_kernel_classes_and_the_class_comparison():
     """train.py's kernel classes (by name, as torch.profiler reports them) and step_prediction.py's pairing of them
     with the analysis report's compute_by_class_us."""
+    import _kernel_profile
     import step_prediction
-    import train
 
     for name, cls in (("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "gemm"), ("triton_tem_fused_mm_3", "gemm"),
                       ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16", "attention"),
@@ -278,7 +278,7 @@ def test_kernel_classes_and_the_class_comparison():
                       ("void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata<4>>", "optimizer"),
                       ("ncclDevKernel_AllGather_RING_LL", "collective"),
                       ("void at::native::vectorized_elementwise_kernel<4>", "other")):
-        assert train.kernel_class(name) == cls, name
+        assert _kernel_profile.kernel_class(name) == cls, name
     pieces = {"optimizer_us": 20000.0,
               "analyze": {"forward": {"compute_by_class_us": {"matmul": 30000.0, "attention": 3000.0,
                                                               "memory_bound": 6000.0}},
@@ -523,6 +523,7 @@ def test_drivers_refuse_renamed_and_bad_knobs(script, env, message, tmp_path):
 def test_train_kernel_table_shows_gemm_beside_the_collectives(capsys):
     """--kernel-profile's table: per mode the GEMM busy time beside the NCCL kernels and the copy-engine copies, and
     the compute stream's wait; modes without a profile or that failed are left out."""
+    import _kernel_profile
     import train
 
     kernels = {"by_class_ms": {"gemm": 12.5, "attention": 3.25, "collective": 4.0, "copy": 1.5},
@@ -530,14 +531,14 @@ def test_train_kernel_table_shows_gemm_beside_the_collectives(capsys):
     results = [train.ModeResult("fsdp2", kernels=kernels),
                train.ModeResult("fsdp2-ce", kernels={**kernels, "by_class_ms": {"gemm": 11.0}}),
                train.ModeResult("no-profile"), train.ModeResult("failed", ok=False, kernels=kernels)]
-    train.log_kernel_table(results)
+    _kernel_profile.log_kernel_table(results)
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].split() == ["kernels,", "ms/step", "(rank", "0)", "GEMM", "attention", "NCCL", "copies",
                                 "compute", "wait", "wall"]
     assert lines[1].split() == ["fsdp2", "12.50", "3.25", "4.00", "1.50", "0.75", "25.0"]
     assert lines[2].split() == ["fsdp2-ce", "11.00", "0.00", "0.00", "0.00", "0.75", "25.0"]
     assert len(lines) == 3
-    train.log_kernel_table([train.ModeResult("fsdp2")])
+    _kernel_profile.log_kernel_table([train.ModeResult("fsdp2")])
     assert capsys.readouterr().out == ""
 
 
