@@ -73,8 +73,8 @@ def max_over_ranks(value: float) -> float:
     return float(t.item())
 
 
-MODES = ["eager", "compile", "compile+inductor-overlap", "compile+low-contention", "ce_overlap-nccl", "ce_overlap", "ce_overlap-packed",
-         "ce_overlap-rs-kernel", "no-comm", "fsdp2", "fsdp2-ce", "fsdp2-symm-mem"]
+MODES = ["eager", "compile", "compile+inductor-overlap", "compile+low-contention", "ce_overlap-nccl", "ce_overlap",
+         "ce_overlap-packed", "ce_overlap-rs-kernel", "no-comm", "fsdp2", "fsdp2-ce", "fsdp2-symm-mem"]
 CE_MODES = ("ce_overlap", "ce_overlap-packed", "ce_overlap-rs-kernel")  # modes that may run CE collectives
 
 # torchtitan's peak bf16 dense TFLOP/s table (torchtitan/tools/utils.py get_peak_flops), by device name.

@@ -141,8 +141,9 @@ def use_copy_engines(model, *, ce: str = "auto", profile: str = "auto", runtime=
     rendezvouses the FSDP groups). Returns what was decided per FSDP group and collective, also logged (one line per
     group). `runtime`: the RuntimeConfig for the groups' pools (default: RuntimeConfig.from_env() with each process
     group's pool large enough for the three largest all-gather outputs of the FSDP groups on it, pool_mb_by_group).
-    `group`: the process group the model must be sharded over (an error otherwise). Raises CeOverlapError, leaving the model unchanged, when the model has no
-    FSDPModule, a module is sharded over another group than `group`, or its parameters are not on a CUDA device.
+    `group`: the process group the model must be sharded over (an error otherwise). Raises CeOverlapError, leaving
+    the model unchanged, when the model has no FSDPModule, a module is sharded over another group than `group`, or
+    its parameters are not on a CUDA device.
     Where torch lacks FSDP2's hooks or the CE runtime is unavailable, FSDP keeps NCCL (said once; nothing
     installed)."""
     if ce not in CE_MODES:

@@ -188,7 +188,8 @@ def plan(ir, graph: str = "forward", profile=profiles.DEFAULT, config: dict | No
     IR JSON text): buckets, NCCL/CE per bucket, the new order and a summary. `profile`: a built-in profile
     name, a profile file or a loaded `_core.Profile`. `config`: any of bucket_cap_bytes,
     memory_budget_bytes, ce ("auto" | "on" | "off"), min_ce_bytes, prefetch_blocks, bucket_patterns, ce_reduction,
-    ce_collectives (None: the defaults of docs/plan.md; PassConfig.plan_config() builds one). Bad input raises CeOverlapError naming the field."""
+    ce_collectives (None: the defaults of docs/plan.md; PassConfig.plan_config() builds one). Bad input raises
+    CeOverlapError naming the field."""
     return json.loads(_core.plan(_ir_arg(ir), graph, _profile_arg(profile), config))
 
 

@@ -51,9 +51,9 @@ Tolerance: |loss - ref| <= 1e-3 * max(1, |ref|); per-tensor relative L2 error <=
 1e-3 for parameters, over all steps (the first step's gradient error, before AdamW amplifies anything, is printed
 too). Two bf16 reduce-scatters that sum in different orders (gloo vs CE at 3 or more ranks) differ by up to half a
 bf16 ulp in the first step, which AdamW can amplify past these bounds where a true gradient is zero (gpt2-tied's
-attention key bias): bench/results/runtime-2026-11-25-h200. Deterministic algorithms are on (torch.use_deterministic_algorithms,
-CUBLAS_WORKSPACE_CONFIG, Inductor deterministic): without them attention backward is nondeterministic and
-no two runs of the same graph are bit-identical.
+attention key bias): bench/results/runtime-2026-11-25-h200. Deterministic algorithms are on
+(torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG, Inductor deterministic): without them attention
+backward is nondeterministic and no two runs of the same graph are bit-identical.
 
 Results go to $OUT/pass_gpu.json (or --out) when set.
 """
@@ -105,12 +105,14 @@ LOSS_TOL, GRAD_TOL, PARAM_TOL = 1e-3, 1e-2, 1e-3
 # embedding's weight (its forward all-gather is waited on again in the backward) and whose forward returns
 # (loss, logits); its vocabulary (1001) does not divide by the ranks, so the tied shard is padded.
 GPT2_TIED = "gpt2-tied"
+DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data")  # gpt2_tied.py, imported on request
 
 
 def build_model(model_name: str, args):
     """(model on the GPU, vocab size, sequence length) of a zoo Llama or gpt2-tied, with --seq-len / --layers."""
     if model_name == GPT2_TIED:
-        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "data"))
+        if DATA_DIR not in sys.path:
+            sys.path.insert(0, DATA_DIR)
         import gpt2_tied  # noqa: PLC0415
 
         cfg = gpt2_tied.Gpt2Config()
