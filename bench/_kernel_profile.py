@@ -48,6 +48,36 @@ def profile_kernels(run_step, steps: int) -> dict:
             "by_name_ms": {n[:200]: round(v, 4) for n, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:200]}}
 
 
+def export_trace(run_step, steps: int, trace_dir: str, mode: str, rank: int) -> str:
+    """`steps` steps under torch.profiler with CPU and GPU activities, written on rank 0 as Chrome trace JSON
+    (gzip) to trace_dir/trace-MODE.json.gz (every rank runs the steps); returns the path ("" on other ranks)."""
+    import gzip
+    import os
+    import shutil
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run_step()
+        torch.cuda.synchronize()
+    if rank != 0:
+        return ""
+    os.makedirs(trace_dir, exist_ok=True)
+    path = os.path.join(trace_dir, f"trace-{mode.replace('+', '_')}.json.gz")
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+        raw = tmp.name
+    try:
+        prof.export_chrome_trace(raw)
+        with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    finally:
+        os.remove(raw)
+    return path
+
+
 # Kernel classes that are the model's compute (what runs on the compute stream); copies and NCCL kernels are not.
 COMPUTE_CLASSES = ("gemm", "attention", "fused", "optimizer")
 
@@ -59,10 +89,12 @@ def log_kernel_table(results: list) -> None:
     if not profiled:
         return
     log0("")
-    log0(f"{'kernels, ms/step (rank 0)':<26}{'GEMM':>9}{'attention':>10}{'NCCL':>9}{'copies':>9}{'compute wait':>13}"
-         f"{'wall':>9}")
+    log0(f"{'kernels, ms/step (rank 0)':<26}{'GEMM':>9}{'attention':>10}{'NCCL':>9}{'copies':>9}{'copy kern.':>11}"
+         f"{'compute wait':>13}{'wall':>9}")
     for r in profiled:
         cls = r.kernels["by_class_ms"]
         log0(f"{r.mode:<26}{cls.get('gemm', 0.0):9.2f}{cls.get('attention', 0.0):10.2f}"
-             f"{cls.get('collective', 0.0):9.2f}{cls.get('copy', 0.0):9.2f}{r.kernels['compute_wait_ms']:13.2f}"
-             f"{r.kernels['wall_ms']:9.1f}")
+             f"{cls.get('collective', 0.0):9.2f}{cls.get('copy', 0.0):9.2f}{cls.get('copy_kernel', 0.0):11.2f}"
+             f"{r.kernels['compute_wait_ms']:13.2f}{r.kernels['wall_ms']:9.1f}")
+    log0("# copies: memcpy / memset (copy engines); copy kern.: copies run as SM kernels (FSDP2's copy-in / copy-out, "
+         "casts)")

@@ -26,7 +26,7 @@ PREDICTED = {"ce_overlap": False, "no-comm": True}
 # (ce_overlap.gpu_trace.kernel_class) that do that work.
 CLASS_MATCH = (("matmul", "GEMMs", ("gemm",)),
                ("attention", "attention", ("attention",)),
-               ("memory_bound", "fused / memory-bound kernels", ("fused", "other", "copy")))
+               ("memory_bound", "fused / memory-bound kernels", ("fused", "other", "copy", "copy_kernel")))
 
 
 def compare_classes(pieces: dict, kernels: dict | None) -> list[dict]:

@@ -277,7 +277,12 @@ def test_kernel_classes_and_the_class_comparison():
                       ("triton_poi_fused__to_copy_7", "fused"), ("Memcpy DtoD (Device -> Device)", "copy"),
                       ("void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata<4>>", "optimizer"),
                       ("ncclDevKernel_AllGather_RING_LL", "collective"),
-                      ("void at::native::vectorized_elementwise_kernel<4>", "other")):
+                      ("void at::native::vectorized_elementwise_kernel<4>", "other"),
+                      ("void at::native::split_with_sizes_copy_out_contiguous_no_cast_kernel<>", "copy_kernel"),
+                      ("void at::native::(anonymous namespace)::chunk_cat_cuda_kernel<float, c10::BFloat16>",
+                       "copy_kernel"),
+                      ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<TensorListMetadata<2>, "
+                       "CopyFunctor<c10::BFloat16, float, 2, 1, 1>>", "copy_kernel")):
         assert _kernel_profile.kernel_class(name) == cls, name
     pieces = {"optimizer_us": 20000.0,
               "analyze": {"forward": {"compute_by_class_us": {"matmul": 30000.0, "attention": 3000.0,
@@ -526,7 +531,7 @@ def test_train_kernel_table_shows_gemm_beside_the_collectives(capsys):
     import _kernel_profile
     import train
 
-    kernels = {"by_class_ms": {"gemm": 12.5, "attention": 3.25, "collective": 4.0, "copy": 1.5},
+    kernels = {"by_class_ms": {"gemm": 12.5, "attention": 3.25, "collective": 4.0, "copy": 1.5, "copy_kernel": 2.0},
                "compute_wait_ms": 0.75, "wall_ms": 25.0}
     results = [train.ModeResult("fsdp2", kernels=kernels),
                train.ModeResult("fsdp2-ce", kernels={**kernels, "by_class_ms": {"gemm": 11.0}}),
@@ -534,10 +539,10 @@ def test_train_kernel_table_shows_gemm_beside_the_collectives(capsys):
     _kernel_profile.log_kernel_table(results)
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].split() == ["kernels,", "ms/step", "(rank", "0)", "GEMM", "attention", "NCCL", "copies",
-                                "compute", "wait", "wall"]
-    assert lines[1].split() == ["fsdp2", "12.50", "3.25", "4.00", "1.50", "0.75", "25.0"]
-    assert lines[2].split() == ["fsdp2-ce", "11.00", "0.00", "0.00", "0.00", "0.75", "25.0"]
-    assert len(lines) == 3
+                                "copy", "kern.", "compute", "wait", "wall"]
+    assert lines[1].split() == ["fsdp2", "12.50", "3.25", "4.00", "1.50", "2.00", "0.75", "25.0"]
+    assert lines[2].split() == ["fsdp2-ce", "11.00", "0.00", "0.00", "0.00", "0.00", "0.75", "25.0"]
+    assert lines[3].startswith("# copies:") and len(lines) == 4
     _kernel_profile.log_kernel_table([train.ModeResult("fsdp2")])
     assert capsys.readouterr().out == ""
 

@@ -15,6 +15,10 @@ KERNEL_CLASSES = (
     ("attention", ("flash", "fmha", "attention", "sdpa")),
     ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "triton_tem_", "splitk")),
     ("collective", ("nccl",)),
+    # Copies run as SM kernels (FSDP2's all-gather copy-in / copy-out and reduce-scatter copy-in, casts): before
+    # "optimizer", since a foreach copy is a multi_tensor_apply kernel too.
+    ("copy_kernel", ("copyfunctor", "native::copy<", "copy_kernel", "split_with_sizes", "chunk_cat",
+                     "catarraybatchedcopy")),
     ("optimizer", ("multi_tensor", "adam")),
     ("copy", ("memcpy", "memset")),
     ("fused", ("triton",)),
