@@ -23,8 +23,16 @@ Modes:
                              the bound no overlap scheme can pass
   fsdp2                      FSDP2 (fully_shard) instead of in-graph FSDP, every block compiled, NCCL (torchtitan's
                              default pattern; bench/_fsdp2.py)
-  fsdp2-ce                   fsdp2 with ce_overlap's copy engines (ce_overlap.fsdp.use_copy_engines, --ce)
+  fsdp2-ce                   fsdp2 with ce_overlap's copy engines (ce_overlap.fsdp.use_copy_engines, --ce): the
+                             direct path (gathered into the parameters, reduce-scattered from the gradients)
+  fsdp2-ce-hooks             fsdp2-ce with direct=False: copy engines in FSDP2's extension points only
   fsdp2-symm-mem             fsdp2 with PyTorch's own symmetric-memory all-gather, where the torch has it
+  fsdp2-no-comm              fsdp2 with its all-gather and reduce-scatter replaced by local copies of the same
+                             shapes: the bound for the FSDP2 modes (as no-comm is for the in-graph ones)
+
+The FSDP2 modes shard as torchtitan does (--fsdp2-wrap torchtitan: embedding, each block, [norm, output], root);
+their "vs base" and "gap recov." columns compare with fsdp2 and fsdp2-no-comm, the in-graph modes' with compile and
+no-comm.
 
 Step time: CUDA events between consecutive step ends; the host never waits for the GPU inside the measured loop
 (losses are read after it), so the host's launch work overlaps the previous step as in a real training run
@@ -56,7 +64,7 @@ from _common import format_exc_line, header, init, log0, write_json  # noqa: E40
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from _kernel_profile import log_kernel_table, profile_kernels  # noqa: E402
+from _kernel_profile import export_trace, log_kernel_table, profile_kernels  # noqa: E402
 
 # "cuda" normally; "cpu" (gloo, --device cpu) only for the smoke test that runs in CI (tests/test_train_bench.py).
 DEVICE = "cuda"
@@ -74,7 +82,8 @@ def max_over_ranks(value: float) -> float:
 
 
 MODES = ["eager", "compile", "compile+inductor-overlap", "compile+low-contention", "ce_overlap-nccl", "ce_overlap",
-         "ce_overlap-packed", "ce_overlap-rs-kernel", "no-comm", "fsdp2", "fsdp2-ce", "fsdp2-symm-mem"]
+         "ce_overlap-packed", "ce_overlap-rs-kernel", "no-comm", "fsdp2", "fsdp2-ce", "fsdp2-ce-hooks", "fsdp2-symm-mem",
+         "fsdp2-no-comm"]
 CE_MODES = ("ce_overlap", "ce_overlap-packed", "ce_overlap-rs-kernel")  # modes that may run CE collectives
 
 # torchtitan's peak bf16 dense TFLOP/s table (torchtitan/tools/utils.py get_peak_flops), by device name.
@@ -114,6 +123,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kernel-profile", type=int, default=0, metavar="STEPS",
                    help="after each mode's measured steps, profile this many more steps (torch.profiler) and record "
                         "the GPU kernel time per step by class (GEMM, attention, fused, optimizer, ...)")
+    p.add_argument("--fsdp2-wrap", choices=["torchtitan", "blocks"], default="torchtitan",
+                   help="how the FSDP2 modes shard: torchtitan (its apply_fsdp: embedding, each block, [norm, output] "
+                        "not resharded after forward, root) or blocks (each block, then the root holding embedding, "
+                        "norm and output: the pattern of results before 2026-11-26)")
+    p.add_argument("--trace-dir", default=None,
+                   help="after each mode (GPU), write rank 0's torch.profiler trace of 2 steps (CPU and GPU, Chrome "
+                        "format, gzip) to DIR/trace-MODE.json.gz, for a timeline")
     p.add_argument("--sync-every-step", action="store_true",
                    help="time each step on the host, synchronized before and after (the method of results before "
                         "2026-11-24; adds the host's launch latency to every step). Default: CUDA events between "
@@ -159,14 +175,14 @@ def model_config(args):
                                expand_kv=args.gqa == "expand")
 
 
-def build_model(cfg, mode: str, group, ce: str = "auto"):
+def build_model(cfg, mode: str, group, ce: str = "auto", wrap: str = "torchtitan"):
     from ce_overlap.fx.fsdp import fully_shard_in_graph
     from ce_overlap.models.llama import Llama, init_weights
 
     if mode.startswith("fsdp2"):
         import _fsdp2
 
-        return _fsdp2.build(cfg, mode, DEVICE, ce)
+        return _fsdp2.build(cfg, mode, DEVICE, ce, wrap)
     torch.manual_seed(0)  # the same full weights on every rank and in every mode
     with torch.device(DEVICE):
         model = Llama(cfg)
@@ -235,6 +251,20 @@ class ModeResult:
     tflops: float = 0.0
     mfu: float = 0.0
     kernels: dict = dataclasses.field(default_factory=dict)
+
+
+def family_base_and_bound(mode: str) -> tuple[str, str]:
+    """The baseline and the no-communication bound a mode is compared with: FSDP2 modes with fsdp2 and
+    fsdp2-no-comm, the in-graph modes with compile and no-comm."""
+    return ("fsdp2", "fsdp2-no-comm") if mode.startswith("fsdp2") else ("compile", "no-comm")
+
+
+def percentile(values: list, q: float) -> float:
+    """The q-th percentile (nearest rank) of `values`; 0.0 when empty."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
 def lr_at(step: int, args) -> float:
@@ -311,13 +341,14 @@ def child_argv(args) -> list[str]:
     argv = ["--model", args.model, "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--steps",
             str(args.steps), "--warmup", str(args.warmup), "--lr", repr(args.lr), "--lr-warmup-steps",
             str(args.lr_warmup_steps), "--gqa", args.gqa, "--kernel-profile", str(args.kernel_profile), "--ce", args.ce,
-            "--device", args.device, "--same-process"]
+            "--device", args.device, "--fsdp2-wrap", args.fsdp2_wrap, "--same-process"]
     if args.layers:
         argv += ["--layers", str(args.layers)]
     for item in args.inductor_config:
         argv += ["--inductor-config", item]
     argv += ["--memory-history"] if args.memory_history else []
     argv += ["--sync-every-step"] if args.sync_every_step else []
+    argv += ["--trace-dir", args.trace_dir] if args.trace_dir else []
     return argv
 
 
@@ -355,7 +386,7 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    model = build_model(cfg, mode, group, args.ce)
+    model = build_model(cfg, mode, group, args.ce, args.fsdp2_wrap)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=DEVICE == "cuda")
     step_fn = model
     if mode != "eager" and not mode.startswith("fsdp2"):  # FSDP2 modes compile their blocks themselves
@@ -437,6 +468,9 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
             opt.zero_grad(set_to_none=True)
 
         res.kernels = profile_kernels(one_step, args.kernel_profile)
+        if args.trace_dir:
+            path = export_trace(one_step, 2, args.trace_dir, mode, rank)
+            log0(f"[{mode}] trace of 2 steps (rank 0): {path}")
         log0(f"[{mode}] kernels per step (ms, busy time by class): "
              + ", ".join(f"{k} {v:.1f}" for k, v in res.kernels["by_class_ms"].items())
              + f"; wall {res.kernels['wall_ms']:.1f} under the profiler, GPU idle {res.kernels['gpu_idle_ms']:.1f} "
@@ -703,21 +737,25 @@ def main(argv=None) -> int:
         save()
         finish_process_group()
         return 0 if all(r.ok for r in results) else 1
-    base = next((r for r in results if r.mode == "compile" and r.ok), None)
-    bound = next((r for r in results if r.mode == "no-comm" and r.ok), None)
     log0("")
-    log0(f"{'mode':<26}{'step ms':>9}{'tok/s/GPU':>11}{'TFLOP/s':>9}{'MFU %':>7}{'vs compile':>11}"
+    log0(f"{'mode':<26}{'step ms':>9}{'p90 ms':>8}{'tok/s/GPU':>11}{'TFLOP/s':>9}{'MFU %':>7}{'vs base':>9}"
          f"{'gap recov.':>11}{'peak GiB':>9}{'alloc GiB':>10}{'loss':>9}{'compile s':>10}")
     for r in results:
         if not r.ok:
             log0(f"{r.mode:<26} FAILED: {r.error}")
             continue
+        base_mode, bound_mode = family_base_and_bound(r.mode)
+        base = next((b for b in results if b.mode == base_mode and b.ok), None)
+        bound = next((b for b in results if b.mode == bound_mode and b.ok), None)
         vs = f"{100 * (r.tps / base.tps - 1):+.1f}%" if base else "-"
         gap = "-"
         if base and bound and bound.tps > base.tps:
             gap = f"{100 * (r.tps - base.tps) / (bound.tps - base.tps):.0f}%"
-        log0(f"{r.mode:<26}{r.median_ms:9.1f}{r.tps:11,.0f}{r.tflops:9.1f}{r.mfu:7.1f}{vs:>11}{gap:>11}"
-             f"{r.peak_mem_gib:9.1f}{r.peak_alloc_gib:10.1f}{r.losses[-1]:9.4f}{r.compile_s:10.1f}")
+        log0(f"{r.mode:<26}{r.median_ms:9.1f}{percentile(r.step_ms, 90):8.1f}{r.tps:11,.0f}{r.tflops:9.1f}"
+             f"{r.mfu:7.1f}{vs:>9}{gap:>11}{r.peak_mem_gib:9.1f}{r.peak_alloc_gib:10.1f}{r.losses[-1]:9.4f}"
+             f"{r.compile_s:10.1f}")
+    log0("# vs base / gap recov.: the FSDP2 modes against fsdp2 and fsdp2-no-comm, the others against compile and "
+         "no-comm")
     log_kernel_table(results)
     compiled = [r for r in results if r.ok and r.mode not in ("eager", "no-comm")]
     if len(compiled) > 1:

@@ -187,3 +187,91 @@ def fsdp_runtime():
     import ce_overlap.runtime as rt
 
     return rt
+
+
+def test_the_direct_path_covers_fsdp2s_common_case_and_names_what_it_does_not(world8):
+    """ce_overlap.fsdp_direct takes dim-0 sharded groups with one all-gather dtype; a post-forward group
+    (reshard_after_forward=int) or a parameter whose rows the group size does not divide (FSDP2 pads its shards)
+    stays on FSDP2's own path, said per group; direct=False keeps every group there."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    model = _sharded(blocks=2, dim=256)
+    pgs = [pg for _, _, pg in fsdp.fsdp_groups(model)]
+    assert set(fsdp.direct_path(pgs).values()) == {""}
+    assert set(fsdp.direct_path(pgs, direct=False).values()) == {"direct=False"}
+
+    mesh = init_device_mesh("cpu", (8,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    with torch.device("meta"):
+        model = nn.Sequential(Block(256), nn.Linear(256, 100, bias=False))  # 100 rows over 8 ranks: padded
+    fully_shard(model[0], mesh=mesh, mp_policy=mp, reshard_after_forward=2)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    why = {name: fsdp.direct_path([pg])[id(pg)] for name, _, pg in fsdp.fsdp_groups(model)}
+    assert why["0"] == "reshard_after_forward=int (a post-forward group)"
+    assert why[""] == "a parameter of 100 rows over 8 ranks (padded shards)"
+
+
+def test_a_group_sharded_together_is_listed_once(world8):
+    """fully_shard([norm, output]) (torchtitan's last group): one FSDP group, one decision pair, both paths named."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (8,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    with torch.device("meta"):
+        model = nn.Sequential(Block(256), nn.LayerNorm(256), nn.Linear(256, 512, bias=False))
+    fully_shard(model[0], mesh=mesh, mp_policy=mp)
+    fully_shard([model[1], model[2]], mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    groups = fsdp.fsdp_groups(model)
+    assert [name for name, _, _ in groups] == ["0", "1+2"]
+    assert len(fsdp.decide(groups, ce="on", profile="h200-sxm")) == 4
+
+
+def test_direct_groups_size_their_pool_for_the_slots(world8):
+    """On the direct path a process group's pool holds fsdp_direct.SLOTS slots of its largest shard (the all-gather
+    outputs are the parameters themselves, outside the pool), plus staging and p2p: far less than three full outputs."""
+    from ce_overlap import fsdp_direct
+    from ce_overlap.runtime import RuntimeConfig
+
+    cfg = RuntimeConfig()
+    extra = cfg.group_staging_mb() + cfg.group_p2p_mb()
+    model = _sharded(blocks=4, dim=8192)
+    pgs = [pg for _, _, pg in fsdp.fsdp_groups(model)]
+    shard = (2 * 8192 + 8 * 8192 * 8192) // 8 * 2  # a Block's bf16 parameters over 8 ranks
+    assert fsdp_direct.shard_bytes(pgs[1]) == shard
+    assert fsdp.pool_mb_by_group(pgs, cfg, fsdp.direct_path(pgs)) == {
+        world8.group_name: max(cfg.pool_mb, float(math.ceil(fsdp_direct.SLOTS * shard / MIB + extra)))}
+    on_fsdp2 = fsdp.pool_mb_by_group(pgs, cfg, fsdp.direct_path(pgs, direct=False))[world8.group_name]
+    assert on_fsdp2 == float(math.ceil(3 * 8 * shard / MIB + extra))
+
+
+def test_the_direct_path_wraps_fsdp2_once_and_leaves_other_groups_to_it(world8):
+    """install() replaces FSDP2's three functions in its param-group module once; a call whose comm object is not the
+    direct path's reaches FSDP2's own function with every argument as given (torch 2.14 passes one more)."""
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as pgm
+
+    from ce_overlap import fsdp_direct
+
+    if fsdp_direct.missing():
+        pytest.skip(fsdp_direct.missing())
+    fsdp_direct.install()
+    wrapped = (pgm.foreach_all_gather, pgm.foreach_all_gather_copy_out, pgm.foreach_reduce)
+    fsdp_direct.install()
+    assert (pgm.foreach_all_gather, pgm.foreach_all_gather_copy_out, pgm.foreach_reduce) == wrapped
+    assert wrapped[0] is not fsdp_direct._originals["foreach_all_gather"]
+    seen = {}
+    saved = dict(fsdp_direct._originals)
+    try:
+        for name in saved:
+            fsdp_direct._originals[name] = lambda *a, _n=name, **k: seen.setdefault(_n, (a, k))
+        comm = object()
+        pgm.foreach_all_gather("params", world8, False, "s1", "s2", "dev", comm)
+        pgm.foreach_all_gather_copy_out(("result",), "params", world8)
+        pgm.foreach_reduce(*range(14), True)
+    finally:
+        fsdp_direct._originals.update(saved)
+    assert seen["foreach_all_gather"] == (("params", world8, False, "s1", "s2", "dev", comm), {})
+    assert seen["foreach_all_gather_copy_out"] == ((("result",), "params", world8), {})
+    assert seen["foreach_reduce"] == ((*range(14), True), {})

@@ -21,8 +21,10 @@
 //                      One round; the input may be anywhere (no staging).
 //   Several parts (all_gather_into_tensors) are one op over the concatenation of their shards (S = sum of
 //   the parts' bytes): staged, with the staging copies and the pulls split at part boundaries, so each byte
-//   goes from its part's input to its part's output without a bucket buffer. Every step below is unchanged;
-//   the part sizes are hashed into the signature, so ranks that split S differently never exchange bytes.
+//   goes from its part's input to its part's output without a bucket buffer; or, when the parts' inputs lie
+//   back to back in the user region (one symmetric slot, the same offset on every rank), symmetric: peers
+//   pull each part's shard in place. Every step below is unchanged; the part sizes are hashed into the
+//   signature, so ranks that split S differently never exchange bytes.
 //
 // PULL, rank r, comm stream:
 //   0. wait for the caller's stream (event); the self stream does too and copies the own shard
@@ -158,6 +160,15 @@ void enqueue_push_locked(Group& g, const AllGatherArgs& a, const std::string& wh
 
 size_t AllGatherArgs::nbytes() const { return parts_bytes(parts); }
 
+bool parts_inputs_contiguous(const std::vector<AllGatherPart>& parts) {
+  for (size_t i = 1; i < parts.size(); ++i) {
+    if (static_cast<const char*>(parts[i].input) != static_cast<const char*>(parts[i - 1].input) + parts[i - 1].bytes) {
+      return false;
+    }
+  }
+  return !parts.empty();
+}
+
 namespace {
 
 const char* op_name(const AllGatherArgs& a) {
@@ -181,6 +192,10 @@ void enqueue_all_gather(Group& g, const AllGatherArgs& a) {
       out_offset = pool.user_region_offset(out, nbytes * static_cast<size_t>(n));
       in_offset = pool.user_region_offset(in, nbytes);
       plan.in_place = in == out + static_cast<size_t>(g.rank()) * nbytes;
+    } else if (parts_inputs_contiguous(a.parts)) {
+      // Several parts whose inputs lie back to back in the user region (ce_overlap.fsdp casts every parameter's
+      // shard into one symmetric slot): the peers read them in place, one round, no staging copy.
+      in_offset = pool.user_region_offset(a.parts[0].input, nbytes);
     }
     if (n > 1 && out_offset && mode == AllGatherMode::Push) {
       plan.variant = Variant::AgPush;

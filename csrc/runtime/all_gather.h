@@ -31,7 +31,8 @@ struct AllGatherArgs {
   // One part (all_gather_into_tensor), or several gathered as ONE op (all_gather_into_tensors): the protocol
   // moves their shards as one concatenated shard of sum(bytes) (what a bucketed all-gather moves), but every
   // copy reads from and writes to the parts' own tensors, so no kernel packs or unpacks a bucket buffer.
-  // A single part is zero-copy when its input or output lies in the group's user region; several are staged.
+  // A single part is zero-copy when its input or output lies in the group's user region; several are zero-copy
+  // when their inputs lie back to back in the user region (a symmetric slot), and staged otherwise.
   std::vector<AllGatherPart> parts;
   cudaStream_t caller;  // the outputs are ready on this stream when the op is done
   // Deferred join (functional ops in graphs): when set, the op's end is recorded into this event and the caller's
@@ -40,6 +41,9 @@ struct AllGatherArgs {
 
   size_t nbytes() const;  // per rank, over all parts
 };
+
+// Whether every part's input starts where the previous part's ends (one contiguous range, in part order).
+bool parts_inputs_contiguous(const std::vector<AllGatherPart>& parts);
 
 // Enqueues the op; returns at once (stream-ordered). Throws on bad state (group failed, CUDA graph
 // capture, CUDA errors) with a message naming the op, group and rank.

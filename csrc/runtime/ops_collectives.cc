@@ -77,6 +77,36 @@ std::vector<at::Tensor> all_gather_tensors_meta(at::TensorList inputs, int64_t g
   return outs;
 }
 
+// all_gather_into_tensors_out: the same op into given outputs (outs[i] holds group_size * inputs[i].numel()
+// elements of its dtype), joined on the current stream before it returns. ce_overlap.fsdp gathers FSDP2's
+// parameters straight into their unsharded storages with it: the inputs are one symmetric slot (every shard cast
+// into it back to back, the same offset on every rank), so peers pull each part in place.
+void check_ag_parts_out(at::TensorList inputs, at::TensorList outs, int64_t group_size, const char* op) {
+  check_ag_parts(inputs, group_size, op);
+  TORCH_CHECK(outs.size() == inputs.size(), "ce_overlap.", op, ": ", inputs.size(), " inputs but ", outs.size(),
+              " outs (one out per input)");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_out_like_input(inputs[i], outs[i], op);
+    TORCH_CHECK(outs[i].sym_numel() == inputs[i].sym_numel() * group_size, "ce_overlap.", op, ": outs[", i, "] has ",
+                outs[i].sym_numel(), " elements; it needs group_size * inputs[", i, "].numel() = ", group_size, " * ",
+                inputs[i].sym_numel());
+  }
+}
+
+void all_gather_tensors_out_cuda(at::TensorList inputs, int64_t group_size, std::string group_name,
+                                 at::TensorList outs) {
+  static const char* kOp = "all_gather_into_tensors_out";
+  check_ag_parts_out(inputs, outs, group_size, kOp);
+  std::shared_ptr<Group> g = group_for(group_name, group_size, inputs[0], kOp);
+  run_all_gather_parts(*g, inputs.vec(), outs.vec(), Join::Now);
+}
+
+void all_gather_tensors_out_meta(at::TensorList inputs, int64_t group_size, std::string group_name,
+                                 at::TensorList outs) {
+  (void)group_name;
+  check_ag_parts_out(inputs, outs, group_size, "all_gather_into_tensors_out");
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Reduce-scatter
 
@@ -132,6 +162,54 @@ at::Tensor reduce_scatter_tensors_cuda(at::TensorList inputs, std::string reduce
   at::Tensor out = at::empty({numel}, inputs[0].options());
   run_reduce_scatter_parts(*g, inputs.vec(), out, args, Join::Functional);
   return out;
+}
+
+// reduce_scatter_tensors_out: reduce_scatter_tensors into a given 1-D `out`, joined on the current stream before it
+// returns. `out` has the inputs' dtype, or float32 for float16 / bfloat16 inputs: a widening reduction (the fp32
+// sum of the 16-bit values, what casting every input to fp32 and reducing gives; FSDP2's reduce_dtype=float32 over
+// bfloat16 gradients), which moves half the bytes of the fp32 cast.
+void check_rs_parts_out(at::TensorList inputs, const std::string& reduce_op, int64_t group_size, const at::Tensor& out,
+                        const char* op) {
+  check_rs_parts(inputs, reduce_op, group_size, op);
+  TORCH_CHECK(out.defined(), "ce_overlap.", op, ": out is undefined");
+  const ReduceDType in_dt = reduce_dtype_of(inputs[0].scalar_type(), op);
+  TORCH_CHECK(reduce_dtypes_supported(in_dt, reduce_dtype_of(out.scalar_type(), op)), "ce_overlap.", op,
+              ": out has dtype ", out.scalar_type(), "; it must be the inputs' dtype ", inputs[0].scalar_type(),
+              " or, for 16-bit inputs, float32");
+  TORCH_CHECK(out.device() == inputs[0].device(), "ce_overlap.", op, ": out is on ", out.device(), " but the inputs on ",
+              inputs[0].device());
+  TORCH_CHECK(out.is_contiguous(), "ce_overlap.", op, ": out must be contiguous");
+  c10::SymInt numel = 0;
+  for (const at::Tensor& input : inputs) numel = numel + input.sym_numel() / group_size;
+  TORCH_SYM_CHECK(out.sym_numel().sym_eq(numel), "ce_overlap.", op, ": out has ", out.sym_numel(),
+                  " elements; it needs the sum of inputs[i].numel() / group_size = ", numel);
+}
+
+void reduce_scatter_tensors_out_cuda(at::TensorList inputs, std::string reduce_op, int64_t group_size,
+                                     std::string group_name, at::Tensor out) {
+  static const char* kOp = "reduce_scatter_tensors_out";
+  check_rs_parts_out(inputs, reduce_op, group_size, out, kOp);
+  std::shared_ptr<Group> g = group_for(group_name, group_size, inputs[0], kOp);
+  for (const at::Tensor& input : inputs) {
+    const char* in = static_cast<const char*>(input.data_ptr());
+    const char* o = static_cast<const char*>(out.data_ptr());
+    const size_t in_bytes = static_cast<size_t>(input.numel()) * input.element_size();
+    const size_t out_bytes = static_cast<size_t>(out.numel()) * out.element_size();
+    TORCH_CHECK(in + in_bytes <= o || o + out_bytes <= in, "ce_overlap.", kOp, ": out overlaps an input (the "
+                "reduction reads every input's own chunk while it writes out)");
+  }
+  ReduceScatterArgs args{};
+  args.dtype = reduce_dtype_of(inputs[0].scalar_type(), kOp);
+  args.op = reduce_op_of(reduce_op, kOp);
+  const ReduceDType out_dt = reduce_dtype_of(out.scalar_type(), kOp);
+  if (out_dt != args.dtype) args.out_dtype = out_dt;
+  run_reduce_scatter_parts(*g, inputs.vec(), out, args, Join::Now);
+}
+
+void reduce_scatter_tensors_out_meta(at::TensorList inputs, std::string reduce_op, int64_t group_size,
+                                     std::string group_name, at::Tensor out) {
+  (void)group_name;
+  check_rs_parts_out(inputs, reduce_op, group_size, out, "reduce_scatter_tensors_out");
 }
 
 at::Tensor reduce_scatter_tensors_meta(at::TensorList inputs, std::string reduce_op, int64_t group_size,
@@ -240,8 +318,12 @@ TORCH_LIBRARY(ce_overlap, m) {
   // Several tensors as one collective (a bucket with no bucket buffer): output i / the chunks of input i are what
   // the one-tensor op gives for tensor i.
   m.def("all_gather_into_tensors(Tensor[] inputs, int group_size, str group_name) -> Tensor[]", pt2);
+  m.def("all_gather_into_tensors_out(Tensor[] inputs, int group_size, str group_name, *, Tensor(a!)[] outs) -> ()",
+        pt2);
   m.def("reduce_scatter_tensor(Tensor input, str reduce_op, int group_size, str group_name) -> Tensor", pt2);
   m.def("reduce_scatter_tensors(Tensor[] inputs, str reduce_op, int group_size, str group_name) -> Tensor", pt2);
+  m.def("reduce_scatter_tensors_out(Tensor[] inputs, str reduce_op, int group_size, str group_name, *, "
+        "Tensor(a!) out) -> ()", pt2);
   m.def("reduce_scatter_tensors_unreduced(Tensor[] inputs, int group_size, str group_name) -> Tensor", pt2);
   m.def("reduce_scatter_tensor_out(Tensor input, str reduce_op, int group_size, str group_name, *, Tensor(a!) out) -> ()",
         pt2);
@@ -259,7 +341,9 @@ TORCH_LIBRARY_IMPL(ce_overlap, CUDA, m) {
   m.impl("all_gather_into_tensor", TORCH_FN(ce_overlap::all_gather_cuda));
   m.impl("all_gather_into_tensor_out", TORCH_FN(ce_overlap::all_gather_out_cuda));
   m.impl("all_gather_into_tensors", TORCH_FN(ce_overlap::all_gather_tensors_cuda));
+  m.impl("all_gather_into_tensors_out", TORCH_FN(ce_overlap::all_gather_tensors_out_cuda));
   m.impl("reduce_scatter_tensors", TORCH_FN(ce_overlap::reduce_scatter_tensors_cuda));
+  m.impl("reduce_scatter_tensors_out", TORCH_FN(ce_overlap::reduce_scatter_tensors_out_cuda));
   m.impl("reduce_scatter_tensors_unreduced", TORCH_FN(ce_overlap::reduce_scatter_tensors_unreduced_cuda));
   m.impl("reduce_scatter_tensor", TORCH_FN(ce_overlap::reduce_scatter_cuda));
   m.impl("reduce_scatter_tensor_out", TORCH_FN(ce_overlap::reduce_scatter_out_cuda));
@@ -272,7 +356,9 @@ TORCH_LIBRARY_IMPL(ce_overlap, Meta, m) {
   m.impl("all_gather_into_tensor", TORCH_FN(ce_overlap::all_gather_meta));
   m.impl("all_gather_into_tensor_out", TORCH_FN(ce_overlap::all_gather_out_meta));
   m.impl("all_gather_into_tensors", TORCH_FN(ce_overlap::all_gather_tensors_meta));
+  m.impl("all_gather_into_tensors_out", TORCH_FN(ce_overlap::all_gather_tensors_out_meta));
   m.impl("reduce_scatter_tensors", TORCH_FN(ce_overlap::reduce_scatter_tensors_meta));
+  m.impl("reduce_scatter_tensors_out", TORCH_FN(ce_overlap::reduce_scatter_tensors_out_meta));
   m.impl("reduce_scatter_tensors_unreduced", TORCH_FN(ce_overlap::reduce_scatter_tensors_unreduced_meta));
   m.impl("reduce_scatter_tensor", TORCH_FN(ce_overlap::reduce_scatter_meta));
   m.impl("reduce_scatter_tensor_out", TORCH_FN(ce_overlap::reduce_scatter_out_meta));

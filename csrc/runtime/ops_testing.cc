@@ -50,18 +50,20 @@ void reduce_bench(at::Tensor out, const at::Tensor& a, const at::Tensor& b, int6
               "ce_overlap_testing._reduce_bench: out, a and b must be on one CUDA device");
   TORCH_CHECK(out.is_contiguous() && a.is_contiguous() && b.is_contiguous(),
               "ce_overlap_testing._reduce_bench: out, a and b must be contiguous");
-  TORCH_CHECK(out.scalar_type() == a.scalar_type() && a.scalar_type() == b.scalar_type() &&
-                  out.numel() == a.numel() && a.numel() == b.numel(),
-              "ce_overlap_testing._reduce_bench: out, a and b must have one dtype and one size");
+  TORCH_CHECK(a.scalar_type() == b.scalar_type() && out.numel() == a.numel() && a.numel() == b.numel(),
+              "ce_overlap_testing._reduce_bench: out, a and b must have one size, a and b one dtype");
   TORCH_CHECK(ctas >= 1 && ctas <= 1024, "ce_overlap_testing._reduce_bench: ctas must be in 1..1024, got ", ctas);
   const ReduceDType dt = reduce_dtype_of(a.scalar_type(), kOp);
+  const ReduceDType out_dt = reduce_dtype_of(out.scalar_type(), kOp);
+  TORCH_CHECK(reduce_dtypes_supported(dt, out_dt), "ce_overlap_testing._reduce_bench: out has dtype ",
+              out.scalar_type(), "; it must be a's dtype ", a.scalar_type(), " or float32 (a widening reduction)");
   if (a.numel() == 0) return;
   c10::cuda::CUDAGuard guard(a.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.device().index()).stream();
   const size_t bytes = static_cast<size_t>(a.numel()) * a.element_size();
   ReduceParams p{out.data_ptr(), a.data_ptr(), b.data_ptr(), (bytes + 15) / 16 * 16, static_cast<size_t>(a.numel()),
                  2, 0, ReduceOp::Sum};
-  const cudaError_t err = launch_reduce(dt, p, static_cast<int>(ctas), stream);
+  const cudaError_t err = launch_reduce(dt, out_dt, p, static_cast<int>(ctas), stream);
   TORCH_CHECK(err == cudaSuccess, "ce_overlap_testing._reduce_bench: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
 }
 

@@ -78,7 +78,7 @@ __device__ __forceinline__ float finish(const ReduceParams& p, float acc) {
 }
 
 // Block 0 of either kernel does the count % VEC tail elements, one per thread.
-template <typename T, int VEC>
+template <typename T, typename TO, int VEC>
 __device__ __forceinline__ void reduce_tail(const ReduceParams& p) {
   if (VEC > 1 && blockIdx.x == 0) {
     const size_t npacks = p.count / VEC;
@@ -87,21 +87,24 @@ __device__ __forceinline__ void reduce_tail(const ReduceParams& p) {
       const size_t i = npacks * VEC + threadIdx.x;
       float acc = 0.f;
       for (int q = 0; q < p.nranks; ++q) acc += Cvt<T>::to(input_of<T>(p, q)[i]);
-      static_cast<T*>(p.out)[i] = Cvt<T>::from(finish<T>(p, acc));
+      static_cast<TO*>(p.out)[i] = Cvt<TO>::from(finish<T>(p, acc));
     }
   }
 }
 
 // NR ranks known at compile time (p.nranks == NR): grid-stride loop over packs of VEC elements, each thread
 // issuing all NR x kUnrollFor<NR> loads before its first add. Summation order is rank order (0 + x_0 + ... +
-// x_{n-1}, in fp32), as in the generic kernel: both give bit-identical results.
-template <typename T, int VEC, int NR>
+// x_{n-1}, in fp32), as in the generic kernel: both give bit-identical results. TO is the output's element type:
+// T itself, or float for a widening reduction (16-bit inputs summed into an fp32 output, as FSDP2's fp32
+// reduce_dtype asks for: the same fp32 sum of the same values as casting every input to fp32 first).
+template <typename T, typename TO, int VEC, int NR>
 __global__ void __launch_bounds__(kThreads) reduce_kernel_nr(const ReduceParams p) {
   using P = Pack<T, VEC>;
+  using PO = Pack<TO, VEC>;
   constexpr int U = kUnrollFor<NR>;
   const size_t npacks = p.count / VEC;
   const size_t stride = static_cast<size_t>(gridDim.x) * kThreads * U;
-  P* out = static_cast<P*>(p.out);
+  PO* out = static_cast<PO*>(p.out);
   const P* src[NR];
 #pragma unroll
   for (int q = 0; q < NR; ++q) src[q] = reinterpret_cast<const P*>(input_of<T>(p, q));
@@ -119,30 +122,31 @@ __global__ void __launch_bounds__(kThreads) reduce_kernel_nr(const ReduceParams 
     for (int u = 0; u < U; ++u) {
       const size_t i = base + static_cast<size_t>(u) * kThreads;
       if (i < npacks) {
-        P o;
+        PO o;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           float acc = 0.f;
 #pragma unroll
           for (int q = 0; q < NR; ++q) acc += Cvt<T>::to(v[q][u].v[j]);
-          o.v[j] = Cvt<T>::from(finish<T>(p, acc));
+          o.v[j] = Cvt<TO>::from(finish<T>(p, acc));
         }
         out[i] = o;
       }
     }
   }
-  reduce_tail<T, VEC>(p);
+  reduce_tail<T, TO, VEC>(p);
 }
 
 // Any rank count (groups larger than kMaxSpecialized, and the unaligned scalar path): grid-stride loop over
 // packs of VEC elements, inputs two at a time. Summation order is rank order (q = 0..n-1) on every rank and for
 // every element.
-template <typename T, int VEC>
+template <typename T, typename TO, int VEC>
 __global__ void __launch_bounds__(kThreads) reduce_kernel(const ReduceParams p) {
   using P = Pack<T, VEC>;
+  using PO = Pack<TO, VEC>;
   const size_t npacks = p.count / VEC;
   const size_t stride = static_cast<size_t>(gridDim.x) * kThreads * kUnroll;
-  P* out = static_cast<P*>(p.out);
+  PO* out = static_cast<PO*>(p.out);
   for (size_t base = static_cast<size_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x; base < npacks; base += stride) {
     float acc[kUnroll][VEC];
 #pragma unroll
@@ -183,14 +187,14 @@ __global__ void __launch_bounds__(kThreads) reduce_kernel(const ReduceParams p) 
     for (int u = 0; u < kUnroll; ++u) {
       const size_t i = base + static_cast<size_t>(u) * kThreads;
       if (i < npacks) {
-        P o;
+        PO o;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) o.v[j] = Cvt<T>::from(finish<T>(p, acc[u][j]));
+        for (int j = 0; j < VEC; ++j) o.v[j] = Cvt<TO>::from(finish<T>(p, acc[u][j]));
         out[i] = o;
       }
     }
   }
-  reduce_tail<T, VEC>(p);
+  reduce_tail<T, TO, VEC>(p);
 }
 
 unsigned grid_for(size_t npacks, int unroll, int max_ctas) {
@@ -200,28 +204,30 @@ unsigned grid_for(size_t npacks, int unroll, int max_ctas) {
 }
 
 // The vector kernel for p.nranks ranks: specialized for 2..kMaxSpecialized (NR counts up from 2), else generic.
-template <typename T, int VEC, int NR = 2>
+template <typename T, typename TO, int VEC, int NR = 2>
 void launch_vector(const ReduceParams& p, int max_ctas, cudaStream_t stream) {
   if constexpr (NR <= kMaxSpecialized) {
     if (p.nranks == NR) {
-      reduce_kernel_nr<T, VEC, NR><<<grid_for(p.count / VEC, kUnrollFor<NR>, max_ctas), kThreads, 0, stream>>>(p);
+      reduce_kernel_nr<T, TO, VEC, NR><<<grid_for(p.count / VEC, kUnrollFor<NR>, max_ctas), kThreads, 0, stream>>>(p);
     } else {
-      launch_vector<T, VEC, NR + 1>(p, max_ctas, stream);
+      launch_vector<T, TO, VEC, NR + 1>(p, max_ctas, stream);
     }
   } else {
-    reduce_kernel<T, VEC><<<grid_for(p.count / VEC, kUnroll, max_ctas), kThreads, 0, stream>>>(p);
+    reduce_kernel<T, TO, VEC><<<grid_for(p.count / VEC, kUnroll, max_ctas), kThreads, 0, stream>>>(p);
   }
 }
 
-template <typename T>
+template <typename T, typename TO>
 cudaError_t launch_typed(const ReduceParams& p, int max_ctas, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
-  const bool aligned = reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && reinterpret_cast<uintptr_t>(p.own) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(p.slots) % 16 == 0 && p.slot_stride % 16 == 0;
+  constexpr uintptr_t kOutAlign = sizeof(TO) * kVec;  // one output pack (32 bytes when widening)
+  const bool aligned = reinterpret_cast<uintptr_t>(p.out) % kOutAlign == 0 &&
+                       reinterpret_cast<uintptr_t>(p.own) % 16 == 0 && reinterpret_cast<uintptr_t>(p.slots) % 16 == 0 &&
+                       p.slot_stride % 16 == 0;
   if (aligned) {
-    launch_vector<T, kVec>(p, max_ctas, stream);
+    launch_vector<T, TO, kVec>(p, max_ctas, stream);
   } else {
-    reduce_kernel<T, 1><<<grid_for(p.count, kUnroll, max_ctas), kThreads, 0, stream>>>(p);
+    reduce_kernel<T, TO, 1><<<grid_for(p.count, kUnroll, max_ctas), kThreads, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }
@@ -237,30 +243,32 @@ cudaError_t preload_one(Kernel kernel, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, int NR = 2>
+template <typename T, typename TO, int NR = 2>
 cudaError_t preload_specialized(cudaStream_t stream) {
   if constexpr (NR <= kMaxSpecialized) {
-    cudaError_t err = preload_one(reduce_kernel_nr<T, 16 / sizeof(T), NR>, stream);
-    return err == cudaSuccess ? preload_specialized<T, NR + 1>(stream) : err;
+    cudaError_t err = preload_one(reduce_kernel_nr<T, TO, 16 / sizeof(T), NR>, stream);
+    return err == cudaSuccess ? preload_specialized<T, TO, NR + 1>(stream) : err;
   } else {
     return cudaSuccess;
   }
 }
 
-template <typename T>
+template <typename T, typename TO>
 cudaError_t preload_typed(cudaStream_t stream) {
-  cudaError_t err = preload_one(reduce_kernel<T, 16 / sizeof(T)>, stream);
-  if (err == cudaSuccess) err = preload_one(reduce_kernel<T, 1>, stream);
-  if (err == cudaSuccess) err = preload_specialized<T>(stream);
+  cudaError_t err = preload_one(reduce_kernel<T, TO, 16 / sizeof(T)>, stream);
+  if (err == cudaSuccess) err = preload_one(reduce_kernel<T, TO, 1>, stream);
+  if (err == cudaSuccess) err = preload_specialized<T, TO>(stream);
   return err;
 }
 
 }  // namespace
 
 cudaError_t preload_reduce_kernels(cudaStream_t stream) {
-  cudaError_t err = preload_typed<float>(stream);
-  if (err == cudaSuccess) err = preload_typed<__half>(stream);
-  if (err == cudaSuccess) err = preload_typed<__nv_bfloat16>(stream);
+  cudaError_t err = preload_typed<float, float>(stream);
+  if (err == cudaSuccess) err = preload_typed<__half, __half>(stream);
+  if (err == cudaSuccess) err = preload_typed<__nv_bfloat16, __nv_bfloat16>(stream);
+  if (err == cudaSuccess) err = preload_typed<__half, float>(stream);
+  if (err == cudaSuccess) err = preload_typed<__nv_bfloat16, float>(stream);
   return err;
 }
 
@@ -289,15 +297,23 @@ const char* reduce_dtype_name(ReduceDType dtype) {
 
 const char* reduce_op_name(ReduceOp op) { return op == ReduceOp::Avg ? "avg" : "sum"; }
 
-cudaError_t launch_reduce(ReduceDType dtype, const ReduceParams& p, int max_ctas, cudaStream_t stream) {
+bool reduce_dtypes_supported(ReduceDType in, ReduceDType out) {
+  return in == out || (out == ReduceDType::F32 && (in == ReduceDType::F16 || in == ReduceDType::BF16));
+}
+
+cudaError_t launch_reduce(ReduceDType dtype, ReduceDType out_dtype, const ReduceParams& p, int max_ctas,
+                          cudaStream_t stream) {
+  if (!reduce_dtypes_supported(dtype, out_dtype)) return cudaErrorInvalidValue;
   if (p.count == 0) return cudaSuccess;
+  const bool widen = dtype != out_dtype;
   switch (dtype) {
     case ReduceDType::F32:
-      return launch_typed<float>(p, max_ctas, stream);
+      return launch_typed<float, float>(p, max_ctas, stream);
     case ReduceDType::F16:
-      return launch_typed<__half>(p, max_ctas, stream);
+      return widen ? launch_typed<__half, float>(p, max_ctas, stream) : launch_typed<__half, __half>(p, max_ctas, stream);
     case ReduceDType::BF16:
-      return launch_typed<__nv_bfloat16>(p, max_ctas, stream);
+      return widen ? launch_typed<__nv_bfloat16, float>(p, max_ctas, stream)
+                   : launch_typed<__nv_bfloat16, __nv_bfloat16>(p, max_ctas, stream);
   }
   return cudaErrorInvalidValue;
 }

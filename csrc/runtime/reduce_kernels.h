@@ -1,5 +1,5 @@
 // The reduce-scatter reduction kernel (reduce_kernels.cu): sums this rank's chunk and the n-1 chunks the
-// peers pushed into its staging slots, in fp32, and writes the output. The only SM work of the runtime;
+// peers pushed into its staging slots, in fp32, and writes the output (in the inputs' dtype, or in fp32). The only SM work of the runtime;
 // its CTA count is bounded (RuntimeConfig.reduce_sms). No torch here.
 #pragma once
 
@@ -17,7 +17,7 @@ const char* reduce_dtype_name(ReduceDType dtype);
 const char* reduce_op_name(ReduceOp op);
 
 struct ReduceParams {
-  void* out;             // count elements
+  void* out;             // count elements (of the output dtype)
   const void* own;       // this rank's chunk, count elements (may equal `out`: in-place reduce-scatter)
   const void* slots;     // the peers' chunks: sender q's at slots + slot(q) * slot_stride, where
                          // slot(q) = q < rank ? q : q - 1 (n-1 slots, none for ourselves)
@@ -28,10 +28,15 @@ struct ReduceParams {
   ReduceOp op;
 };
 
+// Whether launch_reduce sums `in` inputs into an `out` output: the same dtype, or 16-bit inputs into fp32 (widening).
+bool reduce_dtypes_supported(ReduceDType in, ReduceDType out);
+
 // Enqueues out = sum_q chunk_q (rank order, fp32 accumulation; avg: times float(1 / nranks)) on `stream`, with at
-// most max_ctas CTAs of 512 threads (16-byte vector accesses when `out` and `own` are 16-byte aligned).
-// Returns the launch error (cudaSuccess for count == 0, which launches nothing).
-cudaError_t launch_reduce(ReduceDType dtype, const ReduceParams& p, int max_ctas, cudaStream_t stream);
+// most max_ctas CTAs of 512 threads (16-byte vector loads when the inputs are 16-byte aligned and `out` is aligned
+// to one output pack). The inputs are of `dtype`, the output of `out_dtype` (reduce_dtypes_supported; else
+// cudaErrorInvalidValue). Returns the launch error (cudaSuccess for count == 0, which launches nothing).
+cudaError_t launch_reduce(ReduceDType dtype, ReduceDType out_dtype, const ReduceParams& p, int max_ctas,
+                          cudaStream_t stream);
 
 // Loads every instantiation of the reduction kernel (cudaFuncGetAttributes plus one empty launch each on
 // `stream`; the caller synchronizes it). Called when a group is created: under lazy module loading a

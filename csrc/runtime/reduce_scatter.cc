@@ -128,14 +128,21 @@ void enqueue_locked(Group& g, const ReduceScatterArgs& a, const std::string& whe
   const size_t C = a.chunk_bytes();
   const Variant variant = a.unreduced ? Variant::RsUnreduced : Variant::RsPush;
   const size_t elem = a.unreduced ? 1 : reduce_elem_size(a.dtype);
-  const uint64_t extra =
-      (a.unreduced ? 0 : static_cast<uint64_t>(a.dtype) << 8 | static_cast<uint64_t>(a.op)) ^ parts_hash(a.parts);
+  const ReduceDType out_dtype = a.out_dtype.value_or(a.dtype);
+  const size_t out_elem = a.unreduced ? 1 : reduce_elem_size(out_dtype);
+  // The output dtype is part of what must match (a widening rank never pairs with a plain one).
+  const uint64_t extra = (a.unreduced ? 0
+                                      : static_cast<uint64_t>(out_dtype) << 16 | static_cast<uint64_t>(a.dtype) << 8 |
+                                            static_cast<uint64_t>(a.op)) ^
+                         parts_hash(a.parts);
   // The reduction of the bytes [o, o + b) of our chunk; `slots` holds the peers' bytes of that range (nullptr: n = 1).
+  // Input byte x of the chunk is output element x / elem (output byte x / elem * out_elem when widening).
   auto reduce = [&](size_t o, size_t b, const char* slots, size_t slot_stride) {
     for_each_piece(a.parts, o, b, [&](const ReduceScatterPart& part, size_t from, size_t at, size_t len) {
       const char* own = static_cast<const char*>(part.input) + static_cast<size_t>(rank) * part.bytes + from;
-      ReduceParams p{out + o + at, own, slots ? slots + at : nullptr, slot_stride, len / elem, n, rank, a.op};
-      CE_CUDA_CHECK(launch_reduce(a.dtype, p, g.reduce_ctas(), red), where + ": launching the reduction");
+      ReduceParams p{out + (o + at) / elem * out_elem, own, slots ? slots + at : nullptr, slot_stride, len / elem, n,
+                     rank, a.op};
+      CE_CUDA_CHECK(launch_reduce(a.dtype, out_dtype, p, g.reduce_ctas(), red), where + ": launching the reduction");
     });
   };
   // Unreduced: the bytes [o, o + b) of every peer's slot into its output row (row j = slot j: peers in rank order).

@@ -6,6 +6,7 @@
 #include "reduce_kernels.h"
 
 #include <cstddef>
+#include <optional>
 #include <vector>
 
 namespace ce_overlap {
@@ -31,6 +32,9 @@ struct ReduceScatterArgs {
   // slots by the copy engines; the caller sums them with its own chunk (a graph fuses that into the consumer).
   // dtype and op are then unused (any element type moves).
   bool unreduced = false;
+  // The output's dtype when it differs from the inputs' (a widening reduction: 16-bit inputs, an fp32 output summed
+  // in fp32; reduce_dtypes_supported). The output then holds chunk_bytes() / elem(dtype) elements of out_dtype.
+  std::optional<ReduceDType> out_dtype = std::nullopt;
 
   size_t chunk_bytes() const { return parts_bytes(parts); }  // per rank, over all parts
 };

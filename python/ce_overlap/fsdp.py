@@ -90,7 +90,8 @@ def _decide(profile, kind: str, nbytes: int, world: int, ce: str) -> tuple[str, 
 
 
 def fsdp_groups(model, group=None) -> list:
-    """(path, FSDPModule, its FSDP param group) for every FSDPModule of `model` that owns parameters. Raises
+    """(path, FSDPModule, its FSDP param group) for every FSDP group of `model` that owns parameters (modules sharded
+    together by one fully_shard([a, b]) call share a group: listed once, their paths joined by "+"). Raises
     CeOverlapError when there is none, or a module is sharded over another group than `group` (when given)."""
     FSDPModule, _, _, missing = _fsdp_types()
     if missing:
@@ -99,7 +100,7 @@ def fsdp_groups(model, group=None) -> list:
     if not modules:
         raise CeOverlapError("ce_overlap.fsdp.use_copy_engines: the model has no FSDPModule: call "
                              "torch.distributed.fsdp.fully_shard on its blocks and on the model first")
-    out = []
+    out, names = [], {}
     for name, m in modules:
         pg = m._get_fsdp_state()._fsdp_param_group
         if pg is None:  # a module whose parameters all belong to sharded children
@@ -108,8 +109,12 @@ def fsdp_groups(model, group=None) -> list:
         if group is not None and shard is not group:
             raise CeOverlapError(f"ce_overlap.fsdp.use_copy_engines: module {name or '<root>'!r} is sharded over "
                                  f"group {shard.group_name!r}, not the given group {group.group_name!r}")
-        out.append((name, m, pg))
-    return out
+        if id(pg) in names:  # fully_shard([a, b]): the modules share one FSDP state and group, listed once
+            names[id(pg)].append(name)
+            continue
+        names[id(pg)] = [name]
+        out.append([name, m, pg])
+    return [("+".join(names[id(pg)]), m, pg) for _, m, pg in out]
 
 
 def decide(groups, *, ce: str = "auto", profile: str = "auto", unavailable: dict | None = None) -> list[Decision]:
@@ -136,14 +141,28 @@ def decide(groups, *, ce: str = "auto", profile: str = "auto", unavailable: dict
     return decisions
 
 
-def use_copy_engines(model, *, ce: str = "auto", profile: str = "auto", runtime=None, group=None) -> list[Decision]:
+def direct_path(param_groups, direct: bool = True) -> dict[int, str]:
+    """id(FSDP param group) -> why it stays on FSDP2's own path ("" when it takes the direct path of
+    ce_overlap.fsdp_direct: gathered into its parameters, reduce-scattered from its gradients, without FSDP2's copy
+    kernels)."""
+    from . import fsdp_direct
+
+    torch_missing = "" if direct else "direct=False"
+    torch_missing = torch_missing or fsdp_direct.missing()
+    return {id(pg): torch_missing or fsdp_direct.unsupported(pg) for pg in param_groups}
+
+
+def use_copy_engines(model, *, ce: str = "auto", profile: str = "auto", runtime=None, group=None,
+                     direct: bool = True) -> list[Decision]:
     """Installs copy-engine collectives on every FSDPModule of `model` (call after fully_shard, on every rank: it
     rendezvouses the FSDP groups). Returns what was decided per FSDP group and collective, also logged (one line per
     group). `runtime`: the RuntimeConfig for the groups' pools (default: RuntimeConfig.from_env() with each process
-    group's pool large enough for the three largest all-gather outputs of the FSDP groups on it, pool_mb_by_group).
-    `group`: the process group the model must be sharded over (an error otherwise). Raises CeOverlapError, leaving
-    the model unchanged, when the model has no FSDPModule, a module is sharded over another group than `group`, or
-    its parameters are not on a CUDA device.
+    group's pool large enough for what its FSDP groups need, pool_mb_by_group). `group`: the process group the model
+    must be sharded over (an error otherwise). `direct` (default True): FSDP groups the direct path covers
+    (ce_overlap.fsdp_direct) gather into their parameters and reduce-scatter from their gradients with none of
+    FSDP2's copy kernels; False (or a group it does not cover) keeps FSDP2's own path with the copy-engine
+    collectives in its extension points. Raises CeOverlapError, leaving the model unchanged, when the model has no
+    FSDPModule, a module is sharded over another group than `group`, or its parameters are not on a CUDA device.
     Where torch lacks FSDP2's hooks or the CE runtime is unavailable, FSDP keeps NCCL (said once; nothing
     installed)."""
     if ce not in CE_MODES:
@@ -159,23 +178,53 @@ def use_copy_engines(model, *, ce: str = "auto", profile: str = "auto", runtime=
                                  f"on {pg.device}; copy engines move CUDA tensors")
     if ce == "off":
         return []
-    from . import profiles, runtime as rt
+    from . import fsdp_direct, profiles, runtime as rt
 
     avail = rt.available()
     if not avail:
         log.warning("ce_overlap.fsdp: CE runtime unavailable (%s): FSDP keeps NCCL", avail.reason)
         return []
-    ready = _rendezvous_groups([pg for _, _, pg in groups], runtime)
+    param_groups = [pg for _, _, pg in groups]
+    paths = direct_path(param_groups, direct)
+    ready = _rendezvous_groups(param_groups, runtime, paths)
     decisions = decide(groups, ce=ce, profile=profile, unavailable={k: v for k, v in ready.items() if v})
+    rings = _slot_rings(groups, decisions, paths, ready)
+    if any(not paths[id(pg)] for pg in param_groups):
+        fsdp_direct.install()
     prof_name, how = profiles.resolve(profile)
     for (name, module, pg), ag, rs in zip(groups, decisions[0::2], decisions[1::2]):
         _, _, gather_dtype, reduce_dtype = _group_bytes(pg)
-        module.set_custom_all_gather(_make_all_gather(AllGather, pg, ag.backend == "ce", ready))
-        module.set_custom_reduce_scatter(_make_reduce_scatter(ReduceScatter, pg, rs.backend == "ce"))
-        log.info("ce_overlap.fsdp: %s (%d ranks): all-gather %.2f MiB/rank %s -> %s; reduce-scatter %.2f MiB %s -> "
-                 "%s [profile %s, %s]", name or "<root>", pg.mesh_info.shard_process_group.size(), ag.bytes / _MIB,
-                 gather_dtype, ag.reason, rs.bytes / _MIB, reduce_dtype, rs.reason, prof_name, how)
+        why_not = paths[id(pg)]
+        if not why_not and "ce" in (ag.backend, rs.backend):
+            ring = rings.get(pg.mesh_info.shard_process_group.group_name) if ag.backend == "ce" else None
+            d_ag, d_rs = fsdp_direct.make_comms(pg, ring, rs.backend == "ce")
+            module.set_custom_all_gather(d_ag or _make_all_gather(AllGather, pg, False, ready))
+            module.set_custom_reduce_scatter(d_rs or _make_reduce_scatter(ReduceScatter, pg, False))
+            path = "direct path"
+        else:
+            module.set_custom_all_gather(_make_all_gather(AllGather, pg, ag.backend == "ce", ready))
+            module.set_custom_reduce_scatter(_make_reduce_scatter(ReduceScatter, pg, rs.backend == "ce"))
+            path = f"FSDP2's own path ({why_not})" if why_not else "FSDP2's own path"
+        log.info("ce_overlap.fsdp: %s (%d ranks, %s): all-gather %.2f MiB/rank %s -> %s; reduce-scatter %.2f MiB %s "
+                 "-> %s [profile %s, %s]", name or "<root>", pg.mesh_info.shard_process_group.size(), path,
+                 ag.bytes / _MIB, gather_dtype, ag.reason, rs.bytes / _MIB, reduce_dtype, rs.reason, prof_name, how)
     return decisions
+
+
+def _slot_rings(groups, decisions, paths: dict, ready: dict) -> dict:
+    """Process group name -> the direct path's slot ring (ce_overlap.fsdp_direct), sized for the largest shard of the
+    FSDP groups that gather over it on the direct path (collective: every rank creates them in the same order)."""
+    from . import fsdp_direct
+
+    need: dict[str, tuple] = {}
+    for (_, _, pg), ag in zip(groups, decisions[0::2]):
+        shard = pg.mesh_info.shard_process_group
+        if paths[id(pg)] or ag.backend != "ce" or ready.get(shard.group_name, "missing"):
+            continue
+        nbytes = fsdp_direct.shard_bytes(pg)
+        if nbytes > need.get(shard.group_name, (None, 0))[1]:
+            need[shard.group_name] = (shard, nbytes)
+    return {name: fsdp_direct.slot_ring(shard, nbytes) for name, (shard, nbytes) in need.items()}
 
 
 def _groups_of(param_group) -> list:
@@ -191,13 +240,23 @@ def _groups_of(param_group) -> list:
 POOL_OUTPUTS_IN_FLIGHT = 3
 
 
-def pool_mb_by_group(param_groups, runtime) -> dict[str, float]:
-    """Group name -> the symmetric pool (MiB) its rendezvous needs: room for the POOL_OUTPUTS_IN_FLIGHT largest
-    all-gather outputs of the FSDP groups that gather over it, plus the runtime's staging and p2p parts, at least
-    runtime.pool_mb. Per group: where every module has its own group (fully_shard without a mesh under a gloo
-    default group makes one per call), each pool holds that module's outputs only, not the whole model's largest."""
+def pool_mb_by_group(param_groups, runtime, paths: dict | None = None) -> dict[str, float]:
+    """Group name -> the symmetric pool (MiB) its rendezvous needs, at least runtime.pool_mb: the runtime's staging
+    and p2p parts, plus per process group either (FSDP groups on the direct path, `paths[id(pg)] == ""`) the
+    direct path's slots (fsdp_direct.SLOTS x the largest shard gathered over it), or (FSDP2's own path) room for the
+    POOL_OUTPUTS_IN_FLIGHT largest all-gather outputs gathered over it. Per group: where every module has its own group
+    (fully_shard without a mesh under a gloo default group makes one per call), each pool holds that module's needs
+    only, not the whole model's largest."""
+    from . import fsdp_direct
+
+    paths = paths or {}
     outputs: dict[str, list[int]] = {}
+    slots: dict[str, int] = {}
     for pg in param_groups:
+        if paths.get(id(pg), "fsdp2") == "":
+            name = pg.mesh_info.shard_process_group.group_name
+            slots[name] = max(slots.get(name, 0), fsdp_direct.SLOTS * fsdp_direct.shard_bytes(pg))
+            continue
         # The output is the whole (padded) parameter set over either group: the post-forward group gathers larger
         # shards (reshard_after_forward=int keeps 1/int of it per rank), into the same full size.
         full = _group_bytes(pg)[0] * pg.mesh_info.shard_process_group.size()
@@ -205,22 +264,23 @@ def pool_mb_by_group(param_groups, runtime) -> dict[str, float]:
             outputs.setdefault(g.group_name, []).append(full)
     extra = runtime.group_staging_mb() + runtime.group_p2p_mb()
     return {name: max(runtime.pool_mb, float(math.ceil(
-                sum(sorted(sizes, reverse=True)[:POOL_OUTPUTS_IN_FLIGHT]) / _MIB + extra)))
-            for name, sizes in outputs.items()}
+                (sum(sorted(outputs.get(name, []), reverse=True)[:POOL_OUTPUTS_IN_FLIGHT]) + slots.get(name, 0))
+                / _MIB + extra)))
+            for name in sorted(set(outputs) | set(slots))}
 
 
-def _rendezvous_groups(param_groups, runtime) -> dict[str, str]:
+def _rendezvous_groups(param_groups, runtime, paths: dict | None = None) -> dict[str, str]:
     """Rendezvouses every process group the FSDP groups gather or reduce over (collective: every rank runs this in
     the same order). `runtime`: the RuntimeConfig of every group, or None: RuntimeConfig.from_env() with each group's
-    pool grown to what its FSDP groups need (pool_mb_by_group). Returns group name -> why copy engines cannot serve
-    it ("" when they can)."""
+    pool grown to what its FSDP groups need (pool_mb_by_group, with `paths` from direct_path). Returns group name ->
+    why copy engines cannot serve it ("" when they can)."""
     from . import runtime as rt
 
     sized = {}
     if runtime is None:
         base = rt.RuntimeConfig.from_env()
-        sized = {name: dataclasses.replace(base, pool_mb=mb) for name, mb in pool_mb_by_group(param_groups,
-                                                                                              base).items()}
+        sized = {name: dataclasses.replace(base, pool_mb=mb)
+                 for name, mb in pool_mb_by_group(param_groups, base, paths).items()}
     seen: dict[str, str] = {}
     for pg in param_groups:
         for g in _groups_of(pg):

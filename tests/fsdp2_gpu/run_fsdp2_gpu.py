@@ -12,8 +12,11 @@ forward, fixed per-rank tokens) in two variants:
              whose all-gather on CUDA tensors crashes: pytorch/pytorch#152645) FSDP2's own custom-comm hooks
              moving the same bytes through host memory over gloo (the reduction: an fp32 sum in rank order,
              then times 1 / n for avg, rounded once)
-  ce         ce_overlap.fsdp.use_copy_engines(model, ce="on"): every FSDP group's all-gather in place in the
-             symmetric pool, every reduce-scatter on copy engines plus the reduction kernel
+  ce         ce_overlap.fsdp.use_copy_engines(model, ce="on"): every FSDP group on the direct path where it covers
+             the group (ce_overlap.fsdp_direct: gathered into the parameters, reduce-scattered from the gradients,
+             a widening reduction for fp32 reduce_dtype), else FSDP2's own path with CE in its extension points
+  ce-hooks   (--paths) use_copy_engines(model, ce="on", direct=False): FSDP2's own path for every group, the
+             all-gather in place in the symmetric pool, the reduce-scatter on copy engines plus the reduction kernel
 
 Checks (PASS/FAIL table, exit 1 on a failure): every FSDP group's all-gather and reduce-scatter ran on CE in the ce
 variant; losses, gradients and parameters bit-identical to the reference at 2 ranks, within the reduction order's
@@ -39,6 +42,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import ce_overlap.fsdp as cefsdp  # noqa: E402
+import ce_overlap.fsdp_direct as fsdp_direct  # noqa: E402
 import ce_overlap.runtime as rt  # noqa: E402
 from ce_overlap.models.llama import LLAMA_CONFIGS, Llama, init_weights  # noqa: E402
 
@@ -55,7 +59,10 @@ SETUPS = {
     "explicit-prefetch": "set_modules_to_forward_prefetch / set_modules_to_backward_prefetch, one block ahead",
     "grad-accum": "2 microbatches per step, set_requires_gradient_sync(False) on the first (no reduce-scatter)",
     "bf16-reduce": "MixedPrecisionPolicy(reduce_dtype=bfloat16): the reduce-scatter in bf16",
+    "torchtitan-wrap": "torchtitan's apply_fsdp: the embedding, each block, [norm, output] together (not resharded "
+                       "after forward), the root",
 }
+PATHS = {"direct": "ce", "hooks": "ce-hooks"}
 
 
 def log0(msg: str) -> None:
@@ -109,10 +116,14 @@ def build(model_name: str, args, compiled: bool, setup: str = "default"):
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                               reduce_dtype=torch.bfloat16 if setup == "bf16-reduce" else torch.float32)
     reshard = {"no-reshard": False, "reshard-2": 2}.get(setup, True)
+    if setup == "torchtitan-wrap":
+        fully_shard(model.tok_embeddings, mp_policy=mp)
     for block in model.layers:
         if compiled:
             block.compile()
         fully_shard(block, mp_policy=mp, reshard_after_forward=reshard)
+    if setup == "torchtitan-wrap":
+        fully_shard([model.norm, model.output], mp_policy=mp, reshard_after_forward=False)
     fully_shard(model, mp_policy=mp)
     if setup == "explicit-prefetch":
         blocks = list(model.layers)
@@ -136,8 +147,10 @@ class CallCounter:
     def __init__(self):
         self.counts: dict[str, int] = {}
         self._saved = []
+        self._direct = (0, 0)
 
     def __enter__(self):
+        self._direct = (fsdp_direct.counters.all_gathers, fsdp_direct.counters.reduce_scatters)
         for key, module, name in self.NAMES:
             fn = getattr(module, name)
 
@@ -152,6 +165,11 @@ class CallCounter:
     def __exit__(self, *exc):
         for module, name, fn in self._saved:
             setattr(module, name, fn)
+        # The direct path calls the runtime's ops itself (fsdp_direct.counters counts them).
+        for key, now, before in (("direct all_gather", fsdp_direct.counters.all_gathers, self._direct[0]),
+                                 ("direct reduce_scatter", fsdp_direct.counters.reduce_scatters, self._direct[1])):
+            if now > before:
+                self.counts[key] = now - before
 
 
 def run_variant(model_name: str, variant: str, compiled: bool, args, setup: str = "default") -> dict:
@@ -162,8 +180,8 @@ def run_variant(model_name: str, variant: str, compiled: bool, args, setup: str 
     pools_before = set(rt.rendezvoused_groups())
     model, cfg = build(model_name, args, compiled, setup)
     decisions = []
-    if variant == "ce":
-        decisions = cefsdp.use_copy_engines(model, ce="on")
+    if variant in ("ce", "ce-hooks"):
+        decisions = cefsdp.use_copy_engines(model, ce="on", direct=variant == "ce")
     elif SHARED_GPU:
         for m in model.modules():
             if isinstance(m, FSDPModule):
@@ -173,7 +191,7 @@ def run_variant(model_name: str, variant: str, compiled: bool, args, setup: str 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     gen = torch.Generator(device="cuda")
     out = {"losses": [], "grads": [], "decisions": decisions}
-    counter = CallCounter() if variant == "ce" else contextlib.nullcontext()
+    counter = CallCounter() if variant != "reference" else contextlib.nullcontext()
     t0 = time.perf_counter()
     with counter:
         micro = 2 if setup == "grad-accum" else 1
@@ -191,7 +209,7 @@ def run_variant(model_name: str, variant: str, compiled: bool, args, setup: str 
             opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
     out["seconds"] = time.perf_counter() - t0
-    out["calls"] = counter.counts if variant == "ce" else {}
+    out["calls"] = counter.counts if variant != "reference" else {}
     out["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
     out["pools"] = {name: rt.config_of(name).pool_mb for name in rt.rendezvoused_groups() if name not in pools_before}
     out["params"] = [p.to_local().detach().cpu() for p in model.parameters()]
@@ -200,6 +218,9 @@ def run_variant(model_name: str, variant: str, compiled: bool, args, setup: str 
     # The groups FSDP made for this model (one per fully_shard under a gloo default group) outlive it, and so would
     # their pools: drop them once every rank is done, or a run of many setups holds a pool per group it ever made.
     dist.barrier(group=CPU_GROUP)
+    fsdp_direct.forget_rings(out["pools"])
+    if variant == "ce":
+        torch.ops.ce_overlap._block_cache_clear()
     for name in out["pools"]:
         rt.close_pool(name)
     torch.cuda.empty_cache()
@@ -227,6 +248,31 @@ def compare(x: dict, ref: dict) -> dict:
 CPU_GROUP = None
 
 
+def check_variant(check, label: str, ce: dict, ref: dict, world: int) -> None:
+    """The rows of one copy-engine variant: every collective ran on CE (counted), and its training matches the
+    reference (bit-identical at 2 ranks)."""
+    on_ce = [d for d in ce["decisions"] if d.backend == "ce"]
+    calls = ce["calls"]
+    ran_on_ce = not any(k.startswith("fallback") for k in calls) and \
+        calls.get("ce all_gather", 0) + calls.get("direct all_gather", 0) > 0 and \
+        calls.get("ce reduce_scatter", 0) + calls.get("direct reduce_scatter", 0) > 0
+    check(f"{label}: every FSDP group's all-gather and reduce-scatter on CE",
+          len(on_ce) == len(ce["decisions"]) > 0 and ran_on_ce,
+          f"{len(on_ce)} of {len(ce['decisions'])} collectives decided CE; calls on rank 0 "
+          + ", ".join(f"{k} {v}" for k, v in sorted(calls.items())))
+    c = compare(ce, ref)
+    exact = world == 2
+    ok = c["identical"] if exact else (c["loss_err"] <= LOSS_TOL and c["grad_err"] <= GRAD_TOL
+                                       and c["param_err"] <= PARAM_TOL)
+    check(f"{label}: ce {'bit-identical to' if exact else 'matches'} the reference", ok,
+          f"losses {['%.6f' % v for v in ce['losses']]}, loss err {c['loss_err']:.2e}, grad rel err "
+          f"{c['grad_err']:.2e}, param rel err {c['param_err']:.2e}, bit-identical {c['identical']}; "
+          f"{ref['seconds']:.1f} s / {ce['seconds']:.1f} s")
+    log0(f"    memory (rank 0): torch peak reserved {ce['peak_reserved_gib']:.2f} GiB (reference "
+         f"{ref['peak_reserved_gib']:.2f}); CE pools of this model {len(ce['pools'])} groups, "
+         f"{sum(ce['pools'].values()) / 1024:.2f} GiB ({', '.join(f'{v:.0f}' for v in ce['pools'].values())} MiB)")
+
+
 def main() -> int:
     global CPU_GROUP
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -237,7 +283,12 @@ def main() -> int:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--setups", default="default",
                    help="comma-separated FSDP2 setups: " + "; ".join(f"{k}: {v}" for k, v in SETUPS.items()))
+    p.add_argument("--paths", default="direct",
+                   help="comma-separated: direct (use_copy_engines' default) and / or hooks (direct=False)")
     args = p.parse_args()
+    paths = [x for x in args.paths.split(",") if x]
+    if not paths or any(x not in PATHS for x in paths):
+        p.error(f"--paths: expected a comma list of {list(PATHS)}, got {args.paths!r}")
     setups = [x for x in args.setups.split(",") if x]
     unknown = [x for x in setups if x not in SETUPS]
     if unknown:
@@ -268,30 +319,18 @@ def main() -> int:
             continue
         try:
             ref = run_variant(model_name, "reference", mode == "compiled", args, setup)
-            ce = run_variant(model_name, "ce", mode == "compiled", args, setup)
         except Exception as e:  # noqa: BLE001 (a failing run is a FAIL row)
             traceback.print_exc()
-            check(f"{label}: runs", False, f"{type(e).__name__}: {str(e)[:300]}")
+            check(f"{label}: reference runs", False, f"{type(e).__name__}: {str(e)[:300]}")
             continue
-        on_ce = [d for d in ce["decisions"] if d.backend == "ce"]
-        calls = ce["calls"]
-        ran_on_ce = not any(k.startswith("fallback") for k in calls) and \
-            calls.get("ce all_gather", 0) > 0 and calls.get("ce reduce_scatter", 0) > 0
-        check(f"{label}: every FSDP group's all-gather and reduce-scatter on CE",
-              len(on_ce) == len(ce["decisions"]) > 0 and ran_on_ce,
-              f"{len(on_ce)} of {len(ce['decisions'])} collectives decided CE; calls on rank 0 "
-              + ", ".join(f"{k} {v}" for k, v in sorted(calls.items())))
-        c = compare(ce, ref)
-        exact = world == 2
-        ok = c["identical"] if exact else (c["loss_err"] <= LOSS_TOL and c["grad_err"] <= GRAD_TOL
-                                           and c["param_err"] <= PARAM_TOL)
-        check(f"{label}: ce {'bit-identical to' if exact else 'matches'} the reference", ok,
-              f"losses {['%.6f' % v for v in ce['losses']]}, loss err {c['loss_err']:.2e}, grad rel err "
-              f"{c['grad_err']:.2e}, param rel err {c['param_err']:.2e}, bit-identical {c['identical']}; "
-              f"{ref['seconds']:.1f} s / {ce['seconds']:.1f} s")
-        log0(f"    memory (rank 0): torch peak reserved {ce['peak_reserved_gib']:.2f} GiB (reference "
-             f"{ref['peak_reserved_gib']:.2f}); CE pools of this model {len(ce['pools'])} groups, "
-             f"{sum(ce['pools'].values()) / 1024:.2f} GiB ({', '.join(f'{v:.0f}' for v in ce['pools'].values())} MiB)")
+        for path in paths:
+            try:
+                ce = run_variant(model_name, PATHS[path], mode == "compiled", args, setup)
+            except Exception as e:  # noqa: BLE001 (a failing run is a FAIL row)
+                traceback.print_exc()
+                check(f"{label} {path}: runs", False, f"{type(e).__name__}: {str(e)[:300]}")
+                continue
+            check_variant(check, f"{label} {path}", ce, ref, world)
     failed = [r for r in rows if not r[1]]
     log0(f"\n{len(rows) - len(failed)}/{len(rows)} checks passed" + (": FAIL" if failed else ": PASS"))
     dist.barrier(group=CPU_GROUP)

@@ -819,15 +819,18 @@ def mode_reduce_scatter(args) -> int:
 def draw_parts_case(rng: random.Random, world: int, round_elems: dict) -> dict:
     """1-12 parts of mixed sizes (zero, odd, multi-round); all-gather parts of mixed dtypes, reduce-scatter parts of
     one dtype (dim 0 a multiple of the group size)."""
-    kind = rng.choice(["all_gather", "all_gather", "reduce_scatter", "reduce_scatter_unreduced"])
-    dtype = rng.choice(RS_DTYPES)
+    kind = rng.choice(["all_gather", "all_gather", "reduce_scatter", "reduce_scatter_unreduced",
+                       "all_gather_symmetric_out", "reduce_scatter_widening"])
+    # widening: 16-bit inputs into an fp32 output (FSDP2's fp32 reduce_dtype over bf16 gradients)
+    dtype = rng.choice(RS_DTYPES[:2] if kind == "reduce_scatter_widening" else RS_DTYPES)
     parts = []
     for _ in range(rng.choice([1, 2, 3, 5, 9, 12])):
+        # symmetric_out: the inputs lie back to back in one symmetric slot, so they share its dtype
         pdt = rng.choice(DTYPES) if kind == "all_gather" else dtype  # unreduced: one dtype, any of them (moved)
         r = round_elems[torch.float32]  # the last band, with the other parts: multi-round
         n = draw_size(rng, [(0.1, 0, 0), (0.5, 1, 64), (0.85, 65, 70000), (1.0, r // 4, r)])
         cols = rng.choice([1, 2, 3]) if n % 6 == 0 else 1
-        rows = n // cols if kind == "all_gather" else world * (n // cols)
+        rows = n // cols if kind.startswith("all_gather") else world * (n // cols)
         parts.append({"dtype": pdt, "shape": [rows, cols] if cols > 1 else [rows]})
     return {"kind": kind, "parts": parts, "op": rng.choice(["sum", "avg"]),
             "data": rng.choice(["int", "int", "random"]), "side_stream": rng.random() < 0.2,
@@ -843,7 +846,9 @@ def run_parts_case(case: dict, group, world: int, rank: int, side: torch.cuda.St
     gen = torch.Generator(device="cuda")
     gen.manual_seed(case["seed"] * 613 + rank)
     unreduced = case["kind"] == "reduce_scatter_unreduced"
-    rs = case["kind"] == "reduce_scatter" or unreduced
+    widening = case["kind"] == "reduce_scatter_widening"
+    symmetric_out = case["kind"] == "all_gather_symmetric_out"
+    rs = case["kind"] in ("reduce_scatter", "reduce_scatter_widening") or unreduced
     inputs = []
     for part in case["parts"]:
         if not rs:
@@ -860,10 +865,11 @@ def run_parts_case(case: dict, group, world: int, rank: int, side: torch.cuda.St
                 ref_all_gather(gathered, x, group)
             chunks = gathered.view(world, world, -1)[:, rank]  # [peer, this rank's chunk]
             peer_rows.append(torch.cat([chunks[:rank], chunks[rank + 1:]]))
-        if rs:
-            ref = torch.empty([x.shape[0] // world, *x.shape[1:]], dtype=x.dtype, device="cuda")
+        if rs:  # widening: what the fp32 cast of the input reduce-scatters to (NCCL in fp32)
+            xr = x.float() if widening else x
+            ref = torch.empty([x.shape[0] // world, *x.shape[1:]], dtype=xr.dtype, device="cuda")
             if x.numel():
-                ref_reduce_scatter(ref, x, case["op"], group)
+                ref_reduce_scatter(ref, xr, case["op"], group)
         else:
             ref = torch.empty([x.shape[0] * world, *x.shape[1:]], dtype=x.dtype, device="cuda")
             if x.numel():
@@ -875,11 +881,25 @@ def run_parts_case(case: dict, group, world: int, rank: int, side: torch.cuda.St
         if case["side_stream"]:
             side.wait_stream(torch.cuda.default_stream())
         cur = torch.cuda.current_stream()
-        ins = [x.clone() for x in inputs]
+        if symmetric_out:  # every input in one symmetric slot, back to back: the peers pull them in place
+            nbytes = [x.numel() * x.element_size() for x in inputs]
+            slot = rt.empty_symmetric([max(1, sum(nbytes))], torch.uint8, group)
+            flat = slot[: sum(nbytes)].view(inputs[0].dtype) if sum(nbytes) else slot[:0].view(inputs[0].dtype)
+            ins = [v.view(x.shape) for v, x in zip(torch.split(flat, [x.numel() for x in inputs]), inputs)]
+            for v, x in zip(ins, inputs):
+                v.copy_(x)
+        else:
+            ins = [x.clone() for x in inputs]
         if unreduced:
             outs = [torch.ops.ce_overlap.reduce_scatter_tensors_unreduced(ins, world, group.group_name)]
+        elif widening:
+            outs = [torch.empty(sum(x.numel() for x in ins) // world, dtype=torch.float32, device="cuda")]
+            torch.ops.ce_overlap.reduce_scatter_tensors_out(ins, case["op"], world, group.group_name, out=outs[0])
         elif rs:
             outs = [torch.ops.ce_overlap.reduce_scatter_tensors(ins, case["op"], world, group.group_name)]
+        elif symmetric_out:
+            outs = [torch.empty([x.shape[0] * world, *x.shape[1:]], dtype=x.dtype, device="cuda") for x in ins]
+            torch.ops.ce_overlap.all_gather_into_tensors_out(ins, world, group.group_name, outs=outs)
         else:
             outs = list(torch.ops.ce_overlap.all_gather_into_tensors(ins, world, group.group_name))
         if case["busy"]:
