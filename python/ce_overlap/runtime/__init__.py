@@ -59,6 +59,7 @@ _loaded_from: str | None = None
 _load_error: str | None = None
 _groups: dict[str, int] = {}  # rendezvoused group name -> world size
 _configs: dict[str, RuntimeConfig] = {}  # rendezvoused group name -> its config
+_generations: dict[str, int] = {}  # group name -> rendezvous of it so far in this process (equal on every rank)
 _process_args: tuple | None = None  # the process fields last given to the library
 _alloc_lock = threading.Lock()
 _alloc_seq: dict[str, int] = {}  # group name -> number of empty_symmetric calls so far (SPMD: equal on every rank)
@@ -203,14 +204,19 @@ def rendezvous(group=None, config: RuntimeConfig | None = None) -> str:
 
 def open_pool(name: str, rank: int, world: int, device: int, store, prefix: str, config: RuntimeConfig) -> None:
     """Rendezvous of group `name` through `store` (what rendezvous and the torch.distributed backend run): creates
-    this rank's pool on `device`, publishes its handle under prefix + rank, waits for every rank's
+    this rank's pool on `device`, publishes its handle under prefix + generation + "/" + rank (the generation counts
+    this process's rendezvous of the name, the same on every rank), waits for every rank's
     (RuntimeConfig.timeout_s) and maps them; applies the config's process fields. On failure nothing of the group
     remains."""
     load_library()
     _configure_process(config)
     _groups.pop(name, None)  # a group of this name that was closed (e.g. a destroyed process group's backend)
     _configs.pop(name, None)
-    keys = [f"{prefix}{r}" for r in range(world)]
+    # The n-th rendezvous of a name publishes under its own keys: a store keeps the handles of a pool that was closed
+    # (close_pool; FSDP2 models built one after another over the default group reuse its name), and a peer reading
+    # those would map memory its owner has freed (seen on 2x H200: the first op after a re-rendezvous timed out).
+    generation = _generations[name] = _generations.get(name, 0) + 1
+    keys = [f"{prefix}{generation}/{r}" for r in range(world)]
     blob = torch.ops.ce_overlap._pool_create(name, rank, world, device, *config.pool_create_args())
     try:
         store.set(keys[rank], blob.numpy().tobytes())
