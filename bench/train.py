@@ -65,6 +65,7 @@ from _common import format_exc_line, header, init, log0, write_json  # noqa: E40
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from _kernel_profile import export_trace, log_kernel_table, profile_kernels  # noqa: E402
+from _memory import ce_pool_gib, live_blocks_by_site, memory_report  # noqa: E402
 
 # "cuda" normally; "cpu" (gloo, --device cpu) only for the smoke test that runs in CI (tests/test_train_bench.py).
 DEVICE = "cuda"
@@ -245,6 +246,7 @@ class ModeResult:
     compile_s: float = 0.0
     peak_mem_gib: float = 0.0  # torch.cuda.max_memory_reserved (what torchtitan's log calls memory)
     peak_alloc_gib: float = 0.0  # max_memory_allocated: live tensors only, without the allocator's cached blocks
+    ce_pool_gib: float = 0.0  # the CE runtime's symmetric pools (device memory outside torch's allocator), in peak_*
     memory: dict = dataclasses.field(default_factory=dict)  # reserved by stream and allocator counters (memory_report)
     median_ms: float = 0.0
     tps: float = 0.0
@@ -480,8 +482,13 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
     res.tps = tokens_per_step / (res.median_ms / 1e3)
     res.tflops = flops_per_token * res.tps / 1e12
     res.mfu = 100 * res.tflops / peak
-    res.peak_mem_gib = max_over_ranks(torch.cuda.max_memory_reserved() / 2**30 if DEVICE == "cuda" else 0.0)
-    res.peak_alloc_gib = max_over_ranks(torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else 0.0)
+    # The CE pools are device memory torch's allocator does not see: counted into both peaks, so a CE mode's memory
+    # is comparable with NCCL's (whose own buffers, a few hundred MiB, stay uncounted: in the baseline's favour).
+    res.ce_pool_gib = max_over_ranks(ce_pool_gib())
+    res.peak_mem_gib = max_over_ranks(torch.cuda.max_memory_reserved() / 2**30 if DEVICE == "cuda" else 0.0) \
+        + res.ce_pool_gib
+    res.peak_alloc_gib = max_over_ranks(torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else 0.0) \
+        + res.ce_pool_gib
     if DEVICE == "cuda":
         res.memory = memory_report()
         log0(f"[{mode}] memory (rank 0): reserved {res.memory['reserved_gib']:.1f} GiB, by stream "
@@ -499,66 +506,6 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
                 log0(f"[{mode}]   live {site['gib']:.2f} GiB in {site['blocks']} blocks from {site['site']}")
     del step_fn, model, opt
     return res
-
-
-def memory_report() -> dict:
-    """Where the caching allocator's reserved memory sits at the end of a mode (its peak, as nothing was released):
-    per stream (a segment serves allocations of the stream it was created for: blocks reserved on a side stream do
-    not serve the default stream's allocations), with the bytes in use, plus its cudaMalloc and retry counts."""
-    default = torch.cuda.default_stream().cuda_stream
-    by_stream: dict[str, dict] = {}
-    for seg in torch.cuda.memory_snapshot():
-        key = "default" if seg.get("stream", 0) in (0, default) else f"stream {seg['stream']:#x}"
-        d = by_stream.setdefault(key, {"reserved_gib": 0.0, "allocated_gib": 0.0, "segments": 0})
-        d["reserved_gib"] += seg["total_size"] / 2**30
-        d["allocated_gib"] += seg["allocated_size"] / 2**30
-        d["segments"] += 1
-    stats = torch.cuda.memory_stats()
-    extra = {}
-    if hasattr(torch.ops, "ce_overlap_testing") and hasattr(torch.ops.ce_overlap_testing, "_stashed_tensors"):
-        import ce_overlap.runtime.testing as rtt
-
-        extra["ce_stashed_tensors"] = rtt.stashed_tensors()
-        extra["ce_reaped_unwaited"] = rtt.reaped_unwaited()
-    return {**extra, "reserved_gib": round(torch.cuda.memory_reserved() / 2**30, 3),
-            "by_stream": {k: {f: round(v, 3) if isinstance(v, float) else v for f, v in d.items()}
-                          for k, d in sorted(by_stream.items(), key=lambda kv: -kv[1]["reserved_gib"])},
-            "device_allocs": int(stats.get("num_device_alloc", 0)),
-            "alloc_retries": int(stats.get("num_alloc_retries", 0)),
-            "inactive_split_peak_gib": round(stats.get("inactive_split_bytes.all.peak", 0) / 2**30, 3),
-            # active: allocated plus blocks freed but waiting for another stream's recorded use (recordStream)
-            "active_peak_gib": round(stats.get("active_bytes.all.peak", 0) / 2**30, 3),
-            "allocated_peak_gib": round(stats.get("allocated_bytes.all.peak", 0) / 2**30, 3),
-            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
-
-
-def live_blocks_by_site(top: int = 15) -> list:
-    """The allocator's live blocks (needs _record_memory_history), grouped by the innermost Python frame that
-    allocated them outside torch itself (Inductor's generated code, the model, this script), largest first, each
-    with that source line (generated code is not kept after the run)."""
-    import linecache
-
-    sites: dict[str, dict] = {}
-    for seg in torch.cuda.memory._snapshot().get("segments", []):
-        for blk in seg.get("blocks", []):
-            if blk.get("state") != "active_allocated":
-                continue
-            frames = blk.get("frames") or [f for h in blk.get("history", [])[-1:] for f in h.get("frames", [])]
-            site, code = "unknown (no frames)", ""
-            for f in frames:
-                fn = f.get("filename", "")
-                if "/torch/" in fn and "torchinductor" not in fn and "/_inductor/" not in fn:
-                    continue
-                site = f"{fn}:{f.get('line')} {f.get('name', '')}"
-                code = linecache.getline(fn, int(f.get("line", 0))).strip()
-                break
-            d = sites.setdefault(site, {"site": site, "code": code[:300], "gib": 0.0, "blocks": 0})
-            d["gib"] += blk.get("size", 0) / 2**30
-            d["blocks"] += 1
-    out = sorted(sites.values(), key=lambda d: -d["gib"])[:top]
-    for d in out:
-        d["gib"] = round(d["gib"], 3)
-    return out
 
 
 def predict(args, world: int, profile: str) -> dict:
@@ -755,7 +702,8 @@ def main(argv=None) -> int:
              f"{r.mfu:7.1f}{vs:>9}{gap:>11}{r.peak_mem_gib:9.1f}{r.peak_alloc_gib:10.1f}{r.losses[-1]:9.4f}"
              f"{r.compile_s:10.1f}")
     log0("# vs base / gap recov.: the FSDP2 modes against fsdp2 and fsdp2-no-comm, the others against compile and "
-         "no-comm")
+         "no-comm; peak / alloc GiB: torch's peak reserved / allocated plus the CE pools (GiB: "
+         + ", ".join(f"{r.mode} {r.ce_pool_gib:.2f}" for r in results if r.ok and r.ce_pool_gib) + ")")
     log_kernel_table(results)
     compiled = [r for r in results if r.ok and r.mode not in ("eager", "no-comm")]
     if len(compiled) > 1:

@@ -23,7 +23,7 @@ stage build 240 build
 if [ "${CE_TRAIN_PASS_CHECK:-0}" = 1 ]; then pass_gpu_stage llama3-tiny 150; fi
 stage train 540 torchrun_all bench/train.py --layers "$LAYERS" --seq-len 4096 --steps "$STEPS" --warmup 5 \
   --modes "$MODES" $([ "${CE_TRAIN_PREDICT:-1}" = 1 ] && echo --predict) --kernel-profile "${CE_TRAIN_KERNEL_PROFILE:-2}" \
-  ${CE_TRAIN_CE:+--ce "$CE_TRAIN_CE"} --fsdp2-wrap "${CE_TRAIN_FSDP2_WRAP:-torchtitan}" \
+  ${CE_TRAIN_CE:+--ce "$CE_TRAIN_CE"} ${CE_TRAIN_FSDP2_WRAP:+--fsdp2-wrap "$CE_TRAIN_FSDP2_WRAP"} \
   $([ "${CE_TRAIN_TRACES:-0}" = 1 ] && echo --trace-dir "$OUT/traces") --out "$OUT/train.json"
 
 finish "ce_overlap training benchmark device run" train
