@@ -19,7 +19,7 @@ sys.path.insert(0, BENCH)
 
 # Every runnable script in bench/ (bench/README.md lists them); the collectives' subcommands are checked in-process.
 SCRIPTS = ["collectives.py", "train.py", "step_prediction.py", "plot_train.py", "cost_model_validation.py",
-           "capture_speed.py", "plan_speed.py", "fault_repeats.py", "pipeline.py"]
+           "capture_speed.py", "plan_speed.py", "fault_repeats.py", "pipeline.py", "timeline.py", "torchtitan_fsdp2.py"]
 SUBCOMMANDS = ["all-gather", "reduce-scatter", "all-to-all", "broadcast", "all", "p2p", "overlap", "probe"]
 
 
@@ -409,7 +409,7 @@ def test_train_lr_warmup_and_loss_agreement():
 
 def _driver(script: str, out, env: dict) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if k != "PYTHON" and not k.startswith(
-        ("CE_DEVICE_", "CE_TRAIN_", "CE_SESSION_", "CE_COMPUTE_"))}
+        ("CE_DEVICE_", "CE_TRAIN_", "CE_SESSION_", "CE_COMPUTE_", "CE_FSDP2_"))}
     return subprocess.run(["bash", os.path.join(BENCH, script)], capture_output=True, text=True, timeout=120,
                           env={**clean, "CE_DEVICE_DRY_RUN": "1", "CE_DEVICE_PACK": "0", "OUT": str(out), **env})
 
@@ -566,3 +566,62 @@ def test_train_low_contention_mode_turns_on_pytorchs_pass_or_names_what_torch_la
         "aten_distributed_optimizations.enable_overlap_scheduling": True}
     with pytest.raises(RuntimeError, match="has no aten_distributed_optimizations.enable_low_contention_collectives"):
         train.compile_options("compile+low-contention")
+
+
+def test_fsdp2_device_runs_the_harness_at_each_rank_count_and_train_only_on_several_gpus(tmp_path):
+    """bench/fsdp2_device.sh: the runtime checks, the FSDP2 harness once per CE_FSDP2_RANKS entry (ranks share one GPU
+    where there are fewer GPUs), and the training comparison only where there are 2+ GPUs (here none: skipped, said);
+    an unknown stage stops it before anything runs."""
+    proc = _driver("fsdp2_device.sh", tmp_path, {"CE_FSDP2_RANKS": "2 3", "CE_FSDP2_SETUPS": "default,bf16-reduce"})
+    assert proc.returncode == 0, proc.stderr
+    cmds = _stage_commands(tmp_path)
+    assert list(cmds) == ["build", "env", "harness-2", "harness-3", "runtime"]
+    assert "tests/runtime/gpu_worker.py reduce_scatter,parts" in cmds["runtime"]
+    assert cmds["harness-3"].startswith("env CE_TEST_SHARED_GPU=1 ") and "--nproc-per-node 3" in cmds["harness-3"]
+    assert "--setups default,bf16-reduce --paths direct,hooks" in cmds["harness-2"]
+    assert "train: SKIPPED (one GPU)" in (tmp_path / "summary.txt").read_text()
+    bad = _driver("fsdp2_device.sh", tmp_path / "bad", {"CE_FSDP2_STAGES": "harness trian"})
+    assert bad.returncode == 2 and "unknown stage 'trian'" in bad.stderr
+
+
+def _chrome_trace(path, events) -> None:
+    import gzip
+
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": [{"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid}
+                                   for cat, name, ts, dur, tid in events]}, f)
+
+
+def test_timeline_splits_the_last_step_and_names_what_the_compute_stream_waited_for(tmp_path, capsys):
+    """bench/timeline.py on a synthetic two-step trace: the last step runs from the end of the first step's optimizer
+    to the end of its own; the compute stream (most GEMM time) idles 2 ms beside an NCCL kernel and 1 ms with the whole
+    GPU idle (the host); the picture has one row per stream."""
+    import timeline
+
+    adam = "void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata<4>, FusedAdamMathFunctor>"
+    events = [("kernel", adam, 0, 1000, 7),                                      # step 1's optimizer ends at 1 ms
+              ("kernel", "nvjet_sm90_gemm", 1000, 4000, 7),                      # 1-5 ms GEMM
+              ("kernel", "ncclDevKernel_AllGather_RING_LL", 4000, 3000, 22),     # 4-7 ms NCCL, compute idle 5-7
+              ("kernel", "nvjet_sm90_gemm", 7000, 2000, 7),                      # 7-9 ms
+              ("kernel", "void split_with_sizes_copy_out_contiguous_no_cast_kernel", 10000, 1000, 7),  # idle 9-10
+              ("kernel", adam, 41000, 1000, 7),                                  # step 2's optimizer, 30 ms later
+              ("cpu_op", "aten::mm", 1000, 10, 1)]
+    # The gap before step 2's optimizer is 30 ms (> --step-gap-ms 20): two clusters, two steps.
+    trace = tmp_path / "trace-x.json.gz"
+    _chrome_trace(trace, events)
+    acts = timeline.load(str(trace))
+    assert len(acts) == 6  # the CPU op is not a GPU activity
+    step, start, end = timeline.last_step(acts)
+    assert (start, end) == (1000.0, 42000.0)
+    r = timeline.analyze(step, start, end)
+    assert r["compute_stream"] == 7 and r["step_ms"] == 41.0
+    assert r["compute_idle_beside_ms"] == {"collective": 2.0}
+    assert abs(r["gpu_idle_ms"] - (1.0 + 30.0)) < 1e-9  # 9-10 ms, and 11-41 ms before the optimizer
+    assert r["streams"][7]["by_class_ms"] == {"gemm": 6.0, "copy_kernel": 1.0, "optimizer": 1.0}
+    assert timeline.main([str(trace), "--ms-per-char", "5", "--json", str(tmp_path / "t.json")]) == 0
+    out = capsys.readouterr().out
+    assert "compute |" in out and "stream 22 |" in out and "beside it ran: collective 2.0" in out
+    one_step = tmp_path / "one.json.gz"
+    _chrome_trace(one_step, events[:5])
+    assert timeline.main([str(one_step)]) == 2
+    assert "need 2" in capsys.readouterr().err
