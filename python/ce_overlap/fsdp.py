@@ -152,9 +152,8 @@ def direct_path(param_groups, direct: bool = True) -> dict[int, str]:
     kernels)."""
     from . import fsdp_direct
 
-    torch_missing = "" if direct else "direct=False"
-    torch_missing = torch_missing or fsdp_direct.missing()
-    return {id(pg): torch_missing or fsdp_direct.unsupported(pg) for pg in param_groups}
+    for_all = "direct=False" if not direct else fsdp_direct.missing()  # a reason that holds for every group
+    return {id(pg): for_all or fsdp_direct.unsupported(pg) for pg in param_groups}
 
 
 def use_copy_engines(model, *, ce: str = "auto", profile: str = "auto", runtime=None, group=None,

@@ -27,12 +27,10 @@ path does not cover (`unsupported`) keeps ce_overlap.fsdp's comm objects on FSDP
 """
 from __future__ import annotations
 
-import logging
+import functools
 import math
 
 from .errors import CeOverlapError
-
-log = logging.getLogger("ce_overlap")
 
 # Slots per process group: the cast of all-gather n + SLOTS waits until all-gather n left its slot on every rank.
 SLOTS = 2
@@ -40,6 +38,7 @@ SLOTS = 2
 BLOCK_ALIGN = 256
 
 _originals: dict[str, object] = {}
+_reduce_returns = 0  # how many values this torch's foreach_reduce returns (set by install)
 
 
 def _fsdp_modules():
@@ -89,7 +88,9 @@ def install() -> None:
     why = missing()
     if why:
         raise CeOverlapError(f"ce_overlap.fsdp: the direct path cannot hook this torch: {why}")
+    global _reduce_returns
     _, param_group = _fsdp_modules()
+    _reduce_returns = _reduce_arity(param_group.foreach_reduce)
     _originals.update(foreach_all_gather=param_group.foreach_all_gather,
                       foreach_all_gather_copy_out=param_group.foreach_all_gather_copy_out,
                       foreach_reduce=param_group.foreach_reduce)
@@ -102,8 +103,6 @@ def unsupported(param_group) -> str:
     """Why the direct path does not cover this FSDP group ("" when it does). It covers FSDP2's common case: 1-D
     sharding on dim 0, no CPU offload, no tensor-subclass all-gather extensions, one all-gather dtype, no
     reshard_after_forward=int (a post-forward group), no HSDP, gradients whose dim 0 the group size divides."""
-    from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState  # noqa: F401 (exists in 2.11, 2.14)
-
     if getattr(param_group, "_use_post_forward_mesh", False):
         return "reshard_after_forward=int (a post-forward group)"
     if param_group.mesh_info.__class__.__name__ != "FSDPMeshInfo":
@@ -180,27 +179,27 @@ class _Counters:
 counters = _Counters()
 
 
-def _base_classes():
-    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
-
-    return AllGather, ReduceScatter
-
-
-def make_comms(param_group, ring: _SlotRing | None, reduce_scatter: bool):
-    """(DirectAllGather or None, DirectReduceScatter or None) for one FSDP group: the all-gather when `ring` is given,
-    the reduce-scatter when `reduce_scatter`. Called on FSDP2's own path (a call the direct path declined), they run
-    torch.distributed's collectives."""
+@functools.cache
+def _classes():
+    """(DirectResult, DirectAllGather, DirectReduceScatter): made once, on first use (they subclass FSDP2's types)."""
     import torch
     import torch.distributed as dist
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+    from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
 
-    AllGather, ReduceScatter = _base_classes()
     collectives, _ = _fsdp_modules()
 
     class DirectResult(collectives.AllGatherResult):
+        """FSDP2's all-gather result for a direct all-gather: the parameters already hold the gathered bytes."""
+
         __slots__ = ()
 
     class DirectAllGather(AllGather):
-        """FSDP2's all-gather straight into the unsharded parameters on copy engines (ce_overlap.fsdp_direct)."""
+        """FSDP2's all-gather straight into the unsharded parameters on copy engines. Called on FSDP2's own path (a
+        call `gather` declined), it runs torch.distributed's all-gather."""
+
+        def __init__(self, param_group, ring: _SlotRing):
+            self.param_group, self.ring = param_group, ring
 
         def allocate(self, size, *, dtype, device):
             return torch.empty(*size, dtype=dtype, device=device)
@@ -209,17 +208,17 @@ def make_comms(param_group, ring: _SlotRing | None, reduce_scatter: bool):
             return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
 
         def gather(self, fsdp_params, group, copy_in_stream, all_gather_stream, device):
-            from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
-
+            """The direct all-gather of `fsdp_params` (enqueued; FSDP2 waits for the returned event), or None where
+            FSDP2's own path must run (a parameter not in its sharded state)."""
             world = group.size()
             if any(p.sharded_state != ShardedState.SHARDED for p in fsdp_params):
                 return None
             shards = [p._sharded_param_data for p in fsdp_params]
-            dtype = param_group.mp_policy.param_dtype or shards[0].dtype
+            dtype = self.param_group.mp_policy.param_dtype or shards[0].dtype
             numels = [s.numel() for s in shards]
             esize = torch.empty((), dtype=dtype).element_size()
             with torch.cuda.stream(copy_in_stream):
-                index, slot = ring.take(copy_in_stream)
+                index, slot = self.ring.take(copy_in_stream)
                 inputs = list(torch.split(slot[: sum(numels) * esize].view(dtype), numels))
                 torch._foreach_copy_(inputs, shards)
                 offsets, total = [], 0
@@ -234,12 +233,13 @@ def make_comms(param_group, ring: _SlotRing | None, reduce_scatter: bool):
             with torch.cuda.stream(all_gather_stream):
                 torch.ops.ce_overlap.all_gather_into_tensors_out(inputs, world, group.group_name, outs=outs)
                 event = all_gather_stream.record_event()
-            ring.events[index] = event
+            self.ring.events[index] = event
             counters.all_gathers += 1
             return DirectResult(slot[:0], event, None, [[dtype] for _ in numels], [[n] for n in numels], numels)
 
     class DirectReduceScatter(ReduceScatter):
-        """FSDP2's reduce-scatter from the unsharded gradients on copy engines (ce_overlap.fsdp_direct)."""
+        """FSDP2's reduce-scatter from the unsharded gradients on copy engines. Called on FSDP2's own path (a call
+        `reduce` declined), it runs torch.distributed's reduce-scatter."""
 
         def allocate(self, size, *, dtype, device):
             return torch.empty(*size, dtype=dtype, device=device)
@@ -248,7 +248,9 @@ def make_comms(param_group, ring: _SlotRing | None, reduce_scatter: bool):
             return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
 
         def reduce(self, fsdp_params, grads, group, rs_stream, orig_dtype, reduce_dtype, device, divide_factor,
-                   force_sum, arity):
+                   force_sum):
+            """The direct reduce-scatter, returning what FSDP2's foreach_reduce returns (its arity for this torch),
+            or None where FSDP2's own foreach_reduce must run."""
             world = group.size()
             grad_dtype = grads[0].dtype
             reduce_dtype = reduce_dtype or grad_dtype
@@ -261,8 +263,7 @@ def make_comms(param_group, ring: _SlotRing | None, reduce_scatter: bool):
                                                                         divide_factor, force_sum)
             if pre not in (None, 1) or post not in (None, 1) or op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
                 return None
-            current = torch.cuda.current_stream()
-            rs_stream.wait_stream(current)
+            rs_stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(rs_stream):
                 out = torch.empty(sum(g.numel() for g in grads) // world, dtype=reduce_dtype, device=device)
                 torch.ops.ce_overlap.reduce_scatter_tensors_out(list(grads), "avg" if op == dist.ReduceOp.AVG else "sum",
@@ -285,21 +286,24 @@ def make_comms(param_group, ring: _SlotRing | None, reduce_scatter: bool):
             held = list(grads)  # read by the copy engines until rs_event: FSDP2 keeps this until it waited for it
             grads.clear()
             counters.reduce_scatters += 1
-            if arity == 7:
+            if _reduce_returns == 7:  # torch 2.14: the post-reduce stream too
                 return held, rs_event, rs_stream, post_event, None, None, None
             return held, rs_event, post_event, None, None, None
 
-    DirectAllGather.result_type = DirectResult
-    return (DirectAllGather() if ring is not None else None), (DirectReduceScatter() if reduce_scatter else None)
+    return DirectResult, DirectAllGather, DirectReduceScatter
 
 
-def _is_direct(comm, method: str) -> bool:
-    return callable(getattr(comm, method, None)) and type(comm).__module__ == __name__
+def make_comms(param_group, ring: _SlotRing | None, reduce_scatter: bool):
+    """(DirectAllGather or None, DirectReduceScatter or None) for one FSDP group: the all-gather when `ring` is given,
+    the reduce-scatter when `reduce_scatter`."""
+    _, DirectAllGather, DirectReduceScatter = _classes()
+    return (DirectAllGather(param_group, ring) if ring is not None else None,
+            DirectReduceScatter() if reduce_scatter else None)
 
 
 def _foreach_all_gather(fsdp_params, group, async_op, all_gather_copy_in_stream, all_gather_stream, device,
                         all_gather_comm):
-    if _is_direct(all_gather_comm, "gather") and group.size() > 1:
+    if isinstance(all_gather_comm, _classes()[1]) and group.size() > 1:
         result = all_gather_comm.gather(fsdp_params, group, all_gather_copy_in_stream, all_gather_stream, device)
         if result is not None:
             return result
@@ -310,7 +314,7 @@ def _foreach_all_gather(fsdp_params, group, async_op, all_gather_copy_in_stream,
 def _foreach_all_gather_copy_out(all_gather_result, fsdp_params, group):
     import torch
 
-    if type(all_gather_result).__module__ == __name__:  # the parameters already hold the gathered bytes
+    if isinstance(all_gather_result, _classes()[0]):  # the parameters already hold the gathered bytes
         torch.cuda.current_stream().wait_event(all_gather_result.all_gather_event)
         return None
     return _originals["foreach_all_gather_copy_out"](all_gather_result, fsdp_params, group)
@@ -319,13 +323,12 @@ def _foreach_all_gather_copy_out(all_gather_result, fsdp_params, group):
 def _foreach_reduce(fsdp_params, unsharded_grads, reduce_scatter_group, reduce_scatter_stream, reduce_scatter_comm,
                     orig_dtype, reduce_dtype, device, gradient_divide_factor, all_reduce_group, all_reduce_stream,
                     all_reduce_grads, partial_reduce_output, all_reduce_hook, *rest, **kwargs):
-    if (_is_direct(reduce_scatter_comm, "reduce") and reduce_scatter_group is not None
+    if (isinstance(reduce_scatter_comm, _classes()[2]) and reduce_scatter_group is not None
             and reduce_scatter_group.size() > 1 and all_reduce_group is None and all_reduce_hook is None
             and partial_reduce_output is None and unsharded_grads):
         force_sum = bool(rest[0] if rest else kwargs.get("force_sum_reduction_for_comms", False))
         result = reduce_scatter_comm.reduce(fsdp_params, unsharded_grads, reduce_scatter_group, reduce_scatter_stream,
-                                            orig_dtype, reduce_dtype, device, gradient_divide_factor, force_sum,
-                                            _reduce_arity(_originals["foreach_reduce"]))
+                                            orig_dtype, reduce_dtype, device, gradient_divide_factor, force_sum)
         if result is not None:
             return result
     return _originals["foreach_reduce"](fsdp_params, unsharded_grads, reduce_scatter_group, reduce_scatter_stream,
