@@ -156,6 +156,21 @@ def test_non_contiguous_input_rejected(ops):
                                             out=torch.empty(8, device="meta", dtype=torch.int32)), "dtype"),
     (lambda o: o.all_gather_into_tensor_out(torch.empty(4, device="meta"), 2, "0",
                                             out=torch.empty(4, 4, device="meta").t()[:, :2]), "contiguous"),
+    # the multi-tensor out= variants (ce_overlap.fsdp's direct path): one out per input, sizes, dtypes
+    (lambda o: o.all_gather_into_tensors_out([torch.empty(4, device="meta")] * 2, 2, "0",
+                                             outs=[torch.empty(8, device="meta")]), "2 inputs but 1 outs"),
+    (lambda o: o.all_gather_into_tensors_out([torch.empty(4, device="meta")], 2, "0",
+                                             outs=[torch.empty(9, device="meta")]), r"outs\[0\] has 9 elements"),
+    (lambda o: o.reduce_scatter_tensors_out([torch.empty(4, device="meta", dtype=torch.float32)], "sum", 2, "0",
+                                            out=torch.empty(2, device="meta", dtype=torch.bfloat16)),
+     "inputs' dtype .* or, for 16-bit inputs, float32"),
+    (lambda o: o.reduce_scatter_tensors_out([torch.empty(4, device="meta", dtype=torch.bfloat16)], "sum", 2, "0",
+                                            out=torch.empty(3, device="meta")), "needs the sum of inputs"),
+    (lambda o: o.reduce_scatter_tensors_out([torch.empty(4, device="meta", dtype=torch.bfloat16)], "max", 2, "0",
+                                            out=torch.empty(2, device="meta")), "reduce_op 'max' is not supported"),
+    (lambda o: o._block_acquire(0, torch.device("cuda", 0)), "nbytes must be > 0"),
+    (lambda o: o._block_acquire(16, torch.device("cpu")), "needs a CUDA device"),
+    (lambda o: o._storage_lease([torch.empty(4)], torch.empty(16, dtype=torch.uint8), [0]), "1-D contiguous uint8 CUDA"),
 ])
 def test_bad_arguments_rejected_with_message(ops, bad, match):
     with pytest.raises(RuntimeError, match=match):
