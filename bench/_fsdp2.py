@@ -8,9 +8,8 @@ all-gather and reduce-scatter (2 GiB and 4 GiB at Llama-3-8B widths) cannot over
 Modes: NCCL (`fsdp2`), ce_overlap's copy engines (`fsdp2-ce`, ce_overlap.fsdp, its direct path: no FSDP2 copy
 kernels; `fsdp2-ce-hooks`: direct=False, the copy engines in FSDP2's extension points only), PyTorch's own
 symmetric-memory all-gather where the installed torch has it (`fsdp2-symm-mem`), and the bound (`fsdp2-no-comm`): the
-same model,
-streams and schedule with FSDP2's all-gather and reduce-scatter replaced by local copies of the same shapes (what
-`no-comm` is for the in-graph path), so FSDP2's own copy-in / copy-out kernels and its waits stay in it."""
+same model, streams and schedule with FSDP2's all-gather and reduce-scatter replaced by local copies of the same
+shapes (what `no-comm` is for the in-graph path), so FSDP2's own copy-in / copy-out kernels and its waits stay in it."""
 from __future__ import annotations
 
 import torch

@@ -240,7 +240,7 @@ def test_direct_groups_size_their_pool_for_the_slots(world8):
     model = _sharded(blocks=4, dim=8192)
     pgs = [pg for _, _, pg in fsdp.fsdp_groups(model)]
     shard = (2 * 8192 + 8 * 8192 * 8192) // 8 * 2  # a Block's bf16 parameters over 8 ranks
-    assert fsdp_direct.shard_bytes(pgs[1]) == shard
+    assert fsdp._group_bytes(pgs[1])[0] == shard
     assert fsdp.pool_mb_by_group(pgs, cfg, fsdp.direct_path(pgs)) == {
         world8.group_name: max(cfg.pool_mb, float(math.ceil(fsdp_direct.SLOTS * shard / MIB + extra)))}
     on_fsdp2 = fsdp.pool_mb_by_group(pgs, cfg, fsdp.direct_path(pgs, direct=False))[world8.group_name]

@@ -225,7 +225,7 @@ def _slot_rings(groups, decisions, paths: dict, ready: dict) -> dict:
         shard = pg.mesh_info.shard_process_group
         if paths[id(pg)] or ag.backend != "ce" or ready.get(shard.group_name, "missing"):
             continue
-        nbytes = fsdp_direct.shard_bytes(pg)
+        nbytes = _group_bytes(pg)[0]  # one rank's shards in the all-gather dtype: what a slot holds
         if nbytes > need.get(shard.group_name, (None, 0))[1]:
             need[shard.group_name] = (shard, nbytes)
     return {name: fsdp_direct.slot_ring(shard, nbytes) for name, (shard, nbytes) in need.items()}
@@ -259,7 +259,7 @@ def pool_mb_by_group(param_groups, runtime, paths: dict | None = None) -> dict[s
     for pg in param_groups:
         if paths.get(id(pg), "fsdp2") == "":
             name = pg.mesh_info.shard_process_group.group_name
-            slots[name] = max(slots.get(name, 0), fsdp_direct.SLOTS * fsdp_direct.shard_bytes(pg))
+            slots[name] = max(slots.get(name, 0), fsdp_direct.SLOTS * _group_bytes(pg)[0])
             continue
         # The output is the whole (padded) parameter set over either group: the post-forward group gathers larger
         # shards (reshard_after_forward=int keeps 1/int of it per rank), into the same full size.

@@ -28,7 +28,6 @@ path does not cover (`unsupported`) keeps ce_overlap.fsdp's comm objects on FSDP
 from __future__ import annotations
 
 import functools
-import math
 
 from .errors import CeOverlapError
 
@@ -216,7 +215,7 @@ def _classes():
             shards = [p._sharded_param_data for p in fsdp_params]
             dtype = self.param_group.mp_policy.param_dtype or shards[0].dtype
             numels = [s.numel() for s in shards]
-            esize = torch.empty((), dtype=dtype).element_size()
+            esize = dtype.itemsize
             with torch.cuda.stream(copy_in_stream):
                 index, slot = self.ring.take(copy_in_stream)
                 inputs = list(torch.split(slot[: sum(numels) * esize].view(dtype), numels))
@@ -336,14 +335,3 @@ def _foreach_reduce(fsdp_params, unsharded_grads, reduce_scatter_group, reduce_s
                                         all_reduce_group, all_reduce_stream, all_reduce_grads, partial_reduce_output,
                                         all_reduce_hook, *rest, **kwargs)
 
-
-def shard_bytes(param_group) -> int:
-    """Bytes of one rank's shards of an FSDP group in its all-gather dtype (what one slot holds)."""
-    import torch
-
-    dtype = param_group.mp_policy.param_dtype
-    total = 0
-    for p in param_group.fsdp_params:
-        d = dtype or p.sharded_param.dtype
-        total += math.prod(p.padded_sharded_param_size) * torch.empty((), dtype=d).element_size()
-    return total
