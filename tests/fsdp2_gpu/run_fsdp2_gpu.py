@@ -49,7 +49,12 @@ from ce_overlap.models.llama import LLAMA_CONFIGS, Llama, init_weights  # noqa: 
 # Every rank on GPU 0 (over gloo) when asked, or when there are more local ranks than GPUs.
 SHARED_GPU = os.environ.get("CE_TEST_SHARED_GPU") == "1" or \
     int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > torch.cuda.device_count()
-LOSS_TOL, GRAD_TOL, PARAM_TOL = 1e-3, 1e-2, 1e-3
+# Beyond 2 ranks the sums' order differs from the reference's (loss, gradient, parameter relative errors after 3
+# AdamW steps). A bf16 reduction rounds at every partial sum: NCCL's ring once per hop, the copy engines' reduction
+# once (an fp32 sum in rank order, as the shared-GPU reference), so gradients differ by up to the (n - 1) roundings
+# of bf16's spacing (2^-8 relative) and AdamW turns that into parameter steps of up to lr; measured on 4 H200s
+# against NCCL: grad 1.35e-2, param 3.8e-3, loss 7e-5.
+TOLERANCES = {torch.float32: (1e-3, 1e-2, 1e-3), torch.bfloat16: (1e-3, 4 * 2.0 ** -8, 1e-2)}
 
 # The FSDP2 setups a run can ask for (--setups): what fully_shard and the training loop do differently.
 SETUPS = {
@@ -104,6 +109,10 @@ def host_comms():
     return HostAllGather(), HostReduceScatter()
 
 
+def reduce_dtype(setup: str) -> torch.dtype:
+    return torch.bfloat16 if setup == "bf16-reduce" else torch.float32
+
+
 def build(model_name: str, args, compiled: bool, setup: str = "default"):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -113,8 +122,7 @@ def build(model_name: str, args, compiled: bool, setup: str = "default"):
     with torch.device("cuda"):
         model = Llama(cfg)
     init_weights(model)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                              reduce_dtype=torch.bfloat16 if setup == "bf16-reduce" else torch.float32)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype(setup))
     reshard = {"no-reshard": False, "reshard-2": 2}.get(setup, True)
     if setup == "torchtitan-wrap":
         fully_shard(model.tok_embeddings, mp_policy=mp)
@@ -248,7 +256,7 @@ def compare(x: dict, ref: dict) -> dict:
 CPU_GROUP = None
 
 
-def check_variant(check, label: str, ce: dict, ref: dict, world: int) -> None:
+def check_variant(check, label: str, ce: dict, ref: dict, world: int, reduce_dtype: torch.dtype) -> None:
     """The rows of one copy-engine variant: every collective ran on CE (counted), and its training matches the
     reference (bit-identical at 2 ranks)."""
     on_ce = [d for d in ce["decisions"] if d.backend == "ce"]
@@ -262,8 +270,9 @@ def check_variant(check, label: str, ce: dict, ref: dict, world: int) -> None:
           + ", ".join(f"{k} {v}" for k, v in sorted(calls.items())))
     c = compare(ce, ref)
     exact = world == 2
-    ok = c["identical"] if exact else (c["loss_err"] <= LOSS_TOL and c["grad_err"] <= GRAD_TOL
-                                       and c["param_err"] <= PARAM_TOL)
+    loss_tol, grad_tol, param_tol = TOLERANCES[reduce_dtype]
+    ok = c["identical"] if exact else (c["loss_err"] <= loss_tol and c["grad_err"] <= grad_tol
+                                       and c["param_err"] <= param_tol)
     check(f"{label}: ce {'bit-identical to' if exact else 'matches'} the reference", ok,
           f"losses {['%.6f' % v for v in ce['losses']]}, loss err {c['loss_err']:.2e}, grad rel err "
           f"{c['grad_err']:.2e}, param rel err {c['param_err']:.2e}, bit-identical {c['identical']}; "
@@ -330,7 +339,7 @@ def main() -> int:
                 traceback.print_exc()
                 check(f"{label} {path}: runs", False, f"{type(e).__name__}: {str(e)[:300]}")
                 continue
-            check_variant(check, f"{label} {path}", ce, ref, world)
+            check_variant(check, f"{label} {path}", ce, ref, world, reduce_dtype(setup))
     failed = [r for r in rows if not r[1]]
     log0(f"\n{len(rows) - len(failed)}/{len(rows)} checks passed" + (": FAIL" if failed else ": PASS"))
     dist.barrier(group=CPU_GROUP)
