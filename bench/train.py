@@ -177,7 +177,9 @@ def model_config(args):
 
 
 def build_model(cfg, mode: str, group, ce: str = "auto", wrap: str = "torchtitan"):
-    from ce_overlap.fx.fsdp import fully_shard_in_graph
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    import ce_overlap
     from ce_overlap.models.llama import Llama, init_weights
 
     if mode.startswith("fsdp2"):
@@ -188,8 +190,10 @@ def build_model(cfg, mode: str, group, ce: str = "auto", wrap: str = "torchtitan
     with torch.device(DEVICE):
         model = Llama(cfg)
     init_weights(model)
-    fully_shard_in_graph(model, group, param_dtype=torch.bfloat16, reshard_after_forward=True,
-                         local_gather=mode == "no-comm")
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)  # the reduce-scatters in bf16 too (reduce_dtype None)
+    for block in model.layers:
+        ce_overlap.fully_shard(block, group, mp_policy=mp, _local_gather=mode == "no-comm")
+    ce_overlap.fully_shard(model, group, mp_policy=mp, _local_gather=mode == "no-comm")
     return model
 
 

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from ce_overlap.fx.capture import fake_process_group
-from ce_overlap.fx.fsdp import _LocalGather, fully_shard_in_graph
+from ce_overlap.fx.fsdp import _LocalGather, fully_shard
 from ce_overlap.models.llama import LLAMA_CONFIGS, Llama, init_weights
 from ce_overlap.profiles import builtin_for_device, names
 
@@ -46,7 +46,7 @@ def test_local_gather_has_the_all_gather_shape_and_keeps_this_ranks_gradient_row
 
 def test_local_gather_model_trains_the_full_shapes_on_one_rank():
     with fake_process_group(1, 0):
-        model = fully_shard_in_graph(_tiny(), dist.group.WORLD, param_dtype=None, local_gather=True)
+        model = fully_shard(_tiny(), dist.group.WORLD, _local_gather=True)
         tokens = torch.randint(0, 1024, (1, 33), generator=torch.Generator().manual_seed(2))
         loss = model(tokens[:, :-1], tokens[:, 1:])
         loss.backward()

@@ -45,12 +45,12 @@ def test_a_configured_pass_is_kept_first_and_keyed():
 
 
 def test_both_passes_run_on_every_graph_of_a_real_compile(gloo_world1):
-    from ce_overlap.fx.fsdp import fully_shard_in_graph
+    from test_pass_helpers import gathered_in_graph
     from ce_overlap.models.llama import Llama
 
     torch.manual_seed(0)
     cfg = dataclasses.replace(LLAMA_CONFIGS["llama3-tiny"], seq_len=16)
-    model = fully_shard_in_graph(Llama(cfg), param_dtype=None)
+    model = gathered_in_graph(Llama(cfg))
     tokens = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len))
     user = CountingPass()
     with torch._inductor.config.patch(post_grad_custom_post_pass=user, fx_graph_cache=False):

@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 import ce_overlap
 from ce_overlap import report as render
@@ -150,8 +151,9 @@ def test_a_parameter_registered_in_two_modules_stays_one_shard_gathered_once():
     tokens = torch.zeros((1, 16), dtype=torch.long, device="meta")
     numel = _numel(model)
     ir = ce_overlap.capture(model, (tokens, tokens), world_size=WORLD)
-    assert _numel(model) * WORLD == numel  # one shard per distinct parameter
-    assert model.lm_head.parametrizations.weight.original is model.wte.parametrizations.weight.original
+    # one shard per distinct parameter: DTensors of the full shapes, 1 / WORLD of the rows held here
+    assert _numel(model) == numel and sum(p.to_local().numel() for p in model.parameters()) * WORLD == numel
+    assert model.lm_head._parameters["weight"] is model.wte._parameters["weight"]
     n_params = 12 * cfg.n_layers + 4
     assert _collectives(ir, "forward")["all_gather"] == n_params
     assert _collectives(ir, "backward")["reduce_scatter"] == n_params
@@ -220,14 +222,14 @@ def test_gather_once_and_the_input_cast_in_eager_training_match_the_unsharded_mo
     model.load_state_dict(ref.state_dict())
     tokens = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len), generator=torch.Generator().manual_seed(1))
     with fake_process_group(1, 0):
-        fsdp.fully_shard_in_graph(model, dist.group.WORLD, param_dtype=None, local_gather=True)
+        fsdp.fully_shard(model, dist.group.WORLD, _local_gather=True)
         loss, _ = model(tokens, tokens)
         loss.backward()
         assert not model._ce_overlap_state.active and model._ce_overlap_state.gathered == {}
     ref_loss, _ = ref(tokens, tokens)
     ref_loss.backward()
     torch.testing.assert_close(loss, ref_loss)
-    grads = {n.replace("parametrizations.", "").replace(".original", ""): p.grad for n, p in model.named_parameters()}
+    grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
     assert set(grads) == {n for n, _ in ref.named_parameters()}
     for name, q in ref.named_parameters():
         torch.testing.assert_close(grads[name], q.grad, msg=name)
@@ -238,6 +240,7 @@ def test_gather_once_and_the_input_cast_in_eager_training_match_the_unsharded_mo
     seen = []
     small.patch_embed.register_forward_pre_hook(lambda m, args: seen.append(args[0].dtype))
     with fake_process_group(1, 0):
-        fsdp.fully_shard_in_graph(small, dist.group.WORLD, param_dtype=torch.bfloat16, local_gather=True)
+        fsdp.fully_shard(small, dist.group.WORLD, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16),
+                        _local_gather=True)
         small(images, torch.tensor([1, 2])).backward()
     assert seen == [torch.bfloat16] and images.dtype == torch.float32

@@ -1,9 +1,9 @@
 """ce_overlap: copy-engine collectives and overlap planning for torch.compile training graphs.
 
 `import ce_overlap` needs no torch and no GPU; capture imports torch when called. The graph pass
-(inductor_options, CeOverlapPass, the "ce_overlap" torch.compile backend) loads on first use; torch finds
-the backend through the package's `torch_dynamo_backends` entry point (register_backend() where the
-package is not installed). The torch.distributed backend "ce_overlap" (ce_overlap.distributed) is registered as
+(inductor_options, CeOverlapPass, the "ce_overlap" torch.compile backend) and in-graph FSDP (fully_shard) load on
+first use; torch finds the backend through the package's `torch_dynamo_backends` entry point (register_backend()
+where the package is not installed). The torch.distributed backend "ce_overlap" (ce_overlap.distributed) is registered as
 soon as torch is imported.
 """
 from ._torch_hook import register_c10d_backend_when_torch_is_imported
@@ -14,8 +14,8 @@ from .ir import Ir, analyze, capture
 register_c10d_backend_when_torch_is_imported()  # the torch.distributed backend "ce_overlap" (ce_overlap.distributed)
 
 __version__ = "0.1.0"
-__all__ = ["CeOverlapError", "CeOverlapPass", "Ir", "PassConfig", "analyze", "capture", "get_default_config",
-           "inductor_options", "register_backend", "set_default_config", "__version__"]
+__all__ = ["CeOverlapError", "CeOverlapPass", "Ir", "PassConfig", "analyze", "capture", "fully_shard",
+           "get_default_config", "inductor_options", "register_backend", "set_default_config", "__version__"]
 
 _LAZY = {"inductor_options", "CeOverlapPass", "register_backend"}
 
@@ -25,4 +25,8 @@ def __getattr__(name):
         from .fx import pass_
 
         return getattr(pass_, name)
+    if name == "fully_shard":
+        from .fx.fsdp import fully_shard
+
+        return fully_shard
     raise AttributeError(f"module 'ce_overlap' has no attribute {name!r}")

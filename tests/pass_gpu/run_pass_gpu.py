@@ -77,11 +77,12 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from torch.distributed.fsdp import MixedPrecisionPolicy  # noqa: E402
 
 import ce_overlap  # noqa: E402
 import ce_overlap.runtime as rt  # noqa: E402
 from ce_overlap import logs  # noqa: E402
-from ce_overlap.fx.fsdp import fully_shard_in_graph  # noqa: E402
+from ce_overlap.fx.fsdp import fully_shard  # noqa: E402
 from ce_overlap.models.llama import LLAMA_CONFIGS, Llama  # noqa: E402
 
 VARIANTS = {
@@ -182,7 +183,7 @@ def run_variant(model_name: str, variant: str, args) -> dict:
     torch._dynamo.reset()
     torch.manual_seed(1234)
     model, vocab_size, seq_len = build_model(model_name, args)
-    fully_shard_in_graph(model, dist.group.WORLD, param_dtype=torch.bfloat16)
+    fully_shard(model, dist.group.WORLD, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
     named = list(model.named_parameters())
     params = [p for _, p in named]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.1)

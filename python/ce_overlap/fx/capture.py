@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .fsdp import fully_shard_in_graph, shard_rows
+from .fsdp import fully_shard, shard_rows
 from .to_ir import CaptureError, graph_to_ir
 
 
@@ -113,6 +113,21 @@ def fake_process_group(world_size: int, rank: int):
         yield dist.group.WORLD
     finally:
         dist.destroy_process_group()
+        _forget_dtensor_sharding()
+
+
+def _forget_dtensor_sharding() -> None:
+    """DTensor caches its sharding decisions keyed on DeviceMeshes that compare equal across process groups (same
+    ranks, same device type); a capture's fake group ends with it, so the next capture's mesh would be handed
+    specs naming the ended group ("Could not resolve the process group registered under the name ...")."""
+    from torch.distributed.tensor import DTensor, _redistribute
+
+    propagator = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
+    cached = getattr(propagator, "propagate_op_sharding", None)
+    if hasattr(cached, "cache_clear"):
+        cached.cache_clear()
+    if hasattr(getattr(_redistribute, "_gen_transform_infos", None), "cache_clear"):
+        _redistribute._gen_transform_infos.cache_clear()
 
 
 def _to_fake_cpu(t: torch.Tensor) -> torch.Tensor:
@@ -126,9 +141,15 @@ def _fakeify_module(model: nn.Module, fsdp: bool, group, options: CaptureOptions
         for name, buf in list(module.named_buffers(recurse=False)):
             module._buffers[name] = _to_fake_cpu(buf)
     if fsdp:
-        return fully_shard_in_graph(model, group, param_dtype=options.param_dtype,
-                                    reshard_after_forward=options.reshard_after_forward, device="cpu",
-                                    cast_forward_inputs=options.cast_forward_inputs)
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        with unset_fake_temporarily():  # the mesh holds real rank tensors
+            mesh = DeviceMesh.from_group(group, "cpu")
+        mp = MixedPrecisionPolicy(param_dtype=options.param_dtype, cast_forward_inputs=options.cast_forward_inputs)
+        return fully_shard(model, mesh, mp_policy=mp,
+                           reshard_after_forward=options.reshard_after_forward, device="cpu")
     for module in model.modules():
         for name, p in list(module.named_parameters(recurse=False)):
             module._parameters[name] = nn.Parameter(_to_fake_cpu(p), requires_grad=p.requires_grad)

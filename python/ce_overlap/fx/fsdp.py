@@ -1,54 +1,53 @@
-"""In-graph FSDP (SimpleFSDP style): parameters are shards; the forward all-gathers them.
+"""`ce_overlap.fully_shard`: in-graph FSDP whose collectives torch.compile sees, with FSDP2's parameters.
 
-Each parameter becomes a dim-0 shard (padded to a multiple of the group size) behind a
-parametrization that casts it to the gather dtype and all-gathers it with torch's autograd-aware
-functional collective. Under torch.compile the all-gathers land in the forward graph and their
-backward, a reduce-scatter of the gradient, lands in the backward graph. With
-reshard_after_forward the gathered weights are recomputed (re-gathered) in the backward instead of
-saved, as FSDP does by default.
+Called as FSDP2's fully_shard is (each block, then the root), then `torch.compile(model,
+options=ce_overlap.inductor_options())`. Every parameter becomes an `nn.Parameter` holding a DTensor sharded
+`Shard(0)` over a 1-D DeviceMesh (torch's chunk layout: uneven dims allowed, as FSDP2's), under its own name,
+so `state_dict()`, optimizers, `torch.distributed.checkpoint` and `clip_grad_norm_` see what FSDP2 gives them,
+and checkpoints move between the two, across world sizes. Inside a sharded module's forward, reading the
+parameter as a module attribute (a class property, as torchtitan's SimpleFSDP does) gathers it; outside, the
+attribute is the sharded DTensor parameter, as FSDP2's. The gather is `redistribute` to Replicate, cast to
+`param_dtype` on the way (DTensor pads uneven shards), the gradient declared Partial("avg") so its backward is a
+reduce-scatter in `reduce_dtype` that averages, as FSDP2's. Under torch.compile the all-gathers land in the
+forward graph and the reduce-scatters in the backward graph, where ce_overlap's pass buckets, places and
+reorders them. With reshard_after_forward the gathered weights are recomputed (re-gathered) in the backward
+instead of saved, as FSDP does by default.
 
-As in FSDP2, while the root module's forward runs each parameter is gathered once, however often the forward
+As in FSDP2, while a sharded module's forward runs each parameter is gathered once, however often the forward
 reads it: a tied weight (GPT-2's output projection `F.linear(x, self.wte.weight)`, or one Parameter registered
 in two modules) is one all-gather in the forward and one reduce-scatter of its summed gradient in the backward.
-And as FSDP2's MixedPrecisionPolicy does by default, the root module's floating-point forward inputs are cast to
-`param_dtype` (cast_forward_inputs=False keeps them).
+And as FSDP2's MixedPrecisionPolicy does, a sharded module's floating-point forward inputs are cast to
+`param_dtype` (cast_forward_inputs=False keeps them) and its outputs to `output_dtype` where set.
 """
 from __future__ import annotations
 
+import functools
+import itertools
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 from torch._subclasses.fake_tensor import is_fake
-from torch.nn.utils import parametrize
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-_RECOMPUTE_OPS = {
-    torch.ops._c10d_functional.all_gather_into_tensor.default,
-    torch.ops._c10d_functional.wait_tensor.default,
-    torch.ops.aten._to_copy.default,
-    torch.ops.aten.slice.Tensor,
-    torch.ops.aten.repeat.default,  # _LocalGather (the no-communication bound) recomputes like a re-gather
-}
-
-# torch's autograd-aware all-gather (its backward is a reduce-scatter). Newer torch names it all_gather_single_autograd
-# and warns on the old name, which older torch (2.11) still needs.
-_all_gather_autograd = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
-
-# Module paths containing this are FSDP plumbing (the parametrization modules), not user modules.
-PARAMETRIZATION_PATH_MARKER = ".parametrizations."
+from ..errors import CeOverlapError
 
 
-def _regather_policy(ctx, func, *args, **kwargs):
-    return CheckpointPolicy.MUST_RECOMPUTE if func in _RECOMPUTE_OPS else CheckpointPolicy.PREFER_SAVE
+def _recompute_everything(ctx, func, *args, **kwargs):
+    # The checkpointed region is the gather alone (cast, pad, all-gather, wait, unpad): all of it is recomputed in
+    # the backward, so the gathered weight is never saved for it (reshard after forward).
+    return CheckpointPolicy.MUST_RECOMPUTE
 
 
 def _regather_context():
-    return create_selective_checkpoint_contexts(_regather_policy)
+    return create_selective_checkpoint_contexts(_recompute_everything)
 
 
 class _LocalGather(torch.autograd.Function):
-    """The no-communication stand-in for the all-gather: the same output shape (the shard repeated), and a
+    """The no-communication stand-in for the all-gather: the same output shape (the padded shard repeated), and a
     backward that keeps this rank's rows of the gradient (no reduce-scatter). Only for measuring the bound
     that no overlap scheme can pass; the model it trains is not the sharded model."""
 
@@ -63,53 +62,61 @@ class _LocalGather(torch.autograd.Function):
 
 
 class _ForwardState:
-    """Shared by the GatherParameters of one sharded model: set while its root module's forward runs, when each
-    parameter's gathered value is kept (by index) and handed to every later read in that forward."""
+    """Shared by the parameters under one outermost sharded module: set while its forward runs, when each
+    parameter's gathered value is kept (by its index) and handed to every later read in that forward
+    (gather_once; False only in tests that capture the graphs without the window)."""
+
+    gather_once = True
 
     def __init__(self):
         self.active = False
         self.gathered: dict[int, torch.Tensor] = {}
 
 
-class GatherParameter(nn.Module):
-    """Parametrization: shard (fp32 master) -> full parameter in `param_dtype`, gathered over `group`
-    (or, with local=True, the no-communication stand-in _LocalGather). With a `state` whose forward is active,
-    a parameter read twice is gathered once."""
+@dataclass
+class _ShardSpec:
+    """How one sharded parameter is gathered (one per Parameter, however many modules register it)."""
+    rows: int                      # the unsharded dim 0
+    chunk: int                     # rows per rank, the last ranks' shards shorter (torch's chunk layout)
+    param_dtype: torch.dtype | None
+    reduce_dtype: torch.dtype | None
+    reshard_after_forward: bool
+    local: bool                    # the no-communication stand-in (bench/train.py's bound), not a sharded model
+    state: _ForwardState
+    index: int                     # the key of its gathered value in the gather-once window
 
-    def __init__(self, full_rows: int, group: dist.ProcessGroup, param_dtype: torch.dtype | None,
-                 reshard_after_forward: bool, local: bool = False, state: _ForwardState | None = None,
-                 index: int = 0):
-        super().__init__()
-        self.full_rows = full_rows
-        self.group = group
-        self.param_dtype = param_dtype
-        self.reshard_after_forward = reshard_after_forward
-        self.local = local
-        self.state = state
-        self.index = index
 
-    def _gather(self, shard: torch.Tensor) -> torch.Tensor:
-        x = shard if self.param_dtype is None else shard.to(self.param_dtype)
-        if self.local:
-            full = _LocalGather.apply(x, self.group.size(), self.group.rank())
-        else:
-            full = _all_gather_autograd(x, gather_dim=0, group=self.group)
-        return full if full.shape[0] == self.full_rows else full[: self.full_rows]
+def _replicate(param: DTensor, spec: _ShardSpec) -> torch.Tensor:
+    if spec.local:
+        x = param.to_local()
+        x = x if spec.param_dtype is None else x.to(spec.param_dtype)
+        if x.shape[0] < spec.chunk:
+            x = torch.cat([x, x.new_zeros((spec.chunk - x.shape[0], *x.shape[1:]))])
+        mesh = param.device_mesh
+        full = _LocalGather.apply(x, mesh.size(), mesh.get_local_rank())
+        return full if full.shape[0] == spec.rows else full[: spec.rows]
+    return param.redistribute(placements=[Replicate()], forward_dtype=spec.param_dtype,
+                              backward_dtype=spec.reduce_dtype).to_local(grad_placements=[Partial("avg")])
 
-    def _gather_now(self, shard: torch.Tensor) -> torch.Tensor:
-        if self.reshard_after_forward:
-            return checkpoint(self._gather, shard, use_reentrant=False, context_fn=_regather_context)
-        return self._gather(shard)
 
-    def forward(self, shard: torch.Tensor) -> torch.Tensor:
-        state = self.state
-        if state is None or not state.active:
-            return self._gather_now(shard)
-        full = state.gathered.get(self.index)
-        if full is None:
-            full = self._gather_now(shard)
-            state.gathered[self.index] = full
-        return full
+def _gather(module: nn.Module, name: str) -> torch.Tensor:
+    """The property behind a sharded parameter's name: in a sharded module's forward the gathered weight, else
+    (state dicts, initialization, the optimizer's view) the sharded DTensor parameter, as FSDP2's."""
+    param = module._parameters[name]
+    spec: _ShardSpec = module._ce_overlap_specs[name]
+    state = spec.state
+    if not state.active:
+        return param
+    if state.gather_once:
+        full = state.gathered.get(spec.index)
+        if full is not None:
+            return full
+    if spec.reshard_after_forward:
+        full = checkpoint(_replicate, param, spec, use_reentrant=False, context_fn=_regather_context)
+    else:
+        full = _replicate(param, spec)
+    state.gathered[spec.index] = full
+    return full
 
 
 def _cast_floats(value, dtype: torch.dtype):
@@ -123,84 +130,178 @@ def _cast_floats(value, dtype: torch.dtype):
     return value
 
 
-class _RootForward:
-    """Mixed into the root module's class (as FSDP2's fully_shard does with FSDPModule): its forward opens the
-    gather-once window and casts the floating inputs (FSDP2's MixedPrecisionPolicy.cast_forward_inputs) when
-    _ce_overlap_cast_dtype is set. A forward method and not module hooks: torch.compile runs a compiled module's
-    hooks outside its graph, where the window would make every gathered weight a graph output (saved for the
-    backward instead of re-gathered)."""
+class ShardedModule:
+    """Mixed into the class of every module `fully_shard` was called on (as FSDP2 does with FSDPModule). Its
+    forward casts the floating inputs (MixedPrecisionPolicy.cast_forward_inputs) and outputs (output_dtype),
+    and the outermost one opens the gather-once window. A forward method and not module hooks: torch.compile
+    runs a compiled module's hooks outside its graph, where the window would make every gathered weight a graph
+    output (saved for the backward instead of re-gathered)."""
 
     _ce_overlap_state: _ForwardState
-    _ce_overlap_cast_dtype: torch.dtype | None
+    _ce_overlap_input_dtype: torch.dtype | None
+    _ce_overlap_output_dtype: torch.dtype | None
 
     def forward(self, *args, **kwargs):
-        state, dtype = self._ce_overlap_state, self._ce_overlap_cast_dtype
+        state, dtype = self._ce_overlap_state, self._ce_overlap_input_dtype
         if dtype is not None:
             args, kwargs = _cast_floats(args, dtype), _cast_floats(kwargs, dtype)
-        state.gathered = {}
-        state.active = True
-        try:
-            return super().forward(*args, **kwargs)
-        finally:
-            state.active = False
+        if state.active:
+            out = super().forward(*args, **kwargs)
+        else:
             state.gathered = {}
+            state.active = True
+            try:
+                out = super().forward(*args, **kwargs)
+            finally:
+                state.active = False
+                state.gathered = {}
+        if self._ce_overlap_output_dtype is not None:
+            out = _cast_floats(out, self._ce_overlap_output_dtype)
+        return out
 
 
-def _wrap_root(model: nn.Module, state: _ForwardState, cast_dtype: torch.dtype | None) -> None:
-    cls = type(model)
-    if not issubclass(cls, _RootForward):
-        model.__class__ = type(f"InGraphFSDP{cls.__name__}", (_RootForward, cls), {})
-    model._ce_overlap_state = state
-    model._ce_overlap_cast_dtype = cast_dtype
+def user_class(cls: type) -> type:
+    """The class a user wrote, under the subclasses fully_shard swaps in."""
+    return cls.__dict__.get("_ce_overlap_user_class", cls)
+
+
+@functools.cache
+def _sharded_class(cls: type, names: tuple[str, ...], unit: bool) -> type:
+    """`cls` with a property per sharded parameter name (reads gather; `_parameters` keeps the shard, so
+    state_dict and named_parameters see it under its own name) and, for a module fully_shard was called on,
+    ShardedModule's forward."""
+    base = user_class(cls)
+    attrs = {name: property(functools.partial(_gather, name=name)) for name in names}
+    attrs["_ce_overlap_user_class"] = base
+    bases = (ShardedModule, cls) if unit and not issubclass(cls, ShardedModule) else (cls,)
+    return type(base.__name__, bases, attrs)
+
+
+def _swap_class(module: nn.Module, names: tuple[str, ...], unit: bool) -> None:
+    if names or (unit and not isinstance(module, ShardedModule)):
+        module.__class__ = _sharded_class(type(module), names, unit)
+
+
+def _mesh_of(mesh, params: list[nn.Parameter]) -> DeviceMesh:
+    if mesh is None:
+        mesh = dist.group.WORLD
+        if mesh is None:
+            raise CeOverlapError("ce_overlap.fully_shard: no mesh given and torch.distributed is not initialized "
+                                 "(dist.init_process_group first, or pass a DeviceMesh)")
+    if isinstance(mesh, dist.ProcessGroup):
+        devices = {p.device.type for p in params if p.device.type != "meta"}
+        device_type = devices.pop() if len(devices) == 1 else ("cuda" if torch.cuda.is_available() else "cpu")
+        mesh = DeviceMesh.from_group(mesh, device_type)
+    if not isinstance(mesh, DeviceMesh):
+        raise CeOverlapError(f"ce_overlap.fully_shard: mesh must be a DeviceMesh or a ProcessGroup, got "
+                             f"{type(mesh).__name__}")
+    if mesh.ndim != 1:
+        raise CeOverlapError(f"ce_overlap.fully_shard: a {mesh.ndim}-D mesh {tuple(mesh.shape)}; in-graph FSDP "
+                             "shards over one dimension (pass mesh['dp'] or the data-parallel group)")
+    return mesh
 
 
 def shard_rows(rows: int, world_size: int) -> int:
+    """Rows per rank in torch's chunk layout (the last ranks' shards shorter)."""
     return -(-rows // world_size)
 
 
-def fully_shard_in_graph(model: nn.Module, group: dist.ProcessGroup | None = None, *,
-                         param_dtype: torch.dtype | None = torch.bfloat16,
-                         reshard_after_forward: bool = True,
-                         device: torch.device | str | None = None,
-                         local_gather: bool = False,
-                         cast_forward_inputs: bool = True) -> nn.Module:
-    """Shards every parameter of `model` in place over `group` (default: the world).
+def _local_shard(param: torch.Tensor, mesh: DeviceMesh, device: torch.device) -> torch.Tensor:
+    """This rank's rows in torch's chunk layout (what DTensor's Shard(0) holds): ceil(rows / n) per rank, the last
+    ranks' shorter or empty. Meta or fake parameters get empty shards of the right shape (capture needs shapes)."""
+    rows, n, rank = param.shape[0], mesh.size(), mesh.get_local_rank()
+    chunk = shard_rows(rows, n)
+    start, stop = min(rank * chunk, rows), min((rank + 1) * chunk, rows)
+    if param.device.type == "meta" or is_fake(param):
+        return torch.empty((stop - start, *param.shape[1:]), dtype=param.dtype, device=device)
+    return param.detach()[start:stop].to(device).clone()
 
-    Real parameters keep this rank's rows; meta or fake parameters get empty shards of the right
-    shape (capture needs shapes only). local_gather=True replaces every all-gather by a local op of the
-    same shape and drops the reduce-scatter (the no-communication bound of bench/train.py).
-    cast_forward_inputs (FSDP2's MixedPrecisionPolicy default): the floating-point tensors among the root
-    module's forward inputs are cast to `param_dtype` (a float32 image meets bf16 conv weights as bf16).
-    A Parameter registered in several modules (tied) stays one shard. Returns the model.
+
+_indices = itertools.count()
+
+
+def _next_index() -> int:
+    return next(_indices)
+
+
+def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None = None, *,
+                reshard_after_forward: bool = True, mp_policy=None, device: torch.device | str | None = None,
+                _local_gather: bool = False) -> nn.Module:
+    """Shards the parameters of `module` not yet sharded, in place, over a 1-D `mesh` (a DeviceMesh, or a
+    ProcessGroup; default: the world), as FSDP2's `fully_shard` does: call it on each block, then on the root.
+
+    mp_policy: torch.distributed.fsdp.MixedPrecisionPolicy (param_dtype: the gathered weights' dtype;
+    reduce_dtype: the gradient reduce-scatter's, default param_dtype; output_dtype; cast_forward_inputs).
+    Default: no casting, as FSDP2's. reshard_after_forward: gather the weights again in the backward instead of
+    keeping them from the forward. device: where the shards live (default: the parameters' device).
+    A Parameter registered in several modules (tied) stays one shard, gathered once per forward.
+    Returns the module, its class swapped for one that gathers (its name, module and state-dict keys unchanged).
     """
-    group = group if group is not None else dist.group.WORLD
-    world_size, rank = group.size(), group.rank()
+    if not isinstance(module, nn.Module):
+        raise CeOverlapError(f"ce_overlap.fully_shard: expected an nn.Module, got {type(module).__name__}")
+    if isinstance(module, ShardedModule):
+        raise CeOverlapError(f"ce_overlap.fully_shard: {type(module).__name__} is already sharded by "
+                             "ce_overlap.fully_shard (call it once per module: each block, then the root)")
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover (torch >= 2.11 has it)
+        FSDPModule = ()
+    if any(isinstance(m, FSDPModule) for m in module.modules()):
+        raise CeOverlapError("ce_overlap.fully_shard: the module is already sharded by FSDP2's fully_shard; use one "
+                             "or the other (ce_overlap.fsdp.use_copy_engines speeds up FSDP2's)")
+    if _local_gather and not reshard_after_forward:
+        raise CeOverlapError("ce_overlap.fully_shard: the no-communication stand-in reshards after forward")
+    param_dtype = getattr(mp_policy, "param_dtype", None)
+    reduce_dtype = getattr(mp_policy, "reduce_dtype", None) or param_dtype
+    output_dtype = getattr(mp_policy, "output_dtype", None)
+    cast_inputs = getattr(mp_policy, "cast_forward_inputs", True)
+    if mp_policy is not None and param_dtype is None and not hasattr(mp_policy, "param_dtype"):
+        raise CeOverlapError(f"ce_overlap.fully_shard: mp_policy must be a MixedPrecisionPolicy, got "
+                             f"{type(mp_policy).__name__}")
+
+    specs = {id(p): spec for sub in module.modules() for name, p in sub._parameters.items()
+             if (spec := getattr(sub, "_ce_overlap_specs", {}).get(name)) is not None}   # sharded by earlier calls
+    todo = [(sub, name, p) for sub in module.modules() for name, p in sub._parameters.items()
+            if p is not None and id(p) not in specs]
+    mesh = _mesh_of(mesh, [p for _, _, p in todo])
     state = _ForwardState()
-    # id of an original Parameter -> (that Parameter, kept alive so its id stays unique; index; shard). A Parameter
-    # registered in several modules (tied) is sharded once and gathered once per forward.
-    shards: dict[int, tuple[nn.Parameter, int, nn.Parameter]] = {}
-    for module in list(model.modules()):
-        for name, param in list(module.named_parameters(recurse=False)):
-            if param.dim() == 0:
-                raise ValueError(f"fully_shard_in_graph: parameter {name!r} of {type(module).__name__} is a "
+    # The parameters sharded by earlier calls on submodules (the blocks) join this call's gather-once window.
+    for spec in specs.values():
+        spec.state = state
+    for sub in module.modules():
+        if isinstance(sub, ShardedModule):
+            sub._ce_overlap_state = state
+
+    sharded: dict[int, nn.Parameter] = {}   # id of an original Parameter -> its shard (tied Parameters: one shard)
+    for sub, name, param in todo:
+        if id(param) in sharded:
+            continue
+        if isinstance(param, DTensor):
+            raise CeOverlapError(f"ce_overlap.fully_shard: parameter {name!r} of {type(sub).__name__} is already a "
+                                 "DTensor (sharded by another API); in-graph FSDP shards plain parameters")
+        if param.dim() == 0:
+            raise CeOverlapError(f"ce_overlap.fully_shard: parameter {name!r} of {type(sub).__name__} is a "
                                  "scalar; in-graph FSDP shards along dim 0")
-            if id(param) not in shards:
-                rows = shard_rows(param.shape[0], world_size)
-                target = torch.device(device) if device is not None else param.device
-                if param.device.type == "meta" or is_fake(param):
-                    data = torch.empty((rows, *param.shape[1:]), dtype=param.dtype, device=target)
-                else:
-                    full = param.detach().to(target)
-                    pad = rows * world_size - full.shape[0]
-                    if pad:
-                        full = torch.cat([full, full.new_zeros((pad, *full.shape[1:]))])
-                    data = full[rank * rows:(rank + 1) * rows].clone()
-                shards[id(param)] = (param, len(shards), nn.Parameter(data, requires_grad=param.requires_grad))
-            _, index, shard = shards[id(param)]
-            del module._parameters[name]
-            module.register_parameter(name, shard)
-            parametrize.register_parametrization(
-                module, name, GatherParameter(param.shape[0], group, param_dtype, reshard_after_forward, local_gather,
-                                              state, index), unsafe=True)
-    _wrap_root(model, state, param_dtype if cast_forward_inputs else None)
-    return model
+        target = torch.device(device) if device is not None else \
+            (param.device if param.device.type != "meta" else torch.device(mesh.device_type))
+        dt = DTensor.from_local(_local_shard(param, mesh, target), mesh, [Shard(0)], run_check=False,
+                                shape=param.shape, stride=param.stride())
+        shard = nn.Parameter(dt, requires_grad=param.requires_grad)
+        rows = param.shape[0]
+        specs[id(shard)] = _ShardSpec(rows, shard_rows(rows, mesh.size()), param_dtype, reduce_dtype,
+                                      reshard_after_forward, _local_gather, state, index=_next_index())
+        sharded[id(param)] = shard
+    for sub, name, param in todo:
+        sub._parameters[name] = sharded[id(param)]
+    # Every module reading a sharded parameter (a tied one: also modules outside this call's earlier blocks)
+    # gets the property that gathers it.
+    for sub in module.modules():
+        own = {name: specs[id(p)] for name, p in sub._parameters.items() if p is not None and id(p) in specs}
+        new = tuple(sorted(name for name in own if not isinstance(getattr(type(sub), name, None), property)))
+        if own:
+            sub._ce_overlap_specs = {**getattr(sub, "_ce_overlap_specs", {}), **own}
+        _swap_class(sub, new, unit=sub is module)
+    module._ce_overlap_state = state
+    module._ce_overlap_input_dtype = param_dtype if cast_inputs else None
+    module._ce_overlap_output_dtype = output_dtype
+    return module

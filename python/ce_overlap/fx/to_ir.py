@@ -11,7 +11,6 @@ import torch.fx
 from torch.fx.operator_schemas import normalize_function
 
 from .flops import node_flops
-from .fsdp import PARAMETRIZATION_PATH_MARKER
 
 # Functional collectives as they appear in post-grad graphs -> IR collective type.
 COLLECTIVE_TYPES = {
@@ -53,8 +52,13 @@ def normalize_module_path(path: str) -> str:
     return path.lstrip(".")
 
 
+# Module paths containing this are parametrization plumbing (torch.nn.utils.parametrize), not user modules.
+PARAMETRIZATION_PATH_MARKER = ".parametrizations."
+
+
 def _type_name(t) -> str:
     if isinstance(t, type):
+        t = t.__dict__.get("_ce_overlap_user_class", t)  # ce_overlap.fully_shard's subclass: the user's class
         name = t.__name__
         # parametrize creates "Parametrized<Base>" subclasses; users know the base.
         if name.startswith("Parametrized") and t.__bases__ and t.__bases__[0].__name__ == name[len("Parametrized"):]:

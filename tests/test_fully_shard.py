@@ -1,0 +1,164 @@
+"""ce_overlap.fully_shard on CPU: the API and its errors in one process (a fake process group of 8 ranks for shapes),
+then real gloo groups of 2, 3 and 4 processes (tests/fully_shard/worker.py): equivalence with the unsharded model
+(eager and compiled), clipping, the full state dict, DCP checkpoints resumed bit-identically, and exchanged with
+FSDP2 and across world sizes."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+
+import ce_overlap
+from ce_overlap.errors import CeOverlapError
+from ce_overlap.fx.capture import fake_process_group
+from ce_overlap.models.llama import LLAMA_CONFIGS, Llama
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "fully_shard", "worker.py")
+
+
+@pytest.fixture
+def world8():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    with fake_process_group(8, 3) as g:
+        yield g, init_device_mesh("cpu", (8,))
+
+
+def _meta_llama():
+    with torch.device("meta"):
+        return Llama(LLAMA_CONFIGS["llama3-tiny"])
+
+
+def test_shards_are_dtensors_under_the_unsharded_names(world8):
+    _, mesh = world8
+    model = _meta_llama()
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    for block in model.layers:
+        ce_overlap.fully_shard(block, mesh)
+    ce_overlap.fully_shard(model, mesh)
+    sd = model.state_dict()
+    assert {k: tuple(v.shape) for k, v in sd.items()} == want
+    assert all(isinstance(v, DTensor) and v.placements[0].is_shard(0) for v in sd.values())
+    assert sd["tok_embeddings.weight"].to_local().shape == (1024 // 8, 256)
+    # Outside a forward the attribute is the sharded parameter (as FSDP2's); the class keeps the user's name.
+    wq = model.layers[0].attention.wq
+    assert wq.weight is wq._parameters["weight"] and type(wq).__name__ == "Linear" and isinstance(wq, nn.Linear)
+    assert [n for n, _ in model.named_parameters()] == list(want)
+
+
+def test_uneven_rows_follow_torchs_chunk_layout(world8):
+    _, mesh = world8  # rank 3 of 8
+    layer = nn.Linear(4, 29, device="meta")  # 29 rows: 4 per rank, ranks 0-6 full, rank 7 one row
+    ce_overlap.fully_shard(layer, mesh)
+    assert layer.weight.to_local().shape == (4, 4) and layer.bias.to_local().shape == (4,)
+    assert layer.weight.shape == (29, 4)
+
+
+def test_tied_parameters_stay_one_shard(world8):
+    _, mesh = world8
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(64, 8)
+            self.out = nn.Linear(8, 64, bias=False)
+            self.out.weight = self.emb.weight
+
+        def forward(self, x):
+            return self.out(self.emb(x))
+
+    with torch.device("meta"):
+        model = Tied()
+    ce_overlap.fully_shard(model, mesh)
+    assert model.out._parameters["weight"] is model.emb._parameters["weight"]
+    assert len(list(model.parameters())) == 1
+
+
+def test_bad_input_is_refused_by_name(world8):
+    group, mesh = world8
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard as fsdp2_fully_shard
+
+    model = _meta_llama()
+    ce_overlap.fully_shard(model, mesh)
+    with pytest.raises(CeOverlapError, match="already sharded by ce_overlap.fully_shard"):
+        ce_overlap.fully_shard(model, mesh)
+    with pytest.raises(CeOverlapError, match="2-D mesh"):
+        ce_overlap.fully_shard(_meta_llama(), init_device_mesh("cpu", (2, 4)))
+    with pytest.raises(CeOverlapError, match="mesh must be a DeviceMesh or a ProcessGroup, got str"):
+        ce_overlap.fully_shard(_meta_llama(), "dp")
+    with pytest.raises(CeOverlapError, match="expected an nn.Module"):
+        ce_overlap.fully_shard(torch.zeros(3), mesh)
+    with pytest.raises(CeOverlapError, match="mp_policy must be a MixedPrecisionPolicy"):
+        ce_overlap.fully_shard(_meta_llama(), mesh, mp_policy=torch.bfloat16)
+
+    class Scalar(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones((), device="meta"))
+
+    with pytest.raises(CeOverlapError, match="'scale' of Scalar is a scalar"):
+        ce_overlap.fully_shard(Scalar(), mesh)
+    by_fsdp2 = nn.Linear(8, 8, device="meta")
+    fsdp2_fully_shard(by_fsdp2, mesh=mesh)
+    with pytest.raises(CeOverlapError, match="already sharded by FSDP2"):
+        ce_overlap.fully_shard(by_fsdp2, mesh)
+    # A ProcessGroup is taken as the mesh it spans.
+    layer = ce_overlap.fully_shard(nn.Linear(8, 16, device="meta"), group)
+    assert layer.weight.device_mesh.size() == 8
+
+
+def test_without_a_process_group_the_error_says_what_to_do():
+    assert not dist.is_initialized()
+    with pytest.raises(CeOverlapError, match="torch.distributed is not initialized"):
+        ce_overlap.fully_shard(nn.Linear(2, 2))
+
+
+# --------------------------------------------------------------------------------------------------
+# Real gloo groups (one process per rank)
+
+
+def _torchrun(n: int, *args: str, timeout: float = 600) -> str:
+    env = {**os.environ, "CE_TEST_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+                           WORKER, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    return proc.stdout
+
+
+def _compare(a, b, rtol: float = 0.0) -> str:
+    proc = subprocess.run([sys.executable, WORKER, "compare", str(a), str(b), "--rtol", str(rtol)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_training_clipping_and_state_dicts_match_the_unsharded_model(ranks):
+    out = _torchrun(ranks, "check", *(["--compile"] if ranks == 2 else []))
+    assert "FAIL" not in out and out.count("PASS") == (9 if ranks == 2 else 7), out
+
+
+def test_a_checkpoint_resumes_bit_identically_and_moves_between_fsdp2_and_world_sizes(tmp_path):
+    t = tmp_path
+    _torchrun(2, "train", "--steps", "10", "--record", f"{t}/ref10.pt")
+    _torchrun(2, "train", "--steps", "5", "--save", f"{t}/ce2", "--record", f"{t}/ce5.pt")
+    _torchrun(2, "train", "--load", f"{t}/ce2", "--steps", "5", "--record", f"{t}/ce10.pt")
+    assert "bit-identical" in _compare(t / "ref10.pt", t / "ce10.pt")
+    # ce_overlap -> FSDP2 (2 ranks): the same parameters, and the optimizer state carries on identically.
+    _torchrun(2, "train", "--impl", "fsdp2", "--load", f"{t}/ce2", "--steps", "5", "--record", f"{t}/fsdp2_10.pt")
+    _compare(t / "ce10.pt", t / "fsdp2_10.pt")
+    # ce_overlap 2 ranks -> 4 ranks, FSDP2 4 ranks -> ce_overlap 3 ranks: the parameters as written.
+    _torchrun(4, "train", "--load", f"{t}/ce2", "--steps", "0", "--record", f"{t}/ce4_loaded.pt")
+    _compare(t / "ce5.pt", t / "ce4_loaded.pt")
+    _torchrun(4, "train", "--impl", "fsdp2", "--steps", "5", "--save", f"{t}/fsdp2_4", "--record", f"{t}/f5.pt")
+    _torchrun(3, "train", "--load", f"{t}/fsdp2_4", "--steps", "0", "--record", f"{t}/ce3_loaded.pt")
+    _compare(t / "f5.pt", t / "ce3_loaded.pt")
