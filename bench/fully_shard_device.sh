@@ -6,7 +6,7 @@
 #   resume-N  10 steps uninterrupted vs 5 steps, a DCP checkpoint, 5 more in fresh processes: bit-identical losses
 #             and parameters (compiled with ce_overlap's pass, bf16 gathers); the checkpoint loaded into FSDP2
 #             (the same parameters, and 5 more steps), and an FSDP2 checkpoint loaded back
-# then bench/train.py (only with 2+ GPUs) with CE_TRAIN_MODES side by side. Results: $OUT/*.log, records/, train.json,
+# then bench/train.py (only with 2+ GPUs) with CE_TRAIN_MODES side by side. Results: $OUT/*.log, train.json,
 # summary.txt, fully_shard.tgz. Knobs: bench/README.md.
 #
 #   bash bench/fully_shard_device.sh
@@ -26,11 +26,12 @@ LAYERS=${CE_TRAIN_LAYERS:-8}
 MODES=${CE_TRAIN_MODES:-compile+inductor-overlap,ce_overlap,no-comm,fsdp2}
 W=tests/fully_shard/worker.py
 
-# resume N: the checkpoint sequence at N ranks, records under $OUT/records/N, every comparison printed PASS / FAIL.
+# resume N: the checkpoint sequence at N ranks, every comparison printed PASS / FAIL. The records (full parameters) and
+# checkpoints stay in /tmp: the archive of $OUT must stay under the transfer limit.
 resume() {
-  local n=$1 r="$OUT/records/$1" ck="/tmp/ce_fs_ck_$1" fails=0
+  local n=$1 r="/tmp/ce_fs_records_$1" ck="/tmp/ce_fs_ck_$1" fails=0
   local run=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" "$W" train --compile --ce --bf16)
-  mkdir -p "$r" && rm -rf "$ck"
+  rm -rf "$r" "$ck" && mkdir -p "$r"
   "${run[@]}" --steps 10 --record "$r/ref10.pt" || return 1
   "${run[@]}" --steps 5 --save "$ck/ce" --record "$r/ce5.pt" || return 1
   "${run[@]}" --load "$ck/ce" --steps 5 --record "$r/ce10.pt" || return 1
@@ -44,7 +45,7 @@ resume() {
     --steps 5 --save "$ck/fsdp2" --record "$r/fsdp2_5.pt" || return 1
   "${run[@]}" --load "$ck/fsdp2" --steps 0 --record "$r/ce_from_fsdp2.pt" || return 1
   "$PY" "$W" compare "$r/fsdp2_5.pt" "$r/ce_from_fsdp2.pt" || fails=1
-  rm -rf "$ck"
+  rm -rf "$r" "$ck"
   return $fails
 }
 export -f resume

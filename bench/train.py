@@ -21,6 +21,9 @@ Modes:
                              bounded reduction kernel beside the backward, not in the graph's consumer kernels
   no-comm                    each all-gather replaced by a local op of the same shape, no reduce-scatter:
                              the bound no overlap scheme can pass
+  compile+inductor-overlap+ac, ce_overlap+ac
+                             the mode with activation checkpointing per block (checkpoint_wrapper on each block
+                             before sharding, torchtitan's full AC): the blocks' forward recomputed in the backward
   fsdp2                      FSDP2 (fully_shard) instead of in-graph FSDP, every block compiled, NCCL (torchtitan's
                              default pattern; bench/_fsdp2.py)
   fsdp2-ce                   fsdp2 with ce_overlap's copy engines (ce_overlap.fsdp.use_copy_engines, --ce): the
@@ -83,9 +86,14 @@ def max_over_ranks(value: float) -> float:
 
 
 MODES = ["eager", "compile", "compile+inductor-overlap", "compile+low-contention", "ce_overlap-nccl", "ce_overlap",
-         "ce_overlap-packed", "ce_overlap-rs-kernel", "no-comm", "fsdp2", "fsdp2-ce", "fsdp2-ce-hooks", "fsdp2-symm-mem",
-         "fsdp2-no-comm"]
+         "ce_overlap-packed", "ce_overlap-rs-kernel", "no-comm", "compile+inductor-overlap+ac", "ce_overlap+ac",
+         "fsdp2", "fsdp2-ce", "fsdp2-ce-hooks", "fsdp2-symm-mem", "fsdp2-no-comm"]
 CE_MODES = ("ce_overlap", "ce_overlap-packed", "ce_overlap-rs-kernel")  # modes that may run CE collectives
+AC = "+ac"  # a mode's suffix: activation checkpointing per block (torchtitan's full AC), then the same mode
+
+
+def without_ac(mode: str) -> str:
+    return mode[: -len(AC)] if mode.endswith(AC) else mode
 
 # torchtitan's peak bf16 dense TFLOP/s table (torchtitan/tools/utils.py get_peak_flops), by device name.
 _PEAK_TFLOPS = [("H200", 989.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("A100", 312.0),
@@ -190,6 +198,11 @@ def build_model(cfg, mode: str, group, ce: str = "auto", wrap: str = "torchtitan
     with torch.device(DEVICE):
         model = Llama(cfg)
     init_weights(model)
+    if mode.endswith(AC):  # torchtitan's order: checkpoint_wrapper on each block, then sharding
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for i, block in enumerate(model.layers):
+            model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)  # the reduce-scatters in bf16 too (reduce_dtype None)
     for block in model.layers:
         ce_overlap.fully_shard(block, group, mp_policy=mp, _local_gather=mode == "no-comm")
@@ -205,6 +218,7 @@ def inductor_config():
 
 
 def compile_options(mode: str, ce: str = "auto") -> dict | None:
+    mode = without_ac(mode)
     if mode in ("eager", "compile", "no-comm"):
         return None
     if mode in ("compile+inductor-overlap", "compile+low-contention"):
@@ -400,7 +414,7 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
         if args.inductor_config:
             opts = {**inductor_config_items(args.inductor_config), **(opts or {})}
         step_fn = torch.compile(model, options=opts) if opts else torch.compile(model)
-    if mode in CE_MODES:
+    if without_ac(mode) in CE_MODES:
         import ce_overlap.runtime as rt
 
         if rt.available():

@@ -147,10 +147,19 @@ def run_check(args, mesh) -> None:
     check("the full state dict is the unsharded model's, bit for bit",
           set(full) == set(ref_keys) and all(torch.equal(full[k], v.float().cpu()) for k, v in ref.state_dict().items()))
 
-    for compiled in ([False, True] if args.compile else [False]):
-        model = shard(copy.deepcopy(ref), "ce", mesh, bf16=False)
+    variants = [("eager", False, False)]
+    if args.compile:
+        variants += [("compiled", True, False), ("compiled, activation checkpointing per block", True, True)]
+    for label, compiled, ac in variants:
+        model = copy.deepcopy(ref)
+        if ac:  # torchtitan's order: checkpoint_wrapper on each block, then fully_shard
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+            for i, block in enumerate(model.layers):
+                model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+        model = shard(model, "ce", mesh, bf16=False)
         reference = copy.deepcopy(ref)
-        run = torch.compile(model) if compiled else model
+        run = torch.compile(model, fullgraph=True) if compiled else model
         opt, ref_opt = optimizer(model), optimizer(reference)
         worst_loss, worst_norm = 0.0, 0.0
         for s in range(1, 4):
@@ -162,7 +171,6 @@ def run_check(args, mesh) -> None:
         got = full_params(model)
         err = max(((got[k] - v.float().cpu()).norm() / v.float().norm().clamp_min(1e-12)).item()
                   for k, v in reference.state_dict().items())
-        label = "compiled" if compiled else "eager"
         check(f"{label}: 3 clipped AdamW steps match the unsharded model on all ranks' tokens",
               worst_loss < 1e-5 and err < 1e-4, f"loss rel err {worst_loss:.1e}, param rel err {err:.1e}")
         check(f"{label}: clip_grad_norm_ returns the global norm (the unsharded model's)",

@@ -22,7 +22,11 @@ And as FSDP2's MixedPrecisionPolicy does, a sharded module's floating-point forw
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
+import logging
+import sys
+import types
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +38,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ..errors import CeOverlapError
+from ..logs import log_once
 
 
 def _recompute_everything(ctx, func, *args, **kwargs):
@@ -84,6 +89,9 @@ class _ShardSpec:
     local: bool                    # the no-communication stand-in (bench/train.py's bound), not a sharded model
     state: _ForwardState
     index: int                     # the key of its gathered value in the gather-once window
+    # False under an activation-checkpoint wrapper: torch.compile traces the wrapped block as a higher-order op,
+    # which may read the window but not write to it (a graph break); such a block reads each weight once anyway.
+    keep: bool = True
 
 
 def _replicate(param: DTensor, spec: _ShardSpec) -> torch.Tensor:
@@ -115,7 +123,8 @@ def _gather(module: nn.Module, name: str) -> torch.Tensor:
         full = checkpoint(_replicate, param, spec, use_reentrant=False, context_fn=_regather_context)
     else:
         full = _replicate(param, spec)
-    state.gathered[spec.index] = full
+    if spec.keep:
+        state.gathered[spec.index] = full
     return full
 
 
@@ -131,15 +140,17 @@ def _cast_floats(value, dtype: torch.dtype):
 
 
 class ShardedModule:
-    """Mixed into the class of every module `fully_shard` was called on (as FSDP2 does with FSDPModule). Its
-    forward casts the floating inputs (MixedPrecisionPolicy.cast_forward_inputs) and outputs (output_dtype),
-    and the outermost one opens the gather-once window. A forward method and not module hooks: torch.compile
-    runs a compiled module's hooks outside its graph, where the window would make every gathered weight a graph
-    output (saved for the backward instead of re-gathered)."""
+    """Mixed into the class of every module under a `fully_shard` call (as FSDP2 does with FSDPModule on the
+    modules it is called on). Its forward opens the gather-once window unless one is open, so a parameter read
+    in any sharded module's forward is gathered, also when activation checkpointing recomputes a block in the
+    backward (outside the root's forward); and on the modules fully_shard was called on it casts the floating
+    inputs (MixedPrecisionPolicy.cast_forward_inputs) and outputs (output_dtype). A forward method and not module
+    hooks: torch.compile runs a compiled module's hooks outside its graph, where the window would make every
+    gathered weight a graph output (saved for the backward instead of re-gathered)."""
 
     _ce_overlap_state: _ForwardState
-    _ce_overlap_input_dtype: torch.dtype | None
-    _ce_overlap_output_dtype: torch.dtype | None
+    _ce_overlap_input_dtype: torch.dtype | None = None
+    _ce_overlap_output_dtype: torch.dtype | None = None
 
     def forward(self, *args, **kwargs):
         state, dtype = self._ce_overlap_state, self._ce_overlap_input_dtype
@@ -166,20 +177,37 @@ def user_class(cls: type) -> type:
 
 
 @functools.cache
-def _sharded_class(cls: type, names: tuple[str, ...], unit: bool) -> type:
-    """`cls` with a property per sharded parameter name (reads gather; `_parameters` keeps the shard, so
-    state_dict and named_parameters see it under its own name) and, for a module fully_shard was called on,
-    ShardedModule's forward."""
+def _sharded_class(cls: type, names: tuple[str, ...]) -> type:
+    """`cls` with ShardedModule's forward and a property per sharded parameter name (in a forward, reads gather;
+    `_parameters` keeps the shard, so state_dict and named_parameters see it under its own name)."""
     base = user_class(cls)
     attrs = {name: property(functools.partial(_gather, name=name)) for name in names}
     attrs["_ce_overlap_user_class"] = base
-    bases = (ShardedModule, cls) if unit and not issubclass(cls, ShardedModule) else (cls,)
+    bases = (cls,) if issubclass(cls, ShardedModule) else (ShardedModule, cls)
     return type(base.__name__, bases, attrs)
 
 
-def _swap_class(module: nn.Module, names: tuple[str, ...], unit: bool) -> None:
-    if names or (unit and not isinstance(module, ShardedModule)):
-        module.__class__ = _sharded_class(type(module), names, unit)
+def _importable(cls: type) -> None:
+    """torch 2.11's Dynamo imports, by name, the module of each function it inlines, and ShardedModule.forward makes
+    it inline the user's forward: a model class loaded with importlib.util.spec_from_file_location and never put in
+    sys.modules then fails to compile ("InternalTorchDynamoError: ModuleNotFoundError: No module named ...", torch's
+    own: any wrapper module whose forward calls the user's fails the same way; torch 2.14 compiles it). The class's
+    module is found again through its forward's globals and registered under its name."""
+    name = cls.__module__
+    globals_ = getattr(getattr(cls, "forward", None), "__globals__", None)
+    if name in sys.modules or globals_ is None or globals_.get("__name__") != name:
+        return
+    for ref in gc.get_referrers(globals_):
+        if isinstance(ref, types.ModuleType) and ref.__dict__ is globals_:
+            sys.modules[name] = ref
+            log_once(logging.INFO, f"ce_overlap.fully_shard: module {name!r} (of {cls.__name__}) was not in "
+                                   "sys.modules; registered it so that torch.compile can inline its forward")
+            return
+
+
+def _swap_class(module: nn.Module, names: tuple[str, ...]) -> None:
+    if names or not isinstance(module, ShardedModule):
+        module.__class__ = _sharded_class(type(module), names)
 
 
 def _mesh_of(mesh, params: list[nn.Parameter]) -> DeviceMesh:
@@ -217,6 +245,17 @@ def _local_shard(param: torch.Tensor, mesh: DeviceMesh, device: torch.device) ->
     return param.detach()[start:stop].to(device).clone()
 
 
+def _under_activation_checkpointing(module: nn.Module) -> set[int]:
+    """The ids of the modules inside an activation-checkpoint wrapper (torch's checkpoint_wrapper, as torchtitan
+    applies per block before sharding)."""
+    try:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import ActivationWrapper
+    except ImportError:  # pragma: no cover (torch >= 2.11 has it)
+        return set()
+    return {id(m) for wrapper in module.modules() if isinstance(wrapper, ActivationWrapper)
+            for m in wrapper.modules()}
+
+
 _indices = itertools.count()
 
 
@@ -241,7 +280,8 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
         raise CeOverlapError(f"ce_overlap.fully_shard: expected an nn.Module, got {type(module).__name__}")
     if isinstance(module, ShardedModule):
         raise CeOverlapError(f"ce_overlap.fully_shard: {type(module).__name__} is already sharded by "
-                             "ce_overlap.fully_shard (call it once per module: each block, then the root)")
+                             "ce_overlap.fully_shard (itself or inside a module it was called on: call it once per "
+                             "module, bottom-up: each block, then the root)")
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # pragma: no cover (torch >= 2.11 has it)
@@ -268,10 +308,8 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
     # The parameters sharded by earlier calls on submodules (the blocks) join this call's gather-once window.
     for spec in specs.values():
         spec.state = state
-    for sub in module.modules():
-        if isinstance(sub, ShardedModule):
-            sub._ce_overlap_state = state
 
+    under_ac = _under_activation_checkpointing(module)
     sharded: dict[int, nn.Parameter] = {}   # id of an original Parameter -> its shard (tied Parameters: one shard)
     for sub, name, param in todo:
         if id(param) in sharded:
@@ -291,6 +329,9 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
         specs[id(shard)] = _ShardSpec(rows, shard_rows(rows, mesh.size()), param_dtype, reduce_dtype,
                                       reshard_after_forward, _local_gather, state, index=_next_index())
         sharded[id(param)] = shard
+    for sub, _, param in todo:
+        if id(sub) in under_ac:
+            specs[id(sharded[id(param)])].keep = False
     for sub, name, param in todo:
         sub._parameters[name] = sharded[id(param)]
     # Every module reading a sharded parameter (a tied one: also modules outside this call's earlier blocks)
@@ -300,8 +341,9 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
         new = tuple(sorted(name for name in own if not isinstance(getattr(type(sub), name, None), property)))
         if own:
             sub._ce_overlap_specs = {**getattr(sub, "_ce_overlap_specs", {}), **own}
-        _swap_class(sub, new, unit=sub is module)
-    module._ce_overlap_state = state
+        _swap_class(sub, new)
+        _importable(user_class(type(sub)))
+        sub._ce_overlap_state = state
     module._ce_overlap_input_dtype = param_dtype if cast_inputs else None
     module._ce_overlap_output_dtype = output_dtype
     return module
