@@ -36,17 +36,21 @@ whole_number_knobs() {
   return $bad
 }
 
-# check_stages WANTED KNOWN...: every name in WANTED (a space-separated list) is one of KNOWN.
-check_stages() {
-  local wanted=$1 s
-  shift
-  for s in $wanted; do
+# select_stages KNOB DEFAULT KNOWN...: STAGES from the knob's value (else DEFAULT); a name that is not one of KNOWN
+# stops the driver (exit 2), naming the knob. Then `want NAME` says whether a stage was asked for.
+select_stages() {
+  local knob=$1 default=$2 s
+  shift 2
+  STAGES=${!knob:-$default}
+  for s in $STAGES; do
     if [[ " $* " != *" $s "* ]]; then
-      echo "bench: CE_DEVICE_STAGES: unknown stage '$s'; the stages of $(basename "$0"): $*" >&2
-      return 1
+      echo "bench: $knob: unknown stage '$s'; the stages of $(basename "$0"): $*" >&2
+      exit 2
     fi
   done
 }
+want() { [[ " $STAGES " == *" $1 "* ]]; }
+GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 
 retired_knobs && whole_number_knobs || exit 2
 

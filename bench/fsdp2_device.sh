@@ -15,10 +15,7 @@ cd "$(dirname "$0")/.."
 BUDGET_S=${CE_DEVICE_BUDGET_S:-570}
 source bench/_device_lib.sh
 
-STAGES=${CE_FSDP2_STAGES:-runtime harness train}
-check_stages "$STAGES" runtime harness train || exit 2
-want() { [[ " $STAGES " == *" $1 "* ]]; }
-GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
+select_stages CE_FSDP2_STAGES "runtime harness train" runtime harness train
 LAYERS=${CE_TRAIN_LAYERS:-8}
 MODES=${CE_TRAIN_MODES:-fsdp2,fsdp2-ce,fsdp2-ce-hooks,fsdp2-no-comm}
 

@@ -18,10 +18,7 @@ cd "$(dirname "$0")/.."
 BUDGET_S=${CE_DEVICE_BUDGET_S:-570}
 source bench/_device_lib.sh
 
-STAGES=${CE_FS_STAGES:-check resume train}
-check_stages "$STAGES" check resume train || exit 2
-want() { [[ " $STAGES " == *" $1 "* ]]; }
-GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
+select_stages CE_FS_STAGES "check resume train" check resume train
 LAYERS=${CE_TRAIN_LAYERS:-8}
 MODES=${CE_TRAIN_MODES:-compile+inductor-overlap,ce_overlap,no-comm,fsdp2}
 W=tests/fully_shard/worker.py

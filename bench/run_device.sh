@@ -30,10 +30,8 @@ cd "$(dirname "$0")/.."
 
 BUDGET_S=${CE_DEVICE_BUDGET_S:-540}
 ALL_STAGES="collectives p2p overlap overlap_sustained gpu_tests backend_tests fsdp2 pass_gpu probe cpu_tests faults sanitizer"
-STAGES=${CE_DEVICE_STAGES:-collectives overlap overlap_sustained p2p gpu_tests backend_tests fsdp2 pass_gpu probe cpu_tests sanitizer}
 source bench/_device_lib.sh
-check_stages "$STAGES" $ALL_STAGES || exit 2
-want() { [[ " $STAGES " == *" $1 "* ]]; }
+select_stages CE_DEVICE_STAGES "collectives overlap overlap_sustained p2p gpu_tests backend_tests fsdp2 pass_gpu probe cpu_tests sanitizer" $ALL_STAGES
 
 stage env 30 env_info
 stage build 150 build

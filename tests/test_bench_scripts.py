@@ -409,7 +409,7 @@ def test_train_lr_warmup_and_loss_agreement():
 
 def _driver(script: str, out, env: dict) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if k != "PYTHON" and not k.startswith(
-        ("CE_DEVICE_", "CE_TRAIN_", "CE_SESSION_", "CE_COMPUTE_", "CE_FSDP2_"))}
+        ("CE_DEVICE_", "CE_TRAIN_", "CE_SESSION_", "CE_COMPUTE_", "CE_FSDP2_", "CE_FS_"))}
     return subprocess.run(["bash", os.path.join(BENCH, script)], capture_output=True, text=True, timeout=120,
                           env={**clean, "CE_DEVICE_DRY_RUN": "1", "CE_DEVICE_PACK": "0", "OUT": str(out), **env})
 
@@ -582,6 +582,27 @@ def test_fsdp2_device_runs_the_harness_at_each_rank_count_and_train_only_on_seve
     assert "train: SKIPPED (one GPU)" in (tmp_path / "summary.txt").read_text()
     bad = _driver("fsdp2_device.sh", tmp_path / "bad", {"CE_FSDP2_STAGES": "harness trian"})
     assert bad.returncode == 2 and "unknown stage 'trian'" in bad.stderr
+
+
+def test_fully_shard_device_checks_each_rank_count_with_a_gpu_per_rank(tmp_path):
+    """bench/fully_shard_device.sh: the check and resume stages per CE_FS_RANKS entry only where every rank has its
+    own GPU (NCCL), said where not (here: no GPU); train only with 2+ GPUs; an unknown stage stops it, naming the
+    knob."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200'\necho 'GPU 1: NVIDIA H200'\n")
+    (fake_bin / "nvidia-smi").chmod(0o755)
+    out = tmp_path / "out"
+    proc = _driver("fully_shard_device.sh", out, {"CE_FS_RANKS": "2 4", "PATH": f"{fake_bin}:{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stderr
+    cmds = _stage_commands(out)
+    assert list(cmds) == ["build", "check-2", "env", "resume-2", "train"]
+    assert cmds["check-2"].endswith("--nproc-per-node 2 tests/fully_shard/worker.py check --compile")
+    assert cmds["resume-2"] == "resume 2"
+    assert "--modes compile+inductor-overlap,ce_overlap,no-comm,fsdp2" in cmds["train"]
+    assert "check-4 resume-4: SKIPPED (2 GPUs)" in (out / "summary.txt").read_text()
+    bad = _driver("fully_shard_device.sh", tmp_path / "bad", {"CE_FS_STAGES": "check trian"})
+    assert bad.returncode == 2 and "CE_FS_STAGES: unknown stage 'trian'" in bad.stderr
 
 
 def _chrome_trace(path, events) -> None:
