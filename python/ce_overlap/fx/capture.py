@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import gc
 import logging
 import os
@@ -113,21 +114,9 @@ def fake_process_group(world_size: int, rank: int):
         yield dist.group.WORLD
     finally:
         dist.destroy_process_group()
-        _forget_dtensor_sharding()
 
 
-def _forget_dtensor_sharding() -> None:
-    """DTensor caches its sharding decisions keyed on DeviceMeshes that compare equal across process groups (same
-    ranks, same device type); a capture's fake group ends with it, so the next capture's mesh would be handed
-    specs naming the ended group ("Could not resolve the process group registered under the name ...")."""
-    from torch.distributed.tensor import DTensor, _redistribute
-
-    propagator = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
-    cached = getattr(propagator, "propagate_op_sharding", None)
-    if hasattr(cached, "cache_clear"):
-        cached.cache_clear()
-    if hasattr(getattr(_redistribute, "_gen_transform_infos", None), "cache_clear"):
-        _redistribute._gen_transform_infos.cache_clear()
+_CAPTURES = itertools.count()
 
 
 def _to_fake_cpu(t: torch.Tensor) -> torch.Tensor:
@@ -145,8 +134,11 @@ def _fakeify_module(model: nn.Module, fsdp: bool, group, options: CaptureOptions
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
+        # A dim name of its own per capture: DTensor caches sharding decisions keyed on meshes, which compare equal
+        # across process groups over the same ranks, and each capture's fake group ends with it (a later capture
+        # would be handed specs naming an ended group: "Could not resolve the process group ...").
         with unset_fake_temporarily():  # the mesh holds real rank tensors
-            mesh = DeviceMesh.from_group(group, "cpu")
+            mesh = DeviceMesh.from_group(group, "cpu", mesh_dim_names=(f"ce_overlap_capture_{next(_CAPTURES)}",))
         mp = MixedPrecisionPolicy(param_dtype=options.param_dtype, cast_forward_inputs=options.cast_forward_inputs)
         return fully_shard(model, mesh, mp_policy=mp,
                            reshard_after_forward=options.reshard_after_forward, device="cpu")

@@ -273,8 +273,10 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
     reduce_dtype: the gradient reduce-scatter's, default param_dtype; output_dtype; cast_forward_inputs).
     Default: no casting, as FSDP2's. reshard_after_forward: gather the weights again in the backward instead of
     keeping them from the forward. device: where the shards live (default: the parameters' device).
-    A Parameter registered in several modules (tied) stays one shard, gathered once per forward.
-    Returns the module, its class swapped for one that gathers (its name, module and state-dict keys unchanged).
+    A Parameter registered in several modules (tied) stays one shard, gathered once per forward. _local_gather:
+    bench/train.py's no-communication bound (local ops of the gathers' shapes), not a sharded model.
+    Returns the module; its modules' classes are swapped for subclasses of the same names that gather (state-dict
+    keys unchanged).
     """
     if not isinstance(module, nn.Module):
         raise CeOverlapError(f"ce_overlap.fully_shard: expected an nn.Module, got {type(module).__name__}")
@@ -282,22 +284,18 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
         raise CeOverlapError(f"ce_overlap.fully_shard: {type(module).__name__} is already sharded by "
                              "ce_overlap.fully_shard (itself or inside a module it was called on: call it once per "
                              "module, bottom-up: each block, then the root)")
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover (torch >= 2.11 has it)
-        FSDPModule = ()
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
+
     if any(isinstance(m, FSDPModule) for m in module.modules()):
         raise CeOverlapError("ce_overlap.fully_shard: the module is already sharded by FSDP2's fully_shard; use one "
                              "or the other (ce_overlap.fsdp.use_copy_engines speeds up FSDP2's)")
-    if _local_gather and not reshard_after_forward:
-        raise CeOverlapError("ce_overlap.fully_shard: the no-communication stand-in reshards after forward")
-    param_dtype = getattr(mp_policy, "param_dtype", None)
-    reduce_dtype = getattr(mp_policy, "reduce_dtype", None) or param_dtype
-    output_dtype = getattr(mp_policy, "output_dtype", None)
-    cast_inputs = getattr(mp_policy, "cast_forward_inputs", True)
-    if mp_policy is not None and param_dtype is None and not hasattr(mp_policy, "param_dtype"):
+    if mp_policy is None:
+        mp_policy = MixedPrecisionPolicy()
+    if not isinstance(mp_policy, MixedPrecisionPolicy):
         raise CeOverlapError(f"ce_overlap.fully_shard: mp_policy must be a MixedPrecisionPolicy, got "
                              f"{type(mp_policy).__name__}")
+    param_dtype, output_dtype = mp_policy.param_dtype, mp_policy.output_dtype
+    reduce_dtype = mp_policy.reduce_dtype or param_dtype
 
     specs = {id(p): spec for sub in module.modules() for name, p in sub._parameters.items()
              if (spec := getattr(sub, "_ce_overlap_specs", {}).get(name)) is not None}   # sharded by earlier calls
@@ -344,6 +342,6 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
         _swap_class(sub, new)
         _importable(user_class(type(sub)))
         sub._ce_overlap_state = state
-    module._ce_overlap_input_dtype = param_dtype if cast_inputs else None
+    module._ce_overlap_input_dtype = param_dtype if mp_policy.cast_forward_inputs else None
     module._ce_overlap_output_dtype = output_dtype
     return module
