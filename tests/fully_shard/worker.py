@@ -110,8 +110,13 @@ def compiled(model, ce: bool):
     """torch.compile, with ce_overlap's pass (and the copy-engine runtime where it runs) when asked."""
     if not ce:
         return torch.compile(model)
+    import logging
+
     import ce_overlap.runtime as rt
 
+    if dist.get_rank() == 0:  # the pass's one line per graph: buckets, and how many went to the copy engines
+        logging.basicConfig(format="%(message)s")
+        logging.getLogger("ce_overlap").setLevel(logging.INFO)
     if rt.available():
         rt.rendezvous(dist.group.WORLD)
     return torch.compile(model, options=ce_overlap.inductor_options())
