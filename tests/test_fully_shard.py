@@ -181,3 +181,23 @@ def test_a_model_loaded_from_a_file_outside_sys_modules_compiles(gloo_world1, tm
     out = torch.compile(model)(torch.randn(4, 16))
     out.backward()
     assert model.a.weight.grad is not None
+
+
+def test_uneven_shards_give_every_rank_the_same_plan():
+    """The short ranks' graphs hold a pad the others lack (DTensor pads an uneven shard before its all-gather), and the
+    pass plans each rank's graph on its own: the tied GPT-2 (vocab 1001 over 4 ranks: 251, 251, 251, 248 rows) gets the
+    same buckets, backends and order of collectives on the first and the last rank."""
+    from ce_overlap import models
+
+    plans = {}
+    for rank in (0, 3):
+        built = models.build_from_file(os.path.join(ROOT, "tests", "data", "gpt2_tied.py") + ":build")
+        ir = ce_overlap.capture(built.module, built.example_inputs, world_size=4, rank=rank)
+        for graph in ("forward", "backward"):
+            plans[rank, graph] = ce_overlap.ir.plan(ir, graph, "h100-sxm")
+    for graph in ("forward", "backward"):
+        first, last = plans[0, graph], plans[3, graph]
+        assert first["buckets"] == last["buckets"]
+        names = {m[k] for b in first["buckets"] for m in b["members"] for k in ("collective", "wait")}
+        assert [n for n in first["order"] if n in names] == [n for n in last["order"] if n in names]
+        assert len(first["order"]) < len(last["order"])  # the pad: rank 3 holds fewer rows
