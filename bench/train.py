@@ -95,6 +95,7 @@ AC = "+ac"  # a mode's suffix: activation checkpointing per block (torchtitan's 
 def without_ac(mode: str) -> str:
     return mode[: -len(AC)] if mode.endswith(AC) else mode
 
+
 # torchtitan's peak bf16 dense TFLOP/s table (torchtitan/tools/utils.py get_peak_flops), by device name.
 _PEAK_TFLOPS = [("H200", 989.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("A100", 312.0),
                 ("B200", 2250.0), ("H20", 148.0), ("L40S", 362.0)]
@@ -204,9 +205,8 @@ def build_model(cfg, mode: str, group, ce: str = "auto", wrap: str = "torchtitan
         for i, block in enumerate(model.layers):
             model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)  # the reduce-scatters in bf16 too (reduce_dtype None)
-    for block in model.layers:
-        ce_overlap.fully_shard(block, group, mp_policy=mp, _local_gather=mode == "no-comm")
-    ce_overlap.fully_shard(model, group, mp_policy=mp, _local_gather=mode == "no-comm")
+    for module in (*model.layers, model):
+        ce_overlap.fully_shard(module, group, mp_policy=mp, _local_gather=mode == "no-comm")
     return model
 
 
@@ -309,8 +309,9 @@ def forget_compiled_code() -> int:
     """torch._dynamo.reset(), and the compiled graphs Dynamo installed as globals of the compiled frames' modules
     (`__compiled_fn_*`, `__resume_at_*`), which reset() leaves in place. Each holds its graph, whose node metadata
     holds the module classes, and those of the model's modules hold the model (found with torch.nn.utils.parametrize's
-    per-instance classes, whose properties closed over the instances): without this, every earlier mode's model (its fp32 parameters) stayed allocated in the later modes
-    (found 2026-11-24: +10.4 GiB per earlier compiled mode at 8 layers on one GPU). Returns the globals removed."""
+    per-instance classes, whose properties closed over the instances): without this, every earlier mode's model (its
+    fp32 parameters) stayed allocated in the later modes (found 2026-11-24: +10.4 GiB per earlier compiled mode at 8
+    layers on one GPU). Returns the globals removed."""
     torch._dynamo.reset()
     removed = 0
     for module in list(sys.modules.values()):

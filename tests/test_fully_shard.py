@@ -171,7 +171,8 @@ def test_a_model_loaded_from_a_file_outside_sys_modules_compiles(gloo_world1, tm
 
     (tmp_path / "loose_model.py").write_text(
         "import torch\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-        "        self.a = torch.nn.Linear(16, 8)\n\n    def forward(self, x):\n        return torch.relu(self.a(x)).sum()\n")
+        "        self.a = torch.nn.Linear(16, 8)\n\n    def forward(self, x):\n"
+        "        return torch.relu(self.a(x)).sum()\n")
     spec = importlib.util.spec_from_file_location("ce_test_loose_model", tmp_path / "loose_model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -3,8 +3,8 @@
 `import ce_overlap` needs no torch and no GPU; capture imports torch when called. The graph pass
 (inductor_options, CeOverlapPass, the "ce_overlap" torch.compile backend) and in-graph FSDP (fully_shard) load on
 first use; torch finds the backend through the package's `torch_dynamo_backends` entry point (register_backend()
-where the package is not installed). The torch.distributed backend "ce_overlap" (ce_overlap.distributed) is registered as
-soon as torch is imported.
+where the package is not installed). The torch.distributed backend "ce_overlap" (ce_overlap.distributed) is
+registered as soon as torch is imported.
 """
 from ._torch_hook import register_c10d_backend_when_torch_is_imported
 from .config import PassConfig, get_default_config, set_default_config

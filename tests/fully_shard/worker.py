@@ -150,7 +150,8 @@ def run_check(args, mesh) -> None:
           f"embedding rows here {int(here)} of {VOCAB}")
     full = full_params(model)
     check("the full state dict is the unsharded model's, bit for bit",
-          set(full) == set(ref_keys) and all(torch.equal(full[k], v.float().cpu()) for k, v in ref.state_dict().items()))
+          set(full) == set(ref_keys)
+          and all(torch.equal(full[k], v.float().cpu()) for k, v in ref.state_dict().items()))
 
     variants = [("eager", False, False)]
     if args.compile:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import itertools
 import gc
+import itertools
 import logging
 import os
 import re

@@ -256,11 +256,7 @@ def _under_activation_checkpointing(module: nn.Module) -> set[int]:
             for m in wrapper.modules()}
 
 
-_indices = itertools.count()
-
-
-def _next_index() -> int:
-    return next(_indices)
+_indices = itertools.count()  # the gather-once window's keys, unique in the process
 
 
 def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None = None, *,
@@ -325,13 +321,13 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
         shard = nn.Parameter(dt, requires_grad=param.requires_grad)
         rows = param.shape[0]
         specs[id(shard)] = _ShardSpec(rows, shard_rows(rows, mesh.size()), param_dtype, reduce_dtype,
-                                      reshard_after_forward, _local_gather, state, index=_next_index())
+                                      reshard_after_forward, _local_gather, state, index=next(_indices))
         sharded[id(param)] = shard
-    for sub, _, param in todo:
-        if id(sub) in under_ac:
-            specs[id(sharded[id(param)])].keep = False
     for sub, name, param in todo:
-        sub._parameters[name] = sharded[id(param)]
+        shard = sharded[id(param)]
+        sub._parameters[name] = shard
+        if id(sub) in under_ac:  # a tied shard registered under a checkpoint wrapper anywhere
+            specs[id(shard)].keep = False
     # Every module reading a sharded parameter (a tied one: also modules outside this call's earlier blocks)
     # gets the property that gathers it.
     for sub in module.modules():
