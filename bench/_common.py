@@ -312,6 +312,14 @@ class ClockSampler:
                 "power_w": statistics.median(watts), "power_max_w": max(watts), "samples": len(clocks)}
 
 
+def clocks_over_ranks(stats: dict) -> dict:
+    """A ClockSampler's stats over ranks: the slowest rank's SM clock and the highest power (one GPU held back holds a
+    collective back); {} when any rank has no samples."""
+    if sum_over_ranks(0 if stats else 1):
+        return {}
+    return {"sm_clock_mhz": -max_over_ranks(-stats["sm_clock_mhz"]), "power_w": max_over_ranks(stats["power_w"])}
+
+
 def max_over_ranks(value: float) -> float:
     t = torch.tensor([value], dtype=torch.float64, device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)

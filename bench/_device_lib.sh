@@ -27,7 +27,7 @@ whole_number_knobs() {
   local name bad=0
   for name in CE_DEVICE_BUDGET_S CE_DEVICE_GPUS CE_DEVICE_GPU_TESTS_S CE_DEVICE_BACKEND_TESTS_S CE_DEVICE_FSDP2_S CE_DEVICE_PASS_S CE_DEVICE_FAULTS_S \
     CE_DEVICE_FAULT_REPEATS CE_DEVICE_MEMCHECK_S CE_TRAIN_LAYERS CE_TRAIN_STEPS CE_TRAIN_KERNEL_PROFILE \
-    CE_SESSION_TRAIN_S CE_SESSION_VALIDATION_S; do
+    CE_SESSION_TRAIN_S CE_SESSION_VALIDATION_S CE_PIPE_MICROBATCHES; do
     if [ -n "${!name+set}" ] && ! [[ ${!name} =~ ^[0-9]+$ ]]; then
       echo "bench: $name=${!name}: expected a whole number (bench/README.md, knobs)" >&2
       bad=1

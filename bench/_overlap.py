@@ -46,13 +46,6 @@ def time_compute_alone(fn, iters: int, warmup: int) -> float:
     return C.time_alone(fn, iters, warmup, torch.cuda.synchronize, skip_first=2)
 
 
-def clocks_min_over_ranks(stats: dict) -> dict:
-    """The slowest rank's SM clock and the highest power: one GPU held back holds the collective back."""
-    if C.sum_over_ranks(0 if stats else 1):  # a rank without samples: none reported
-        return {}
-    return {"sm_clock_mhz": -C.max_over_ranks(-stats["sm_clock_mhz"]), "power_w": C.max_over_ranks(stats["power_w"])}
-
-
 def add_parsers(sub) -> None:
     p = sub.add_parser("overlap", help="a GEMM and a memory-bound add timed alone and beside every all-gather and "
                                        "reduce-scatter variant", description=__doc__,
@@ -134,7 +127,7 @@ def run(args) -> int:
         with sampler:
             alone_ms = time_compute_alone(fn, iters, args.warmup)
         row = {"compute": kind, "label": label, "variant": None, "compute_ms": alone_ms, "slowdown_pct": 0.0,
-               **clocks_min_over_ranks(sampler.stats())}
+               **C.clocks_over_ranks(sampler.stats())}
         if "flops" in work:
             row["tflops"] = work["flops"] / (alone_ms / 1e3) / 1e12
         if "bytes" in work:
@@ -157,7 +150,7 @@ def run(args) -> int:
                 if args.sustain_ms > 0:  # the alone arm again, right before: the board's state drifts
                     with sampler:
                         alone_ms = time_compute_alone(fn, iters, args.warmup)
-                    alone_clocks = clocks_min_over_ranks(sampler.stats())
+                    alone_clocks = C.clocks_over_ranks(sampler.stats())
                 with sampler:
                     beside_ms, coll_ms = C.time_beside(fn, v.run, iters, args.warmup, args.per_launch, 3,
                                                        lambda: C.settle(v, group))
@@ -175,7 +168,7 @@ def run(args) -> int:
                  **({"alone_" + k: val for k, val in alone_clocks.items()} if args.sustain_ms > 0 else {}),
                  "collective_ms_beside": coll_ms,
                  "collective_busbw_beside_gbps": nbytes * (world - 1) / (coll_ms / 1e3) / 1e9,  # = algbw*(n-1)/n
-                 "collective_ms_alone": coll_alone.get(name), **clocks_min_over_ranks(sampler.stats())}
+                 "collective_ms_alone": coll_alone.get(name), **C.clocks_over_ranks(sampler.stats())}
             if "flops" in work:
                 r["tflops"] = work["flops"] / (beside_ms / 1e3) / 1e12
             if "bytes" in work:

@@ -1,20 +1,41 @@
 """Pipeline parallelism over NCCL and over ce_overlap's torch.distributed backend, side by side in one run: the step
-time of torch.distributed.pipelining (Schedule1F1B, unchanged) and a GEMM's time beside a stage's send / recv.
+time of torch.distributed.pipelining's schedules (unchanged), where the step goes (compute, the schedule's bubble,
+communication on the critical path), and a GEMM's time beside a stage's send / recv.
 
     torchrun --standalone --nproc-per-node 2 bench/pipeline.py --out pipeline.json
-    torchrun --standalone --nproc-per-node 2 bench/pipeline.py --model llama3-8b --layers 4 --seq-len 4096
+    torchrun --standalone --nproc-per-node 4 bench/pipeline.py --model llama3-8b --layers 32 --seq-len 4096
 
-Every rank is one stage of a Llama-3-style model from the zoo (python/ce_overlap/models): the layers split evenly,
-the embedding on the first stage and the norm and output projection on the last, bf16 parameters, n microbatches
-of one sequence. Per transport (a process group of that backend over all ranks):
+Every rank holds one stage (1f1b) or two (the interleaved schedules, loop layout: rank r holds stages r and r + n) of a
+Llama-3-style model from the zoo (python/ce_overlap/models): the layers split evenly over the stages, the embedding on
+the first and the norm and output projection on the last, bf16 parameters, n microbatches of one sequence each.
 
-    nccl        backend "nccl"                (skipped, with the reason, where NCCL cannot run: ranks sharing a GPU)
-    ce_overlap  backend "cuda:ce_overlap"     (ce_overlap.distributed; NCCL or gloo inside for everything else)
+    schedules   1f1b (Schedule1F1B), interleaved-1f1b (ScheduleInterleaved1F1B), zero-bubble
+                (ScheduleInterleavedZeroBubble, ZB1P: input and weight gradients split); one the installed torch lacks
+                is skipped with the reason
+    transports  nccl        backend "nccl"               (skipped, with the reason, where ranks share a GPU)
+                ce_overlap  backend "cuda:ce_overlap"    (ce_overlap.distributed; its inner backend for the rest)
 
-it reports the median step time over --steps after --warmup (CUDA events, the slowest rank), tokens/s, and the
-GEMM test: a bf16 GEMM (--gemm) timed alone and beside a stream of --message-mib messages each rank sends to and
-receives from its neighbour at the same time (what a 1F1B stage does in steady state), as the slowdown of the GEMM.
-On one GPU the ranks share it: the numbers say the path works, not how fast it is (two GPUs for that).
+Per schedule and transport: the median step over --steps after --warmup (CUDA events, the slowest rank), tokens/s,
+and where the step goes:
+
+    compute    the busiest rank's forward and backward of all its microbatches, each timed alone (no communication)
+    ideal      the schedule's own makespan from those times, no communication: torch's action order per rank
+               (its pipeline_order; 1F1B's warmup / 1B1F / cooldown), each action after its dependencies (the forward
+               of the stage before, the backward of the stage after); the weight half of a zero-bubble backward is
+               taken as half of the full backward (its GEMMs are half of the FLOPs)
+    bubble     1 - compute / step (all idle time on the busiest rank); the schedule's share: 1 - compute / ideal
+    comm path  step - ideal: communication (and host overhead) on the critical path
+    p2p        one activation (seq x dim bf16) exchanged with both neighbours, alone
+
+and per transport the GEMM test: a bf16 GEMM (--gemm) timed alone and beside batched exchanges of --message-mib
+messages with both neighbours (what a 1F1B stage does in steady state), each arm ~--sustain-ms of GEMMs enqueued at
+once, the exchanges' side stream given more than the window's worth, as the GEMM's slowdown, with the SM clock and
+board power of each arm (NVML). Sends and receives are always batched
+(dist.batch_isend_irecv), as pipelining issues them: unbatched isend / irecv pairs in opposite directions between two
+ranks are the pattern NCCL requires to be grouped; on torch 2.11 / NCCL 2.28.9 they end in an illegal memory access
+(32 MiB) or a hang (256 KiB), with no ce_overlap in the process (bench/repro/nccl_unbatched_p2p.py).
+
+On one GPU the ranks share it: the numbers say the paths work, not how fast they are (two GPUs for that).
 """
 from __future__ import annotations
 
@@ -34,6 +55,9 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 TRANSPORTS = ("nccl", "ce_overlap")
+# name -> (torch.distributed.pipelining class, stages per rank)
+SCHEDULES = {"1f1b": ("Schedule1F1B", 1), "interleaved-1f1b": ("ScheduleInterleaved1F1B", 2),
+             "zero-bubble": ("ScheduleInterleavedZeroBubble", 2)}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -44,20 +68,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--schedules", default="1f1b",
+                   help=f"comma list of {tuple(SCHEDULES)} (default 1f1b; empty: the GEMM test only)")
     p.add_argument("--transports", default=",".join(TRANSPORTS), help=f"comma list of {TRANSPORTS}")
     p.add_argument("--gemm", type=int, default=8192, help="the GEMM test's m = n = k (bf16)")
-    p.add_argument("--gemms", type=int, default=40, help="GEMMs per timing")
+    p.add_argument("--sustain-ms", type=float, default=1000.0,
+                   help="the GEMM test's length per arm (ms; sustained, the boards' clocks settle)")
     p.add_argument("--message-mib", type=float, default=32.0, help="the GEMM test's message size (MiB)")
     p.add_argument("--out", default=None, help="JSON results (rank 0)")
     args = p.parse_args(argv)
-    bad = [t for t in args.transports.split(",") if t not in TRANSPORTS]
-    if bad:
-        p.error(f"unknown transport(s) {bad}; choose from {TRANSPORTS}")
-    for name in ("layers", "seq_len", "microbatches", "steps", "gemm", "gemms"):
+    for knob, known in (("transports", TRANSPORTS), ("schedules", tuple(SCHEDULES))):
+        bad = [t for t in getattr(args, knob).split(",") if t and t not in known]
+        if bad:
+            p.error(f"unknown {knob[:-1]}(s) {bad}; choose from {known}")
+    for name in ("layers", "seq_len", "microbatches", "steps", "gemm"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.warmup < 0 or args.message_mib <= 0:
-        p.error("--warmup must be >= 0 and --message-mib > 0")
+    if args.warmup < 0 or args.message_mib <= 0 or args.sustain_ms <= 0:
+        p.error("--warmup must be >= 0, --message-mib and --sustain-ms > 0")
     return args
 
 
@@ -67,10 +95,13 @@ def init() -> tuple[int, int]:
     import datetime
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    shared = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > torch.cuda.device_count()
-    torch.cuda.set_device(0 if shared else local)
+    torch.cuda.set_device(0 if shared_gpu() else local)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     return dist.get_rank(), dist.get_world_size()
+
+
+def shared_gpu() -> bool:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > torch.cuda.device_count()
 
 
 class Stage(nn.Module):
@@ -98,7 +129,7 @@ def transport_group(name: str):
     if name == "nccl":
         if not dist.is_nccl_available():
             return None, "this torch has no NCCL"
-        if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > torch.cuda.device_count():
+        if shared_gpu():
             return None, "ranks share a GPU, which NCCL refuses"
         return dist.new_group(backend="nccl"), ""
     import ce_overlap.distributed  # noqa: F401  (registers the backend)
@@ -106,46 +137,78 @@ def transport_group(name: str):
     return dist.new_group(backend="cuda:ce_overlap"), ""
 
 
-def step_times(group, args, cfg) -> list[float]:
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+def schedule_class(name: str):
+    """(the torch class, stages per rank), or (None, why) when the installed torch lacks it."""
+    import torch.distributed.pipelining as pp
+
+    cls_name, chunks = SCHEDULES[name]
+    cls = getattr(pp, cls_name, None)
+    if cls is None:
+        return None, f"torch {torch.__version__} has no torch.distributed.pipelining.{cls_name}"
+    return cls, chunks
+
+
+def loss_fn(out, target):
+    return F.cross_entropy(out.float().flatten(0, 1), target.flatten(0, 1))
+
+
+@dataclasses.dataclass
+class Pipeline:
+    """This rank's part of one pipeline: its stage modules (by stage index) and the schedule over them."""
+    modules: dict
+    stages: list
+    sched: object
+    num_stages: int
+
+
+def build_pipeline(cls, chunks: int, group, args, cfg) -> Pipeline:
+    from torch.distributed.pipelining import PipelineStage
 
     from ce_overlap.models.llama import Llama, _rope_tables
 
     rank, world = dist.get_rank(), dist.get_world_size()
+    num_stages = world * chunks
+    if cfg.n_layers < num_stages:
+        raise ValueError(f"{cfg.n_layers} layers cannot fill {num_stages} stages")
     torch.manual_seed(0)
     with torch.device("meta"):
         full = Llama(cfg)
     cos, sin = (t.cuda() for t in _rope_tables(cfg, cfg.seq_len))
-    per = -(-cfg.n_layers // world)
-    stage_mod = Stage(full, rank * per, min(cfg.n_layers, (rank + 1) * per), rank == 0, rank == world - 1, cos, sin)
-    stage_mod.to_empty(device="cuda")
-    for p in stage_mod.parameters():  # the values do not matter for the time; finite ones keep the kernels honest
-        nn.init.normal_(p, std=0.02)
-    stage_mod.to(torch.bfloat16)
+    per = -(-cfg.n_layers // num_stages)
     dev = torch.device("cuda", torch.cuda.current_device())
     hidden = torch.empty(1, cfg.seq_len, cfg.dim, device=dev, dtype=torch.bfloat16)
-    inp = torch.zeros(1, cfg.seq_len, dtype=torch.long, device=dev) if rank == 0 else hidden
-    out = torch.empty(1, cfg.seq_len, cfg.vocab_size, device=dev, dtype=torch.bfloat16) if rank == world - 1 \
-        else hidden
-    stage = PipelineStage(stage_mod, rank, world, dev, input_args=(inp,), output_args=out, group=group)
-    sched = Schedule1F1B(stage, n_microbatches=args.microbatches,
-                         loss_fn=lambda o, t: F.cross_entropy(o.float().flatten(0, 1), t.flatten(0, 1)))
+    modules, stages = {}, []
+    for idx in (rank + k * world for k in range(chunks)):  # the loop layout the interleaved schedules expect
+        first, last = idx == 0, idx == num_stages - 1
+        mod = Stage(full, idx * per, min(cfg.n_layers, (idx + 1) * per), first, last, cos, sin)
+        mod.to_empty(device=dev)
+        for p in mod.parameters():  # the values do not matter for the time; finite ones keep the kernels honest
+            nn.init.normal_(p, std=0.02)
+        mod.to(torch.bfloat16)
+        inp = torch.zeros(1, cfg.seq_len, dtype=torch.long, device=dev) if first else hidden
+        out = torch.empty(1, cfg.seq_len, cfg.vocab_size, device=dev, dtype=torch.bfloat16) if last else hidden
+        modules[idx] = mod
+        stages.append(PipelineStage(mod, idx, num_stages, dev, input_args=(inp,), output_args=out, group=group))
+    sched = cls(stages[0] if chunks == 1 else stages, n_microbatches=args.microbatches, loss_fn=loss_fn)
+    return Pipeline(modules, stages, sched, num_stages)
+
+
+def step_times(pipe: Pipeline, args, cfg) -> list[float]:
+    """Every timed step's milliseconds, the slowest rank's."""
+    dev = torch.device("cuda", torch.cuda.current_device())
     tokens = torch.randint(0, cfg.vocab_size, (args.microbatches, cfg.seq_len), device=dev)
-    ends, times = [], []
+    first, last = 0 in pipe.modules, pipe.num_stages - 1 in pipe.modules
+    ends = []
     start = torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
     for _ in range(args.warmup + args.steps):
-        if rank == 0:
-            sched.step(tokens)
-        elif rank == world - 1:
-            sched.step(target=tokens)
-        else:
-            sched.step()
+        inputs = (tokens,) if first else ()
+        pipe.sched.step(*inputs, **({"target": tokens} if last else {}))
         ends.append(torch.cuda.Event(enable_timing=True))
         ends[-1].record()
     torch.cuda.synchronize()
-    prev = start
+    times, prev = [], start
     for e in ends:
         times.append(prev.elapsed_time(e))
         prev = e
@@ -154,43 +217,216 @@ def step_times(group, args, cfg) -> list[float]:
     return t.tolist()
 
 
-def gemm_beside(group, args) -> tuple[float, float]:
-    """(GEMM us alone, GEMM us beside every rank exchanging messages with its neighbours), slowest rank."""
+def compute_profile(pipe: Pipeline, cfg, reps: int = 3) -> dict[int, tuple[float, float]]:
+    """Every stage's (forward ms, full backward ms) for one microbatch, alone, median of reps; all ranks' stages."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    mine = {}
+    for idx, mod in pipe.modules.items():
+        if idx == 0:
+            x = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len), device=dev)
+        else:
+            x = torch.randn(1, cfg.seq_len, cfg.dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        target = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len), device=dev)
+        fwd, bwd = [], []
+        for _ in range(reps + 1):
+            e = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            e[0].record()
+            y = mod(x)
+            e[1].record()
+            if idx == pipe.num_stages - 1:
+                loss_fn(y, target).backward()
+            else:
+                y.backward(torch.ones_like(y))
+            e[2].record()
+            torch.cuda.synchronize()
+            fwd.append(e[0].elapsed_time(e[1]))
+            bwd.append(e[1].elapsed_time(e[2]))
+            del y
+        mod.zero_grad(set_to_none=True)
+        mine[idx] = (statistics.median(fwd[1:]), statistics.median(bwd[1:]))
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return {idx: t for d in every for idx, t in d.items()}
+
+
+def action_orders(pipe: Pipeline, name: str, world: int, n_mb: int) -> dict[int, list[tuple[str, int, int]]]:
+    """Per rank, its compute actions in the order the schedule runs them: (kind F/B/I/W, stage, microbatch)."""
+    if name == "1f1b":  # torch's Schedule1F1B: warmup forwards, then 1B1F, then the remaining backwards
+        orders = {}
+        for r in range(world):
+            warm = min(n_mb, world - r)
+            seq = [("F", r, i) for i in range(warm)]
+            f, b = warm, 0
+            while True:
+                seq.append(("B", r, b))
+                b += 1
+                if f == n_mb:
+                    break
+                seq.append(("F", r, f))
+                f += 1
+            seq += [("B", r, i) for i in range(b, n_mb)]
+            orders[r] = seq
+        return orders
+    return {r: [(a.computation_type.value, a.stage_index, a.microbatch_index) for a in acts
+                if a is not None and a.computation_type.value in "FBIW"]
+            for r, acts in pipe.sched.pipeline_order.items()}
+
+
+def makespan(orders: dict[int, list[tuple[str, int, int]]], times: dict[int, tuple[float, float]],
+             num_stages: int, comm_ms: float = 0.0) -> float:
+    """The schedule's makespan: each rank runs its actions in order, each after its dependencies (plus comm_ms when
+    the dependency ran on another rank). F(s, i) after F(s-1, i); B or I(s, i) after F(s, i) and the input gradient
+    of stage s+1; W(s, i) after I(s, i). I and W are half of B each."""
+    cost = {"F": lambda s: times[s][0], "B": lambda s: times[s][1], "I": lambda s: times[s][1] / 2,
+            "W": lambda s: times[s][1] / 2}
+    owner = {s: r for r, acts in orders.items() for _, s, _ in acts}
+    present = {(k, s, i) for acts in orders.values() for k, s, i in acts}
+    done: dict[tuple[str, int, int], float] = {}
+    pos, free = {r: 0 for r in orders}, {r: 0.0 for r in orders}
+
+    def input_grad(s, i):  # the action that produces stage s's input gradient: a full backward or an input backward
+        return ("I", s, i) if ("I", s, i) in present else ("B", s, i)
+
+    def ready_at(kind, s, i, r):
+        deps = []
+        if kind == "F" and s > 0:
+            deps.append(("F", s - 1, i))
+        if kind in "BI":
+            deps.append(("F", s, i))
+            if s < num_stages - 1:
+                deps.append(input_grad(s + 1, i))
+        if kind == "W":
+            deps.append(("I", s, i))
+        t = 0.0
+        for d in deps:
+            if d not in done:
+                return None
+            t = max(t, done[d] + (comm_ms if owner[d[1]] != r else 0.0))
+        return t
+
+    remaining = sum(len(a) for a in orders.values())
+    while remaining:
+        progressed = False
+        for r, acts in orders.items():
+            while pos[r] < len(acts):
+                kind, s, i = acts[pos[r]]
+                t = ready_at(kind, s, i, r)
+                if t is None:
+                    break
+                done[(kind, s, i)] = max(t, free[r]) + cost[kind](s)
+                free[r] = done[(kind, s, i)]
+                pos[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = [orders[r][pos[r]] for r in orders if pos[r] < len(orders[r])]
+            raise RuntimeError(f"schedule order deadlocks: every rank's next action waits: {stuck}")
+    return max(free.values())
+
+
+def neighbours_batch(group, send, recv, rank: int, world: int):
+    """One batched exchange with both neighbours (one peer at two ranks), as a 1F1B stage's fused send / recv."""
+    right, left = (rank + 1) % world, (rank - 1) % world
+    return dist.batch_isend_irecv([dist.P2POp(dist.isend, send, right, group),
+                                   dist.P2POp(dist.irecv, recv, left, group)])
+
+
+def p2p_ms(group, cfg, reps: int = 20) -> float:
+    """One activation exchanged with the neighbours, alone: median ms, slowest rank."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    n = args.gemm
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    send = torch.randn(cfg.seq_len, cfg.dim, device="cuda", dtype=torch.bfloat16)
+    recv = torch.empty_like(send)
+    times = []
+    for _ in range(reps + 2):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        dist.barrier()  # the gloo default group: both sides start together
+        s.record()
+        for w in neighbours_batch(group, send, recv, rank, world):
+            w.wait()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    t = torch.tensor([statistics.median(times[2:])], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t[0])
+
+
+def gemm_beside(group, args) -> dict:
+    """The GEMM test, sustained: ~--sustain-ms of back-to-back bf16 GEMMs enqueued at once, alone, then again with a
+    side stream given enough batched --message-mib exchanges with both neighbours to outlast them (1.2x the window at
+    the exchange's speed alone; the GEMMs are enqueued first so the host issuing exchanges never starves them). The
+    GEMM's mean ms per launch in each window, the exchange's ms alone and per exchange beside (the side stream's
+    span / count: it covers the GEMM window when the span is at least the window), the SM clock and board power of
+    each window (NVML); slowest rank."""
+    import math
+
+    import _common as C
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gemm = C.gemm(args.gemm)
     numel = int(args.message_mib * (1 << 20)) // 2
     send = torch.randn(numel, device="cuda", dtype=torch.bfloat16)
     recv = torch.empty_like(send)
 
-    def gemms() -> float:
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(args.gemms):
-            torch.mm(a, b)
-        e.record()
-        return s, e
+    def exchange():
+        for w in neighbours_batch(group, send, recv, rank, world):
+            w.wait()
 
-    for _ in range(3):
-        torch.mm(a, b)
-    torch.cuda.synchronize()
-    s, e = gemms()
-    torch.cuda.synchronize()
-    alone = s.elapsed_time(e) * 1e3 / args.gemms
-    right, left = (rank + 1) % world, (rank - 1) % world
-    works = []
-    for _ in range(args.gemms // 4):  # enough messages to run beside the whole GEMM loop (~4 GEMMs each on NVLink)
-        works.append(dist.isend(send, right, group=group))
-        works.append(dist.irecv(recv, left, group=group))
-    s, e = gemms()
-    for w in works:
-        w.wait()
-    torch.cuda.synchronize()
-    beside = s.elapsed_time(e) * 1e3 / args.gemms
-    t = torch.tensor([alone, beside], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t[0]), float(t[1])
+    sync = torch.cuda.synchronize
+    burst = C.time_alone(gemm, 10, 3, sync, skip_first=2)
+    iters = int(C.max_over_ranks(max(20, args.sustain_ms // burst)))
+    dist.barrier()
+    exchange_alone = C.time_alone(exchange, 20, 3, sync, skip_first=2)
+    n_exchanges = int(C.max_over_ranks(math.ceil(1.2 * iters * burst / exchange_alone)))  # the same on every rank
+    sampler = C.ClockSampler()
+
+    def window(exchanges: int) -> tuple[float, float, dict]:
+        main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+        side.wait_stream(main)
+        dist.barrier()
+        with sampler:
+            ev[0].record()
+            for _ in range(iters):
+                gemm()
+            ev[1].record()
+            with torch.cuda.stream(side):
+                ev[2].record()
+                for _ in range(exchanges):
+                    exchange()
+                ev[3].record()
+            sync()
+        span = ev[2].elapsed_time(ev[3]) if exchanges else 0.0
+        return ev[0].elapsed_time(ev[1]), span, sampler.stats()
+
+    alone_ms, _, alone_stats = window(0)
+    beside_ms, span_ms, beside_stats = window(n_exchanges)
+    alone, beside = C.max_over_ranks(alone_ms / iters), C.max_over_ranks(beside_ms / iters)
+    return {"gemm_alone_us": alone * 1e3, "gemm_beside_us": beside * 1e3,
+            "gemm_slowdown_pct": 100 * (beside / alone - 1), "gemm_iters": iters, "exchanges": n_exchanges,
+            "window_ms": C.max_over_ranks(beside_ms), "exchange_span_ms": -C.max_over_ranks(-span_ms),
+            "exchange_alone_ms": exchange_alone, "exchange_beside_ms": C.max_over_ranks(span_ms / n_exchanges),
+            **{"alone_" + k: v for k, v in C.clocks_over_ranks(alone_stats).items()},
+            **C.clocks_over_ranks(beside_stats)}
+
+
+def measure(name: str, cls, chunks: int, group, args, cfg) -> dict:
+    """One schedule over one transport: the row of the table."""
+    world = dist.get_world_size()
+    pipe = build_pipeline(cls, chunks, group, args, cfg)
+    ms = step_times(pipe, args, cfg)
+    times = compute_profile(pipe, cfg)
+    orders = action_orders(pipe, name, world, args.microbatches)
+    busiest = max(sum(args.microbatches * sum(times[s]) for s in range(pipe.num_stages) if s % world == r)
+                  for r in range(world))
+    ideal = makespan(orders, times, pipe.num_stages)
+    med = statistics.median(ms)
+    del pipe
+    torch.cuda.empty_cache()
+    return {"step_ms": ms, "median_ms": med, "tokens_per_s": args.microbatches * cfg.seq_len / (med / 1e3),
+            "stage_ms": {str(s): {"forward": f, "backward": b} for s, (f, b) in sorted(times.items())},
+            "compute_ms": busiest, "ideal_ms": ideal, "bubble_pct": 100 * (1 - busiest / med),
+            "schedule_bubble_pct": 100 * (1 - busiest / ideal), "comm_path_ms": med - ideal}
 
 
 def main(argv=None) -> int:
@@ -199,37 +435,91 @@ def main(argv=None) -> int:
 
     rank, world = init()
     cfg = dataclasses.replace(LLAMA_CONFIGS[args.model], n_layers=args.layers, seq_len=args.seq_len, expand_kv=True)
-    info = header(f"pipeline parallelism, {world} stages ({args.model} widths, {args.layers} layers, seq "
-                  f"{args.seq_len}, {args.microbatches} microbatches, Schedule1F1B)")
-    rows = []
-    for name in args.transports.split(","):
-        group, why = transport_group(name)
+    info = header(f"pipeline parallelism, {world} ranks ({args.model} widths, {args.layers} layers, seq "
+                  f"{args.seq_len}, {args.microbatches} microbatches of one sequence)")
+    rows, gemm_rows, groups = [], [], {}
+    for transport in args.transports.split(","):
+        groups[transport] = transport_group(transport)
+        group, why = groups[transport]
         if group is None:
-            rows.append({"transport": name, "skipped": why})
-            log0(f"{name}: skipped: {why}")
+            rows.append({"transport": transport, "skipped": why})
+            log0(f"{transport}: skipped: {why}")
             continue
-        ms = step_times(group, args, cfg)
-        alone, beside = gemm_beside(group, args)
-        med = statistics.median(ms)
-        rows.append({"transport": name, "step_ms": ms, "median_ms": med,
-                     "tokens_per_s": args.microbatches * cfg.seq_len / (med / 1e3), "gemm_alone_us": alone,
-                     "gemm_beside_us": beside, "gemm_slowdown_pct": 100 * (beside / alone - 1)})
-        if name == "ce_overlap":
+        one = p2p_ms(group, cfg)
+        try:
+            gemm_rows.append({"transport": transport, "p2p_ms": one, **gemm_beside(group, args)})
+        except Exception as e:  # noqa: BLE001 (the schedules still run; the row says why this test did not)
+            import traceback
+
+            traceback.print_exc()
+            gemm_rows.append({"transport": transport, "p2p_ms": one, "error": f"{type(e).__name__}: {e}"[:300]})
+        for sname in [n for n in args.schedules.split(",") if n]:
+            row = {"transport": transport, "schedule": sname, "p2p_ms": one}
+            cls, chunks = schedule_class(sname)
+            if cls is None:
+                rows.append({**row, "skipped": chunks})
+                continue
+            try:
+                row.update(measure(sname, cls, chunks, group, args, cfg))
+            except Exception as e:  # noqa: BLE001 (a schedule that fails is a row that says why; the rest run)
+                import traceback
+
+                traceback.print_exc()
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            rows.append(row)
+            log0(f"{transport} {sname}: " + (f"{row['median_ms']:.1f} ms" if "median_ms" in row else
+                                              row.get("error", "")))
+        if transport == "ce_overlap":
             import ce_overlap.distributed as ced
 
             rows[-1]["op_counts"] = ced.op_counts(group)
-    log0(f"\n{'transport':<12} {'step ms':>9} {'tokens/s':>10} {'GEMM alone us':>14} {'beside us':>10} {'slowdown':>9}")
-    for r in rows:
-        if "skipped" in r:
-            log0(f"{r['transport']:<12} skipped: {r['skipped']}")
-        else:
-            log0(f"{r['transport']:<12} {r['median_ms']:9.2f} {r['tokens_per_s']:10,.0f} {r['gemm_alone_us']:14.1f} "
-                 f"{r['gemm_beside_us']:10.1f} {r['gemm_slowdown_pct']:8.1f}%")
+    print_table(rows, world)
+    print_gemm_table(gemm_rows, args)
     if args.out and rank == 0:
-        write_json(args.out, {"info": info, "args": vars(args), "rows": rows})
+        write_json(args.out, {"schema": "ce_overlap.bench.pipeline/2", "info": info, "args": vars(args),
+                              "rows": rows, "gemm": gemm_rows})
     dist.barrier()
+    failed = any("error" in r for r in rows + gemm_rows)
     dist.destroy_process_group()
-    return 0
+    return 1 if failed else 0
+
+
+def print_table(rows: list[dict], world: int) -> None:
+    log0(f"\n{'schedule':<17} {'transport':<11} {'step ms':>8} {'tokens/s':>9} {'vs nccl':>8} {'compute':>8} "
+         f"{'ideal':>8} {'bubble':>7} {'sched.':>7} {'comm path':>9} {'p2p ms':>7}")
+    nccl = {r["schedule"]: r["median_ms"] for r in rows if r.get("transport") == "nccl" and "median_ms" in r}
+    for r in rows:
+        if "skipped" in r or "error" in r:
+            why = f"skipped: {r['skipped']}" if "skipped" in r else f"FAILED: {r['error']}"
+            log0(f"{r.get('schedule', '-'):<17} {r['transport']:<11} {why}")
+            continue
+        vs = f"{nccl[r['schedule']] / r['median_ms']:.3f}x" if r["schedule"] in nccl else "-"
+        log0(f"{r['schedule']:<17} {r['transport']:<11} {r['median_ms']:8.1f} {r['tokens_per_s']:9,.0f} {vs:>8} "
+             f"{r['compute_ms']:8.1f} {r['ideal_ms']:8.1f} {r['bubble_pct']:6.1f}% {r['schedule_bubble_pct']:6.1f}% "
+             f"{r['comm_path_ms']:9.1f} {r['p2p_ms']:7.3f}")
+    log0(f"# {world} ranks; step = median (slowest rank); compute = the busiest rank's forwards + backwards alone; "
+         "ideal = the schedule's makespan from those, no communication; bubble = 1 - compute / step (sched. = 1 - "
+         "compute / ideal); comm path = step - ideal; p2p = one activation with both neighbours, alone")
+
+
+def print_gemm_table(rows: list[dict], args) -> None:
+    if not rows:
+        return
+    log0(f"\nbf16 GEMM {args.gemm}^3 beside batched {args.message_mib:g} MiB exchanges with both neighbours, sustained "
+         f"~{args.sustain_ms:.0f} ms per arm (slowest rank; clock: median SM MHz, slowest rank; power: median W, "
+         "highest rank)")
+    log0(f"{'transport':<11} {'alone us':>9} {'beside us':>10} {'slowdown':>9} {'exch. alone ms':>15} "
+         f"{'exch. beside ms':>16} {'clock alone':>12} {'clock beside':>13} {'W alone':>8} {'W beside':>9}")
+    for r in rows:
+        if "error" in r:
+            log0(f"{r['transport']:<11} FAILED: {r['error']}")
+            continue
+        cover = "" if r["exchange_span_ms"] >= r["window_ms"] else \
+            f"  (exchanges covered {r['exchange_span_ms']:.0f} of {r['window_ms']:.0f} ms)"
+        log0(f"{r['transport']:<11} {r['gemm_alone_us']:9.1f} {r['gemm_beside_us']:10.1f} "
+             f"{r['gemm_slowdown_pct']:8.1f}% {r['exchange_alone_ms']:15.3f} {r['exchange_beside_ms']:16.3f} "
+             f"{r.get('alone_sm_clock_mhz', float('nan')):12.0f} {r.get('sm_clock_mhz', float('nan')):13.0f} "
+             f"{r.get('alone_power_w', float('nan')):8.0f} {r.get('power_w', float('nan')):9.0f}{cover}")
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ own GPU, else (CE_TEST_SHARED_GPU=1: ranks sharing GPU 0) gloo on host copies of
                  receive is posted, both directions at once), batch_isend_irecv, blocking send / recv in a safe
                  order; every message's bytes exact
     pipeline     torch.distributed.pipelining, unchanged: a small transformer in world-size stages, GPipe and 1F1B
-                 (and interleaved 1F1B with two stages per rank), 4 and 8 microbatches; losses and gradients
-                 bit-identical to the same schedule over a host-staged gloo transport
+                 (and interleaved 1F1B and interleaved zero bubble with two stages per rank), 4 and 8 microbatches;
+                 losses and gradients bit-identical to the same schedule over a host-staged gloo transport, over the
+                 backend and (each rank on its own GPU) over NCCL
     timeout      rank 1 never posts its receive: rank 0's work reports the failure within the timeout (is_completed,
                  is_success False, wait() raising the watchdog's diagnosis naming rank 1), and the group refuses later
                  ops

@@ -1,5 +1,6 @@
-"""torch.distributed.pipelining, unchanged, over the "ce_overlap" backend against the same schedule over a host-staged
-gloo transport (for backend_worker.py's pipeline mode; also the model of bench/pipeline.py).
+"""torch.distributed.pipelining, unchanged, over the "ce_overlap" backend (and over NCCL where every rank has its own
+GPU) against the same schedule over a host-staged gloo transport (for backend_worker.py's pipeline mode; also the
+model of bench/pipeline.py).
 
 The reference transport is a ProcessGroup written here: send copies the tensor to the host and sends it with gloo,
 recv receives into host memory and copies it to the GPU at wait(). Both runs compute the same kernels on the same
@@ -18,6 +19,8 @@ import gpu_worker as gw
 
 VOCAB, DIM, HEADS, SEQ, MB_SIZE = 256, 64, 4, 32, 2
 HOST_STAGED = "ce_test_host_staged"
+# schedules with two stages per rank (loop layout) -> their torch.distributed.pipelining class
+MULTI_STAGE = {"interleaved1f1b": "ScheduleInterleaved1F1B", "zero-bubble": "ScheduleInterleavedZeroBubble"}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -116,10 +119,11 @@ def host_staged_group():
 
 def run_schedule(schedule: str, n_mb: int, group) -> tuple[list[float], list[torch.Tensor]]:
     """Losses (on the last stage's rank) and every gradient of this rank's stages after one step."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    import torch.distributed.pipelining as pp
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    virtual = 2 if schedule == "interleaved1f1b" else 1
+    virtual = 2 if schedule in MULTI_STAGE else 1
     num_stages = world * virtual
     modules = build_stages(num_stages)
     mine = [rank + k * world for k in range(virtual)]
@@ -135,7 +139,7 @@ def run_schedule(schedule: str, n_mb: int, group) -> tuple[list[float], list[tor
         cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
         sched = cls(stages[0], n_microbatches=n_mb, loss_fn=loss_fn)
     else:
-        sched = ScheduleInterleaved1F1B(stages, n_microbatches=n_mb, loss_fn=loss_fn)
+        sched = getattr(pp, MULTI_STAGE[schedule])(stages, n_microbatches=n_mb, loss_fn=loss_fn)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(77)
     tokens = torch.randint(0, VOCAB, (n_mb * MB_SIZE, SEQ), device=device, generator=gen)
@@ -152,34 +156,46 @@ def run_schedule(schedule: str, n_mb: int, group) -> tuple[list[float], list[tor
     return [float(x.item()) for x in losses], grads
 
 
+def schedules() -> list[str]:
+    """The schedules checked: GPipe, 1F1B and those of MULTI_STAGE the installed torch has."""
+    import torch.distributed.pipelining as pp
+
+    return ["gpipe", "1f1b"] + [name for name, cls in MULTI_STAGE.items() if hasattr(pp, cls)]
+
+
 def run_all(ce_group, args) -> int:
-    """Every schedule and microbatch count, CE against the host-staged reference; returns the failures here."""
+    """Every schedule and microbatch count, CE (and NCCL where every rank has its own GPU) against the host-staged
+    reference; returns the failures here."""
     torch.use_deterministic_algorithms(True)
     ref = host_staged_group()
+    transports = [("ce_overlap", ce_group)]
+    if not gw.SHARED_GPU:
+        transports.append(("nccl", dist.new_group(backend="nccl")))
     failures = 0
     rank = dist.get_rank()
-    for schedule in ("gpipe", "1f1b", "interleaved1f1b"):
+    for schedule in schedules():
         for n_mb in [int(m) for m in args.microbatches.split(",")]:
-            gw.step(f"pipeline {schedule} {n_mb} microbatches")
-            try:
-                ce_losses, ce_grads = run_schedule(schedule, n_mb, ce_group)
-                ref_losses, ref_grads = run_schedule(schedule, n_mb, ref)
-            except Exception as e:  # noqa: BLE001 (report it; every rank stops below)
-                import traceback
+            for name, group in transports:
+                gw.step(f"pipeline {schedule} {n_mb} microbatches over {name}")
+                try:
+                    got_losses, got_grads = run_schedule(schedule, n_mb, group)
+                    ref_losses, ref_grads = run_schedule(schedule, n_mb, ref)
+                except Exception as e:  # noqa: BLE001 (report it; every rank stops below)
+                    import traceback
 
-                traceback.print_exc()
-                gw.log(f"pipeline {schedule} x{n_mb} FAILED: {type(e).__name__}: {e}")
-                failures += 1
-                gw.failed_on_all_ranks(failures)
-                return failures
-            same = ce_losses == ref_losses and len(ce_grads) == len(ref_grads) and \
-                all(torch.equal(a, b) for a, b in zip(ce_grads, ref_grads))
-            if not same:
-                failures += 1
-            if rank == dist.get_world_size() - 1 or not same:
-                gw.log(f"pipeline {schedule} x{n_mb}: losses {ce_losses} vs {ref_losses}, {len(ce_grads)} gradients, "
-                       f"bit-identical: {same}")
-            # Every rank stops at the first failure anywhere: a rank that went on would wait for peers that did not.
-            if gw.failed_on_all_ranks(failures):
-                return failures
+                    traceback.print_exc()
+                    gw.log(f"pipeline {schedule} x{n_mb} over {name} FAILED: {type(e).__name__}: {e}")
+                    failures += 1
+                    gw.failed_on_all_ranks(failures)
+                    return failures
+                same = got_losses == ref_losses and len(got_grads) == len(ref_grads) and \
+                    all(torch.equal(a, b) for a, b in zip(got_grads, ref_grads))
+                if not same:
+                    failures += 1
+                if rank == dist.get_world_size() - 1 or not same:
+                    gw.log(f"pipeline {schedule} x{n_mb} over {name}: losses {got_losses} vs {ref_losses}, "
+                           f"{len(got_grads)} gradients, bit-identical to the host-staged transport: {same}")
+                # Every rank stops at the first failure anywhere: a rank that went on would wait for peers that did not.
+                if gw.failed_on_all_ranks(failures):
+                    return failures
     return failures

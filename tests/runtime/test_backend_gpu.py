@@ -26,8 +26,8 @@ def test_backend_collectives_p2p_and_pipelining(nproc):
     """1000 randomized collectives through dist.* bit-exact against the reference group (integer-valued reductions),
     every one on copy engines; delegated ops return the inner backend's results; randomized send / recv programs
     (1000 at 2 ranks, 300 at 3 and 4) deliver exact bytes with sends posted before their receives; at 2 and 4 ranks
-    torch.distributed.pipelining (GPipe, 1F1B, interleaved 1F1B; 4 and 8 microbatches) bit-identical to a host-staged
-    gloo transport; then a receive that is never posted fails its peer's work within the 4 s timeout."""
+    torch.distributed.pipelining (GPipe, 1F1B, interleaved 1F1B, interleaved zero bubble; 4 and 8 microbatches)
+    bit-identical to a host-staged gloo transport, over the backend and (own GPUs) over NCCL; then a receive that is never posted fails its peer's work within the 4 s timeout."""
     if not SHARED_GPU and torch.cuda.device_count() < nproc:
         pytest.skip(f"needs {nproc} GPUs or one GPU to share, this machine has {torch.cuda.device_count()}")
     modes = "collectives,delegated,p2p" + (",pipeline" if nproc in (2, 4) else "") + ",timeout"
