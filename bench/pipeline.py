@@ -15,6 +15,11 @@ the first and the norm and output projection on the last, bf16 parameters, n mic
     transports  nccl        backend "nccl"               (skipped, with the reason, where ranks share a GPU)
                 ce_overlap  backend "cuda:ce_overlap"    (ce_overlap.distributed; its inner backend for the rest)
 
+With --dp N the ranks form a (pp, dp) mesh (rank = pp_index * N + dp_index): N pipelines of world / N stages, every
+stage FSDP2-sharded over the N ranks that hold it (each block, then the stage, as torchtitan shards; FSDP on NCCL),
+the transports carrying the stage-to-stage sends only. tests/pipeline_fsdp/worker.py checks that composition's
+gradients against the unsharded model.
+
 Per schedule and transport: the median step over --steps after --warmup (CUDA events, the slowest rank), tokens/s,
 and where the step goes:
 
@@ -71,6 +76,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--schedules", default="1f1b",
                    help=f"comma list of {tuple(SCHEDULES)} (default 1f1b; empty: the GEMM test only)")
     p.add_argument("--transports", default=",".join(TRANSPORTS), help=f"comma list of {TRANSPORTS}")
+    p.add_argument("--dp", type=int, default=1,
+                   help="FSDP2 degree: world / dp pipeline stages, each stage sharded over dp ranks (default 1: none)")
     p.add_argument("--gemm", type=int, default=8192, help="the GEMM test's m = n = k (bf16)")
     p.add_argument("--sustain-ms", type=float, default=1000.0,
                    help="the GEMM test's length per arm (ms; sustained, the boards' clocks settle)")
@@ -81,7 +88,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         bad = [t for t in getattr(args, knob).split(",") if t and t not in known]
         if bad:
             p.error(f"unknown {knob[:-1]}(s) {bad}; choose from {known}")
-    for name in ("layers", "seq_len", "microbatches", "steps", "gemm"):
+    for name in ("layers", "seq_len", "microbatches", "steps", "gemm", "dp"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.warmup < 0 or args.message_mib <= 0 or args.sustain_ms <= 0:
@@ -124,17 +131,42 @@ class Stage(nn.Module):
         return self.output(self.norm(x)) if self.output is not None else x
 
 
-def transport_group(name: str):
-    """(group, "") or (None, why it cannot run here)."""
+def transport_group(name: str, dp: int):
+    """(this rank's pipeline group over the transport, "") or (None, why it cannot run here). Pipeline d is the ranks
+    with rank % dp == d (rank = pp_index * dp + dp_index, the (pp, dp) mesh's layout)."""
     if name == "nccl":
         if not dist.is_nccl_available():
             return None, "this torch has no NCCL"
         if shared_gpu():
             return None, "ranks share a GPU, which NCCL refuses"
-        return dist.new_group(backend="nccl"), ""
-    import ce_overlap.distributed  # noqa: F401  (registers the backend)
+        backend = "nccl"
+    else:
+        import ce_overlap.distributed  # noqa: F401  (registers the backend)
 
-    return dist.new_group(backend="cuda:ce_overlap"), ""
+        backend = "cuda:ce_overlap"
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if dp == 1:
+        return dist.new_group(backend=backend), ""
+    mine = None
+    for d in range(dp):  # every rank creates every pipeline's group, in the same order
+        g = dist.new_group([q * dp + d for q in range(world // dp)], backend=backend)
+        if d == rank % dp:
+            mine = g
+    return mine, ""
+
+
+def dp_mesh(dp: int):
+    """The "dp" dimension of a (pp, dp) mesh over NCCL (the default group is gloo), or None without FSDP."""
+    if dp == 1:
+        return None
+    if shared_gpu():
+        raise SystemExit("--dp needs a GPU per rank: FSDP2 runs on NCCL here")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cuda", (world // dp, dp), mesh_dim_names=("pp", "dp"),
+                            backend_override={"pp": "nccl", "dp": "nccl"})
+    return mesh["dp"]
 
 
 def schedule_class(name: str):
@@ -159,15 +191,16 @@ class Pipeline:
     stages: list
     sched: object
     num_stages: int
+    pp: int
 
 
-def build_pipeline(cls, chunks: int, group, args, cfg) -> Pipeline:
+def build_pipeline(cls, chunks: int, group, args, cfg, mesh=None) -> Pipeline:
     from torch.distributed.pipelining import PipelineStage
 
     from ce_overlap.models.llama import Llama, _rope_tables
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    num_stages = world * chunks
+    pp, pp_rank = dist.get_world_size(group), dist.get_rank(group)
+    num_stages = pp * chunks
     if cfg.n_layers < num_stages:
         raise ValueError(f"{cfg.n_layers} layers cannot fill {num_stages} stages")
     torch.manual_seed(0)
@@ -176,21 +209,29 @@ def build_pipeline(cls, chunks: int, group, args, cfg) -> Pipeline:
     cos, sin = (t.cuda() for t in _rope_tables(cfg, cfg.seq_len))
     per = -(-cfg.n_layers // num_stages)
     dev = torch.device("cuda", torch.cuda.current_device())
-    hidden = torch.empty(1, cfg.seq_len, cfg.dim, device=dev, dtype=torch.bfloat16)
+    # An activation example that requires grad: torch 2.14 takes whether a stage's output gets a gradient from it
+    # (2.11 decides itself); without it the first stage's backward gets no gradient.
+    hidden = torch.empty(1, cfg.seq_len, cfg.dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
     modules, stages = {}, []
-    for idx in (rank + k * world for k in range(chunks)):  # the loop layout the interleaved schedules expect
+    for idx in (pp_rank + k * pp for k in range(chunks)):  # the loop layout the interleaved schedules expect
         first, last = idx == 0, idx == num_stages - 1
         mod = Stage(full, idx * per, min(cfg.n_layers, (idx + 1) * per), first, last, cos, sin)
         mod.to_empty(device=dev)
         for p in mod.parameters():  # the values do not matter for the time; finite ones keep the kernels honest
             nn.init.normal_(p, std=0.02)
         mod.to(torch.bfloat16)
+        if mesh is not None:  # FSDP2 over dp, as torchtitan shards: every block, then the stage
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in mod.layers:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(mod, mesh=mesh)
         inp = torch.zeros(1, cfg.seq_len, dtype=torch.long, device=dev) if first else hidden
         out = torch.empty(1, cfg.seq_len, cfg.vocab_size, device=dev, dtype=torch.bfloat16) if last else hidden
         modules[idx] = mod
         stages.append(PipelineStage(mod, idx, num_stages, dev, input_args=(inp,), output_args=out, group=group))
     sched = cls(stages[0] if chunks == 1 else stages, n_microbatches=args.microbatches, loss_fn=loss_fn)
-    return Pipeline(modules, stages, sched, num_stages)
+    return Pipeline(modules, stages, sched, num_stages, pp)
 
 
 def step_times(pipe: Pipeline, args, cfg) -> list[float]:
@@ -324,16 +365,17 @@ def makespan(orders: dict[int, list[tuple[str, int, int]]], times: dict[int, tup
     return max(free.values())
 
 
-def neighbours_batch(group, send, recv, rank: int, world: int):
-    """One batched exchange with both neighbours (one peer at two ranks), as a 1F1B stage's fused send / recv."""
-    right, left = (rank + 1) % world, (rank - 1) % world
+def neighbours_batch(group, send, recv):
+    """One batched exchange with both neighbours in the pipeline group (one peer at two stages), as a 1F1B stage's
+    fused send / recv."""
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    right, left = (dist.get_global_rank(group, (rank + d) % size) for d in (1, -1))
     return dist.batch_isend_irecv([dist.P2POp(dist.isend, send, right, group),
                                    dist.P2POp(dist.irecv, recv, left, group)])
 
 
 def p2p_ms(group, cfg, reps: int = 20) -> float:
     """One activation exchanged with the neighbours, alone: median ms, slowest rank."""
-    rank, world = dist.get_rank(), dist.get_world_size()
     send = torch.randn(cfg.seq_len, cfg.dim, device="cuda", dtype=torch.bfloat16)
     recv = torch.empty_like(send)
     times = []
@@ -341,7 +383,7 @@ def p2p_ms(group, cfg, reps: int = 20) -> float:
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         dist.barrier()  # the gloo default group: both sides start together
         s.record()
-        for w in neighbours_batch(group, send, recv, rank, world):
+        for w in neighbours_batch(group, send, recv):
             w.wait()
         e.record()
         torch.cuda.synchronize()
@@ -362,14 +404,13 @@ def gemm_beside(group, args) -> dict:
 
     import _common as C
 
-    rank, world = dist.get_rank(), dist.get_world_size()
     gemm = C.gemm(args.gemm)
     numel = int(args.message_mib * (1 << 20)) // 2
     send = torch.randn(numel, device="cuda", dtype=torch.bfloat16)
     recv = torch.empty_like(send)
 
     def exchange():
-        for w in neighbours_batch(group, send, recv, rank, world):
+        for w in neighbours_batch(group, send, recv):
             w.wait()
 
     sync = torch.cuda.synchronize
@@ -410,20 +451,21 @@ def gemm_beside(group, args) -> dict:
             **C.clocks_over_ranks(beside_stats)}
 
 
-def measure(name: str, cls, chunks: int, group, args, cfg) -> dict:
+def measure(name: str, cls, chunks: int, group, args, cfg, mesh) -> dict:
     """One schedule over one transport: the row of the table."""
-    world = dist.get_world_size()
-    pipe = build_pipeline(cls, chunks, group, args, cfg)
+    pipe = build_pipeline(cls, chunks, group, args, cfg, mesh)
+    pp = pipe.pp
     ms = step_times(pipe, args, cfg)
     times = compute_profile(pipe, cfg)
-    orders = action_orders(pipe, name, world, args.microbatches)
-    busiest = max(sum(args.microbatches * sum(times[s]) for s in range(pipe.num_stages) if s % world == r)
-                  for r in range(world))
+    orders = action_orders(pipe, name, pp, args.microbatches)
+    busiest = max(sum(args.microbatches * sum(times[s]) for s in range(pipe.num_stages) if s % pp == r)
+                  for r in range(pp))
     ideal = makespan(orders, times, pipe.num_stages)
     med = statistics.median(ms)
     del pipe
     torch.cuda.empty_cache()
-    return {"step_ms": ms, "median_ms": med, "tokens_per_s": args.microbatches * cfg.seq_len / (med / 1e3),
+    return {"step_ms": ms, "median_ms": med,
+            "tokens_per_s": args.dp * args.microbatches * cfg.seq_len / (med / 1e3),  # every pipeline's
             "stage_ms": {str(s): {"forward": f, "backward": b} for s, (f, b) in sorted(times.items())},
             "compute_ms": busiest, "ideal_ms": ideal, "bubble_pct": 100 * (1 - busiest / med),
             "schedule_bubble_pct": 100 * (1 - busiest / ideal), "comm_path_ms": med - ideal}
@@ -434,12 +476,16 @@ def main(argv=None) -> int:
     from ce_overlap.models.llama import LLAMA_CONFIGS
 
     rank, world = init()
+    if world % args.dp or world // args.dp < 2:
+        raise SystemExit(f"--dp {args.dp} must divide the world size {world} and leave at least 2 stages")
+    mesh = dp_mesh(args.dp)
     cfg = dataclasses.replace(LLAMA_CONFIGS[args.model], n_layers=args.layers, seq_len=args.seq_len, expand_kv=True)
-    info = header(f"pipeline parallelism, {world} ranks ({args.model} widths, {args.layers} layers, seq "
-                  f"{args.seq_len}, {args.microbatches} microbatches of one sequence)")
+    fsdp = f" x {args.dp}-way FSDP2" if args.dp > 1 else ""
+    info = header(f"pipeline parallelism, {world // args.dp} stages{fsdp} ({args.model} widths, {args.layers} layers, "
+                  f"seq {args.seq_len}, {args.microbatches} microbatches of one sequence per pipeline)")
     rows, gemm_rows, groups = [], [], {}
     for transport in args.transports.split(","):
-        groups[transport] = transport_group(transport)
+        groups[transport] = transport_group(transport, args.dp)
         group, why = groups[transport]
         if group is None:
             rows.append({"transport": transport, "skipped": why})
@@ -460,7 +506,7 @@ def main(argv=None) -> int:
                 rows.append({**row, "skipped": chunks})
                 continue
             try:
-                row.update(measure(sname, cls, chunks, group, args, cfg))
+                row.update(measure(sname, cls, chunks, group, args, cfg, mesh))
             except Exception as e:  # noqa: BLE001 (a schedule that fails is a row that says why; the rest run)
                 import traceback
 
@@ -473,7 +519,7 @@ def main(argv=None) -> int:
             import ce_overlap.distributed as ced
 
             rows[-1]["op_counts"] = ced.op_counts(group)
-    print_table(rows, world)
+    print_table(rows, world, args.dp)
     print_gemm_table(gemm_rows, args)
     if args.out and rank == 0:
         write_json(args.out, {"schema": "ce_overlap.bench.pipeline/2", "info": info, "args": vars(args),
@@ -484,7 +530,7 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
-def print_table(rows: list[dict], world: int) -> None:
+def print_table(rows: list[dict], world: int, dp: int) -> None:
     log0(f"\n{'schedule':<17} {'transport':<11} {'step ms':>8} {'tokens/s':>9} {'vs nccl':>8} {'compute':>8} "
          f"{'ideal':>8} {'bubble':>7} {'sched.':>7} {'comm path':>9} {'p2p ms':>7}")
     nccl = {r["schedule"]: r["median_ms"] for r in rows if r.get("transport") == "nccl" and "median_ms" in r}
@@ -497,9 +543,11 @@ def print_table(rows: list[dict], world: int) -> None:
         log0(f"{r['schedule']:<17} {r['transport']:<11} {r['median_ms']:8.1f} {r['tokens_per_s']:9,.0f} {vs:>8} "
              f"{r['compute_ms']:8.1f} {r['ideal_ms']:8.1f} {r['bubble_pct']:6.1f}% {r['schedule_bubble_pct']:6.1f}% "
              f"{r['comm_path_ms']:9.1f} {r['p2p_ms']:7.3f}")
-    log0(f"# {world} ranks; step = median (slowest rank); compute = the busiest rank's forwards + backwards alone; "
-         "ideal = the schedule's makespan from those, no communication; bubble = 1 - compute / step (sched. = 1 - "
-         "compute / ideal); comm path = step - ideal; p2p = one activation with both neighbours, alone")
+    fsdp = (f" ({dp} pipelines, each stage FSDP2-sharded over {dp} ranks: tokens/s of all, a stage's times include "
+            "its FSDP all-gathers and reduce-scatters)") if dp > 1 else ""
+    log0(f"# {world} ranks{fsdp}; step = median (slowest rank); compute = the busiest rank's forwards + backwards "
+         "alone; ideal = the schedule's makespan from those, no communication; bubble = 1 - compute / step "
+         "(sched. = 1 - compute / ideal); comm path = step - ideal; p2p = one activation with both neighbours, alone")
 
 
 def print_gemm_table(rows: list[dict], args) -> None:

@@ -6,6 +6,9 @@
 #             host-staged gloo transport
 #   bench-N   bench/pipeline.py: NCCL vs ce_overlap side by side for CE_PIPE_SCHEDULES at Llama-3-8B widths
 #             (CE_TRAIN_LAYERS layers, seq 4096, CE_PIPE_MICROBATCHES microbatches)
+# and, with 4 GPUs, pipelining combined with FSDP2 (2 stages x 2-way FSDP2):
+#   fsdp-check  tests/pipeline_fsdp/worker.py over NCCL and over ce_overlap: gradients = the unsharded model's
+#   fsdp-bench  bench/pipeline.py --dp 2 (1f1b and interleaved-1f1b)
 # Results: $OUT/*.log, pipeline-N.json, summary.txt, one archive pipeline.tgz. Knobs: bench/README.md.
 #
 #   bash bench/pipeline_device.sh
@@ -16,7 +19,7 @@ cd "$(dirname "$0")/.."
 BUDGET_S=${CE_DEVICE_BUDGET_S:-570}
 source bench/_device_lib.sh
 
-select_stages CE_PIPE_STAGES "check bench" check bench
+select_stages CE_PIPE_STAGES "check bench fsdp" check bench fsdp
 LAYERS=${CE_TRAIN_LAYERS:-32}
 
 stage env 30 env_info
@@ -34,5 +37,17 @@ for n in ${CE_PIPE_RANKS:-2 4}; do
     --microbatches "${CE_PIPE_MICROBATCHES:-8}" --steps "${CE_TRAIN_STEPS:-8}" --warmup 2 \
     --schedules "${CE_PIPE_SCHEDULES-1f1b,interleaved-1f1b,zero-bubble}" --out "$OUT/pipeline-$n.json"
 done
+if want fsdp && ((GPUS >= 4)); then
+  for t in default ce_overlap; do
+    stage fsdp-check-$t 120 "$PY" -m torch.distributed.run --standalone --nproc-per-node 4 \
+      tests/pipeline_fsdp/worker.py --pp 2 --transport "$t"
+  done
+  stage fsdp-bench 300 "$PY" -m torch.distributed.run --standalone --nproc-per-node 4 bench/pipeline.py \
+    --model llama3-8b --layers "$LAYERS" --seq-len 4096 --microbatches "${CE_PIPE_MICROBATCHES:-8}" \
+    --steps "${CE_TRAIN_STEPS:-8}" --warmup 2 --dp 2 --schedules 1f1b,interleaved-1f1b --out "$OUT/pipeline-fsdp.json"
+elif want fsdp; then
+  echo "== [fsdp] skipped: $GPUS GPU(s); 2 stages x 2-way FSDP needs 4"
+  STATUS+=("fsdp: SKIPPED ($GPUS GPUs)")
+fi
 
 finish "ce_overlap pipeline device run" pipeline

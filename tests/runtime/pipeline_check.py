@@ -128,7 +128,8 @@ def run_schedule(schedule: str, n_mb: int, group) -> tuple[list[float], list[tor
     modules = build_stages(num_stages)
     mine = [rank + k * world for k in range(virtual)]
     device = torch.device("cuda", torch.cuda.current_device())
-    hidden = torch.empty(MB_SIZE, SEQ, DIM, device=device)
+    # An activation example that requires grad: torch 2.14 takes whether a stage's output gets a gradient from it
+    hidden = torch.empty(MB_SIZE, SEQ, DIM, device=device, requires_grad=True)
     stages = []
     for idx in mine:
         inp = torch.zeros(MB_SIZE, SEQ, dtype=torch.long, device=device) if idx == 0 else hidden
