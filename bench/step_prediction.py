@@ -1,5 +1,5 @@
 """The cost model's predicted training step next to measured ones, without a GPU: captures the step of bench/train.py's
-model on fake tensors (CPU), runs the cost model and ce_overlap's planner (bench/train.py: step_model), and compares
+model on fake tensors (CPU), runs the cost model and ce_overlap's planner (ce_overlap.step_model), and compares
 with the medians of a bench/train.py result file and/or numbers given on the command line. Prints a table; --out
 writes JSON. Re-run it after a cost-model change to see what the change does to the prediction of a measured run.
 
@@ -18,8 +18,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-# The modes whose step the model predicts, and how (train.predicted_step_ms).
-PREDICTED = {"ce_overlap": False, "no-comm": True}
 
 
 # The model's compute classes (the analysis report's compute_by_class_us) and the measured kernel classes
@@ -82,6 +80,7 @@ def main() -> int:
 
     import train
     from ce_overlap.profiles import DEFAULT, builtin_for_device
+    from ce_overlap.step_model import MODES, predicted_step_ms, step_model
 
     measured: dict[str, float] = {}
     kernels: dict[str, dict] = {}  # mode -> its kernel profile (train.py --kernel-profile)
@@ -107,7 +106,7 @@ def main() -> int:
     t0 = time.perf_counter()
     ir = train.capture_step(args, args.world_size)
     capture_s = time.perf_counter() - t0
-    pieces = train.step_model(ir, args.profile, args.world_size, args.ce_reduction)
+    pieces = step_model(ir, args.profile, args.world_size, args.ce_reduction)
 
     print(f"# {args.model} widths, {cfg.n_layers} layers, seq {args.seq_len}, batch {args.batch}, world {args.world_size}, "
           f"profile {args.profile}, CE reduce-scatter summed in the {args.ce_reduction}; measured: {source}")
@@ -131,13 +130,17 @@ def main() -> int:
                       f"{b['bytes'] / 2**20:6.0f} {b['backend']:<8}{pr['nccl_cost_us']:8.0f}{ce_cost:>8}"
                       f"{pr['window_us']:10.0f}  {b['reason']}")
     rows = []
-    print(f"\n{'mode':<12}{'predicted ms':>13}{'measured ms':>12}{'error':>8}")
-    for mode, no_comm in PREDICTED.items():
-        pred = train.predicted_step_ms(pieces, no_comm=no_comm)
+    print(f"\n{'mode':<26}{'predicted ms':>13}{'measured ms':>12}{'error':>8}  modelled as")
+    for mode, (_, how) in MODES.items():
+        pred = predicted_step_ms(pieces, mode)
         meas = measured.get(mode)
         err = 100 * (pred / meas - 1) if meas else None
         rows.append({"mode": mode, "predicted_ms": pred, "measured_ms": meas, "error_pct": err})
-        print(f"{mode:<12}{pred:13.1f}{(f'{meas:.1f}' if meas else '-'):>12}{(f'{err:+.1f}%' if err is not None else '-'):>8}")
+        print(f"{mode:<26}{pred:13.1f}{(f'{meas:.1f}' if meas else '-'):>12}"
+              f"{(f'{err:+.1f}%' if err is not None else '-'):>8}  {how}")
+    unmodelled = sorted(set(measured) - set(MODES))
+    if unmodelled:
+        print(f"# measured, not modelled (not in ce_overlap.step_model.MODES): {', '.join(unmodelled)}")
     by_class = compare_classes(pieces, kernels.get("no-comm"))
     if by_class:
         print(f"\n# where the no-comm step's time goes: the model's compute by class vs the GPU kernel time measured by "

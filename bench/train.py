@@ -271,6 +271,7 @@ class ModeResult:
     tflops: float = 0.0
     mfu: float = 0.0
     kernels: dict = dataclasses.field(default_factory=dict)
+    predicted_ms: float | None = None  # the cost model's step for this mode (--predict; ce_overlap.step_model.MODES)
 
 
 def family_base_and_bound(mode: str) -> tuple[str, str]:
@@ -558,101 +559,10 @@ def capture_step(args, world: int):
 
 
 def predict_only(args) -> None:
+    from ce_overlap.step_model import step_model
+
     world = int(os.environ["CE_OVERLAP_PREDICT_WORLD"])
     print(json.dumps(step_model(capture_step(args, world), args.profile, world)))
-
-
-# Fused AdamW over fp32 master shards, per parameter: reads param, grad, exp_avg, exp_avg_sq and writes param,
-# exp_avg, exp_avg_sq, 4 bytes each.
-ADAMW_BYTES_PER_PARAM = 28
-
-
-def step_model(ir, profile: str, world: int, ce_reduction: str = "consumer") -> dict:
-    """The cost model's view of one training step of the captured program, in pieces (microseconds):
-    per graph the compute (kernel fusion included), the exposed communication after ce_overlap's plan, the slowdown
-    the chosen backends cause to the kernels beside them, and the bucket copies the pass adds to NCCL buckets (a
-    merged all-gather's copy-out materializes every member: world x bucket bytes read and written; a merged
-    reduce-scatter's copy-in reads the gradients and writes the bucket; CE buckets run as one multi-tensor op that
-    reads and writes the members in place, so they have none); plus the optimizer step, which the capture does not hold (fused
-    AdamW: ADAMW_BYTES_PER_PARAM per local parameter at the profile's optimizer bandwidth, efficiency.optimizer,
-    else its memory efficiency). `ce_reduction` is the plan's (PassConfig.ce_reduction: "consumer", the pass's
-    default, or "kernel"); with "consumer" a CE reduce-scatter's cost includes its consumer's extra read."""
-    import ce_overlap
-    from ce_overlap import profiles
-
-    spec = json.loads(profiles.read_text(profile))
-    hbm_us_per_byte = 1.0 / (spec["gpu"]["hbm_gbps"] * 1e3 * spec["efficiency"]["memory"])
-    # The fused optimizer's own calibrated bandwidth where the profile has it (ce-overlap calibrate measures it).
-    optimizer_us_per_byte = 1.0 / (spec["gpu"]["hbm_gbps"] * 1e3 * spec["efficiency"].get(
-        "optimizer", spec["efficiency"]["memory"]))
-    report = ce_overlap.analyze(ir, profile)
-    out = {"profile": profile, "analyze": {}, "plan": {}}
-    for g in report.get("graphs", []):
-        out["analyze"][g["name"]] = {k: g.get(k) for k in ("compute_us", "comm_us", "exposed_comm_us", "makespan_us", "kernels", "kernel_gap_us",
-                                                            "compute_by_class_us")}
-    for name in ir.graph_names:
-        p = ce_overlap.ir.plan(ir, name, profile, {"ce_reduction": ce_reduction})
-        summary = dict(p.get("summary", {}))
-        slowdown = copies = 0.0
-        for b in p.get("buckets", []):
-            pred = b["predicted"]
-            cost = pred["ce_cost_us"] if b["backend"] == "ce" else pred["nccl_cost_us"]
-            slowdown += max(0.0, (cost or 0.0) - (pred["exposed_us"] or 0.0))
-            if len(b["members"]) > 1 and b["backend"] != "ce":
-                moved = b["group_size"] * b["bytes"] if b["type"] == "all_gather" else b["bytes"]
-                copies += 2 * moved * hbm_us_per_byte
-        summary["slowdown_us"] = slowdown
-        summary["bucket_copy_us"] = copies
-        out["plan"][name] = summary
-    local_params = -(-int(ir.meta.get("num_params", 0)) // world)
-    out["optimizer_us"] = ADAMW_BYTES_PER_PARAM * local_params * optimizer_us_per_byte
-    out["kernel_gap_us"] = spec["efficiency"].get("kernel_gap_us", 0.0)
-    out["local_gather_us"], out["local_gather_kernels"] = local_gather_us(ir, hbm_us_per_byte, out["kernel_gap_us"])
-    return out
-
-
-def local_gather_us(ir, hbm_us_per_byte: float, kernel_gap_us: float = 0.0) -> tuple[dict, int]:
-    """What the no-comm mode runs instead of the collectives, per graph (fx/fsdp.py _LocalGather): each all-gather
-    becomes `shard.repeat(world)` (reads the shard, writes world x shard) and each reduce-scatter a
-    `narrow(...).contiguous()` of the gradient (reads and writes this rank's rows), memory-bound kernels, each with
-    the profile's gap between kernels. Returns the time per graph and the number of those kernels. At world 1
-    `repeat(1)` and the narrow of all rows are no copies (Inductor fuses them away: one H200, 2026-11-24, no such
-    kernel in the profile), so groups of one rank cost nothing."""
-    out, total_kernels = {}, 0
-    for g in ir.to_dict()["graphs"]:
-        moved = kernels = 0
-        for n in g["nodes"]:
-            c = n.get("collective") if n.get("kind") == "collective" else None
-            if not c or c["group_size"] <= 1:
-                continue
-            if c["type"] == "all_gather":
-                moved += c["bytes"] * (1 + c["group_size"])
-                kernels += 1
-            elif c["type"] == "reduce_scatter":
-                moved += 2 * c["bytes"] // c["group_size"]
-                kernels += 1
-        out[g["name"]] = moved * hbm_us_per_byte + kernels * kernel_gap_us
-        total_kernels += kernels
-    return out, total_kernels
-
-
-def predicted_step_ms(pred: dict, no_comm: bool = False) -> float | None:
-    """One step from step_model's pieces: per graph compute + exposed communication after planning + slowdown +
-    bucket copies, plus the optimizer. no_comm: compute + optimizer + the local stand-ins of the collectives that
-    the no-comm mode runs (local_gather_us; the no-communication bound as bench/train.py measures it)."""
-    graphs = pred.get("analyze") or {}
-    if not graphs:
-        return None
-    total = pred.get("optimizer_us") or 0.0
-    for name, g in graphs.items():
-        total += g.get("compute_us") or 0.0
-        if no_comm:
-            total += (pred.get("local_gather_us") or {}).get(name, 0.0)
-            continue
-        plan = (pred.get("plan") or {}).get(name) or {}
-        exposed = plan.get("exposed_comm_us_after", g.get("exposed_comm_us") or 0.0)
-        total += (exposed or 0.0) + (plan.get("slowdown_us") or 0.0) + (plan.get("bucket_copy_us") or 0.0)
-    return total / 1e3
 
 
 def main(argv=None) -> int:
@@ -737,15 +647,18 @@ def main(argv=None) -> int:
 
         profile = args.profile or builtin_for_device(info["gpu"], default=DEFAULT)
         prediction = predict(args, world, profile)
-        pred_ms = predicted_step_ms(prediction)
-        prediction["step_ms"] = pred_ms
-        prediction["no_comm_step_ms"] = predicted_step_ms(prediction, no_comm=True)
-        for mode, key in (("ce_overlap", "step_ms"), ("no-comm", "no_comm_step_ms")):
-            r = next((r for r in results if r.mode == mode and r.ok), None)
-            if prediction[key] and r:
-                log0(f"# predicted step ({mode}, profile {profile}): {prediction[key]:.1f} ms, measured "
-                     f"{r.median_ms:.1f} ms ({100 * (prediction[key] / r.median_ms - 1):+.1f}%)")
-        if not pred_ms:
+        from ce_overlap.step_model import MODES, predicted_step_ms  # noqa: PLC0415
+
+        prediction["step_ms"] = {m: predicted_step_ms(prediction, m) for m in MODES}
+        log0(f"# the cost model's step (profile {profile}; ce_overlap.step_model) beside the measured one:")
+        for r in results:
+            r.predicted_ms = prediction["step_ms"].get(r.mode)
+            if r.ok and r.predicted_ms:
+                log0(f"#   {r.mode:<26} predicted {r.predicted_ms:7.1f} ms, measured {r.median_ms:7.1f} ms "
+                     f"({100 * (r.predicted_ms / r.median_ms - 1):+.1f}%; {MODES[r.mode][1]})")
+            elif r.ok:
+                log0(f"#   {r.mode:<26} not modelled")
+        if not any(prediction["step_ms"].values()):
             log0(f"# prediction: {prediction}")
     save(prediction)
     finish_process_group()

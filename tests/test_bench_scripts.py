@@ -183,38 +183,51 @@ def test_size_sweep_is_nccl_tests_style():
 
 
 def test_step_model_pieces_add_up():
-    import train
+    from ce_overlap import step_model as sm
 
+    plan = {"forward": {"exposed_comm_us_after": 100.0, "slowdown_us": 50.0, "bucket_copy_us": 20.0},
+            "backward": {"exposed_comm_us_after": 200.0, "slowdown_us": 70.0, "bucket_copy_us": 30.0}}
+    nccl = {"forward": {"exposed_comm_us_after": 300.0, "slowdown_us": 150.0, "bucket_copy_us": 40.0},
+            "backward": {"exposed_comm_us_after": 400.0, "slowdown_us": 170.0, "bucket_copy_us": 60.0}}
     pieces = {"optimizer_us": 1000.0,
               "analyze": {"forward": {"compute_us": 3000.0, "exposed_comm_us": 900.0},
                           "backward": {"compute_us": 6000.0, "exposed_comm_us": 700.0}},
-              "plan": {"forward": {"exposed_comm_us_after": 100.0, "slowdown_us": 50.0, "bucket_copy_us": 20.0},
-                       "backward": {"exposed_comm_us_after": 200.0, "slowdown_us": 70.0, "bucket_copy_us": 30.0}}}
-    assert train.predicted_step_ms(pieces) == pytest.approx((1000 + 3000 + 170 + 6000 + 300) / 1e3)
-    assert train.predicted_step_ms(pieces, no_comm=True) == pytest.approx((1000 + 3000 + 6000) / 1e3)
+              "plan": plan, "plan_nccl": nccl}
+    assert sm.predicted_step_ms(pieces) == pytest.approx((1000 + 3000 + 170 + 6000 + 300) / 1e3)
+    assert sm.predicted_step_ms(pieces, "ce_overlap") == sm.predicted_step_ms(pieces)
+    # The overlap scheduler and ce_overlap-nccl: the same plan with every bucket on NCCL.
+    assert sm.predicted_step_ms(pieces, "ce_overlap-nccl") == pytest.approx((1000 + 3000 + 490 + 6000 + 630) / 1e3)
+    assert sm.predicted_step_ms(pieces, "compile+inductor-overlap") == sm.predicted_step_ms(pieces, "ce_overlap-nccl")
+    assert sm.predicted_step_ms(pieces, "no-comm") == pytest.approx((1000 + 3000 + 6000) / 1e3)
     # The no-comm mode runs local stand-ins of the collectives (repeat / narrow copies): charged to it only.
     pieces["local_gather_us"] = {"forward": 400.0, "backward": 250.0}
-    assert train.predicted_step_ms(pieces, no_comm=True) == pytest.approx((1000 + 3000 + 6000 + 650) / 1e3)
-    assert train.predicted_step_ms(pieces) == pytest.approx((1000 + 3000 + 170 + 6000 + 300) / 1e3)
-    assert train.predicted_step_ms({}) is None
-    # AdamW over fp32 master shards moves 28 bytes per local parameter.
-    assert train.ADAMW_BYTES_PER_PARAM == 7 * 4
+    assert sm.predicted_step_ms(pieces, "no-comm") == pytest.approx((1000 + 3000 + 6000 + 650) / 1e3)
+    assert sm.predicted_step_ms(pieces) == pytest.approx((1000 + 3000 + 170 + 6000 + 300) / 1e3)
+    # Not modelled, or pieces without what a mode needs: None, never a made-up number.
+    assert sm.predicted_step_ms(pieces, "compile") is None and sm.predicted_step_ms(pieces, "fsdp2") is None
+    assert sm.predicted_step_ms({**pieces, "plan_nccl": {}}, "ce_overlap-nccl") is None
+    assert sm.predicted_step_ms({}) is None
+    # AdamW over fp32 master shards moves 28 bytes per local parameter (one constant with ce-overlap calibrate's).
+    from ce_overlap.calibrate import ADAMW_BYTES_PER_PARAM
+
+    assert sm.ADAMW_BYTES_PER_PARAM is ADAMW_BYTES_PER_PARAM == 7 * 4
+    assert sm.optimizer_us(1001, 8, 1.0) == 28 * 126
 
 
 def test_local_gather_bytes_follow_the_no_comm_stand_ins(tiny_ir):
     """_LocalGather: the forward gathers every parameter once in bf16, so its stand-ins (repeat: read the shard,
     write world x shard) move (1 + world) / world x 2 bytes per parameter, up to the shard padding."""
-    import train
+    from ce_overlap.step_model import local_gather_us
 
     world, params = 8, tiny_ir.meta["num_params"]
-    got, kernels = train.local_gather_us(tiny_ir, 1.0)
+    got, kernels = local_gather_us(tiny_ir, 1.0)
     assert got["forward"] == pytest.approx((1 + world) / world * 2 * params, rel=0.05)
     assert got["backward"] > 0  # the re-gathers and the reduce-scatters' narrow copies
     stand_ins = sum(n["collective"]["type"] in ("all_gather", "reduce_scatter")
                     for g in tiny_ir.to_dict()["graphs"] for n in g["nodes"] if n["kind"] == "collective")
     assert kernels == stand_ins > 0
     # Each stand-in is a kernel and pays the gap between kernels once.
-    with_gap, _ = train.local_gather_us(tiny_ir, 1.0, kernel_gap_us=3.0)
+    with_gap, _ = local_gather_us(tiny_ir, 1.0, kernel_gap_us=3.0)
     assert sum(with_gap.values()) == pytest.approx(sum(got.values()) + 3.0 * stand_ins)
     # At world 1 the stand-ins are no copies: nothing to charge.
     import copy
@@ -225,7 +238,7 @@ def test_local_gather_bytes_follow_the_no_comm_stand_ins(tiny_ir):
             if n["kind"] == "collective":
                 n["collective"]["group_size"] = 1
     world1 = type("IR", (), {"to_dict": lambda self: one})()
-    assert train.local_gather_us(world1, 1.0, kernel_gap_us=3.0) == ({g["name"]: 0.0 for g in one["graphs"]}, 0)
+    assert local_gather_us(world1, 1.0, kernel_gap_us=3.0) == ({g["name"]: 0.0 for g in one["graphs"]}, 0)
 
 
 def test_gpu_idle_between_kernels():

@@ -93,11 +93,12 @@ def test_byte_columns_say_what_they_count(tiny_ir, tiny_report):
 
 
 def test_recommendation_sums_the_plans(tiny_ir, tiny_report):
+    from ce_overlap.step_model import plans_step_us
+
     plans = [ce_overlap.ir.plan(tiny_ir, g, "h100-sxm", {"ce": "on", "min_ce_bytes": 0}) for g in tiny_ir.graph_names]
-    for p, g in zip(plans, tiny_report["graphs"]):  # the plan's "before" is the analysis's step
-        assert p["summary"]["makespan_us_before"] == pytest.approx(g["makespan_us"])
-        assert p["summary"]["makespan_us_after"] <= p["summary"]["makespan_us_before"]
-    text = render.format_recommendation(tiny_report, plans)
+    baseline = [ce_overlap.ir.plan(tiny_ir, g, "h100-sxm", {"ce": "off"}) for g in tiny_ir.graph_names]
+    assert all(b["backend"] == "nccl" for p in baseline for b in p["buckets"])
+    text = render.format_recommendation(tiny_report, plans, baseline, "h100-sxm")
     lines = text.splitlines()
     buckets = [b for p in plans for b in p["buckets"]]
     collectives = sum(len(b["members"]) for b in buckets)
@@ -105,13 +106,23 @@ def test_recommendation_sums_the_plans(tiny_ir, tiny_report):
                         f"in {len(buckets)} of {len(buckets)} buckets")
     assert sum(int(line.split()[0]) for line in lines[1:] if line.strip()[0].isdigit()) == len(buckets)
     ms = lambda us: f"{us / 1000:.2f}"  # noqa: E731
-    before = sum(p["summary"]["exposed_comm_us_before"] for p in plans)
-    after = sum(p["summary"]["exposed_comm_us_after"] for p in plans)
-    assert f"  exposed communication {ms(before)} -> {ms(after)} ms per step (forward " in text
-    step_before = sum(p["summary"]["makespan_us_before"] for p in plans)
-    step_after = sum(p["summary"]["makespan_us_after"] for p in plans)
-    assert (f"  predicted step {ms(step_before)} -> {ms(step_after)} ms "
-            f"({100 * (step_before - step_after) / step_before:.1f}% shorter: ") in text
+    ours, base = plans_step_us(tiny_report, plans, "h100-sxm"), plans_step_us(tiny_report, baseline, "h100-sxm")
+    # The baseline is the user's: Inductor's overlap scheduler (the same order, every bucket on NCCL), never the
+    # captured order with every collective exposed.
+    assert (f"  exposed communication {ms(base['exposed_us'])} ms per step with Inductor's overlap scheduler, "
+            f"{ms(ours['exposed_us'])} ms with ce_overlap") in text
+    gain = 100 * (base["step_us"] - ours["step_us"]) / base["step_us"]
+    change = f"{gain:.1f}% shorter" if gain >= 0 else f"{-gain:.1f}% longer"
+    assert (f"  predicted step {ms(base['step_us'])} ms with Inductor's overlap scheduler -> {ms(ours['step_us'])} ms "
+            f"with ce_overlap: {change}\n") in text
+    everything_exposed = sum(p["summary"]["exposed_comm_us_before"] for p in plans)
+    assert ms(everything_exposed) not in text or everything_exposed == base["exposed_us"]
+    # The step: compute and exposed communication per graph, the kernels' slowdown, bucket copies and the optimizer.
+    compute = sum(g["compute_us"] for g in tiny_report["graphs"])
+    assert ours["step_us"] >= compute + ours["exposed_us"] + ours["optimizer_us"] > compute > 0
+    # The same plans as the baseline: no gain.
+    same = render.format_recommendation(tiny_report, baseline, baseline, "h100-sxm")
+    assert ": 0.0% shorter\n" in same
 
 
 def test_chrome_trace_matches_timeline(tiny_report):

@@ -249,6 +249,9 @@ def _cmd_analyze(args) -> int:
 
         config = _pass_config(args).plan_config()
         plans = [plan(ir, g, profile, config) for g in ir.graph_names]
+        # The user's own baseline for the recommendation: Inductor's overlap scheduler, modelled as the same order
+        # with every bucket on NCCL.
+        baseline_plans = [plan(ir, g, profile, {**config, "ce": "off"}) for g in ir.graph_names]
         result["plans"] = plans
         if args.plan_json:
             with open(args.plan_json, "w", encoding="utf-8") as f:
@@ -267,7 +270,7 @@ def _cmd_analyze(args) -> int:
         print(report.format_plan(p, max_rows=None if args.all_blocks else 12))
     if plans:  # the conclusion last, where the terminal leaves it
         print()
-        print(report.format_recommendation(result, plans))
+        print(report.format_recommendation(result, plans, baseline_plans, args.profile))
     if args.plan_json:
         print(f"\nplans written to {args.plan_json}")
     # Where the IR came from is status, not report: stderr, so stdout stays the report alone.

@@ -1,0 +1,163 @@
+"""The cost model's training step, per mode, from a captured step (an Ir): the analysis (compute per graph), ce_overlap's
+plans (exposed communication, the slowdown the chosen backends cause to the kernels beside them, bucket copies) and
+what neither holds (the optimizer, the no-comm mode's local stand-ins of the collectives). bench/train.py's --predict,
+bench/step_prediction.py and `ce-overlap analyze --plan`'s recommendation read their numbers from here. No torch.
+
+The modes (bench/train.py's names) and how each is modelled, MODES; a mode not there is not predicted:
+
+    ce_overlap                 ce_overlap's plan: its order, NCCL or the copy engines per bucket
+    ce_overlap-nccl            the same plan with every bucket on NCCL (PassConfig.ce = "off")
+    compile+inductor-overlap   as ce_overlap-nccl: a reordering that hides the collectives, each on NCCL
+    no-comm                    compute, the optimizer and the local stand-ins the no-comm mode runs
+
+The FSDP2 modes and the ce_overlap variants (-packed, -rs-kernel) are not modelled. torch.compile without the overlap
+scheduler is not either: in the graph's own order the model charges it 12-21% more than the overlap scheduler, where
+2.3-5.2% was measured (bench/results/train-2026-11-24, train-32L-2026-11-24); its step is at least the overlap
+scheduler's in every run measured. Against those runs (bench/results/step-prediction-2026-11-27) the gain of
+ce_overlap over the overlap scheduler comes within 2 points of the measured one; the absolute steps do not yet (12-16%
+short for the communicating modes).
+"""
+from __future__ import annotations
+
+import json
+
+# Fused AdamW over fp32 master shards, per parameter: reads param, grad, exp_avg, exp_avg_sq and writes param,
+# exp_avg, exp_avg_sq, 4 bytes each (ce-overlap calibrate measures the optimizer's bandwidth on the same traffic).
+from .calibrate.common import ADAMW_BYTES_PER_PARAM
+
+# mode -> (the plan it is read from, or None for the no-communication bound; how it is modelled)
+MODES = {
+    "ce_overlap": ("plan", "ce_overlap's plan"),
+    "ce_overlap-nccl": ("plan_nccl", "ce_overlap's plan, every bucket on NCCL"),
+    "compile+inductor-overlap": ("plan_nccl", "modelled as ce_overlap's order with every bucket on NCCL"),
+    "no-comm": (None, "compute, optimizer and the no-comm mode's local copies"),
+}
+_PLAN_CE = {"plan": "auto", "plan_nccl": "off"}
+
+
+def bandwidths_us_per_byte(profile: str) -> tuple[float, float]:
+    """(HBM us per byte at the profile's memory efficiency, the fused optimizer's us per byte: its own calibrated
+    efficiency where the profile has one, else the memory efficiency)."""
+    from . import profiles
+
+    spec = json.loads(profiles.read_text(profile))
+    hbm = spec["gpu"]["hbm_gbps"] * 1e3
+    eff = spec["efficiency"]
+    return 1.0 / (hbm * eff["memory"]), 1.0 / (hbm * eff.get("optimizer", eff["memory"]))
+
+
+def plan_costs(plan: dict, hbm_us_per_byte: float) -> dict:
+    """A plan's summary plus what the step pays beside its exposed communication: `slowdown_us`, each bucket's cost on
+    its backend beyond its exposed part (the kernels it slows), and `bucket_copy_us`, the copies the pass adds to a
+    merged NCCL bucket (an all-gather's copy-out materializes every member: world x bucket bytes read and written; a
+    reduce-scatter's copy-in reads the gradients and writes the bucket; a CE bucket runs as one multi-tensor op on
+    the members in place: none)."""
+    summary = dict(plan.get("summary", {}))
+    slowdown = copies = 0.0
+    for b in plan.get("buckets", []):
+        pred = b["predicted"]
+        cost = pred["ce_cost_us"] if b["backend"] == "ce" else pred["nccl_cost_us"]
+        slowdown += max(0.0, (cost or 0.0) - (pred["exposed_us"] or 0.0))
+        if len(b["members"]) > 1 and b["backend"] != "ce":
+            moved = b["group_size"] * b["bytes"] if b["type"] == "all_gather" else b["bytes"]
+            copies += 2 * moved * hbm_us_per_byte
+    summary["slowdown_us"] = slowdown
+    summary["bucket_copy_us"] = copies
+    return summary
+
+
+def optimizer_us(num_params: int, world: int, optimizer_us_per_byte: float) -> float:
+    """The fused AdamW step over this rank's shards (the capture does not hold it)."""
+    return ADAMW_BYTES_PER_PARAM * -(-int(num_params) // max(1, world)) * optimizer_us_per_byte
+
+
+def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "consumer",
+               plan_config: dict | None = None) -> dict:
+    """The step's pieces (microseconds): per graph the analysis's compute ("analyze"), ce_overlap's plan ("plan") and
+    the same with every bucket on NCCL ("plan_nccl"), each with plan_costs' slowdown and copies; the optimizer; the
+    no-comm mode's local stand-ins. `plan_config`: the plan request's other fields (PassConfig.plan_config());
+    `ce_reduction` is the plan's (PassConfig.ce_reduction: with "consumer", the pass's default, a CE reduce-scatter's
+    cost includes its consumer's extra read)."""
+    from . import profiles
+    from .ir import analyze, plan
+
+    world = world or int(ir.meta.get("world_size", 1))
+    hbm_us_per_byte, optimizer_us_per_byte = bandwidths_us_per_byte(profile)
+    spec = json.loads(profiles.read_text(profile))
+    report = analyze(ir, profile)
+    out = {"profile": profile, "analyze": {}}
+    for g in report.get("graphs", []):
+        out["analyze"][g["name"]] = {k: g.get(k) for k in ("compute_us", "comm_us", "exposed_comm_us", "makespan_us",
+                                                            "kernels", "kernel_gap_us", "compute_by_class_us")}
+    for key, ce in _PLAN_CE.items():
+        config = {**(plan_config or {}), "ce_reduction": ce_reduction, "ce": ce}
+        out[key] = {name: plan_costs(plan(ir, name, profile, config), hbm_us_per_byte)
+                    for name in ir.graph_names}
+    out["optimizer_us"] = optimizer_us(ir.meta.get("num_params", 0), world, optimizer_us_per_byte)
+    out["kernel_gap_us"] = spec["efficiency"].get("kernel_gap_us", 0.0)
+    out["local_gather_us"], out["local_gather_kernels"] = local_gather_us(ir, hbm_us_per_byte, out["kernel_gap_us"])
+    return out
+
+
+def local_gather_us(ir, hbm_us_per_byte: float, kernel_gap_us: float = 0.0) -> tuple[dict, int]:
+    """What the no-comm mode runs instead of the collectives, per graph (fx/fsdp.py _LocalGather): each all-gather
+    becomes `shard.repeat(world)` (reads the shard, writes world x shard) and each reduce-scatter a
+    `narrow(...).contiguous()` of the gradient (reads and writes this rank's rows), memory-bound kernels, each with
+    the profile's gap between kernels. Returns the time per graph and the number of those kernels. At world 1
+    `repeat(1)` and the narrow of all rows are no copies (Inductor fuses them away: one H200, 2026-11-24, no such
+    kernel in the profile), so groups of one rank cost nothing."""
+    out, total_kernels = {}, 0
+    for g in ir.to_dict()["graphs"]:
+        moved = kernels = 0
+        for n in g["nodes"]:
+            c = n.get("collective") if n.get("kind") == "collective" else None
+            if not c or c["group_size"] <= 1:
+                continue
+            if c["type"] == "all_gather":
+                moved += c["bytes"] * (1 + c["group_size"])
+                kernels += 1
+            elif c["type"] == "reduce_scatter":
+                moved += 2 * c["bytes"] // c["group_size"]
+                kernels += 1
+        out[g["name"]] = moved * hbm_us_per_byte + kernels * kernel_gap_us
+        total_kernels += kernels
+    return out, total_kernels
+
+
+def plans_step_us(report: dict, plans: list[dict], profile: str) -> dict:
+    """One step under `plans` (ce_overlap.ir.plan results, one per graph of `report`, the analysis of the same IR):
+    {"step_us": optimizer + per graph compute + exposed communication + slowdown + bucket copies, "exposed_us": the
+    plans' exposed communication, "optimizer_us"} (predicted_step_ms's formula, for `ce-overlap analyze --plan`)."""
+    hbm_us_per_byte, optimizer_us_per_byte = bandwidths_us_per_byte(profile)
+    meta = report.get("meta", {})
+    opt = optimizer_us(meta.get("num_params", 0), int(meta.get("world_size", 1)), optimizer_us_per_byte)
+    compute = {g["name"]: g.get("compute_us") or 0.0 for g in report.get("graphs", [])}
+    step, exposed = opt, 0.0
+    for p in plans:
+        c = plan_costs(p, hbm_us_per_byte)
+        exposed += c.get("exposed_comm_us_after") or 0.0
+        step += compute.get(p["graph"], 0.0) + (c.get("exposed_comm_us_after") or 0.0) + c["slowdown_us"] + \
+            c["bucket_copy_us"]
+    return {"step_us": step, "exposed_us": exposed, "optimizer_us": opt}
+
+
+def predicted_step_ms(pred: dict, mode: str = "ce_overlap") -> float | None:
+    """One step of `mode` (MODES) from step_model's pieces: per graph compute + the plan's exposed communication +
+    slowdown + bucket copies, plus the optimizer; no-comm: compute + optimizer + local stand-ins. None where the
+    pieces lack what the mode needs, or for a mode MODES does not model."""
+    graphs = pred.get("analyze") or {}
+    if not graphs or mode not in MODES:
+        return None
+    key = MODES[mode][0]
+    total = pred.get("optimizer_us") or 0.0
+    for name, g in graphs.items():
+        total += g.get("compute_us") or 0.0
+        if key is None:
+            total += (pred.get("local_gather_us") or {}).get(name, 0.0)
+            continue
+        plan = (pred.get(key) or {}).get(name)
+        if plan is None:
+            return None
+        exposed = plan.get("exposed_comm_us_after", g.get("exposed_comm_us") or 0.0)
+        total += (exposed or 0.0) + (plan.get("slowdown_us") or 0.0) + (plan.get("bucket_copy_us") or 0.0)
+    return total / 1e3
