@@ -20,48 +20,14 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-VOCAB, DIM, SEQ, MB = 97, 32, 16, 2
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime"))
+from pipeline_model import DIM, MB_SIZE as MB, SEQ, VOCAB, build_stages as build, loss_fn  # noqa: E402
+
 SCHEDULES = {"1f1b": ("Schedule1F1B", 1), "gpipe": ("ScheduleGPipe", 1),
              "interleaved-1f1b": ("ScheduleInterleaved1F1B", 2), "zero-bubble": ("ScheduleInterleavedZeroBubble", 2)}
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm, self.up, self.down = nn.LayerNorm(DIM), nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
-
-    def forward(self, x):
-        return x + self.down(F.gelu(self.up(self.norm(x))))
-
-
-class Stage(nn.Module):
-    def __init__(self, first: bool, last: bool, blocks: int):
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, DIM) if first else None
-        self.blocks = nn.ModuleList(Block() for _ in range(blocks))
-        self.head = nn.Linear(DIM, VOCAB) if last else None
-
-    def forward(self, x):
-        if self.embed is not None:
-            x = self.embed(x)
-        for b in self.blocks:
-            x = b(x)
-        return self.head(x) if self.head is not None else x
-
-
-def build(num_stages: int, device) -> list[Stage]:
-    """Every stage, identically on every rank (seeded)."""
-    torch.manual_seed(7)
-    return [Stage(i == 0, i == num_stages - 1, 2).to(device) for i in range(num_stages)]
-
-
-def loss_fn(out, target):
-    return F.cross_entropy(out.reshape(-1, VOCAB), target.reshape(-1))
 
 
 def tokens_of(pipeline: int, n_mb: int, device):

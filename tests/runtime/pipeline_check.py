@@ -12,59 +12,13 @@ import datetime
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
 
 import gpu_worker as gw
+from pipeline_model import DIM, MB_SIZE, SEQ, VOCAB, build_stages, loss_fn
 
-VOCAB, DIM, HEADS, SEQ, MB_SIZE = 256, 64, 4, 32, 2
 HOST_STAGED = "ce_test_host_staged"
 # schedules with two stages per rank (loop layout) -> their torch.distributed.pipelining class
 MULTI_STAGE = {"interleaved1f1b": "ScheduleInterleaved1F1B", "zero-bubble": "ScheduleInterleavedZeroBubble"}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The model: embedding, pre-norm transformer blocks (attention written out, deterministic), head
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
-        self.qkv, self.proj = nn.Linear(DIM, 3 * DIM), nn.Linear(DIM, DIM)
-        self.up, self.down = nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
-
-    def forward(self, x):
-        b, s, _ = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, HEADS, DIM // HEADS).permute(2, 0, 3, 1, 4)
-        mask = torch.full((s, s), float("-inf"), device=x.device).triu(1)
-        att = torch.softmax(q @ k.transpose(-1, -2) / (DIM // HEADS) ** 0.5 + mask, dim=-1)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, s, DIM))
-        return x + self.down(F.gelu(self.up(self.norm2(x))))
-
-
-class Stage(nn.Module):
-    def __init__(self, first: bool, last: bool, blocks: int):
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, DIM) if first else None
-        self.blocks = nn.ModuleList(Block() for _ in range(blocks))
-        self.head = nn.Linear(DIM, VOCAB) if last else None
-
-    def forward(self, x):
-        if self.embed is not None:
-            x = self.embed(x)
-        for blk in self.blocks:
-            x = blk(x)
-        return self.head(x) if self.head is not None else x
-
-
-def build_stages(num_stages: int) -> list[Stage]:
-    """Every stage of the model, identically on every rank (seeded), on the GPU."""
-    torch.manual_seed(2024)
-    return [Stage(i == 0, i == num_stages - 1, 1).cuda() for i in range(num_stages)]
-
-
-def loss_fn(out, target):
-    return F.cross_entropy(out.reshape(-1, VOCAB), target.reshape(-1))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -125,7 +79,7 @@ def run_schedule(schedule: str, n_mb: int, group) -> tuple[list[float], list[tor
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     virtual = 2 if schedule in MULTI_STAGE else 1
     num_stages = world * virtual
-    modules = build_stages(num_stages)
+    modules = build_stages(num_stages, "cuda")
     mine = [rank + k * world for k in range(virtual)]
     device = torch.device("cuda", torch.cuda.current_device())
     # An activation example that requires grad: torch 2.14 takes whether a stage's output gets a gradient from it
