@@ -1,7 +1,8 @@
 """The cost model's training step, per mode, from a captured step (an Ir): the analysis (compute per graph),
-ce_overlap's plans (exposed communication, the slowdown the chosen backends cause to the kernels beside them, bucket copies) and
-what neither holds (the optimizer, the no-comm mode's local stand-ins of the collectives). bench/train.py's --predict,
-bench/step_prediction.py and `ce-overlap analyze --plan`'s recommendation read their numbers from here. No torch.
+ce_overlap's plans (exposed communication, the slowdown the chosen backends cause to the kernels beside them, bucket
+copies) and what neither holds (the optimizer, the no-comm mode's local stand-ins of the collectives).
+bench/train.py's --predict, bench/step_prediction.py and `ce-overlap analyze --plan`'s recommendation read their
+numbers from here. No torch.
 
 The modes (bench/train.py's names) and how each is modelled, MODES; a mode not there is not predicted:
 
