@@ -518,7 +518,7 @@ def main(argv=None) -> int:
         if transport == "ce_overlap":
             import ce_overlap.distributed as ced
 
-            rows[-1]["op_counts"] = ced.op_counts(group)
+            gemm_rows[-1]["op_counts"] = ced.op_counts(group)  # this transport's row; every op of the group
     print_table(rows, world, args.dp)
     print_gemm_table(gemm_rows, args)
     if args.out and rank == 0:
