@@ -126,20 +126,19 @@ def local_gather_us(ir, hbm_us_per_byte: float, kernel_gap_us: float = 0.0) -> t
 
 
 def plans_step_us(report: dict, plans: list[dict], profile: str) -> dict:
-    """One step under `plans` (ce_overlap.ir.plan results, one per graph of `report`, the analysis of the same IR):
-    {"step_us": optimizer + per graph compute + exposed communication + slowdown + bucket copies, "exposed_us": the
-    plans' exposed communication, "optimizer_us"} (predicted_step_ms's formula, for `ce-overlap analyze --plan`)."""
+    """One step under `plans` (ce_overlap.ir.plan results, one per graph of `report`, the analysis of the same IR),
+    in predicted_step_ms's terms (for `ce-overlap analyze --plan`): {"step_us", "exposed_us": the plans' exposed
+    communication, "optimizer_us"}."""
     hbm_us_per_byte, optimizer_us_per_byte = bandwidths_us_per_byte(profile)
     meta = report.get("meta", {})
-    opt = optimizer_us(meta.get("num_params", 0), int(meta.get("world_size", 1)), optimizer_us_per_byte)
-    compute = {g["name"]: g.get("compute_us") or 0.0 for g in report.get("graphs", [])}
-    step, exposed = opt, 0.0
-    for p in plans:
-        c = plan_costs(p, hbm_us_per_byte)
-        exposed += c.get("exposed_comm_us_after") or 0.0
-        step += compute.get(p["graph"], 0.0) + (c.get("exposed_comm_us_after") or 0.0) + c["slowdown_us"] + \
-            c["bucket_copy_us"]
-    return {"step_us": step, "exposed_us": exposed, "optimizer_us": opt}
+    pieces = {"analyze": {g["name"]: g for g in report.get("graphs", [])},
+              "plan": {p["graph"]: plan_costs(p, hbm_us_per_byte) for p in plans},
+              "optimizer_us": optimizer_us(meta.get("num_params", 0), int(meta.get("world_size", 1)),
+                                           optimizer_us_per_byte)}
+    step_ms = predicted_step_ms(pieces, "ce_overlap")  # ce_overlap's formula over whichever plans these are
+    return {"step_us": 1e3 * step_ms if step_ms is not None else 0.0,
+            "exposed_us": sum(c.get("exposed_comm_us_after") or 0.0 for c in pieces["plan"].values()),
+            "optimizer_us": pieces["optimizer_us"]}
 
 
 def predicted_step_ms(pred: dict, mode: str = "ce_overlap") -> float | None:
