@@ -40,7 +40,8 @@ board power of each arm (NVML). Sends and receives are always batched
 ranks are the pattern NCCL requires to be grouped; on torch 2.11 / NCCL 2.28.9 they end in an illegal memory access
 (32 MiB) or a hang (256 KiB), with no ce_overlap in the process (bench/repro/nccl_unbatched_p2p.py).
 
-On one GPU the ranks share it: the numbers say the paths work, not how fast they are (two GPUs for that).
+On one GPU the ranks share it: the numbers say the paths work, not how fast they are (two GPUs for that). --device cpu
+runs every path but the GPU's (gloo the only transport, no GEMM test) as a smoke test (tests/test_pipeline_bench.py).
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ import dataclasses
 import os
 import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402,F401  (sets NCCL_NVLS_ENABLE=0 / TORCH_SYMM_MEM_DISABLE_MULTICAST=1 before torch)
@@ -60,6 +62,32 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 TRANSPORTS = ("nccl", "ce_overlap")
+# "cuda" normally; "cpu" (gloo everywhere, the GEMM test left out) only for the smoke test that runs in CI
+# (tests/test_pipeline_bench.py): every code path but the GPU's, before a GPU run spends device time on it.
+DEVICE = "cuda"
+
+
+class _HostEvent:
+    """torch.cuda.Event's timing interface on the host clock (--device cpu)."""
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end) -> float:
+        return (end.t - self.t) * 1e3
+
+
+def event():
+    return torch.cuda.Event(enable_timing=True) if DEVICE == "cuda" else _HostEvent()
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if DEVICE == "cuda" else torch.device("cpu")
 # name -> (torch.distributed.pipelining class, stages per rank)
 SCHEDULES = {"1f1b": ("Schedule1F1B", 1), "interleaved-1f1b": ("ScheduleInterleaved1F1B", 2),
              "zero-bubble": ("ScheduleInterleavedZeroBubble", 2)}
@@ -83,8 +111,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the GEMM test's length per arm (ms; sustained, the boards' clocks settle)")
     p.add_argument("--message-mib", type=float, default=32.0, help="the GEMM test's message size (MiB)")
     p.add_argument("--out", default=None, help="JSON results (rank 0)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: a smoke test of every path but the GPU's (gloo is the only transport, no GEMM test)")
     args = p.parse_args(argv)
-    for knob, known in (("transports", TRANSPORTS), ("schedules", tuple(SCHEDULES))):
+    if args.device == "cpu":
+        args.transports = "gloo"
+    for knob, known in (("transports", TRANSPORTS + (("gloo",) if args.device == "cpu" else ())),
+                        ("schedules", tuple(SCHEDULES))):
         bad = [t for t in getattr(args, knob).split(",") if t and t not in known]
         if bad:
             p.error(f"unknown {knob[:-1]}(s) {bad}; choose from {known}")
@@ -102,13 +135,14 @@ def init() -> tuple[int, int]:
     import datetime
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(0 if shared_gpu() else local)
+    if DEVICE == "cuda":
+        torch.cuda.set_device(0 if shared_gpu() else local)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     return dist.get_rank(), dist.get_world_size()
 
 
 def shared_gpu() -> bool:
-    return int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > torch.cuda.device_count()
+    return DEVICE == "cuda" and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > torch.cuda.device_count()
 
 
 class Stage(nn.Module):
@@ -134,13 +168,17 @@ class Stage(nn.Module):
 def transport_group(name: str, dp: int):
     """(this rank's pipeline group over the transport, "") or (None, why it cannot run here). Pipeline d is the ranks
     with rank % dp == d (rank = pp_index * dp + dp_index, the (pp, dp) mesh's layout)."""
-    if name == "nccl":
+    if name == "gloo":  # --device cpu
+        backend = "gloo"
+    elif name == "nccl":
         if not dist.is_nccl_available():
             return None, "this torch has no NCCL"
         if shared_gpu():
             return None, "ranks share a GPU, which NCCL refuses"
         backend = "nccl"
     else:
+        if DEVICE != "cuda":
+            return None, "copy engines need CUDA"
         import ce_overlap.distributed  # noqa: F401  (registers the backend)
 
         backend = "cuda:ce_overlap"
@@ -164,8 +202,9 @@ def dp_mesh(dp: int):
     from torch.distributed.device_mesh import init_device_mesh
 
     world = dist.get_world_size()
-    mesh = init_device_mesh("cuda", (world // dp, dp), mesh_dim_names=("pp", "dp"),
-                            backend_override={"pp": "nccl", "dp": "nccl"})
+    backend = "nccl" if DEVICE == "cuda" else "gloo"
+    mesh = init_device_mesh(DEVICE, (world // dp, dp), mesh_dim_names=("pp", "dp"),
+                            backend_override={"pp": backend, "dp": backend})
     return mesh["dp"]
 
 
@@ -206,9 +245,9 @@ def build_pipeline(cls, chunks: int, group, args, cfg, mesh=None) -> Pipeline:
     torch.manual_seed(0)
     with torch.device("meta"):
         full = Llama(cfg)
-    cos, sin = (t.cuda() for t in _rope_tables(cfg, cfg.seq_len))
+    dev = device()
+    cos, sin = (t.to(dev) for t in _rope_tables(cfg, cfg.seq_len))
     per = -(-cfg.n_layers // num_stages)
-    dev = torch.device("cuda", torch.cuda.current_device())
     # An activation example that requires grad: torch 2.14 takes whether a stage's output gets a gradient from it
     # (2.11 decides itself); without it the first stage's backward gets no gradient.
     hidden = torch.empty(1, cfg.seq_len, cfg.dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
@@ -236,19 +275,18 @@ def build_pipeline(cls, chunks: int, group, args, cfg, mesh=None) -> Pipeline:
 
 def step_times(pipe: Pipeline, args, cfg) -> list[float]:
     """Every timed step's milliseconds, the slowest rank's."""
-    dev = torch.device("cuda", torch.cuda.current_device())
-    tokens = torch.randint(0, cfg.vocab_size, (args.microbatches, cfg.seq_len), device=dev)
+    tokens = torch.randint(0, cfg.vocab_size, (args.microbatches, cfg.seq_len), device=device())
     first, last = 0 in pipe.modules, pipe.num_stages - 1 in pipe.modules
     ends = []
-    start = torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
+    start = event()
+    sync()
     start.record()
     for _ in range(args.warmup + args.steps):
         inputs = (tokens,) if first else ()
         pipe.sched.step(*inputs, **({"target": tokens} if last else {}))
-        ends.append(torch.cuda.Event(enable_timing=True))
+        ends.append(event())
         ends[-1].record()
-    torch.cuda.synchronize()
+    sync()
     times, prev = [], start
     for e in ends:
         times.append(prev.elapsed_time(e))
@@ -260,7 +298,7 @@ def step_times(pipe: Pipeline, args, cfg) -> list[float]:
 
 def compute_profile(pipe: Pipeline, cfg, reps: int = 3) -> dict[int, tuple[float, float]]:
     """Every stage's (forward ms, full backward ms) for one microbatch, alone, median of reps; all ranks' stages."""
-    dev = torch.device("cuda", torch.cuda.current_device())
+    dev = device()
     mine = {}
     for idx, mod in pipe.modules.items():
         if idx == 0:
@@ -270,7 +308,7 @@ def compute_profile(pipe: Pipeline, cfg, reps: int = 3) -> dict[int, tuple[float
         target = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len), device=dev)
         fwd, bwd = [], []
         for _ in range(reps + 1):
-            e = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            e = [event() for _ in range(3)]
             e[0].record()
             y = mod(x)
             e[1].record()
@@ -279,7 +317,7 @@ def compute_profile(pipe: Pipeline, cfg, reps: int = 3) -> dict[int, tuple[float
             else:
                 y.backward(torch.ones_like(y))
             e[2].record()
-            torch.cuda.synchronize()
+            sync()
             fwd.append(e[0].elapsed_time(e[1]))
             bwd.append(e[1].elapsed_time(e[2]))
             del y
@@ -376,17 +414,17 @@ def neighbours_batch(group, send, recv):
 
 def p2p_ms(group, cfg, reps: int = 20) -> float:
     """One activation exchanged with the neighbours, alone: median ms, slowest rank."""
-    send = torch.randn(cfg.seq_len, cfg.dim, device="cuda", dtype=torch.bfloat16)
+    send = torch.randn(cfg.seq_len, cfg.dim, device=device(), dtype=torch.bfloat16)
     recv = torch.empty_like(send)
     times = []
     for _ in range(reps + 2):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s, e = event(), event()
         dist.barrier()  # the gloo default group: both sides start together
         s.record()
         for w in neighbours_batch(group, send, recv):
             w.wait()
         e.record()
-        torch.cuda.synchronize()
+        sync()
         times.append(s.elapsed_time(e))
     t = torch.tensor([statistics.median(times[2:])], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -463,7 +501,8 @@ def measure(name: str, cls, chunks: int, group, args, cfg, mesh) -> dict:
     ideal = makespan(orders, times, pipe.num_stages)
     med = statistics.median(ms)
     del pipe
-    torch.cuda.empty_cache()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
     return {"step_ms": ms, "median_ms": med,
             "tokens_per_s": args.dp * args.microbatches * cfg.seq_len / (med / 1e3),  # every pipeline's
             "stage_ms": {str(s): {"forward": f, "backward": b} for s, (f, b) in sorted(times.items())},
@@ -472,7 +511,9 @@ def measure(name: str, cls, chunks: int, group, args, cfg, mesh) -> dict:
 
 
 def main(argv=None) -> int:
+    global DEVICE
     args = parse_args(argv)
+    DEVICE = args.device
     from ce_overlap.models.llama import LLAMA_CONFIGS
 
     rank, world = init()
@@ -481,8 +522,13 @@ def main(argv=None) -> int:
     mesh = dp_mesh(args.dp)
     cfg = dataclasses.replace(LLAMA_CONFIGS[args.model], n_layers=args.layers, seq_len=args.seq_len, expand_kv=True)
     fsdp = f" x {args.dp}-way FSDP2" if args.dp > 1 else ""
-    info = header(f"pipeline parallelism, {world // args.dp} stages{fsdp} ({args.model} widths, {args.layers} layers, "
-                  f"seq {args.seq_len}, {args.microbatches} microbatches of one sequence per pipeline)")
+    title = (f"pipeline parallelism, {world // args.dp} stages{fsdp} ({args.model} widths, {args.layers} layers, seq "
+             f"{args.seq_len}, {args.microbatches} microbatches of one sequence per pipeline)")
+    if DEVICE == "cuda":
+        info = header(title)
+    else:
+        log0(f"# {title}, on the CPU: a smoke test, not a measurement")
+        info = {"gpu": "cpu", "world_size": world, "torch": torch.__version__, "command": " ".join(sys.argv)}
     rows, gemm_rows, groups = [], [], {}
     for transport in args.transports.split(","):
         groups[transport] = transport_group(transport, args.dp)
@@ -493,7 +539,8 @@ def main(argv=None) -> int:
             continue
         one = p2p_ms(group, cfg)
         try:
-            gemm_rows.append({"transport": transport, "p2p_ms": one, **gemm_beside(group, args)})
+            if DEVICE == "cuda":  # streams and a GEMM beside them: nothing to learn on the CPU
+                gemm_rows.append({"transport": transport, "p2p_ms": one, **gemm_beside(group, args)})
         except Exception as e:  # noqa: BLE001 (the schedules still run; the row says why this test did not)
             import traceback
 
@@ -502,8 +549,9 @@ def main(argv=None) -> int:
         for sname in [n for n in args.schedules.split(",") if n]:
             row = {"transport": transport, "schedule": sname, "p2p_ms": one}
             cls, chunks = schedule_class(sname)
-            if cls is None:
-                rows.append({**row, "skipped": chunks})
+            if cls is None or (sname == "zero-bubble" and args.dp > 1):
+                rows.append({**row, "skipped": chunks if cls is None else "zero bubble with FSDP2 computes wrong "
+                             "gradients, with no ce_overlap in the process (tests/pipeline_fsdp/worker.py)"})
                 continue
             try:
                 row.update(measure(sname, cls, chunks, group, args, cfg, mesh))
