@@ -62,6 +62,9 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 TRANSPORTS = ("nccl", "ce_overlap")
+# name -> (torch.distributed.pipelining class, stages per rank)
+SCHEDULES = {"1f1b": ("Schedule1F1B", 1), "interleaved-1f1b": ("ScheduleInterleaved1F1B", 2),
+             "zero-bubble": ("ScheduleInterleavedZeroBubble", 2)}
 # "cuda" normally; "cpu" (gloo everywhere, the GEMM test left out) only for the smoke test that runs in CI
 # (tests/test_pipeline_bench.py): every code path but the GPU's, before a GPU run spends device time on it.
 DEVICE = "cuda"
@@ -88,9 +91,6 @@ def sync() -> None:
 
 def device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if DEVICE == "cuda" else torch.device("cpu")
-# name -> (torch.distributed.pipelining class, stages per rank)
-SCHEDULES = {"1f1b": ("Schedule1F1B", 1), "interleaved-1f1b": ("ScheduleInterleaved1F1B", 2),
-             "zero-bubble": ("ScheduleInterleavedZeroBubble", 2)}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -227,7 +227,6 @@ def loss_fn(out, target):
 class Pipeline:
     """This rank's part of one pipeline: its stage modules (by stage index) and the schedule over them."""
     modules: dict
-    stages: list
     sched: object
     num_stages: int
     pp: int
@@ -270,7 +269,7 @@ def build_pipeline(cls, chunks: int, group, args, cfg, mesh=None) -> Pipeline:
         modules[idx] = mod
         stages.append(PipelineStage(mod, idx, num_stages, dev, input_args=(inp,), output_args=out, group=group))
     sched = cls(stages[0] if chunks == 1 else stages, n_microbatches=args.microbatches, loss_fn=loss_fn)
-    return Pipeline(modules, stages, sched, num_stages, pp)
+    return Pipeline(modules, sched, num_stages, pp)
 
 
 def step_times(pipe: Pipeline, args, cfg) -> list[float]:

@@ -36,12 +36,16 @@ MODES = {
 _PLAN_CE = {"plan": "auto", "plan_nccl": "off"}
 
 
-def bandwidths_us_per_byte(profile: str) -> tuple[float, float]:
-    """(HBM us per byte at the profile's memory efficiency, the fused optimizer's us per byte: its own calibrated
-    efficiency where the profile has one, else the memory efficiency)."""
+def _spec(profile: str) -> dict:
+    """The profile's JSON (a built-in name or a file)."""
     from . import profiles
 
-    spec = json.loads(profiles.read_text(profile))
+    return json.loads(profiles.read_text(profile))
+
+
+def bandwidths_us_per_byte(spec: dict) -> tuple[float, float]:
+    """(HBM us per byte at the profile's memory efficiency, the fused optimizer's us per byte: its own calibrated
+    efficiency where the profile has one, else the memory efficiency); `spec`: the profile's JSON."""
     hbm = spec["gpu"]["hbm_gbps"] * 1e3
     eff = spec["efficiency"]
     return 1.0 / (hbm * eff["memory"]), 1.0 / (hbm * eff.get("optimizer", eff["memory"]))
@@ -79,12 +83,11 @@ def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "
     no-comm mode's local stand-ins. `plan_config`: the plan request's other fields (PassConfig.plan_config());
     `ce_reduction` is the plan's (PassConfig.ce_reduction: with "consumer", the pass's default, a CE reduce-scatter's
     cost includes its consumer's extra read)."""
-    from . import profiles
     from .ir import analyze, plan
 
     world = world or int(ir.meta.get("world_size", 1))
-    hbm_us_per_byte, optimizer_us_per_byte = bandwidths_us_per_byte(profile)
-    spec = json.loads(profiles.read_text(profile))
+    spec = _spec(profile)
+    hbm_us_per_byte, optimizer_us_per_byte = bandwidths_us_per_byte(spec)
     report = analyze(ir, profile)
     out = {"profile": profile, "analyze": {}}
     for g in report.get("graphs", []):
@@ -129,7 +132,7 @@ def plans_step_us(report: dict, plans: list[dict], profile: str) -> dict:
     """One step under `plans` (ce_overlap.ir.plan results, one per graph of `report`, the analysis of the same IR),
     in predicted_step_ms's terms (for `ce-overlap analyze --plan`): {"step_us", "exposed_us": the plans' exposed
     communication, "optimizer_us"}."""
-    hbm_us_per_byte, optimizer_us_per_byte = bandwidths_us_per_byte(profile)
+    hbm_us_per_byte, optimizer_us_per_byte = bandwidths_us_per_byte(_spec(profile))
     meta = report.get("meta", {})
     pieces = {"analyze": {g["name"]: g for g in report.get("graphs", [])},
               "plan": {p["graph"]: plan_costs(p, hbm_us_per_byte) for p in plans},
