@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime"))
-from pipeline_model import DIM, MB_SIZE as MB, SEQ, VOCAB, build_stages as build, loss_fn  # noqa: E402
+from pipeline_model import MB_SIZE as MB, SEQ, VOCAB, build_stages as build, loss_fn, pipeline_stages  # noqa: E402
 
 SCHEDULES = {"1f1b": ("Schedule1F1B", 1), "gpipe": ("ScheduleGPipe", 1),
              "interleaved-1f1b": ("ScheduleInterleaved1F1B", 2), "zero-bubble": ("ScheduleInterleavedZeroBubble", 2)}
@@ -96,7 +96,6 @@ def main(argv=None) -> int:
             failed.append(name)
 
     import torch.distributed.pipelining as pipelining
-    from torch.distributed.pipelining import PipelineStage
 
     for sched_name in args.schedules.split(","):
         cls_name, chunks = SCHEDULES[sched_name]
@@ -104,18 +103,11 @@ def main(argv=None) -> int:
         ref_losses, ref_stages = reference(num_stages, dp, args.microbatches, device)
         stages_all = build(num_stages, device)
         mine = [pp_index + k * pp for k in range(chunks)]
-        pstages = []
-        # An activation example that requires grad: torch 2.14 takes whether a stage's output gets a gradient from it
-        hidden = torch.empty(MB, SEQ, DIM, device=device, requires_grad=True)
         for idx in mine:
-            mod = stages_all[idx]
-            for b in mod.blocks:
+            for b in stages_all[idx].blocks:
                 fully_shard(b, mesh=mesh["dp"])
-            fully_shard(mod, mesh=mesh["dp"])
-            inp = torch.zeros(MB, SEQ, dtype=torch.long, device=device) if idx == 0 else hidden
-            out = torch.empty(MB, SEQ, VOCAB, device=device) if idx == num_stages - 1 else hidden
-            pstages.append(PipelineStage(mod, idx, num_stages, device, input_args=(inp,), output_args=out,
-                                         group=pp_group))
+            fully_shard(stages_all[idx], mesh=mesh["dp"])
+        pstages = pipeline_stages(stages_all, mine, device, pp_group)
         cls = getattr(pipelining, cls_name)
         sched = cls(pstages[0] if chunks == 1 else pstages, n_microbatches=args.microbatches, loss_fn=loss_fn)
         x, y = tokens_of(dp_index, args.microbatches, device)

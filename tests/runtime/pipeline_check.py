@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import gpu_worker as gw
-from pipeline_model import DIM, MB_SIZE, SEQ, VOCAB, build_stages, loss_fn
+from pipeline_model import MB_SIZE, SEQ, VOCAB, build_stages, loss_fn, pipeline_stages
 
 HOST_STAGED = "ce_test_host_staged"
 # schedules with two stages per rank (loop layout) -> their torch.distributed.pipelining class
@@ -74,7 +74,7 @@ def host_staged_group():
 def run_schedule(schedule: str, n_mb: int, group) -> tuple[list[float], list[torch.Tensor]]:
     """Losses (on the last stage's rank) and every gradient of this rank's stages after one step."""
     import torch.distributed.pipelining as pp
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     virtual = 2 if schedule in MULTI_STAGE else 1
@@ -82,14 +82,7 @@ def run_schedule(schedule: str, n_mb: int, group) -> tuple[list[float], list[tor
     modules = build_stages(num_stages, "cuda")
     mine = [rank + k * world for k in range(virtual)]
     device = torch.device("cuda", torch.cuda.current_device())
-    # An activation example that requires grad: torch 2.14 takes whether a stage's output gets a gradient from it
-    hidden = torch.empty(MB_SIZE, SEQ, DIM, device=device, requires_grad=True)
-    stages = []
-    for idx in mine:
-        inp = torch.zeros(MB_SIZE, SEQ, dtype=torch.long, device=device) if idx == 0 else hidden
-        out = torch.empty(MB_SIZE, SEQ, VOCAB, device=device) if idx == num_stages - 1 else hidden
-        stages.append(PipelineStage(modules[idx], idx, num_stages, device, input_args=(inp,), output_args=out,
-                                    group=group))
+    stages = pipeline_stages(modules, mine, device, group)
     if virtual == 1:
         cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
         sched = cls(stages[0], n_microbatches=n_mb, loss_fn=loss_fn)

@@ -49,3 +49,20 @@ def build_stages(num_stages: int, device) -> list[Stage]:
 
 def loss_fn(out, target):
     return F.cross_entropy(out.reshape(-1, VOCAB), target.reshape(-1))
+
+
+def pipeline_stages(modules: list, mine: list[int], device, group) -> list:
+    """A PipelineStage per stage index in `mine` (this rank's), with static examples: tokens into the first stage,
+    logits out of the last, activations between. The activation example requires grad: torch 2.14 takes from it
+    whether a stage's output gets a gradient (without, the first stage's backward gets none)."""
+    from torch.distributed.pipelining import PipelineStage
+
+    num_stages = len(modules)
+    hidden = torch.empty(MB_SIZE, SEQ, DIM, device=device, requires_grad=True)
+    stages = []
+    for idx in mine:
+        inp = torch.zeros(MB_SIZE, SEQ, dtype=torch.long, device=device) if idx == 0 else hidden
+        out = torch.empty(MB_SIZE, SEQ, VOCAB, device=device) if idx == num_stages - 1 else hidden
+        stages.append(PipelineStage(modules[idx], idx, num_stages, device, input_args=(inp,), output_args=out,
+                                    group=group))
+    return stages
