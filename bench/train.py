@@ -23,7 +23,11 @@ Modes:
                              the bound no overlap scheme can pass
   compile+inductor-overlap+ac, ce_overlap+ac
                              the mode with activation checkpointing per block (checkpoint_wrapper on each block
-                             before sharding, torchtitan's full AC): the blocks' forward recomputed in the backward
+                             before sharding, torchtitan's full AC): the blocks' forward recomputed in the backward.
+                             compile+inductor-overlap+ac fails on torch 2.11 on GPUs, torch's own: the overlap
+                             scheduler wraps the recomputed attention's graphsafe_run_with_rng_state in control_deps
+                             and Inductor's lowering asserts its RNG input has no other kind of user (torch 2.14 has
+                             no such assertion; bench/results/fully-shard-2026-11-27)
   fsdp2                      FSDP2 (fully_shard) instead of in-graph FSDP, every block compiled, NCCL (torchtitan's
                              default pattern; bench/_fsdp2.py)
   fsdp2-ce                   fsdp2 with ce_overlap's copy engines (ce_overlap.fsdp.use_copy_engines, --ce): the
