@@ -56,6 +56,11 @@ def _add_capture_options(p: argparse.ArgumentParser) -> None:
                    help="keep floating-point forward inputs in their dtype (default: cast to --param-dtype, as "
                         "FSDP2's MixedPrecisionPolicy does)")
     p.add_argument("--no-fsdp", action="store_true", help="capture the model as is, without in-graph FSDP")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="where capture's fake tensors live: cuda gives the graphs Inductor compiles for a GPU (its "
+                        "SDPA kernels, flex attention) on a machine without one (docs/notes/fake_cuda_capture.md). "
+                        "Default: cpu, and cuda for a model the CPU cannot compile (flex attention has no CPU "
+                        "backward), said in the output")
     p.add_argument("--no-cache", action="store_true", help="capture again even if a cached capture exists")
     p.add_argument("--full-capture", action="store_true",
                    help="zoo models: trace every block instead of tracing 3 and 4 blocks and extrapolating "
@@ -165,7 +170,7 @@ def _cache_path(args, target: str) -> str | None:
 
     key = {"target": target, "world_size": args.world_size, "seq_len": args.seq_len, "batch": args.batch,
            "param_dtype": args.param_dtype, "reshard": not args.no_reshard, "fsdp": not args.no_fsdp,
-           "cast_inputs": not args.no_cast_inputs,
+           "cast_inputs": not args.no_cast_inputs, "device": args.device,
            "full_capture": args.full_capture, "torch": torch.__version__, "code": _source_fingerprint()}
     if models.is_build_target(target):
         path = target.rpartition(":")[0]
@@ -191,12 +196,31 @@ def _capture_target(args, target: str):
         except CeOverlapError:
             pass  # a damaged cache entry is recaptured and overwritten
     common = dict(world_size=args.world_size, fsdp=not args.no_fsdp, param_dtype=args.param_dtype,
-                  reshard_after_forward=not args.no_reshard, cast_forward_inputs=not args.no_cast_inputs)
+                  reshard_after_forward=not args.no_reshard, cast_forward_inputs=not args.no_cast_inputs,
+                  device=args.device or "cpu")
     if models.is_build_target(target):
-        built = models.build_from_file(target)
         if args.seq_len is not None:
             raise CeOverlapError("--seq-len applies to zoo models; a build() target sets its own inputs")
-        ir = capture(built.module, built.example_inputs, name=built.name, **common)
+        built = models.build_from_file(target)
+        try:
+            ir = capture(built.module, built.example_inputs, name=built.name, **common)
+        except CeOverlapError as e:
+            # Some models compile only for a GPU (flex attention has no CPU backward): try fake CUDA tensors, and
+            # report the CPU's error if that fails too.
+            from .fx import fake_cuda
+            from .fx.capture import COMPILE_FAILED
+
+            if args.device is not None or not str(e).startswith(COMPILE_FAILED) or \
+                    fake_cuda.unavailable_reason() is not None:
+                raise
+            built = models.build_from_file(target)  # the failed capture sharded the first one
+            why = str(e).removeprefix(COMPILE_FAILED).split(" (in ")[0]
+            try:
+                ir = capture(built.module, built.example_inputs, name=built.name,
+                             meta={"capture_device_reason": f"the CPU cannot compile this model ({why})"},
+                             **{**common, "device": "cuda"})
+            except CeOverlapError:
+                raise e from None
     else:
         ir = capture_named(target, seq_len=args.seq_len, batch=args.batch, full=args.full_capture, **common)
     if cache:

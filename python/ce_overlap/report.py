@@ -54,7 +54,7 @@ def format_table(report: dict, *, max_rows: int | None = None) -> str:
 
 def format_notes(report: dict) -> list[str]:
     """What the capture assumed or added that changes the numbers (from the IR's meta; docs/ir.md), one line each:
-    which output is the loss, FSDP's padding, floating inputs cast to the gather dtype."""
+    which output is the loss, FSDP's padding, the capture device, floating inputs cast to the gather dtype."""
     meta = report.get("meta", {})
     notes = []
     loss, unused = meta.get("loss"), meta.get("loss_unused_outputs", 0)
@@ -71,6 +71,10 @@ def format_notes(report: dict) -> list[str]:
             f"world size {meta.get('world_size', '?')} does not divide dim 0 of {padded} parameter"
             f"{'s' if padded != 1 else ''} (largest: {meta.get('fsdp_padding_largest', '?')}): FSDP pads their shards, "
             f"and the all-gather and reduce-scatter bytes include the padding, {_bytes(pad)} per pass over them{share}")
+    if meta.get("capture_device") == "cuda":
+        why = meta.get("capture_device_reason")
+        notes.append("captured on fake CUDA tensors (no GPU used): the graphs hold the kernels Inductor compiles for "
+                     f"a GPU{f'; chosen because {why}' if why else ''}")
     cast = meta.get("forward_inputs_cast", 0)
     if cast:
         notes.append(f"{cast} floating-point forward input{'s' if cast != 1 else ''} cast to {meta.get('param_dtype')} "

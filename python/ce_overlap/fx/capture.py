@@ -5,7 +5,8 @@ Inductor is driven through its real pipeline (Dynamo, AOTAutograd with Inductor'
 joint-graph passes, partitioner, post-grad passes); only code generation is replaced: our inner
 compile runs the same pre-lowering steps as Inductor's, records the graph, and returns the graph
 itself to run on fake tensors. No real memory is touched, so an 8B model captures on a laptop.
-Fake tensors live on the CPU: autograd cannot run fake CUDA tensors on a machine without a GPU.
+Fake tensors live on the CPU by default (Inductor's CPU graphs: SDPA as its CPU flash op, no flex attention
+backward), or on a fake CUDA device (options.device "cuda", ce_overlap.fx.fake_cuda): the graphs a GPU compiles.
 """
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ class CaptureOptions:
     MixedPrecisionPolicy does by default (a float32 image meets bf16 conv weights as bf16)."""
     inductor_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     """torch._inductor.config patches in force while compiling (e.g. Inductor's own bucketing)."""
+    device: str = "cpu"
+    """Where the fake tensors live: "cpu", or "cuda" (fake CUDA tensors on a machine without a GPU, so the graphs are
+    the ones Inductor compiles for a GPU: its SDPA kernels, flex attention; ce_overlap.fx.fake_cuda)."""
 
 
 def _inductor_pre_lowering(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], is_inference: bool):
@@ -117,18 +121,19 @@ def fake_process_group(world_size: int, rank: int):
 
 
 _CAPTURES = itertools.count()
+COMPILE_FAILED = "torch.compile of the model failed: "  # how a capture error for a model that does not compile begins
 
 
-def _to_fake_cpu(t: torch.Tensor) -> torch.Tensor:
-    """An empty tensor of the same shape and dtype, created under the active fake mode."""
-    return torch.zeros(t.shape, dtype=t.dtype, device="cpu") if not t.is_floating_point() else \
-        torch.empty(t.shape, dtype=t.dtype, device="cpu")
+def _to_fake(t: torch.Tensor, device: str) -> torch.Tensor:
+    """An empty tensor of the same shape and dtype on `device`, created under the active fake mode."""
+    return torch.zeros(t.shape, dtype=t.dtype, device=device) if not t.is_floating_point() else \
+        torch.empty(t.shape, dtype=t.dtype, device=device)
 
 
 def _fakeify_module(model: nn.Module, fsdp: bool, group, options: CaptureOptions) -> nn.Module:
     for module in model.modules():
         for name, buf in list(module.named_buffers(recurse=False)):
-            module._buffers[name] = _to_fake_cpu(buf)
+            module._buffers[name] = _to_fake(buf, options.device)
     if fsdp:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
         from torch.distributed.device_mesh import DeviceMesh
@@ -138,13 +143,14 @@ def _fakeify_module(model: nn.Module, fsdp: bool, group, options: CaptureOptions
         # across process groups over the same ranks, and each capture's fake group ends with it (a later capture
         # would be handed specs naming an ended group: "Could not resolve the process group ...").
         with unset_fake_temporarily():  # the mesh holds real rank tensors
-            mesh = DeviceMesh.from_group(group, "cpu", mesh_dim_names=(f"ce_overlap_capture_{next(_CAPTURES)}",))
+            mesh = DeviceMesh.from_group(group, options.device,
+                                          mesh_dim_names=(f"ce_overlap_capture_{next(_CAPTURES)}",))
         mp = MixedPrecisionPolicy(param_dtype=options.param_dtype, cast_forward_inputs=options.cast_forward_inputs)
         return fully_shard(model, mesh, mp_policy=mp,
-                           reshard_after_forward=options.reshard_after_forward, device="cpu")
+                           reshard_after_forward=options.reshard_after_forward, device=options.device)
     for module in model.modules():
         for name, p in list(module.named_parameters(recurse=False)):
-            module._parameters[name] = nn.Parameter(_to_fake_cpu(p), requires_grad=p.requires_grad)
+            module._parameters[name] = nn.Parameter(_to_fake(p, options.device), requires_grad=p.requires_grad)
     return model
 
 
@@ -262,13 +268,21 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
     # ~20% of an 8B capture and free nothing that matters before the capture ends.
     gc_was_enabled = gc.isenabled()
     gc.disable()
+    device_ctx = contextlib.nullcontext()
+    if options.device == "cuda":
+        from . import fake_cuda
+
+        device_ctx = fake_cuda.enabled()
+    elif options.device != "cpu":
+        raise CaptureError(f"capture device must be 'cpu' or 'cuda', got {options.device!r}")
     try:
-        with fake_process_group(options.world_size, options.rank) as group, \
+        with device_ctx, torch.autograd.set_multithreading_enabled(False), \
+                fake_process_group(options.world_size, options.rank) as group, \
                 torch._inductor.config.patch(patches), \
                 torch._functorch.config.patch(enable_autograd_cache=False), \
                 capture_mode(), FakeTensorMode(allow_non_fake_inputs=True):
             model = _fakeify_module(model, options.fsdp, group, options)
-            inputs = [_to_fake_cpu(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+            inputs = [_to_fake(x, options.device) if isinstance(x, torch.Tensor) else x for x in example_inputs]
             backend = functools.partial(compile_fx, inner_compile=recorder.inner_compile)
             compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=False)
             try:
@@ -278,7 +292,7 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
             except CaptureError:
                 raise
             except Exception as e:  # the model failed to compile or run: a user-facing error, not a crash
-                raise CaptureError(f"torch.compile of the model failed: {_failure_message(e)}") from e
+                raise CaptureError(f"{COMPILE_FAILED}{_failure_message(e)}") from e
     finally:
         sac_log.setLevel(sac_level)
         torch._dynamo.reset()
@@ -293,6 +307,7 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
         "reshard_after_forward": options.reshard_after_forward,
         "num_params": num_params,
         "torch": torch.__version__,
+        "capture_device": options.device,
         **loss_meta,
         **padding,
     }

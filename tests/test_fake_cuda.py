@@ -1,0 +1,128 @@
+"""Capture on fake CUDA tensors, no GPU (ce_overlap.fx.fake_cuda, issue 31): a torchtitan-shaped Llama-3 with flex
+attention analyzes with the defaults (its CPU capture fails, and the CLI says it captured on fake CUDA); the zoo's
+Llama captured both ways moves the same bytes and FLOPs, with the GPU's attention kernels in the fake-CUDA graphs;
+flex attention's FLOPs count the tiles its block mask computes; nothing stays patched after a capture."""
+from __future__ import annotations
+
+import collections
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+import ce_overlap
+from ce_overlap.fx import fake_cuda
+from ce_overlap.fx.flops import attention_backward_flops, attention_flops
+
+from conftest import DATA
+
+pytestmark = pytest.mark.skipif(fake_cuda.unavailable_reason() is not None,
+                                reason=f"fake CUDA capture unavailable: {fake_cuda.unavailable_reason()}")
+
+TITAN = os.path.join(DATA, "titan_llama.py")
+WORLD = 8
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"ce_overlap_test_{name}", os.path.join(DATA, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+titan = _load("titan_llama")
+
+
+def _graph(doc: dict, name: str) -> list[dict]:
+    return next(g for g in doc["graphs"] if g["name"] == name)["nodes"]
+
+
+def _ops(nodes) -> collections.Counter:
+    return collections.Counter(n["op"] for n in nodes)
+
+
+@pytest.fixture(scope="module")
+def titan_ir():
+    model, inputs = titan.build()
+    return ce_overlap.capture(model, inputs, world_size=WORLD, device="cuda", name="titan_llama").to_dict()
+
+
+def test_torchtitan_shaped_llama_analyzes_with_the_defaults(cli):
+    proc = cli("analyze", f"{TITAN}:build", "--world-size", str(WORLD), "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    cfg = titan.TitanConfig()
+    assert [b["path"] for b in report["blocks"]] == [f"model.layers.{i}" for i in range(cfg.n_layers)]
+    block = titan.TransformerBlock  # each block's gathers and reduce-scatters are its own parameters in bf16
+    with torch.device("meta"):
+        numel = sum(p.numel() for p in block(cfg).parameters())
+    for row in report["blocks"]:
+        assert row["forward_all_gather_bytes"] == row["reduce_scatter_bytes"] == 2 * numel
+    assert report["meta"]["capture_device"] == "cuda"
+    assert "NotImplementedError" in report["meta"]["capture_device_reason"]  # flex attention's CPU backward
+    text = cli("analyze", f"{TITAN}:build", "--world-size", str(WORLD))
+    assert "note: captured on fake CUDA tensors (no GPU used)" in text.stdout, text.stdout
+
+
+def test_the_flex_model_on_the_cpu_names_the_problem(cli):
+    proc = cli("analyze", f"{TITAN}:build", "--world-size", str(WORLD), "--device", "cpu")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "torch.compile of the model failed" in proc.stderr and "titan_llama.py" in proc.stderr
+
+
+def test_flex_attention_nodes_and_their_flops(titan_ir):
+    cfg = titan.TitanConfig()
+    fwd, bwd = _graph(titan_ir, "forward"), _graph(titan_ir, "backward")
+    assert _ops(fwd)["higher_order.flex_attention"] == cfg.n_layers
+    assert _ops(bwd)["higher_order.flex_attention_backward"] == cfg.n_layers
+    head = cfg.dim // cfg.n_heads
+    q = (cfg.batch, cfg.n_heads, cfg.seq_len, head)
+    kv = (cfg.batch, cfg.n_kv_heads, cfg.seq_len, head)
+    tiles = cfg.seq_len // 128  # flex's default 128 x 128 tiles; causal computes the diagonal and below
+    density = tiles * (tiles + 1) // 2 / tiles ** 2
+    for n in fwd:
+        if n["op"] == "higher_order.flex_attention":
+            assert n["flops"] == int(attention_flops(q, kv, kv) * density)
+    for n in bwd:
+        if n["op"] == "higher_order.flex_attention_backward":
+            assert n["flops"] == int(attention_backward_flops(q, kv, kv) * density)
+
+
+def test_the_zoo_llama_on_fake_cuda_moves_what_the_cpu_capture_moves(capture_zoo):
+    cpu = capture_zoo("llama3-tiny", WORLD).to_dict()
+    from ce_overlap.ir import capture_named
+
+    cuda = capture_named("llama3-tiny", world_size=WORLD, device="cuda").to_dict()
+    assert cuda["meta"]["capture_device"] == "cuda"
+    for name in ("forward", "backward"):
+        def collectives(doc):
+            return sorted((n["collective"]["type"], n["outputs"][0]["bytes"]) for n in _graph(doc, name)
+                          if n["kind"] == "collective")
+
+        assert collectives(cuda) == collectives(cpu), name
+        assert sum(n["flops"] for n in _graph(cuda, name)) == sum(n["flops"] for n in _graph(cpu, name)), name
+        gpu_attention = [op for op in _ops(_graph(cuda, name)) if "scaled_dot_product" in op]
+        cpu_attention = [op for op in _ops(_graph(cpu, name)) if "scaled_dot_product" in op]
+        assert cpu_attention and all("for_cpu" in op for op in cpu_attention), cpu_attention
+        assert gpu_attention and not any("for_cpu" in op for op in gpu_attention), gpu_attention
+        assert any(k in gpu_attention[0] for k in ("cudnn", "flash", "efficient")), gpu_attention
+
+
+def test_nothing_stays_patched_after_a_capture(titan_ir):
+    assert fake_cuda._active == 0
+    if fake_cuda._hooks is not None:  # on a machine without a GPU: the hooks' vtable pointer is torch's again
+        import ctypes
+
+        assert ctypes.c_void_p.from_address(fake_cuda._hooks.hooks).value == fake_cuda._hooks.original
+    q = torch.randn(1, 2, 16, 8)
+    out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)  # CPU SDPA as before
+    ref = torch.softmax((q @ q.transpose(-1, -2) / 8 ** 0.5).masked_fill(
+        torch.ones(16, 16, dtype=torch.bool).triu(1), float("-inf")), -1) @ q
+    torch.testing.assert_close(out, ref)
+    model, inputs = titan.build()
+    with pytest.raises(ce_overlap.CeOverlapError, match="device must be 'cpu' or 'cuda'"):
+        ce_overlap.capture(model, inputs, world_size=WORLD, device="xla")
