@@ -48,7 +48,7 @@ def _ops(nodes) -> collections.Counter:
 @pytest.fixture(scope="module")
 def titan_ir():
     model, inputs = titan.build()
-    return ce_overlap.capture(model, inputs, world_size=WORLD, device="cuda", name="titan_llama").to_dict()
+    return ce_overlap.capture(model, inputs, world_size=WORLD, name="titan_llama").to_dict()
 
 
 def test_torchtitan_shaped_llama_analyzes_with_the_defaults(cli):
@@ -62,16 +62,23 @@ def test_torchtitan_shaped_llama_analyzes_with_the_defaults(cli):
         numel = sum(p.numel() for p in block(cfg).parameters())
     for row in report["blocks"]:
         assert row["forward_all_gather_bytes"] == row["reduce_scatter_bytes"] == 2 * numel
-    assert report["meta"]["capture_device"] == "cuda"
-    assert "NotImplementedError" in report["meta"]["capture_device_reason"]  # flex attention's CPU backward
-    text = cli("analyze", f"{TITAN}:build", "--world-size", str(WORLD))
-    assert "note: captured on fake CUDA tensors (no GPU used)" in text.stdout, text.stdout
+    assert report["meta"]["capture_device"] == "cuda" and "capture_device_reason" not in report["meta"]
+    assert "note: captured on" not in cli("analyze", f"{TITAN}:build", "--world-size", str(WORLD)).stdout
 
 
 def test_the_flex_model_on_the_cpu_names_the_problem(cli):
     proc = cli("analyze", f"{TITAN}:build", "--world-size", str(WORLD), "--device", "cpu")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "torch.compile of the model failed" in proc.stderr and "titan_llama.py" in proc.stderr
+
+
+def test_a_model_that_compiles_only_on_the_cpu_is_captured_there_and_says_why(cli):
+    proc = cli("analyze", f"{os.path.join(DATA, 'cpu_only.py')}:build", "--world-size", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "note: captured on the CPU" in proc.stdout and "on fake CUDA tensors it does not compile" in proc.stdout
+    explicit = cli("analyze", "llama3-tiny", "--world-size", "2", "--device", "cpu")
+    assert explicit.returncode == 0 and "note: captured on the CPU" in explicit.stdout and \
+        "(--device cpu)" in explicit.stdout
 
 
 def test_flex_attention_nodes_and_their_flops(titan_ir):
@@ -93,11 +100,11 @@ def test_flex_attention_nodes_and_their_flops(titan_ir):
 
 
 def test_the_zoo_llama_on_fake_cuda_moves_what_the_cpu_capture_moves(capture_zoo):
-    cpu = capture_zoo("llama3-tiny", WORLD).to_dict()
+    cuda = capture_zoo("llama3-tiny", WORLD).to_dict()  # the default
     from ce_overlap.ir import capture_named
 
-    cuda = capture_named("llama3-tiny", world_size=WORLD, device="cuda").to_dict()
-    assert cuda["meta"]["capture_device"] == "cuda"
+    cpu = capture_named("llama3-tiny", world_size=WORLD, device="cpu").to_dict()
+    assert cuda["meta"]["capture_device"] == "cuda" and cpu["meta"]["capture_device"] == "cpu"
     for name in ("forward", "backward"):
         def collectives(doc):
             return sorted((n["collective"]["type"], n["outputs"][0]["bytes"]) for n in _graph(doc, name)
@@ -126,3 +133,12 @@ def test_nothing_stays_patched_after_a_capture(titan_ir):
     model, inputs = titan.build()
     with pytest.raises(ce_overlap.CeOverlapError, match="device must be 'cpu' or 'cuda'"):
         ce_overlap.capture(model, inputs, world_size=WORLD, device="xla")
+
+
+def test_torchtitans_own_llama3_analyzes_where_torchtitan_installs(cli):
+    pytest.importorskip("torchtitan.models.llama3", reason="torchtitan is not installed (pip install torchtitan)")
+    proc = cli("analyze", f"{os.path.join(DATA, 'torchtitan_llama3.py')}:build", "--world-size", str(WORLD), "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert [b["path"] for b in report["blocks"]] == [f"model.layers.{i}" for i in range(6)]  # debugmodel: 6 layers
+    assert report["meta"]["capture_device"] == "cuda"

@@ -57,10 +57,10 @@ def _add_capture_options(p: argparse.ArgumentParser) -> None:
                         "FSDP2's MixedPrecisionPolicy does)")
     p.add_argument("--no-fsdp", action="store_true", help="capture the model as is, without in-graph FSDP")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
-                   help="where capture's fake tensors live: cuda gives the graphs Inductor compiles for a GPU (its "
-                        "SDPA kernels, flex attention) on a machine without one (docs/notes/fake_cuda_capture.md). "
-                        "Default: cpu, and cuda for a model the CPU cannot compile (flex attention has no CPU "
-                        "backward), said in the output")
+                   help="where capture's fake tensors live. Default: cuda (fake, no GPU needed: the graphs Inductor "
+                        "compiles for a GPU, its SDPA kernels, flex attention), the CPU where this torch cannot make "
+                        "fake CUDA tensors or the model compiles only there, said in the output "
+                        "(docs/notes/fake_cuda_capture.md)")
     p.add_argument("--no-cache", action="store_true", help="capture again even if a cached capture exists")
     p.add_argument("--full-capture", action="store_true",
                    help="zoo models: trace every block instead of tracing 3 and 4 blocks and extrapolating "
@@ -197,7 +197,7 @@ def _capture_target(args, target: str):
             pass  # a damaged cache entry is recaptured and overwritten
     common = dict(world_size=args.world_size, fsdp=not args.no_fsdp, param_dtype=args.param_dtype,
                   reshard_after_forward=not args.no_reshard, cast_forward_inputs=not args.no_cast_inputs,
-                  device=args.device or "cpu")
+                  device=args.device)
     if models.is_build_target(target):
         if args.seq_len is not None:
             raise CeOverlapError("--seq-len applies to zoo models; a build() target sets its own inputs")
@@ -205,20 +205,20 @@ def _capture_target(args, target: str):
         try:
             ir = capture(built.module, built.example_inputs, name=built.name, **common)
         except CeOverlapError as e:
-            # Some models compile only for a GPU (flex attention has no CPU backward): try fake CUDA tensors, and
-            # report the CPU's error if that fails too.
-            from .fx import fake_cuda
+            # A model that compiles on fake CUDA tensors but not on the CPU's is common (flex attention has no CPU
+            # backward); the reverse is possible: try the CPU, and report the first error if that fails too.
             from .fx.capture import COMPILE_FAILED
+            from .ir import capture_device
 
-            if args.device is not None or not str(e).startswith(COMPILE_FAILED) or \
-                    fake_cuda.unavailable_reason() is not None:
+            if args.device is not None or capture_device(None)[0] != "cuda" or \
+                    not str(e).startswith(COMPILE_FAILED):
                 raise
             built = models.build_from_file(target)  # the failed capture sharded the first one
             why = str(e).removeprefix(COMPILE_FAILED).split(" (in ")[0]
             try:
                 ir = capture(built.module, built.example_inputs, name=built.name,
-                             meta={"capture_device_reason": f"the CPU cannot compile this model ({why})"},
-                             **{**common, "device": "cuda"})
+                             meta={"capture_device_reason": f"on fake CUDA tensors it does not compile ({why})"},
+                             **{**common, "device": "cpu"})
             except CeOverlapError:
                 raise e from None
     else:

@@ -59,7 +59,7 @@ class Ir:
 
 
 def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
-                     cast_forward_inputs=True, device="cpu"):
+                     cast_forward_inputs=True, device=None):
     import torch
 
     from .fx.capture import CaptureOptions
@@ -71,18 +71,28 @@ def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward,
         dtype = param_dtype if isinstance(param_dtype, torch.dtype) else getattr(torch, str(param_dtype), None)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise CeOverlapError(f"param_dtype must be a floating torch dtype or its name, got {param_dtype!r}")
-    if device not in ("cpu", "cuda"):
-        raise CeOverlapError(f"device must be 'cpu' or 'cuda' (fake CUDA tensors, no GPU needed), got {device!r}")
-    if device == "cuda":
-        from .fx import fake_cuda
-
-        reason = fake_cuda.unavailable_reason()
-        if reason is not None:
-            raise CeOverlapError(f"capture on fake CUDA tensors is not possible here: {reason}; capture with "
-                                 "device='cpu' (--device cpu)")
+    device, reason = capture_device(device)
     return CaptureOptions(world_size=world_size, rank=rank, fsdp=fsdp, param_dtype=dtype,
                           reshard_after_forward=reshard_after_forward, inductor_config=dict(inductor_config or {}),
-                          cast_forward_inputs=bool(cast_forward_inputs), device=device)
+                          cast_forward_inputs=bool(cast_forward_inputs), device=device, device_reason=reason)
+
+
+def capture_device(device: str | None) -> tuple[str, str | None]:
+    """The device capture's fake tensors live on, and why when it is not the one asked for. None (the default):
+    fake CUDA tensors, the graphs a GPU compiles, unless this torch cannot make them here (then the CPU's)."""
+    from .fx import fake_cuda
+
+    if device not in (None, "cpu", "cuda"):
+        raise CeOverlapError(f"device must be 'cpu' or 'cuda' (fake CUDA tensors, no GPU needed), got {device!r}")
+    if device == "cpu":
+        return "cpu", None
+    reason = fake_cuda.unavailable_reason()
+    if reason is None:
+        return "cuda", None
+    if device == "cuda":
+        raise CeOverlapError(f"capture on fake CUDA tensors is not possible here: {reason}; capture with "
+                             "device='cpu' (--device cpu)")
+    return "cpu", f"fake CUDA tensors are not possible here ({reason})"
 
 
 def _capture_doc(model, example_inputs, options, meta: dict) -> dict:
@@ -104,16 +114,18 @@ def _from_doc(doc: dict) -> Ir:
 def capture(model, example_inputs: Sequence[Any], *, world_size: int, rank: int = 0, fsdp: bool = True,
             param_dtype="bfloat16", reshard_after_forward: bool = True, cast_forward_inputs: bool = True,
             inductor_config: dict | None = None, name: str | None = None, meta: dict | None = None,
-            device: str = "cpu") -> Ir:
+            device: str | None = None) -> Ir:
     """Capture one training step of `model` as Inductor's post-grad graphs, as IR.
 
     Runs on any machine (fake process group, fake tensors): build the model on the meta device to
     capture large configurations without memory. With `fsdp` the model is wrapped in in-graph FSDP
     over `world_size` ranks (modified in place); with `cast_forward_inputs` (FSDP2's default) its floating
-    forward inputs are cast to `param_dtype`. `device` "cuda" captures on fake CUDA tensors (no GPU needed), so the
-    graphs hold the kernels Inductor uses on a GPU (SDPA's flash / cuDNN ops, flex attention). The loss is the forward's output, or the first tensor of a tuple,
-    list or dict it returns, summed unless it is a scalar (meta["loss"] says which). Raises CeOverlapError for
-    bad arguments or a model that does not compile to one graph.
+    forward inputs are cast to `param_dtype`. The fake tensors are CUDA tensors (no GPU needed), so the graphs hold
+    the kernels Inductor uses on a GPU (SDPA's flash / cuDNN ops, flex attention), unless `device` is "cpu" or this
+    torch cannot make them (meta["capture_device"] says which, meta["capture_device_reason"] why). The loss is
+    the forward's output, or the first tensor of a tuple, list or dict it returns, summed unless it is a scalar
+    (meta["loss"] says which). Raises CeOverlapError for bad arguments or a model that does not compile to one
+    graph.
     """
     options = _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
                                cast_forward_inputs, device)
@@ -128,7 +140,7 @@ EXTRAPOLATE_FROM_BLOCKS = 3
 def capture_named(name: str, *, world_size: int, seq_len: int | None = None, batch: int = 1, rank: int = 0,
                   fsdp: bool = True, param_dtype="bfloat16", reshard_after_forward: bool = True,
                   cast_forward_inputs: bool = True, inductor_config: dict | None = None, full: bool = False,
-                  device: str = "cpu") -> Ir:
+                  device: str | None = None) -> Ir:
     """Capture a zoo model (ce_overlap.models) by name.
 
     Its blocks are identical, so unless `full` the model is captured at 3 and 4 blocks and the graphs of all

@@ -71,10 +71,10 @@ def format_notes(report: dict) -> list[str]:
             f"world size {meta.get('world_size', '?')} does not divide dim 0 of {padded} parameter"
             f"{'s' if padded != 1 else ''} (largest: {meta.get('fsdp_padding_largest', '?')}): FSDP pads their shards, "
             f"and the all-gather and reduce-scatter bytes include the padding, {_bytes(pad)} per pass over them{share}")
-    if meta.get("capture_device") == "cuda":
+    if meta.get("capture_device") == "cpu":  # the default is fake CUDA tensors: the GPU's graphs
         why = meta.get("capture_device_reason")
-        notes.append("captured on fake CUDA tensors (no GPU used): the graphs hold the kernels Inductor compiles for "
-                     f"a GPU{f'; chosen because {why}' if why else ''}")
+        notes.append("captured on the CPU: the graphs are Inductor's CPU graphs (SDPA as its CPU kernel, no flex "
+                     f"attention), not a GPU's{f', because {why}' if why else ' (--device cpu)'}")
     cast = meta.get("forward_inputs_cast", 0)
     if cast:
         notes.append(f"{cast} floating-point forward input{'s' if cast != 1 else ''} cast to {meta.get('param_dtype')} "

@@ -49,6 +49,8 @@ class CaptureOptions:
     device: str = "cpu"
     """Where the fake tensors live: "cpu", or "cuda" (fake CUDA tensors on a machine without a GPU, so the graphs are
     the ones Inductor compiles for a GPU: its SDPA kernels, flex attention; ce_overlap.fx.fake_cuda)."""
+    device_reason: str | None = None
+    """Why `device` is not the default one, for the capture's meta (capture_device_reason)."""
 
 
 def _inductor_pre_lowering(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], is_inference: bool):
@@ -308,6 +310,7 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
         "num_params": num_params,
         "torch": torch.__version__,
         "capture_device": options.device,
+        **({"capture_device_reason": options.device_reason} if options.device_reason else {}),
         **loss_meta,
         **padding,
     }
