@@ -215,6 +215,9 @@ def enabled(compute_capability: tuple[int, int] = (9, 0)):
     reason = unavailable_reason()
     if reason is not None:
         raise FakeCudaUnavailable(reason)
+    if torch.cuda.is_available():  # a real device answers for itself: nothing to change
+        yield
+        return
     with _lock:
         _register_once()
         if _active == 0 and _hooks is not None:
