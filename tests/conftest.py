@@ -12,6 +12,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, "tests", "data")
 
 
+def load_data_module(name: str):
+    """tests/data/NAME.py as a module (registered in sys.modules: dataclasses look their module up)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"ce_overlap_test_{name}", os.path.join(DATA, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 @functools.cache
 def _capture_zoo(name: str, world_size: int, reshard: bool = True, seq_len: int | None = None, full: bool = False):
     """A zoo model's IR as the CLI captures it: deep models extrapolated from 3 and 4 blocks unless `full`

@@ -5,10 +5,8 @@ flex attention's FLOPs count the tiles its block mask computes; nothing stays pa
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import os
-import sys
 
 import pytest
 import torch
@@ -17,7 +15,7 @@ import ce_overlap
 from ce_overlap.fx import fake_cuda
 from ce_overlap.fx.flops import attention_backward_flops, attention_flops
 
-from conftest import DATA
+from conftest import DATA, load_data_module
 
 pytestmark = pytest.mark.skipif(fake_cuda.unavailable_reason() is not None,
                                 reason=f"fake CUDA capture unavailable: {fake_cuda.unavailable_reason()}")
@@ -26,15 +24,7 @@ TITAN = os.path.join(DATA, "titan_llama.py")
 WORLD = 8
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"ce_overlap_test_{name}", os.path.join(DATA, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-titan = _load("titan_llama")
+titan = load_data_module("titan_llama")
 
 
 def _graph(doc: dict, name: str) -> list[dict]:

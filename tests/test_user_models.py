@@ -4,9 +4,7 @@ blocks' own parameters, and what the capture assumed (the loss, FSDP's padding, 
 from __future__ import annotations
 
 import collections
-import importlib.util
 import os
-import sys
 
 import pytest
 import torch
@@ -18,21 +16,13 @@ from ce_overlap import report as render
 from ce_overlap.fx import fsdp
 from ce_overlap.fx.capture import fake_process_group
 
-from conftest import DATA
+from conftest import load_data_module
 
 WORLD = 8
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"ce_overlap_test_{name}", os.path.join(DATA, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-gpt2 = _load("gpt2_tied")
-vit = _load("vit")
+gpt2 = load_data_module("gpt2_tied")
+vit = load_data_module("vit")
 
 
 def _numel(module: torch.nn.Module) -> int:
