@@ -45,8 +45,9 @@ def _no_comm_collectives(group):
     return LocalAllGather(), LocalReduceScatter()
 
 
-def build(cfg, mode: str, device: str, ce: str = "auto", wrap: str = "torchtitan"):
-    """The model of an FSDP2 mode, on `device`. Raises RuntimeError naming what this torch lacks for the mode."""
+def build(cfg, mode: str, device: str, ce: str = "auto", wrap: str = "torchtitan", ac: bool = False):
+    """The model of an FSDP2 mode, on `device`; with `ac` each block is checkpointed as torchtitan's full AC does
+    (checkpoint_wrapper, then compile, then fully_shard). Raises RuntimeError naming what this torch lacks."""
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
@@ -66,6 +67,11 @@ def build(cfg, mode: str, device: str, ce: str = "auto", wrap: str = "torchtitan
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if wrap == "torchtitan":
         fully_shard(model.tok_embeddings, mp_policy=mp)
+    if ac:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for i, block in enumerate(model.layers):
+            model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
     for block in model.layers:
         if device == "cuda":
             block.compile()

@@ -21,7 +21,7 @@ Modes:
                              bounded reduction kernel beside the backward, not in the graph's consumer kernels
   no-comm                    each all-gather replaced by a local op of the same shape, no reduce-scatter:
                              the bound no overlap scheme can pass
-  compile+inductor-overlap+ac, ce_overlap+ac
+  compile+inductor-overlap+ac, ce_overlap+ac, fsdp2+ac
                              the mode with activation checkpointing per block (checkpoint_wrapper on each block
                              before sharding, torchtitan's full AC): the blocks' forward recomputed in the backward.
                              compile+inductor-overlap+ac fails on torch 2.11 on GPUs, torch's own: the overlap
@@ -91,7 +91,7 @@ def max_over_ranks(value: float) -> float:
 
 MODES = ["eager", "compile", "compile+inductor-overlap", "compile+low-contention", "ce_overlap-nccl", "ce_overlap",
          "ce_overlap-packed", "ce_overlap-rs-kernel", "no-comm", "compile+inductor-overlap+ac", "ce_overlap+ac",
-         "fsdp2", "fsdp2-ce", "fsdp2-ce-hooks", "fsdp2-symm-mem", "fsdp2-no-comm"]
+         "fsdp2", "fsdp2-ce", "fsdp2-ce-hooks", "fsdp2-symm-mem", "fsdp2-no-comm", "fsdp2+ac"]
 CE_MODES = ("ce_overlap", "ce_overlap-packed", "ce_overlap-rs-kernel")  # modes that may run CE collectives
 AC = "+ac"  # a mode's suffix: activation checkpointing per block (torchtitan's full AC), then the same mode
 
@@ -198,7 +198,7 @@ def build_model(cfg, mode: str, group, ce: str = "auto", wrap: str = "torchtitan
     if mode.startswith("fsdp2"):
         import _fsdp2
 
-        return _fsdp2.build(cfg, mode, DEVICE, ce, wrap)
+        return _fsdp2.build(cfg, without_ac(mode), DEVICE, ce, wrap, ac=mode.endswith(AC))
     torch.manual_seed(0)  # the same full weights on every rank and in every mode
     with torch.device(DEVICE):
         model = Llama(cfg)
