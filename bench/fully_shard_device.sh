@@ -13,7 +13,7 @@
 #   CE_FS_STAGES="check resume" CE_FS_RANKS="2 4" bash bench/fully_shard_device.sh
 #   CE_FS_STAGES=train CE_TRAIN_LAYERS=32 CE_TRAIN_STEPS=10 CE_TRAIN_MODES=compile+inductor-overlap,ce_overlap,no-comm \
 #     bash bench/fully_shard_device.sh          # at 32 layers a compiled mode takes 2.5-3 min on 4x H200 (compile
-#   ... CE_TRAIN_MODES=fsdp2,ce_overlap+ac ...  # 110-160 s): four modes no longer fit one call, so split them
+#   ... CE_TRAIN_MODES=fsdp2,fsdp2+ac,ce_overlap+ac ...  # 110-160 s): four modes no longer fit one call: split them
 set -o pipefail
 cd "$(dirname "$0")/.."
 
