@@ -132,3 +132,31 @@ def test_torchtitans_own_llama3_analyzes_where_torchtitan_installs(cli):
     report = json.loads(proc.stdout)
     assert [b["path"] for b in report["blocks"]] == [f"model.layers.{i}" for i in range(6)]  # debugmodel: 6 layers
     assert report["meta"]["capture_device"] == "cuda"
+
+
+def test_a_mask_that_reads_model_tensors_is_counted_dense():
+    """A document mask (the mask_mod indexes a tensor of the model's: capture has no values for it) cannot be
+    evaluated: every tile is counted, never fewer than the kernel may compute."""
+    import torch.nn as nn
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    class DocAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(64, 3 * 64, bias=False)
+
+        def forward(self, x, doc):
+            def same_doc(b, h, q_idx, kv_idx):
+                return (doc[b, q_idx] == doc[b, kv_idx]) & (q_idx >= kv_idx)
+
+            b, t, _ = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, 2, 32).permute(2, 0, 3, 1, 4)
+            mask = create_block_mask(same_doc, b, None, t, t, device=x.device)
+            return flex_attention(q, k, v, block_mask=mask).float().pow(2).mean()
+
+    with torch.device("meta"):
+        model = DocAttention()
+    x, doc = torch.zeros(1, 256, 64), torch.zeros(1, 256, dtype=torch.long)
+    nodes = _graph(ce_overlap.capture(model, (x, doc), world_size=2, name="doc").to_dict(), "forward")
+    flex = [n for n in nodes if n["op"] == "higher_order.flex_attention"]
+    assert len(flex) == 1 and flex[0]["flops"] == attention_flops((1, 2, 256, 32), (1, 2, 256, 32), (1, 2, 256, 32))
