@@ -205,6 +205,8 @@ def unavailable_reason() -> str | None:
                 _hooks = _HooksPatch()
     except FakeCudaUnavailable as e:
         return str(e)
+    except Exception as e:  # noqa: BLE001 (a header or library unlike the one this was written against)
+        return f"the CUDA hooks could not be prepared ({type(e).__name__}: {e})"
     return None
 
 
