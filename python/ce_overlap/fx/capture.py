@@ -5,8 +5,9 @@ Inductor is driven through its real pipeline (Dynamo, AOTAutograd with Inductor'
 joint-graph passes, partitioner, post-grad passes); only code generation is replaced: our inner
 compile runs the same pre-lowering steps as Inductor's, records the graph, and returns the graph
 itself to run on fake tensors. No real memory is touched, so an 8B model captures on a laptop.
-Fake tensors live on the CPU by default (Inductor's CPU graphs: SDPA as its CPU flash op, no flex attention
-backward), or on a fake CUDA device (options.device "cuda", ce_overlap.fx.fake_cuda): the graphs a GPU compiles.
+Fake tensors live where options.device says: on a fake CUDA device (ce_overlap.fx.fake_cuda; what ce_overlap.capture
+picks unless it cannot), the graphs a GPU compiles, or on the CPU (Inductor's CPU graphs: SDPA as its CPU flash op,
+no flex attention backward).
 """
 from __future__ import annotations
 

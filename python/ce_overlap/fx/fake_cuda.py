@@ -13,7 +13,7 @@ on fake CUDA tensors without a driver given three changes, each in force only in
 2. Inductor's joint-graph constant folding evaluates size-1 tensors on the graph's device to learn their value: those
    ops run on the CPU instead (only the value is kept).
 3. The SDPA backend choice: the C++ selector needs a device and otherwise picks the math path; ours picks as torch
-   does on the target GPU (cuDNN first on sm90 and newer, as torch 2.11 did on 4x H200 with the zoo's Llama,
+   does on the target, sm90 (cuDNN first, as torch 2.11 did on 4x H200 with the zoo's Llama,
    bench/results/fully-shard-2026-11-27; then flash, memory-efficient, math) from the basic constraints.
 
 On a machine with a GPU nothing is patched: fake CUDA tensors work there as they are.
@@ -30,7 +30,6 @@ import torch
 
 _lock = threading.Lock()
 _active = 0  # nesting depth of enabled()
-_sm = (9, 0)  # the target's compute capability while enabled (SDPA choice)
 _registered = False
 _keep: list = []  # ctypes objects a patched vtable points into: they live as long as the process
 
@@ -115,7 +114,8 @@ _GQA_IN_CUDNN_AND_EFFICIENT = tuple(int(x) for x in re.findall(r"\d+", torch.__v
 
 
 def _sdpa_choice(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False) -> int:
-    """The SDPBackend torch would pick on the target GPU, from the basic constraints of each kernel."""
+    """The SDPBackend torch would pick on the target GPU, from the basic constraints of each kernel. The target is
+    sm90, the GPU of every built-in profile (H100, H200)."""
     from torch.nn.attention import SDPBackend as B
 
     half = q.dtype in (torch.float16, torch.bfloat16)
@@ -123,16 +123,15 @@ def _sdpa_choice(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=
     gqa_everywhere = not enable_gqa or _GQA_IN_CUDNN_AND_EFFICIENT
     ok = {
         B.CUDNN_ATTENTION: torch.backends.cuda.cudnn_sdp_enabled() and half and d == dv and d <= 128
-                           and d % 8 == 0 and gqa_everywhere and _sm >= (8, 0),
+                           and d % 8 == 0 and gqa_everywhere,
         B.FLASH_ATTENTION: torch.backends.cuda.flash_sdp_enabled() and half and attn_mask is None and d == dv
-                           and d <= 256 and d % 8 == 0 and _sm >= (8, 0),
+                           and d <= 256 and d % 8 == 0,
         B.EFFICIENT_ATTENTION: torch.backends.cuda.mem_efficient_sdp_enabled() and gqa_everywhere
                                and (q.dtype == torch.float32 or half) and d % (8 if half else 4) == 0,
         B.MATH: torch.backends.cuda.math_sdp_enabled(),
     }
     order = [B(i) for i in torch._C._get_sdp_priority_order()]
-    if _sm >= (9, 0):  # cuDNN first on sm90+ (seen on H200, torch 2.11)
-        order = [B.CUDNN_ATTENTION] + [b for b in order if b != B.CUDNN_ATTENTION]
+    order = [B.CUDNN_ATTENTION] + [b for b in order if b != B.CUDNN_ATTENTION]  # sm90: cuDNN first (H200, 2.11)
     return next((int(b.value) for b in order if ok.get(b)), int(B.ERROR.value))
 
 
@@ -211,9 +210,9 @@ def unavailable_reason() -> str | None:
 
 
 @contextlib.contextmanager
-def enabled(compute_capability: tuple[int, int] = (9, 0)):
+def enabled():
     """Fake CUDA tensors can be compiled and differentiated inside; raises FakeCudaUnavailable where they cannot."""
-    global _active, _sm
+    global _active
     reason = unavailable_reason()
     if reason is not None:
         raise FakeCudaUnavailable(reason)
@@ -225,12 +224,10 @@ def enabled(compute_capability: tuple[int, int] = (9, 0)):
         if _active == 0 and _hooks is not None:
             _hooks.apply(True)
         _active += 1
-        previous, _sm = _sm, tuple(compute_capability)
     try:
         yield
     finally:
         with _lock:
             _active -= 1
-            _sm = previous
             if _active == 0 and _hooks is not None:
                 _hooks.apply(False)
