@@ -55,6 +55,20 @@ def _wait_backend(symm_mem) -> None:
     torch.cuda.current_stream().wait_stream(symm_mem._get_backend_stream())
 
 
+_UNTUNED: dict[str, dict] = {}
+
+
+def tune(group, restore: bool = False, **knobs) -> None:
+    """Sets the group's peer_lanes / bcast_segments (ce_overlap.runtime.testing.tune) for the next variant; restore=True
+    puts back what the group had before the first call (the runtime's defaults)."""
+    import ce_overlap.runtime.testing as rtt
+
+    if group.group_name not in _UNTUNED:
+        state = dict(kv.split("=") for kv in rtt.tune(group).split())
+        _UNTUNED[group.group_name] = {k: int(state[k]) for k in ("peer_lanes", "bcast_segments")}
+    rtt.tune(group, **(_UNTUNED[group.group_name] if restore else knobs))
+
+
 def _set_mode(mode: str) -> str:
     import ce_overlap.runtime.testing as rtt
 

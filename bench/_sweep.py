@@ -47,6 +47,24 @@ def bandwidths(coll: str, nbytes: int, t_s: float, world: int) -> tuple[float, f
     return algbw, algbw if coll == "broadcast" else algbw * (world - 1) / world
 
 
+def tuned_variants(coll: str, names: list[str], args) -> list[tuple[str, str, dict]]:
+    """(label, variant, knobs) for every variant and setting of --peer-lanes (and --bcast-segments for broadcasts):
+    each CE variant once per setting, labelled 'ce_staged@lanes=0,segments=4'; NCCL and symm_mem once."""
+    lanes = getattr(args, "peer_lanes", None) or [None]
+    segments = (getattr(args, "bcast_segments", None) or [None]) if coll == "broadcast" else [None]
+    out = []
+    for name in names:
+        if not name.startswith("ce"):
+            out.append((name, name, {}))
+            continue
+        for lane in lanes:
+            for seg in segments:
+                knobs = {k: v for k, v in (("peer_lanes", lane), ("bcast_segments", seg)) if v is not None}
+                label = name + ("@" + ",".join(f"{k.split('_')[1]}={v}" for k, v in knobs.items()) if knobs else "")
+                out.append((label, name, knobs))
+    return out
+
+
 def sweep(coll: str, variants: list[str], sizes: list[int], dtype: torch.dtype, dtype_name: str, args, group,
           rank: int, world: int) -> tuple[list[dict], dict[str, str]]:
     elem = torch.empty((), dtype=dtype).element_size()
@@ -75,16 +93,18 @@ def sweep(coll: str, variants: list[str], sizes: list[int], dtype: torch.dtype, 
             ref = torch.empty(count, dtype=dtype, device="cuda")
             dist.reduce_scatter_tensor(ref, inp.clone(), group=group)
         torch.cuda.synchronize()
-        for name in variants:
+        for name, base, knobs in tuned_variants(coll, variants, args):
             row = {"coll": coll, "variant": name, "bytes_per_rank": nbytes, "count_per_rank": count,
-                   "dtype": dtype_name}
+                   "dtype": dtype_name, **({"knobs": knobs} if knobs else {})}
             if name in na:
                 results.append({**row, "na": na[name]})
                 continue
             if name.startswith("ce") and failed_ce:
                 results.append({**row, "na": failed_ce})
                 continue
-            v = MAKE[coll](name, inp, group)
+            if knobs:
+                V.tune(group, **knobs)
+            v = MAKE[coll](base, inp, group)
             reason = C.unavailable(v)
             if reason:
                 na[name] = reason
@@ -103,6 +123,8 @@ def sweep(coll: str, variants: list[str], sizes: list[int], dtype: torch.dtype, 
                 continue
             finally:
                 del v
+                if knobs:
+                    V.tune(group, restore=True)
             algbw, busbw = bandwidths(coll, nbytes, t_ms / 1e3, world)
             results.append({**row, "time_us": t_ms * 1e3, "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": wrong})
         del inp, ref
@@ -133,6 +155,7 @@ def add_parsers(sub) -> None:
                        choices=REDUCED_DTYPES if coll == "reduce_scatter" else sorted(DTYPES))
         p.add_argument("--variants", default=",".join(variants), type=A.choices_list(variants),
                        help="comma list of " + "; ".join(f"{v}: {helps[v]}" for v in variants))
+        tuning_options(p, coll == "broadcast")
         A.out_option(p)
         p.set_defaults(run=run, plan=plan, colls=coll)
     p = sub.add_parser("all", help="all four collectives in one process, one JSON (bench/run_device.sh's stage)",
@@ -146,8 +169,20 @@ def add_parsers(sub) -> None:
                    help=f"all-gather variants, of {', '.join(V.AG_VARIANTS)}")
     p.add_argument("--rs-variants", default=",".join(V.RS_VARIANTS), type=A.choices_list(V.RS_VARIANTS),
                    help=f"reduce-scatter variants, of {', '.join(V.RS_VARIANTS)}")
+    tuning_options(p, True)
     A.out_option(p)
     p.set_defaults(run=run, plan=plan)
+
+
+def tuning_options(p: argparse.ArgumentParser, broadcast: bool) -> None:
+    """--peer-lanes (and --bcast-segments): run every ce_overlap variant once per listed setting, side by side."""
+    p.add_argument("--peer-lanes", type=A.int_list(0), default=None, metavar="LIST",
+                   help="comma list of peer lane counts to run every ce_overlap variant with (0: one stream per peer, "
+                        "every peer at once; 1: one after another); default: the runtime's own")
+    if broadcast:
+        p.add_argument("--bcast-segments", type=A.int_list(0), default=None, metavar="LIST",
+                       help="comma list of broadcast segment counts (3+ ranks: scatter + all-gather pipelined over "
+                            "that many segments; 0: chosen from the size); default: the runtime's choice")
 
 
 def plan(args) -> dict:
@@ -162,7 +197,7 @@ def plan(args) -> dict:
         colls.remove("reduce_scatter")  # announced when run
     sizes = C.size_sweep(args.min, args.max, args.factor)
     # The largest in-place output is world * max; the largest symmetric reduce-scatter input is world * max too.
-    return {"sizes": sizes, "variants": {c: chosen[c] for c in colls},
+    return {"sizes": sizes, "variants": {c: [label for label, _, _ in tuned_variants(c, chosen[c], args)] for c in colls},
             "pool_env": C.pool_env(max(sizes), int(os.environ.get("WORLD_SIZE", "1")))}
 
 
@@ -184,7 +219,9 @@ def run(args) -> int:
         for v in chosen:
             C.log0(f"#   {coll} {v:<18} {helps.get(v, '')}")
         results, na = sweep(coll, chosen, sizes, dtype, args.dtype, args, group, rank, world)
-        print_tables(coll, chosen, helps, sizes, results)
+        labels = [label for label, _, _ in tuned_variants(coll, chosen, args)]
+        print_tables(coll, labels, {label: helps.get(base, "") for label, base, _ in tuned_variants(coll, chosen, args)},
+                     sizes, results)
         all_results += results
         all_na.update({f"{coll}:{k}": v for k, v in na.items()})
     C.finish(group, args.out, {"schema": "ce_overlap.bench.collectives/2", "args": A.recorded(args),

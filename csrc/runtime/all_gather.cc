@@ -284,20 +284,19 @@ void enqueue_pull_locked(Group& g, const AllGatherArgs& a, const std::string& wh
     // 3. Announce.
     g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b, kind_round_word(OpKind::AllGather, plan.variant, static_cast<uint32_t>(k)),
                             chunk, plan.offset});
-    // 4. Pull from every peer, in (rank + i) % n order.
-    for (int i = 1; i < n; ++i) {
-      const int p = (rank + i) % n;
+    // 4. Pull from every peer, in (rank + i) % n order (on the peer lanes).
+    g.for_each_peer(where, [&](int p, cudaStream_t s) {
       // Where peer p's bytes of this round lie in its pool.
       const size_t src = plan.variant == Variant::AgInPlace ? plan.offset + static_cast<size_t>(p) * nbytes
                                                              : plan.offset;
-      g.wait_peer_ready(p, e, sig);
+      g.wait_peer_ready(p, e, sig, s);
       const std::string what = where + ": pulling the shard of rank " + std::to_string(p);
       for_each_piece(a.parts, chunk_offset, chunk, [&](const AllGatherPart& part, size_t from, size_t at, size_t len) {
         char* out = static_cast<char*>(part.output) + static_cast<size_t>(p) * part.bytes + from;
-        g.pull_copy(out, pool.peer_base(p) + src + at, len, what);
+        g.pull_copy(out, pool.peer_base(p) + src + at, len, what, s);
       });
-      g.post_done(p);
-    }
+      g.post_done(p, s);
+    });
     op.rounds.push_back(RoundInfo{e, sig, static_cast<uint32_t>(k), chunk, plan.offset});
   }
   // 5. A zero-copy input goes back to the caller only once every peer has read it.
@@ -328,13 +327,12 @@ void enqueue_push_locked(Group& g, const AllGatherArgs& a, const std::string& wh
                           plan.offset});
   // 3. Push our shard into every peer's output, in (rank + i) % n order.
   const size_t dst = plan.offset + static_cast<size_t>(rank) * part.bytes;
-  for (int i = 1; i < n; ++i) {
-    const int p = (rank + i) % n;
-    g.wait_peer_ready(p, e, sig);
-    CE_CUDA_CHECK(cudaMemcpyAsync(pool.peer_base(p) + dst, part.input, part.bytes, cudaMemcpyDeviceToDevice, comm),
+  g.for_each_peer(where, [&](int p, cudaStream_t s) {
+    g.wait_peer_ready(p, e, sig, s);
+    CE_CUDA_CHECK(cudaMemcpyAsync(pool.peer_base(p) + dst, part.input, part.bytes, cudaMemcpyDeviceToDevice, s),
                   where + ": pushing our shard into rank " + std::to_string(p));
-    g.post_done(p);
-  }
+    g.post_done(p, s);
+  });
   // 4. Every peer's shard has landed in our output.
   g.wait_peers_done(e);
   op.rounds.push_back(RoundInfo{e, sig, 0, part.bytes, plan.offset});

@@ -32,12 +32,39 @@
 //     root then WAITs done[p] >= e from every peer before T goes back to its caller.
 //   Every rank posts and waits for every peer, not only the root: the epoch window (1) needs a done from every peer.
 //   The root is in the signature, so ranks that disagree on it block instead of pulling from a non-root.
+//   With 3+ ranks every non-root pulling the whole tensor from the root sends (n-1) x bytes over the root's links, so
+//   from a few MiB on (broadcast_segments) the broadcast runs as a pipelined SCATTER + ALL-GATHER instead:
+//
+// BROADCAST, scatter + all-gather (n >= 3; BcScatterStaged / BcScatterSymmetric): T is cut into K segments of S bytes
+//   (segment k = T[kS, +b_k)); non-root r owns piece j(r) = (r - t - 1 + n) % n of every segment: bytes
+//   [j P_k, min((j + 1) P_k, b_k)) of it, P_k = ceil(b_k / (n-1)) rounded up to 4 KiB (a piece may be empty).
+//   K + 1 rounds; round k (epoch e):
+//     1. WAIT done[p] >= e-1 for every peer.
+//     2. root, staged, k < K: copy segment k -> its staging bank k % 2 (banks of half the staging region).
+//     3. POST ready. The root: "segment k is staged (symmetric: in place)". A non-root: "my piece of segment k-1 lies
+//        in my bank (k-1) % 2 (symmetric: in T)": its pull of that piece was in round k-1, earlier on the comm stream.
+//     4. for every peer p (on the peer lanes): WAIT ready[p] = e; a non-root then pulls
+//          p = root, k < K:            piece j(r) of segment k from the root's bank k % 2 (T) -> my bank k % 2 (T),
+//          p a non-root, k >= 1:       piece j(p) of segment k-1 from p's bank (k-1) % 2 (T) -> T;
+//        POST done to p. (The root only waits and posts: it takes part in the epoch window.)
+//     5. staged non-root, k < K: comm records `arrived`; the self stream waits for it, copies my piece of segment k
+//        from my bank k % 2 into T and records bank_event(k % 2). Round k+2, which pulls into that bank again, waits
+//        for that event on the comm stream before step 4.
+//   Symmetric: every rank ends waiting for done >= the last epoch (peers read its T in place). Then comm joins the
+//   self stream (staged) and hands back.
+//   Why it is safe, beyond the all-gather's argument: a piece is pulled from a non-root only in the round after the
+//   one that brought it there (ready = e is posted after those copies, in stream order); a bank is rewritten (root:
+//   step 2; non-root: step 4 from the root) only in round k+2, after done >= the epoch of round k+1 from every peer
+//   (1), i.e. after every read of it, and (non-root) after its own copy-out of round k (the bank event); T's bytes
+//   are each written once, by one copy, after the caller's join. The segment count is in the signature.
 //   tests/runtime/protocol_model.py replays both enqueue sequences under random schedules (CPU test).
 // ====================================================================================================
 #include "all_to_all.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
+#include <utility>
 
 namespace ce_overlap {
 
@@ -47,9 +74,22 @@ namespace {
 struct Plan {
   Variant variant = Variant::A2aStaged;
   size_t offset = 0;       // the staging region, or the zero-copy tensor's pool offset (the same on every rank)
-  size_t round_bytes = 0;  // all-to-all: per chunk
+  size_t round_bytes = 0;  // all-to-all: per chunk; scatter broadcast: the segment
   size_t rounds = 0;
+  size_t bank_bytes = 0;   // scatter broadcast, staged: half the staging region
 };
+
+bool is_scatter(Variant v) { return v == Variant::BcScatterStaged || v == Variant::BcScatterSymmetric; }
+
+constexpr size_t kPieceAlign = 4096;
+
+// Bytes [first, second) of segment bytes `b` that non-root j owns (possibly empty).
+std::pair<size_t, size_t> piece_of(size_t b, int j, int n) {
+  const size_t per = (b + static_cast<size_t>(n - 2)) / static_cast<size_t>(n - 1);
+  const size_t p = (per + kPieceAlign - 1) / kPieceAlign * kPieceAlign;
+  const size_t lo = std::min(b, static_cast<size_t>(j) * p);
+  return {lo, std::min(b, lo + p)};
+}
 
 void enqueue_a2a_locked(Group& g, const AllToAllArgs& a, const std::string& where, const Plan& plan) {
   SymmetricPool& pool = g.pool();
@@ -90,14 +130,13 @@ void enqueue_a2a_locked(Group& g, const AllToAllArgs& a, const std::string& wher
     g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b,
                             kind_round_word(OpKind::AllToAll, plan.variant, static_cast<uint32_t>(k)), b, plan.offset});
     // 4. Pull our chunk from every peer, in (rank + i) % n order.
-    for (int i = 1; i < n; ++i) {
-      const int p = (rank + i) % n;
+    g.for_each_peer(where, [&](int p, cudaStream_t s) {
       const size_t src = plan.variant == Variant::A2aStaged ? plan.offset + r * plan.round_bytes : plan.offset + r * C;
-      g.wait_peer_ready(p, e, sig);
+      g.wait_peer_ready(p, e, sig, s);
       g.pull_copy(out + static_cast<size_t>(p) * C + o, pool.peer_base(p) + src, b,
-                  where + ": pulling the chunk of rank " + std::to_string(p));
-      g.post_done(p);
-    }
+                  where + ": pulling the chunk of rank " + std::to_string(p), s);
+      g.post_done(p, s);
+    });
     op.rounds.push_back(RoundInfo{e, sig, static_cast<uint32_t>(k), b, plan.offset});
   }
   // A zero-copy input goes back to the caller only once every peer has read it.
@@ -155,6 +194,90 @@ void enqueue_bcast_locked(Group& g, const BroadcastArgs& a, const std::string& w
   hand_back(g, std::move(op), a.caller, nullptr, where);
 }
 
+void enqueue_bcast_scatter_locked(Group& g, const BroadcastArgs& a, const std::string& where, const Plan& plan) {
+  SymmetricPool& pool = g.pool();
+  const int rank = g.rank();
+  const int n = g.world_size();
+  const bool root = rank == a.root;
+  const bool staged = plan.variant == Variant::BcScatterStaged;
+  const cudaStream_t comm = g.comm_stream();
+  const cudaStream_t self = g.self_stream();
+  char* t = static_cast<char*>(a.tensor);
+  const size_t S = plan.round_bytes;
+  const size_t K = plan.rounds - 1;  // segments
+  auto owner = [&](int r) { return (r - a.root - 1 + n) % n; };
+  auto segment = [&](size_t k) { return std::min(S, a.nbytes - k * S); };
+  // Pool offsets: where the root holds segment k (staged: its bank k % 2), and where non-root p holds its piece of it
+  // (staged: at the start of its bank k % 2; symmetric: in T).
+  auto bank = [&](size_t k) { return plan.offset + (k % 2) * plan.bank_bytes; };
+  auto root_segment = [&](size_t k) { return staged ? bank(k) : plan.offset + k * S; };
+  auto piece_at = [&](int p, size_t k) {
+    return staged ? bank(k) : plan.offset + k * S + piece_of(segment(k), owner(p), n).first;
+  };
+
+  PendingOp op = begin_op(g, "broadcast", OpKind::Broadcast, plan.variant, a.nbytes);
+  join_caller(g, a.caller, op, where);
+  for (size_t k = 0; k <= K; ++k) {
+    const size_t b = k < K ? segment(k) : 0;
+    const uint32_t e = g.next_epoch();
+    const RoundSignature sig = round_signature(OpKind::Broadcast, plan.variant, a.nbytes, static_cast<uint32_t>(k), b,
+                                               plan.offset, static_cast<uint64_t>(a.root) | static_cast<uint64_t>(K) << 32);
+    // 1. The epoch window: peers finished reading our bank / T of round k-1, and wrote nothing of ours since.
+    if (k == 0 && !epoch_ge(g.last_done_waited(), e - 1)) op.done_needed_before = e - 1;
+    g.wait_peers_done(e - 1);
+    // 2. The root stages segment k.
+    if (root && staged && k < K) {
+      CE_CUDA_CHECK(local_copy_async(pool.local_base() + root_segment(k), t + k * S, b, g.device(), comm),
+                    where + ": staging segment " + std::to_string(k) + " at the root");
+    }
+    // A non-root pulls into its bank k % 2 again only after its copy-out of round k-2 read it.
+    if (!root && staged && k >= 2 && k < K) CE_CUDA_CHECK(cudaStreamWaitEvent(comm, g.bank_event(static_cast<int>(k % 2)), 0), where);
+    // 3. Announce.
+    g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b,
+                            kind_round_word(OpKind::Broadcast, plan.variant, static_cast<uint32_t>(k)), b, plan.offset});
+    // 4. The scatter of segment k from the root and the exchange of segment k-1 among the non-roots.
+    g.for_each_peer(where, [&](int p, cudaStream_t s) {
+      g.wait_peer_ready(p, e, sig, s);
+      if (!root && p == a.root && k < K) {
+        const auto [lo, hi] = piece_of(b, owner(rank), n);
+        char* dst = staged ? pool.local_base() + piece_at(rank, k) : t + k * S + lo;
+        if (hi > lo) {
+          g.pull_copy(dst, pool.peer_base(p) + root_segment(k) + lo, hi - lo,
+                      where + ": pulling piece " + std::to_string(owner(rank)) + " of segment " + std::to_string(k) +
+                          " from the root, rank " + std::to_string(p), s);
+        }
+      } else if (!root && p != a.root && k >= 1) {
+        const auto [lo, hi] = piece_of(segment(k - 1), owner(p), n);
+        if (hi > lo) {
+          g.pull_copy(t + (k - 1) * S + lo, pool.peer_base(p) + piece_at(p, k - 1), hi - lo,
+                      where + ": pulling piece " + std::to_string(owner(p)) + " of segment " + std::to_string(k - 1) +
+                          " from rank " + std::to_string(p), s);
+        }
+      }
+      g.post_done(p, s);
+    });
+    // 5. A staged non-root copies its piece out of its bank into T (beside the next rounds).
+    if (!root && staged && k < K) {
+      const auto [lo, hi] = piece_of(b, owner(rank), n);
+      CE_CUDA_CHECK(cudaEventRecord(g.arrived_event(), comm), where);
+      CE_CUDA_CHECK(cudaStreamWaitEvent(self, g.arrived_event(), 0), where);
+      if (hi > lo) {
+        CE_CUDA_CHECK(local_copy_async(t + k * S + lo, pool.local_base() + piece_at(rank, k), hi - lo, g.device(), self),
+                      where + ": copying our piece of segment " + std::to_string(k) + " out of the staging bank");
+      }
+      CE_CUDA_CHECK(cudaEventRecord(g.bank_event(static_cast<int>(k % 2)), self), where);
+    }
+    op.rounds.push_back(RoundInfo{e, sig, static_cast<uint32_t>(k), b, plan.offset});
+  }
+  if (!staged) {  // peers read our T in place until their last round
+    op.done_needed_after = op.rounds.back().epoch;
+    g.wait_peers_done(op.done_needed_after);
+  } else if (!root && K > 0) {  // the last copy-out (the self stream is in order: every one)
+    CE_CUDA_CHECK(cudaStreamWaitEvent(comm, g.bank_event(static_cast<int>((K - 1) % 2)), 0), where);
+  }
+  hand_back(g, std::move(op), a.caller, nullptr, where);
+}
+
 }  // namespace
 
 void enqueue_all_to_all(Group& g, const AllToAllArgs& a) {
@@ -183,6 +306,20 @@ void enqueue_all_to_all(Group& g, const AllToAllArgs& a) {
              [&](const std::string& where, const Plan& plan) { enqueue_a2a_locked(g, a, where, plan); });
 }
 
+size_t broadcast_segments(int world_size, size_t nbytes, int tuned) {
+  if (world_size < 3 || nbytes == 0) return 0;
+  if (tuned > 0) return static_cast<size_t>(tuned);
+  // Link rate B and per-round latency o enter as their product (kBroadcastRoundBytes = B * o). Pulling the whole
+  // tensor from the root takes (n-1) N / B + o (the root's links carry every copy); K segments take
+  // (K + (n-2)/(n-1)) N / (K B) + (K + 1) o, least at K = sqrt((n-2)/(n-1) N / (B o)).
+  const double n = world_size, N = static_cast<double>(nbytes), Bo = static_cast<double>(kBroadcastRoundBytes);
+  const double best = std::sqrt((n - 2) / (n - 1) * N / Bo);
+  const double K = std::clamp(std::round(best), 1.0, static_cast<double>(kMaxBcastSegments));
+  const double whole = (n - 1) * N / Bo + 1;  // in units of o
+  const double scatter = (K + (n - 2) / (n - 1)) * N / (K * Bo) + (K + 1);
+  return scatter < whole ? static_cast<size_t>(K) : 0;
+}
+
 void enqueue_broadcast(Group& g, const BroadcastArgs& a) {
   if (a.root < 0 || a.root >= g.world_size()) {
     throw std::invalid_argument("ce_overlap.broadcast: root " + std::to_string(a.root) + " is not a rank of group '" +
@@ -191,9 +328,22 @@ void enqueue_broadcast(Group& g, const BroadcastArgs& a) {
   auto plan_op = [&] {
     SymmetricPool& pool = g.pool();
     Plan plan;
-    if (const std::optional<size_t> offset = pool.user_region_offset(a.tensor, a.nbytes)) {
+    const std::optional<size_t> symmetric = pool.user_region_offset(a.tensor, a.nbytes);
+    const size_t bank_bytes = pool.staging_bytes() / 2 / kPoolAlignment * kPoolAlignment;
+    size_t K = broadcast_segments(g.world_size(), a.nbytes, g.bcast_segments());
+    if (K > 0 && !symmetric) K = std::max(K, (a.nbytes + bank_bytes - 1) / std::max<size_t>(bank_bytes, 1));
+    if (K > 0 && (symmetric || bank_bytes >= kPieceAlign)) {
+      plan.variant = symmetric ? Variant::BcScatterSymmetric : Variant::BcScatterStaged;
+      plan.offset = symmetric ? *symmetric : pool.staging_offset();
+      plan.bank_bytes = bank_bytes;
+      plan.round_bytes = ((a.nbytes + K - 1) / K + kPieceAlign - 1) / kPieceAlign * kPieceAlign;
+      if (!symmetric) plan.round_bytes = std::min(plan.round_bytes, bank_bytes / kPieceAlign * kPieceAlign);
+      plan.rounds = (a.nbytes + plan.round_bytes - 1) / plan.round_bytes + 1;  // K segments + the last exchange
+      return plan;
+    }
+    if (symmetric) {
       plan.variant = Variant::BcSymmetric;
-      plan.offset = *offset;
+      plan.offset = *symmetric;
       plan.round_bytes = a.nbytes;
     } else {
       plan.variant = Variant::BcStaged;
@@ -203,8 +353,13 @@ void enqueue_broadcast(Group& g, const BroadcastArgs& a) {
     plan.rounds = g.world_size() == 1 ? 0 : (a.nbytes + plan.round_bytes - 1) / plan.round_bytes;
     return plan;
   };
-  enqueue_op(g, "broadcast", a.nbytes == 0, a.caller, plan_op,
-             [&](const std::string& where, const Plan& plan) { enqueue_bcast_locked(g, a, where, plan); });
+  enqueue_op(g, "broadcast", a.nbytes == 0, a.caller, plan_op, [&](const std::string& where, const Plan& plan) {
+    if (is_scatter(plan.variant)) {
+      enqueue_bcast_scatter_locked(g, a, where, plan);
+    } else {
+      enqueue_bcast_locked(g, a, where, plan);
+    }
+  });
 }
 
 }  // namespace ce_overlap

@@ -56,6 +56,10 @@ const char* variant_name(uint32_t variant) {
       return "staged at the root, pull";
     case static_cast<uint32_t>(Variant::BcSymmetric):
       return "zero-copy symmetric tensor, pull";
+    case static_cast<uint32_t>(Variant::BcScatterStaged):
+      return "scatter + all-gather, staged";
+    case static_cast<uint32_t>(Variant::BcScatterSymmetric):
+      return "scatter + all-gather, zero-copy symmetric tensor";
     case static_cast<uint32_t>(Variant::P2pStaged):
       return "push into landing banks";
     case static_cast<uint32_t>(Variant::P2pDirect):
@@ -207,6 +211,7 @@ Group::Group(std::string name, int rank, int world_size, int device, const Group
       reduce_ctas_(config.reduce_ctas),
       rs_round_bytes_(config.rs_round_bytes),
       pull_split_(config.pull_split),
+      peer_lanes_(kDefaultPeerLanes),
       refuse_p2p_(config.refuse_p2p),
       p2p_send_(static_cast<size_t>(world_size), nullptr),
       p2p_recv_(static_cast<size_t>(world_size), nullptr),
@@ -237,6 +242,13 @@ Group::Group(std::string name, int rank, int world_size, int device, const Group
     CE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_join_[i], cudaEventDisableTiming), ctx);
   }
   CE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming), ctx);
+  CE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_lane_fork_, cudaEventDisableTiming), ctx);
+  for (int i = 0; i + 2 < world_size; ++i) {
+    lanes_.push_back(nullptr);
+    lane_join_.push_back(nullptr);
+    CE_CUDA_CHECK(cudaStreamCreateWithPriority(&lanes_.back(), cudaStreamNonBlocking, greatest), ctx);
+    CE_CUDA_CHECK(cudaEventCreateWithFlags(&lane_join_.back(), cudaEventDisableTiming), ctx);
+  }
   // Load the reduction kernels now, while nothing of this group waits on a peer. With lazy loading
   // (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2) the first launch of a kernel loads it, and
   // loading may wait for the whole device to go idle: inside an enqueue (group lock held) whose comm
@@ -281,6 +293,13 @@ Group::~Group() {
     if (pull_[i]) cudaStreamDestroy(pull_[i]);
   }
   if (ev_fork_) cudaEventDestroy(ev_fork_);
+  if (ev_lane_fork_) cudaEventDestroy(ev_lane_fork_);
+  for (cudaEvent_t e : lane_join_) {
+    if (e) cudaEventDestroy(e);
+  }
+  for (cudaStream_t s : lanes_) {
+    if (s) cudaStreamDestroy(s);
+  }
   for (cudaStream_t s : p2p_send_) {
     if (s) cudaStreamDestroy(s);
   }
@@ -327,6 +346,19 @@ void Group::set_rs_round_bytes(size_t bytes) {
   rs_round_bytes_.store(std::max<size_t>(kPoolAlignment, bytes / kPoolAlignment * kPoolAlignment));
 }
 
+void Group::set_peer_lanes(int lanes) {
+  if (lanes < 0) throw std::invalid_argument("peer_lanes must be >= 0 (0: one lane per peer), got " + std::to_string(lanes));
+  peer_lanes_.store(lanes);
+}
+
+void Group::set_bcast_segments(int segments) {
+  if (segments < 0 || segments > kMaxBcastSegments) {
+    throw std::invalid_argument("bcast_segments must be in 0.." + std::to_string(kMaxBcastSegments) +
+                                " (0: chosen from the size), got " + std::to_string(segments));
+  }
+  bcast_segments_.store(segments);
+}
+
 void Group::set_pull_split(int pieces) {
   if (pieces < 1 || pieces > kMaxPullSplit) {
     throw std::invalid_argument("pull split must be in 1.." + std::to_string(kMaxPullSplit) + ", got " +
@@ -367,22 +399,26 @@ void Group::post_ready(const PeerSignal& s) {
   }
 }
 
-void Group::wait_peer_ready(int peer, uint32_t epoch, RoundSignature sig) {
+void Group::wait_peer_ready(int peer, uint32_t epoch, RoundSignature sig, cudaStream_t stream) {
   FlagsRegion* flags = pool_->local_flags();
   std::vector<CUstreamBatchMemOpParams> ops;
   signal_waits(&flags->ready[peer], epoch, sig, ops);
-  batch_mem_ops(comm_, ops, "group '" + name_ + "': waiting for rank " + std::to_string(peer) + " (epoch " +
-                                std::to_string(epoch) + ")");
+  batch_mem_ops(stream ? stream : comm_, ops, "group '" + name_ + "': waiting for rank " + std::to_string(peer) +
+                                                   " (epoch " + std::to_string(epoch) + ")");
 }
 
-void Group::post_done(int peer) {
+void Group::post_done(int peer, cudaStream_t stream) {
   FlagsRegion* flags = pool_->local_flags();
   CE_CUDA_CHECK(cudaMemcpyAsync(&pool_->peer_flags(peer)->done[rank_], &flags->done_outbox, sizeof(uint32_t),
-                                cudaMemcpyDeviceToDevice, comm_),
+                                cudaMemcpyDeviceToDevice, stream ? stream : comm_),
                 "group '" + name_ + "': signalling done to rank " + std::to_string(peer));
 }
 
-void Group::pull_copy(char* dst, const char* src, size_t bytes, const std::string& what) {
+void Group::pull_copy(char* dst, const char* src, size_t bytes, const std::string& what, cudaStream_t stream) {
+  if (stream && stream != comm_) {
+    CE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), what);
+    return;
+  }
   const size_t most = std::max<size_t>(1, bytes / kMinPullPiece);
   const int k = static_cast<int>(std::min<size_t>(static_cast<size_t>(pull_split()), most));
   if (k <= 1) {
@@ -406,6 +442,26 @@ void Group::pull_copy(char* dst, const char* src, size_t bytes, const std::strin
   }
   CE_CUDA_CHECK(cudaMemcpyAsync(dst, src, std::min(piece, bytes), cudaMemcpyDeviceToDevice, comm_), what);
   for (int j = 0; j < forked; ++j) CE_CUDA_CHECK(cudaStreamWaitEvent(comm_, ev_join_[j], 0), what);
+}
+
+void Group::for_each_peer(const std::string& where, const std::function<void(int, cudaStream_t)>& body) {
+  const int peers = world_size_ - 1;
+  const int tuned = peer_lanes_.load();
+  const int lanes = tuned <= 0 ? peers : std::min(tuned, peers);
+  if (lanes > 1) {
+    CE_CUDA_CHECK(cudaEventRecord(ev_lane_fork_, comm_), where + ": forking the peer lanes");
+    for (int j = 1; j < lanes; ++j) {
+      CE_CUDA_CHECK(cudaStreamWaitEvent(lanes_[j - 1], ev_lane_fork_, 0), where + ": forking the peer lanes");
+    }
+  }
+  for (int i = 1; i <= peers; ++i) {
+    const int lane = (i - 1) % std::max(lanes, 1);
+    body((rank_ + i) % world_size_, lane == 0 ? comm_ : lanes_[lane - 1]);
+  }
+  for (int j = 1; j < lanes; ++j) {
+    CE_CUDA_CHECK(cudaEventRecord(lane_join_[j - 1], lanes_[j - 1]), where + ": joining the peer lanes");
+    CE_CUDA_CHECK(cudaStreamWaitEvent(comm_, lane_join_[j - 1], 0), where + ": joining the peer lanes");
+  }
 }
 
 cudaStream_t Group::p2p_stream(int peer, bool send) {

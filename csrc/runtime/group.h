@@ -19,6 +19,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -49,6 +50,8 @@ enum class Variant : uint32_t {
   P2pStaged = 9,        // send/recv: sender pushes into the receiver's landing banks, receiver copies them out
   P2pDirect = 10,       // send/recv: both tensors in the user region at one offset, sender pushes in place
   RsUnreduced = 11,     // reduce-scatter: chunks pushed into the receivers' staging slots, copied out unreduced
+  BcScatterStaged = 12, // broadcast, n >= 3: root staged; each non-root pulls its piece, then the non-roots exchange
+  BcScatterSymmetric = 13,  // broadcast, n >= 3: the same from and into the symmetric tensor (no staging)
 };
 const char* variant_name(uint32_t variant);
 // PeerSignal::kind_round: kind (8 bits) | variant (4 bits) | round (20 bits, diagnostics only).
@@ -120,6 +123,10 @@ struct PendingOp {
 
 // Most pieces a pull is split into (RuntimeConfig.pull_split); every piece beyond the first runs on its own stream.
 constexpr int kMaxPullSplit = 4;
+// for_each_peer's lanes unless tuned (Group::set_peer_lanes): 1 = every peer on the comm stream, 0 = one lane per peer.
+constexpr int kDefaultPeerLanes = 1;
+// Most segments a scatter + all-gather broadcast is pipelined over (each is one round plus one at the end).
+constexpr int kMaxBcastSegments = 64;
 // A piece of a split pull is never smaller than this (smaller copies gain nothing from a second engine).
 constexpr size_t kMinPullPiece = 1 << 20;
 
@@ -165,6 +172,15 @@ class Group {
   void set_reduce_ctas(int ctas);              // 1..1024; throws std::invalid_argument otherwise
   void set_rs_round_bytes(size_t bytes);       // rounded down to kPoolAlignment, at least one unit
   void set_pull_split(int pieces);             // 1..kMaxPullSplit; throws std::invalid_argument otherwise
+  // Lanes (streams) a round's peer loop is spread over: 0 = one per peer (every peer at once), 1 = one after another
+  // on the comm stream, k = k lanes. Local (ranks may differ): a lane runs the same waits, copies and posts the comm
+  // stream would, forked from it after the round's POST ready and joined back before its next step.
+  int peer_lanes() const { return peer_lanes_.load(); }
+  void set_peer_lanes(int lanes);              // >= 0; throws std::invalid_argument otherwise
+  // Segments of a scatter + all-gather broadcast (all_to_all.cc): 0 = chosen from the size. Must match on every rank
+  // (it is in the rounds' signature, like rs_round_bytes).
+  int bcast_segments() const { return bcast_segments_.load(); }
+  void set_bcast_segments(int segments);       // 0..kMaxBcastSegments; throws std::invalid_argument otherwise
 
   // Rendezvous, step 1 (pool allocated in the constructor) and step 2.
   PoolHandleBlob export_blob() { return pool_->export_blob(); }
@@ -203,13 +219,21 @@ class Group {
   // comm stream: fill the outbox with `signal` (and the done outbox with signal.epoch), then copy the
   // outbox into ready[rank] of every peer.
   void post_ready(const PeerSignal& signal);
-  // comm stream: wait until peer's ready epoch >= epoch and its signature bits match ours.
-  void wait_peer_ready(int peer, uint32_t epoch, RoundSignature sig);
-  // comm stream: copy the done outbox (the current round's epoch) into done[rank] of `peer`.
-  void post_done(int peer);
-  // comm stream: one peer copy of a pull, split into pull_split() pieces (one per stream) when it is large
-  // enough; to the protocol it is one copy on the comm stream (forked after, joined before the next step).
-  void pull_copy(char* dst, const char* src, size_t bytes, const std::string& what);
+  // `stream` (the comm stream, or a lane of for_each_peer): wait until peer's ready epoch >= epoch and its signature
+  // bits match ours.
+  void wait_peer_ready(int peer, uint32_t epoch, RoundSignature sig, cudaStream_t stream = nullptr);
+  // `stream` (comm or a lane): copy the done outbox (the current round's epoch) into done[rank] of `peer`.
+  void post_done(int peer, cudaStream_t stream = nullptr);
+  // `stream` (comm or a lane): one peer copy of a pull. On the comm stream it is split into pull_split() pieces (one
+  // per stream) when large enough; to the protocol it is one copy on the comm stream (forked after, joined before the
+  // next step). On a lane it is one copy (the lanes already keep several copy engines busy).
+  void pull_copy(char* dst, const char* src, size_t bytes, const std::string& what, cudaStream_t stream = nullptr);
+  // The peer loop of a round: body(p, stream) for p = (rank + i) % n, i = 1..n-1, in that order within a lane. With
+  // one lane every call gets the comm stream. With L > 1 lanes, peer i goes to lane (i - 1) % L (lane 0 = the comm
+  // stream): lanes 1..L-1 wait for an event recorded on the comm stream before the loop, and the comm stream waits
+  // for every lane after it. To the protocol, each lane's waits, copies and posts are the comm stream's, reordered
+  // only across peers; every post of a peer still follows its own wait and copy (stream order within the lane).
+  void for_each_peer(const std::string& where, const std::function<void(int peer, cudaStream_t stream)>& body);
 
   // Point-to-point channels (p2p.cc). Channel (sender s -> receiver d) has a round counter on each side,
   // advanced identically because sends and receives of one pair are matched in order, and its own streams:
@@ -280,6 +304,8 @@ class Group {
   std::atomic<int> reduce_ctas_;
   std::atomic<size_t> rs_round_bytes_;
   std::atomic<int> pull_split_;
+  std::atomic<int> peer_lanes_;
+  std::atomic<int> bcast_segments_{0};
   bool refuse_p2p_ = false;  // GroupConfig::refuse_p2p (fault injection)
   std::unique_ptr<SymmetricPool> pool_;
   cudaStream_t comm_ = nullptr;
@@ -300,6 +326,9 @@ class Group {
   int stream_priority_ = 0;
   cudaEvent_t ev_fork_ = nullptr;
   cudaEvent_t ev_join_[kMaxPullSplit - 1] = {};
+  std::vector<cudaStream_t> lanes_;      // for_each_peer's lanes 1..n-2 (lane 0 is the comm stream)
+  std::vector<cudaEvent_t> lane_join_;   // one per lane
+  cudaEvent_t ev_lane_fork_ = nullptr;
   FlagsRegion* host_flags_ = nullptr;   // pinned: readback of our flags for the diagnosis
   FlagsRegion* host_poison_ = nullptr;  // pinned: source of the unblocking write
 

@@ -22,24 +22,29 @@ std::string set_ag_mode(std::string mode) {
   }
 }
 
-// Tuning between ops (the probe sweeps these; values <= 0 leave a knob unchanged). pull_split and
-// reduce_ctas are local to this rank; rs_round_bytes must be set to the same value on every rank before the
-// next reduce-scatter (SPMD, like the op itself): it is part of every round's signature, so ranks that
-// disagree get a "different collective" timeout, never wrong bytes. Returns the group's resulting
-// "pull_split=.. reduce_ctas=.. rs_round_bytes=.." (rs_round_bytes as configured; the effective round is
-// also capped by the staging slot, see _reduce_scatter_round_bytes).
-std::string tune(std::string group_name, int64_t pull_split, int64_t reduce_ctas, int64_t rs_round_bytes) {
+// Tuning between ops (the probe sweeps these; values <= 0 leave a knob unchanged, < 0 for peer_lanes and
+// bcast_segments, where 0 means "one lane per peer" / "chosen from the size"). pull_split, reduce_ctas and peer_lanes
+// are local to this rank; rs_round_bytes and bcast_segments must be set to the same value on every rank before the
+// next reduce-scatter / broadcast (SPMD, like the op itself): they are part of every round's signature, so ranks
+// that disagree get a "different collective" timeout, never wrong bytes. Returns the group's resulting
+// "pull_split=.. reduce_ctas=.. rs_round_bytes=.. peer_lanes=.. bcast_segments=.." (rs_round_bytes as configured;
+// the effective round is also capped by the staging slot, see _reduce_scatter_round_bytes).
+std::string tune(std::string group_name, int64_t pull_split, int64_t reduce_ctas, int64_t rs_round_bytes,
+                 int64_t peer_lanes, int64_t bcast_segments) {
   std::shared_ptr<Group> g = Runtime::get().require(group_name, "_tune");
   std::lock_guard<std::mutex> lk(g->mutex());  // between enqueues: no op sees half a change
   try {
     if (pull_split > 0) g->set_pull_split(static_cast<int>(std::min<int64_t>(pull_split, 1 << 20)));
     if (reduce_ctas > 0) g->set_reduce_ctas(static_cast<int>(std::min<int64_t>(reduce_ctas, 1 << 20)));
     if (rs_round_bytes > 0) g->set_rs_round_bytes(static_cast<size_t>(rs_round_bytes));
+    if (peer_lanes >= 0) g->set_peer_lanes(static_cast<int>(std::min<int64_t>(peer_lanes, 1 << 20)));
+    if (bcast_segments >= 0) g->set_bcast_segments(static_cast<int>(std::min<int64_t>(bcast_segments, 1 << 20)));
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK(false, "ce_overlap_testing._tune: ", e.what());
   }
   return "pull_split=" + std::to_string(g->pull_split()) + " reduce_ctas=" + std::to_string(g->reduce_ctas()) +
-         " rs_round_bytes=" + std::to_string(g->rs_round_bytes());
+         " rs_round_bytes=" + std::to_string(g->rs_round_bytes()) + " peer_lanes=" + std::to_string(g->peer_lanes()) +
+         " bcast_segments=" + std::to_string(g->bcast_segments());
 }
 
 // Probe: the reduce-scatter's reduction kernel alone, as the op runs it for 2 ranks: out = a + b (fp32
@@ -124,7 +129,7 @@ std::string keep_alive_mode_op() { return keep_alive_mode() == KeepAlive::Stash 
 TORCH_LIBRARY(ce_overlap_testing, m) {
   using namespace ce_overlap;
   m.def("_set_all_gather_mode(str mode) -> str", &set_ag_mode);
-  m.def("_tune(str group_name, int pull_split, int reduce_ctas, int rs_round_bytes) -> str", &tune);
+  m.def("_tune(str group_name, int pull_split, int reduce_ctas, int rs_round_bytes, int peer_lanes=-1, int bcast_segments=-1) -> str", &tune);
   m.def("_reduce_bench(Tensor(a!) out, Tensor a, Tensor b, int ctas) -> ()", &reduce_bench);
   m.def("_reduce_scatter_round_bytes(str group_name) -> int", &rs_round_bytes);
   m.def("_p2p_round_bytes(str group_name) -> int", &p2p_round_bytes_op);

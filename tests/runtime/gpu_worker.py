@@ -255,6 +255,8 @@ def draw_case(rng: random.Random) -> dict:
         "seed": rng.randrange(1 << 30),
         # Pieces each pulled peer copy is split into (local: rank 1 uses split % 4 + 1, so the ranks differ).
         "split": rng.choice([1, 1, 2, 3, 4]),
+        # Peer lanes (local: rank r uses (lanes + r) % 4, 0 = one per peer), so the ranks differ.
+        "lanes": rng.randrange(4),
     }
 
 
@@ -313,7 +315,8 @@ def run_case(case: dict, group, world: int, rank: int, side: torch.cuda.Stream) 
         else:
             raise AssertionError(mode)
 
-        rtt.tune(group, pull_split=case["split"] if rank == 0 else case["split"] % 4 + 1)
+        rtt.tune(group, pull_split=case["split"] if rank == 0 else case["split"] % 4 + 1,
+                 peer_lanes=(case["lanes"] + rank) % 4)
         previous_mode = rtt.set_all_gather_mode("push" if mode.endswith("_push") else "pull")
         try:
             if mode == "functional":
@@ -769,8 +772,10 @@ def mode_reduce_scatter(args) -> int:
         case = draw_rs_case(rng, round_elems)
         ctas = rng.choice(ctas_choices)
         # Reduction CTAs are local (ranks may differ); the round size must match, so it changes on both at once.
+        lanes = rng.randrange(4)  # peer lanes, local: rank r uses (lanes + r) % 4 (0 = one per peer)
         rtt.tune(group, reduce_sms=ctas if rank == 0 else ctas_choices[(ctas_choices.index(ctas) + 1) % 5],
-                rs_round_mb=(64 / 1024) if i >= small_round_from else round_bytes / (1 << 20))
+                 rs_round_mb=(64 / 1024) if i >= small_round_from else round_bytes / (1 << 20),
+                 peer_lanes=(lanes + rank) % 4)
         multi_round += case["numel"] * torch.empty((), dtype=case["dtype"]).element_size() > (
             (64 << 10) if i >= small_round_from else round_bytes)
         step(f"reduce_scatter case {i}: {case['op']} {str(case['dtype']).replace('torch.', '')} numel {case['numel']} "
@@ -1175,7 +1180,12 @@ def mode_a2a_bcast(args) -> int:
                                    else ["staged", "symmetric"]),
                 "root": rng.randrange(world), "clobber_input_after": rng.random() < 0.3}
         case["numel"] = _draw_numel(rng, world if kind == "a2a" else 1)
-        step(f"a2a_bcast case {i}: {kind} {case['mode']} {case['dtype']} {case['numel']}")
+        # Peer lanes are local (rank r uses (lanes + r) % 4); the broadcast's segments (0: chosen from the size, which
+        # with these sizes mostly means "pull it whole from the root") must match on every rank.
+        case["lanes"], case["segments"] = rng.randrange(4), rng.choice([0, 0, 1, 2, 3, 7])
+        rtt.tune(group, peer_lanes=(case["lanes"] + rank) % 4, bcast_segments=case["segments"])
+        step(f"a2a_bcast case {i}: {kind} {case['mode']} {case['dtype']} {case['numel']} lanes {case['lanes']} "
+             f"segments {case['segments']}")
         wrong, problem = checked_case(_run_a2a_bcast_case, case, group, world, rank)
         stats[(kind, case["mode"])] += 1
         if wrong or problem:

@@ -36,15 +36,18 @@ class Op:
 
 
 class World:
-    def __init__(self, n, S, N, bugs=frozenset()):
+    def __init__(self, n, S, N, bugs=frozenset(), lanes=None):
         self.n, self.S, self.N = n, S, N
+        # Per rank: the streams a round's peer loop is spread over (Group::for_each_peer; local, so ranks may differ).
+        self.lanes = lanes or [1] * n
         self.bugs = bugs
         self.B = (n - 1) * S          # bank bytes
         self.U0 = 2 * self.B          # user region start (staging is [0, 2B))
         self.flags = [{"ready": [0] * n, "done": [0] * n, "credit": [0] * n, "landed": [0] * n} for _ in range(n)]
         self.mem = [[] for _ in range(n)]     # (lo, hi, tag)
         self.active = [[] for _ in range(n)]  # (lo, hi, mode, opid)
-        self.streams = [{s: deque() for s in ("caller", "comm", "self", "red")} for _ in range(n)]
+        self.streams = [{s: deque() for s in ("caller", "comm", "self", "red") + tuple(f"lane{j}" for j in range(1, n - 1))}
+                        for _ in range(n)]
         self.epoch_next = [1] * n
         self.done_waited = [0] * n
         self.ev = [{k: Ev() for k in ("caller", "self", "arrived", "bank0", "bank1", "end")} for _ in range(n)]
@@ -107,7 +110,7 @@ class World:
 
     def record(self, r, s, evname):
         op = self.q(r, s, Op("record"))
-        self.ev[r][evname].last = op
+        self.ev[r].setdefault(evname, Ev()).last = op
 
     def wait_ev(self, r, s, evname):
         self.q(r, s, Op("waitev", target=self.ev[r][evname].last))
@@ -126,8 +129,25 @@ class World:
         for i in range(1, self.n):
             self.q(r, "comm", Op("setflag", dst=(r + i) % self.n, fkind="ready", src_rank=r, value=e))
 
-    def post_done(self, r, p, e):
-        self.q(r, "comm", Op("setflag", dst=p, fkind="done", src_rank=r, value=e))
+    def post_done(self, r, p, e, s="comm"):
+        self.q(r, s, Op("setflag", dst=p, fkind="done", src_rank=r, value=e))
+
+    def for_each_peer(self, r, body):
+        """Group::for_each_peer: body(p, stream) for p = (r + i) % n; peer i on lane (i - 1) % L (lane 0 = comm), the
+        lanes forked from the comm stream before the loop and joined back after it."""
+        n = self.n
+        L = max(1, min(self.lanes[r] or n - 1, n - 1))
+        if L > 1:
+            self.record(r, "comm", "lane_fork")
+            for j in range(1, L):
+                self.wait_ev(r, f"lane{j}", "lane_fork")
+        for i in range(1, n):
+            lane = (i - 1) % L
+            body((r + i) % n, "comm" if lane == 0 else f"lane{lane}")
+        if "lanes_no_join" not in self.bugs:
+            for j in range(1, L):
+                self.record(r, f"lane{j}", f"lane_join{j}")
+                self.wait_ev(r, "comm", f"lane_join{j}")
 
     def copy(self, r, s, reads, writes):
         """reads: list of (rank, lo, hi, tag, what); writes: list of (rank, lo, hi, tag)."""
@@ -173,12 +193,13 @@ class World:
             self.epoch_next[r] += 1
             self.wait_peers_done(r, e - 1)
             self.post_ready(r, e)
-            for i in range(1, n):
-                p = (r + i) % n
-                self.wait_flag(r, "comm", "ready", p, e)
+            def push(p, st):
+                self.wait_flag(r, st, "ready", p, e)
                 reads = [(r, O + r * N, O + (r + 1) * N, ("ag", opid, r), "push src")] if in_place else []
-                self.copy(r, "comm", reads, [(p, O + r * N, O + (r + 1) * N, ("ag", opid, r))])
-                self.post_done(r, p, e)
+                self.copy(r, st, reads, [(p, O + r * N, O + (r + 1) * N, ("ag", opid, r))])
+                self.post_done(r, p, e, st)
+
+            self.for_each_peer(r, push)
             if "push_no_final_done_wait" not in self.bugs:
                 self.wait_peers_done(r, e)
         else:
@@ -191,9 +212,9 @@ class World:
                 if variant == "staged":
                     self.copy(r, "comm", [], [(r, 0, 2 * self.B, ("ag", opid, k, r))])
                 self.post_ready(r, e)
-                for i in range(1, n):
-                    p = (r + i) % n
-                    self.wait_flag(r, "comm", "ready", p, e)
+
+                def pull(p, st, k=k, e=e):
+                    self.wait_flag(r, st, "ready", p, e)
                     if variant == "staged":
                         src = (p, 0, 2 * self.B, ("ag", opid, k, p), "pull staged")
                     elif variant == "symm_input":
@@ -201,8 +222,10 @@ class World:
                     else:
                         src = (p, O + p * N, O + (p + 1) * N, ("ag", opid, p), "pull in place")
                     writes = [(r, O + p * N, O + (p + 1) * N, ("ag", opid, p))] if out_in_pool else []
-                    self.copy(r, "comm", [src], writes)
-                    self.post_done(r, p, e)
+                    self.copy(r, st, [src], writes)
+                    self.post_done(r, p, e, st)
+
+                self.for_each_peer(r, pull)
             if variant != "staged" and "zero_copy_no_final_wait" not in self.bugs:
                 self.wait_peers_done(r, e)
         caller_reads = [(r, O + q * N, O + (q + 1) * N, ("ag", opid, q), "caller reads out") for q in range(n)] \
@@ -220,13 +243,15 @@ class World:
             if k >= 2 and "rs_no_bank_wait" not in self.bugs:
                 self.wait_ev(r, "comm", f"bank{bank}")
             self.post_ready(r, e)
-            for i in range(1, n):
-                p = (r + i) % n
-                self.wait_flag(r, "comm", "ready", p, e)
+
+            def push(p, st, k=k, e=e, bank=bank):
+                self.wait_flag(r, st, "ready", p, e)
                 slot = r if r < p else r - 1
                 lo = bank * B + slot * S
-                self.copy(r, "comm", [], [(p, lo, lo + S, ("rs", opid, k, r))])
-                self.post_done(r, p, e)
+                self.copy(r, st, [], [(p, lo, lo + S, ("rs", opid, k, r))])
+                self.post_done(r, p, e, st)
+
+            self.for_each_peer(r, push)
             if "rs_no_arrival_wait" not in self.bugs:
                 self.wait_peers_done(r, e)
             self.record(r, "comm", "arrived")
@@ -267,15 +292,17 @@ class World:
                     if q != r:
                         self.copy(r, "comm", [], [(r, q * R, (q + 1) * R, ("a2a", opid, k, r, q))])
             self.post_ready(r, e)
-            for i in range(1, n):
-                p = (r + i) % n
-                self.wait_flag(r, "comm", "ready", p, e)
+
+            def pull(p, st, k=k, e=e):
+                self.wait_flag(r, st, "ready", p, e)
                 if variant == "a2a_staged":
                     src = (p, r * R, (r + 1) * R, ("a2a", opid, k, p, r), "a2a pull staged")
                 else:
                     src = (p, X + r * C, X + (r + 1) * C, ("a2a", opid, p), "a2a pull zero-copy")
-                self.copy(r, "comm", [src], [])
-                self.post_done(r, p, e)
+                self.copy(r, st, [src], [])
+                self.post_done(r, p, e, st)
+
+            self.for_each_peer(r, pull)
         if variant == "a2a_symm" and "a2a_no_final_wait" not in self.bugs:
             self.wait_peers_done(r, e)
         self.finish(r, False, [])
@@ -296,25 +323,96 @@ class World:
             if r == root and not symm:
                 self.copy(r, "comm", [], [(r, 0, self.B, ("bc", opid, k))])
             self.post_ready(r, e)
-            for i in range(1, n):
-                p = (r + i) % n
+
+            def pull(p, st, k=k, e=e):
                 if "bc_wait_root_only" in self.bugs and p != root:
-                    continue
-                self.wait_flag(r, "comm", "ready", p, e)
+                    return
+                self.wait_flag(r, st, "ready", p, e)
                 if p == root:
                     if symm:
-                        self.copy(r, "comm", [(p, Y, Y + N, ("bc", opid, root), "bcast pull symmetric")],
+                        self.copy(r, st, [(p, Y, Y + N, ("bc", opid, root), "bcast pull symmetric")],
                                   [(r, Y, Y + N, ("bc", opid, root))])
                     else:
-                        self.copy(r, "comm", [(p, 0, self.B, ("bc", opid, k), "bcast pull staged")], [])
+                        self.copy(r, st, [(p, 0, self.B, ("bc", opid, k), "bcast pull staged")], [])
                 if "bc_wait_root_only" in self.bugs and r != root:
                     if p == root:
-                        self.post_done(r, p, e)
-                    continue
-                self.post_done(r, p, e)
+                        self.post_done(r, p, e, st)
+                    return
+                self.post_done(r, p, e, st)
+
+            self.for_each_peer(r, pull)
         if symm and r == root and "bc_root_no_final_wait" not in self.bugs:
             self.wait_peers_done(r, e)
         reads = [(r, Y, Y + N, ("bc", opid, root), "caller reads broadcast")] if symm else []
+        self.finish(r, True, reads)
+
+    def bcast_scatter(self, r, opid, variant, root, K):
+        """all_to_all.cc, broadcast as scatter + all-gather (3+ ranks): K segments of n-1 pieces (PC bytes each); round
+        k: the root stages segment k into bank k % 2 (staged), each non-root pulls its piece of segment k from the root
+        and the pieces of segment k-1 from the other non-roots; staged non-roots copy their piece out of their bank on
+        the self stream. Symmetric: T at Y2 on every rank, pieces pulled in place."""
+        n, PC = self.n, 4
+        SG = PC * (n - 1)
+        Y2 = self.U0 + 70000
+        symm = variant == "bc_sg_symm"
+        me = (r - root - 1) % n  # this rank's piece (non-roots)
+
+        def owner(p):
+            return (p - root - 1) % n
+
+        def tag(k, j):
+            return ("bcsg", opid, k, j)
+
+        def bank(k):
+            return (k % 2) * self.B
+
+        def root_piece(k, j):  # where the root holds piece j of segment k
+            return (Y2 + k * SG if symm else bank(k)) + j * PC
+
+        def piece_at(p, k):  # where non-root p holds its piece of segment k
+            return Y2 + k * SG + owner(p) * PC if symm else bank(k)
+
+        if symm:  # the root's caller wrote the bytes to send; the others last used their T
+            writes = [(r, Y2 + k * SG + j * PC, Y2 + k * SG + (j + 1) * PC, tag(k, j)) for k in range(K)
+                      for j in range(n - 1)] if r == root else [(r, Y2, Y2 + K * SG, ("bcsg", opid, "old", r))]
+        else:
+            writes = []
+        self.caller_prep(r, writes)
+        for k in range(K + 1):
+            e = self.epoch_next[r]
+            self.epoch_next[r] += 1
+            self.wait_peers_done(r, e - 1)
+            if r == root and not symm and k < K:
+                self.copy(r, "comm", [], [(r, bank(k) + j * PC, bank(k) + (j + 1) * PC, tag(k, j)) for j in range(n - 1)])
+            if r != root and not symm and 2 <= k < K and "sg_no_bank_wait" not in self.bugs:
+                self.wait_ev(r, "comm", f"bank{k % 2}")
+            self.post_ready(r, e)
+
+            def peer(p, st, k=k, e=e):
+                self.wait_flag(r, st, "ready", p, e)
+                if r != root and p == root and k < K:
+                    lo = piece_at(r, k)
+                    self.copy(r, st, [(p, root_piece(k, me), root_piece(k, me) + PC, tag(k, me), "sg pull from the root")],
+                              [(r, lo, lo + PC, tag(k, me))])
+                elif r != root and p != root and k >= 1:
+                    lo = piece_at(p, k - 1)
+                    j = owner(p)
+                    dst = [(r, Y2 + (k - 1) * SG + j * PC, Y2 + (k - 1) * SG + (j + 1) * PC, tag(k - 1, j))] if symm else []
+                    self.copy(r, st, [(p, lo, lo + PC, tag(k - 1, j), "sg exchange")], dst)
+                self.post_done(r, p, e, st)
+
+            self.for_each_peer(r, peer)
+            if r != root and not symm and k < K:
+                self.record(r, "comm", "arrived")
+                self.wait_ev(r, "self", "arrived")
+                self.copy(r, "self", [(r, bank(k), bank(k) + PC, tag(k, me), "sg copy-out")], [])
+                self.record(r, "self", f"bank{k % 2}")
+        if symm and "sg_no_final_wait" not in self.bugs:
+            self.wait_peers_done(r, e)
+        elif r != root and not symm and K > 0:
+            self.wait_ev(r, "comm", f"bank{(K - 1) % 2}")
+        reads = [(r, Y2 + k * SG + j * PC, Y2 + k * SG + (j + 1) * PC, tag(k, j), "caller reads broadcast")
+                 for k in range(K) for j in range(n - 1)] if symm else []
         self.finish(r, True, reads)
 
     # ---------- point-to-point (p2p.cc)
@@ -416,12 +514,16 @@ class World:
         op.done = True
 
     def execute(self, rng):
+        # Every stream gets a speed: the scheduler picks among the runnable heads in proportion to it, so some
+        # schedules starve a stream (a slow copy engine, a busy reduce stream) for many steps of the others.
+        speed = {}
         while True:
-            cands = []
+            cands, weights = [], []
             for r in range(self.n):
                 for s, dq in self.streams[r].items():
                     if dq and self.ready(dq[0]):
                         cands.append(dq)
+                        weights.append(speed.setdefault((r, s), rng.choice([0.02, 0.2, 1.0])))
             if not cands:
                 left = sum(len(dq) for r in range(self.n) for dq in self.streams[r].values())
                 if left:
@@ -429,12 +531,12 @@ class World:
                              for r in range(self.n) for s, dq in self.streams[r].items() if dq]
                     raise Race(f"DEADLOCK with {left} ops left; heads {heads}")
                 return
-            dq = rng.choice(cands)
+            dq = rng.choices(cands, weights)[0]
             self.run(dq.popleft())
 
 
 KINDS = ["rs", "staged", "symm_input", "inplace", "push_inplace", "push_from_input", "a2a_staged", "a2a_symm",
-         "bc_staged", "bc_symm", "p2p"]
+         "bc_staged", "bc_symm", "bc_sg_staged", "bc_sg_symm", "p2p"]
 
 
 def _p2p_batches(rng, n, j):
@@ -468,7 +570,7 @@ def one(seed, bugs=frozenset(), kinds=KINDS):
     """One random group size, op sequence (the same on every rank) and schedule. Raises Race."""
     rng = random.Random(seed)
     n = rng.choice([2, 3, 4])
-    w = World(n, S=100, N=37, bugs=bugs)
+    w = World(n, S=100, N=37, bugs=bugs, lanes=[rng.randint(0, n - 1) for _ in range(n)])
     seq = []
     for j in range(rng.randint(3, 10)):
         kind = rng.choice(kinds)
@@ -480,6 +582,11 @@ def one(seed, bugs=frozenset(), kinds=KINDS):
                 w.rs(r, j, rounds)
             elif kind.startswith("a2a"):
                 w.a2a(r, j, kind, 11, rounds_hint=rounds)
+            elif kind.startswith("bc_sg"):
+                if n >= 3:  # the scatter broadcast needs 3+ ranks (2 ranks always pull from the root)
+                    w.bcast_scatter(r, j, kind, root, rounds)
+                else:
+                    w.bcast(r, j, "bc_staged" if kind == "bc_sg_staged" else "bc_symm", root, 37, rounds_hint=rounds)
             elif kind.startswith("bc"):
                 w.bcast(r, j, kind, root, 37, rounds_hint=rounds)
             elif kind == "p2p":

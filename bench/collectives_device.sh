@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Device run for the copy-engine collectives beyond two ranks (issue 30), from the repo root: env, build, then per
+# rank count in CE_COLL_RANKS (default "4 2"; each rank its own GPU, the first N; a count above the GPUs is skipped):
+#   tests-N   tests/runtime/gpu_worker.py correctness,reduce_scatter,a2a_bcast on N ranks (random peer lanes per
+#             rank, broadcast segment counts, multi-round sizes with a 1 MiB staging region): bit-exact vs NCCL
+#   coll-N    bench/collectives.py all -b 16M -e 256M -f 4 with every ce_overlap variant once per peer-lane setting
+#             (CE_COLL_LANES, default "1,0") and the broadcast once per segment count (CE_COLL_SEGMENTS, default
+#             "0,2,4,8"): busbw side by side with NCCL
+#   probe-N   bench/collectives.py probe --parts reducescatter: the reduce-scatter's reduction CTAs x round size
+# Results: $OUT/*.log, coll-N.json, probe-N.json, summary.txt, one archive collectives.tgz. Knobs: bench/README.md.
+#
+#   bash bench/collectives_device.sh
+#   CE_COLL_STAGES=coll CE_COLL_RANKS=4 CE_COLL_LANES=0 bash bench/collectives_device.sh
+set -o pipefail
+cd "$(dirname "$0")/.."
+
+BUDGET_S=${CE_DEVICE_BUDGET_S:-570}
+source bench/_device_lib.sh
+
+select_stages CE_COLL_STAGES "tests coll probe" tests coll probe
+
+stage env 30 env_info
+stage build 240 build
+for n in ${CE_COLL_RANKS:-4 2}; do
+  if ((GPUS < n)); then
+    echo "== [tests-$n coll-$n probe-$n] skipped: $GPUS GPU(s)"
+    STATUS+=("tests-$n coll-$n probe-$n: SKIPPED ($GPUS GPUs)")
+    continue
+  fi
+  devices=$(seq -s, 0 $((n - 1)))
+  want tests && stage tests-$n 150 env CUDA_VISIBLE_DEVICES="$devices" CE_OVERLAP_POOL_MB=128 CE_OVERLAP_STAGING_MB=1 \
+    CE_OVERLAP_P2P_MB=1 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" tests/runtime/gpu_worker.py \
+    correctness,reduce_scatter,a2a_bcast --cases 200 --rs-cases 200 --a2a-cases 300
+  want coll && stage coll-$n 200 env CUDA_VISIBLE_DEVICES="$devices" "$PY" -m torch.distributed.run --standalone \
+    --nproc-per-node "$n" bench/collectives.py all -b 16M -e 256M -f 4 --peer-lanes "${CE_COLL_LANES:-1,0}" \
+    --bcast-segments "${CE_COLL_SEGMENTS:-0,2,4,8}" --out "$OUT/coll-$n.json"
+  want probe && stage probe-$n 90 env CUDA_VISIBLE_DEVICES="$devices" "$PY" -m torch.distributed.run --standalone \
+    --nproc-per-node "$n" bench/collectives.py probe --parts reducescatter --reduce-sms 32,64 --rs-round-mb 8,32,64 \
+    --out "$OUT/probe-$n.json"
+done
+finish "collectives_device" collectives
