@@ -257,8 +257,6 @@ void finish_op(Group& g, const AllGatherArgs& a, const std::string& where, const
 
 void enqueue_pull_locked(Group& g, const AllGatherArgs& a, const std::string& where, const Plan& plan) {
   SymmetricPool& pool = g.pool();
-  const int rank = g.rank();
-  const int n = g.world_size();
   const cudaStream_t comm = g.comm_stream();
   const size_t nbytes = a.nbytes();
   PendingOp op = begin_and_copy_self(g, a, where, plan);
@@ -310,8 +308,6 @@ void enqueue_pull_locked(Group& g, const AllGatherArgs& a, const std::string& wh
 void enqueue_push_locked(Group& g, const AllGatherArgs& a, const std::string& where, const Plan& plan) {
   SymmetricPool& pool = g.pool();
   const int rank = g.rank();
-  const int n = g.world_size();
-  const cudaStream_t comm = g.comm_stream();
   // Push needs the output in the pool, so the op has one part (plan_op).
   const AllGatherPart& part = a.parts.at(0);
   PendingOp op = begin_and_copy_self(g, a, where, plan);
