@@ -285,9 +285,13 @@ def probe_reduce_scatter(args, results: dict) -> None:
         ref = torch.empty(count, dtype=torch.bfloat16, device="cuda")
         dist.reduce_scatter_tensor(ref, inp.clone(), group=group)
         out = torch.empty(count, dtype=torch.bfloat16, device="cuda")
-        configs = [("nccl", 0, 0)] + [(f"ce sms={s} round={r}M", s, r) for r in args.rs_round_mb for s in args.reduce_sms]
-        for label, sms, round_mb in configs:
-            row = {"variant": label, "bytes": nbytes, "reduce_sms": sms, "rs_round_mb": round_mb}
+        lanes = args.peer_lanes or [None]
+        configs = [("nccl", 0, 0, None)] + [
+            (f"ce sms={s} round={r}M" + ("" if L is None else f" lanes={L}"), s, r, L)
+            for r in args.rs_round_mb for s in args.reduce_sms for L in lanes]
+        for label, sms, round_mb, lane in configs:
+            row = {"variant": label, "bytes": nbytes, "reduce_sms": sms, "rs_round_mb": round_mb,
+                   **({} if lane is None else {"peer_lanes": lane})}
             if label != "nccl" and not ok:
                 rows.append({**row, "na": reason})
                 continue
@@ -297,7 +301,7 @@ def probe_reduce_scatter(args, results: dict) -> None:
                     settle = torch.cuda.synchronize
                 else:
                     # Both ranks set the same round size between ops (it is part of the ops' signature).
-                    rtt.tune(group, reduce_sms=sms, rs_round_mb=round_mb)
+                    rtt.tune(group, reduce_sms=sms, rs_round_mb=round_mb, peer_lanes=lane)
                     row["round_bytes"] = rtt.reduce_scatter_round_bytes(name)
                     run = lambda: rt.reduce_scatter_tensor(out, inp, "sum", group)  # noqa: E731
                     settle = _ce_settle(rt, group)
@@ -312,7 +316,8 @@ def probe_reduce_scatter(args, results: dict) -> None:
         torch.cuda.synchronize()
     if ok:  # back to the configured defaults
         cfg = dict(kv.split("=") for kv in before.split())
-        rtt.tune(group, reduce_sms=int(cfg["reduce_ctas"]), rs_round_mb=int(cfg["rs_round_bytes"]) / (1 << 20))
+        rtt.tune(group, reduce_sms=int(cfg["reduce_ctas"]), rs_round_mb=int(cfg["rs_round_bytes"]) / (1 << 20),
+                 peer_lanes=int(cfg["peer_lanes"]))
     results["reduce_scatter"] = rows
     results["reduce_scatter_defaults"] = before
     _print_rows(f"# (c) reduce-scatter sum, bf16, ordinary input, {world} ranks; size = output per rank; GEMM alone "
@@ -369,6 +374,8 @@ def add_parsers(sub) -> None:
                    help="all-gather sizes per rank (MiB) measured beside the GEMM")
     p.add_argument("--rs-mib", type=A.int_list(), default="64,256", help="reduce-scatter output sizes per rank, MiB")
     p.add_argument("--reduce-sms", type=A.int_list(), default="16,32,64", help="reduction CTAs swept in (c)")
+    p.add_argument("--peer-lanes", type=A.int_list(0), default=None, metavar="LIST",
+                   help="(c) also over these peer lane counts (0: every peer at once); default: the runtime's own")
     p.add_argument("--rs-round-mb", type=A.int_list(), default="8,32",
                    help="reduce-scatter round sizes (MiB) swept in (c)")
     p.add_argument("--kernel-ctas", type=A.int_list(), default="8,16,32,64,132", help="CTA counts of (d)")

@@ -197,7 +197,8 @@ def plan(args) -> dict:
         colls.remove("reduce_scatter")  # announced when run
     sizes = C.size_sweep(args.min, args.max, args.factor)
     # The largest in-place output is world * max; the largest symmetric reduce-scatter input is world * max too.
-    return {"sizes": sizes, "variants": {c: [label for label, _, _ in tuned_variants(c, chosen[c], args)] for c in colls},
+    return {"sizes": sizes, "variants": {c: chosen[c] for c in colls},
+            "runs": {c: [label for label, _, _ in tuned_variants(c, chosen[c], args)] for c in colls},
             "pool_env": C.pool_env(max(sizes), int(os.environ.get("WORLD_SIZE", "1")))}
 
 

@@ -6,7 +6,8 @@
 #   coll-N    bench/collectives.py all -b 16M -e 256M -f 4 with every ce_overlap variant once per peer-lane setting
 #             (CE_COLL_LANES, default "1,0") and the broadcast once per segment count (CE_COLL_SEGMENTS, default
 #             "0,2,4,8"): busbw side by side with NCCL
-#   probe-N   bench/collectives.py probe --parts reducescatter: the reduce-scatter's reduction CTAs x round size
+#   probe-N   bench/collectives.py probe --parts reducescatter: the reduce-scatter's reduction CTAs x round size x
+#             peer lanes (CE_COLL_LANES)
 # Results: $OUT/*.log, coll-N.json, probe-N.json, summary.txt, one archive collectives.tgz. Knobs: bench/README.md.
 #
 #   bash bench/collectives_device.sh
@@ -35,7 +36,8 @@ for n in ${CE_COLL_RANKS:-4 2}; do
     --nproc-per-node "$n" bench/collectives.py all -b 16M -e 256M -f 4 --peer-lanes "${CE_COLL_LANES:-1,0}" \
     --bcast-segments "${CE_COLL_SEGMENTS:-0,2,4,8}" --out "$OUT/coll-$n.json"
   want probe && stage probe-$n 90 env CUDA_VISIBLE_DEVICES="$devices" "$PY" -m torch.distributed.run --standalone \
-    --nproc-per-node "$n" bench/collectives.py probe --parts reducescatter --reduce-sms 32,64 --rs-round-mb 8,32,64 \
+    --nproc-per-node "$n" bench/collectives.py probe --parts reducescatter --reduce-sms 32,64 --rs-round-mb 16,32,64 \
+    --peer-lanes "${CE_COLL_LANES:-1,0}" \
     --out "$OUT/probe-$n.json"
 done
 finish "collectives_device" collectives
