@@ -8,6 +8,9 @@
 #             "0,2,4,8"): busbw side by side with NCCL
 #   probe-N   bench/collectives.py probe --parts reducescatter: the reduce-scatter's reduction CTAs x round size x
 #             peer lanes (CE_COLL_LANES)
+# and, once, on GPU 0 only:
+#   shared8   the tests-N modes (and parts) on 8 ranks sharing one GPU (references over gloo): 8-rank correctness
+#             before 8-GPU machines are lent
 # Results: $OUT/*.log, coll-N.json, probe-N.json, summary.txt, one archive collectives.tgz. Knobs: bench/README.md.
 #
 #   bash bench/collectives_device.sh
@@ -18,7 +21,7 @@ cd "$(dirname "$0")/.."
 BUDGET_S=${CE_DEVICE_BUDGET_S:-570}
 source bench/_device_lib.sh
 
-select_stages CE_COLL_STAGES "tests coll probe" tests coll probe
+select_stages CE_COLL_STAGES "tests coll probe shared8" tests coll probe shared8
 
 stage env 30 env_info
 stage build 240 build
@@ -40,4 +43,8 @@ for n in ${CE_COLL_RANKS:-4 2}; do
     --peer-lanes "${CE_COLL_LANES:-1,0}" \
     --out "$OUT/probe-$n.json"
 done
+want shared8 && stage shared8 200 env CUDA_VISIBLE_DEVICES=0 CE_TEST_SHARED_GPU=1 CE_OVERLAP_POOL_MB=128 \
+  CE_OVERLAP_STAGING_MB=1 CE_OVERLAP_P2P_MB=1 "$PY" -m torch.distributed.run --standalone --nproc-per-node 8 \
+  tests/runtime/gpu_worker.py correctness,reduce_scatter,parts,a2a_bcast --cases 60 --rs-cases 60 --parts-cases 30 \
+  --a2a-cases 100
 finish "collectives_device" collectives

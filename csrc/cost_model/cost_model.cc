@@ -3,6 +3,8 @@
 // contention kept apart, and the NCCL/CE decision. GB/s = 1e9 bytes/s, so bytes / (gbps * 1e3) is us.
 #include "cost_model.h"
 
+#include "ce_algorithms.h"
+
 #include "../graph/analysis.h"
 
 #include <algorithm>
@@ -22,9 +24,9 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // formula R / (H - R) would diverge at R = H.
 constexpr double kMaxHbmShare = 0.9;
 // The CE reduce-scatter's round: at most this many bytes of every chunk, and one staging bank's slot for each of
-// the n - 1 senders (the runtime's defaults: CE_OVERLAP_RS_ROUND_MB = 32, a 256 MiB staging region in 2 banks;
+// the n - 1 senders (the runtime's defaults: RuntimeConfig.rs_round_mb = 64, a 256 MiB staging region in 2 banks;
 // docs/runtime.md).
-constexpr double kCeReduceRoundBytes = 32.0 * 1024 * 1024;
+constexpr double kCeReduceRoundBytes = 64.0 * 1024 * 1024;
 constexpr double kCeStagingBankBytes = 128.0 * 1024 * 1024;
 
 // Time the CE reduction kernel runs in an estimate (the phases that hold it).
@@ -304,16 +306,17 @@ CollectiveEstimate CostModel::ce_estimate(const CollectiveInfo& c) const {
     port_gbps = std::min(port_gbps, port_i);
   }
 
-  // n - 1 pulls of `chunk` bytes per rank, every rank at once (both directions of each link busy).
+  // n - 1 pulls of `chunk` bytes per rank, every rank at once (both directions of each link busy). A rank copies
+  // from one peer after another on its comm stream (the runtime's peer lanes = 1: on 4x H200 every peer at once over
+  // 3 engines ran at 200-230 GB/s against 330-380 one after another, bench/results/collectives-2026-11-27), so one
+  // engine's rate and one copy latency per peer.
   auto pull_all = [&](double chunk) {
     const int copies = n - 1;
-    const int engines = std::min(copies, profile_.gpu.copy_engines);
-    const int waves = (copies + engines - 1) / engines;
     const double eff = ce.bidirectional_efficiency;
-    const double rank_gbps = std::min(port_gbps * eff, engines * ce.engine_gbps);
+    const double rank_gbps = std::min(port_gbps * eff, ce.engine_gbps);
     const double bw_us = std::max(us_for(copies * chunk, rank_gbps),
                                   us_for(chunk, std::min(pair_gbps * eff, ce.engine_gbps)));
-    const double latency = ce.signal_latency_us + waves * ce.copy_latency_us;
+    const double latency = ce.signal_latency_us + copies * ce.copy_latency_us;
     return std::make_pair(latency, CollectivePhase{latency + bw_us, 0, 2.0 * copies * chunk});
   };
   // Reduction of n chunks of `chunk` bytes (own + staged) into one, on reduce_sms SMs.
@@ -387,13 +390,26 @@ CollectiveEstimate CostModel::ce_estimate(const CollectiveInfo& c) const {
       add(pull_all(bytes / n));
       break;
     case CollectiveType::Broadcast: {
-      // Every peer pulls the root's buffer with its own engine; the root's port carries n - 1 copies.
-      e.algorithm = "ce/pull";
-      const double eff = ce.one_way_efficiency;
-      const double bw_us = std::max(us_for((n - 1) * bytes, port_gbps * eff),
-                                    us_for(bytes, std::min(pair_gbps * eff, ce.engine_gbps)));
-      const double latency = ce.signal_latency_us + ce.copy_latency_us;
-      add({latency, CollectivePhase{latency + bw_us, 0, (n - 1) * bytes}});
+      const size_t segments = broadcast_segments(n, c.bytes, 0);
+      if (segments == 0) {
+        // Every peer pulls the root's buffer with its own engine; the root's port carries n - 1 copies.
+        e.algorithm = "ce/pull";
+        const double eff = ce.one_way_efficiency;
+        const double bw_us = std::max(us_for((n - 1) * bytes, port_gbps * eff),
+                                      us_for(bytes, std::min(pair_gbps * eff, ce.engine_gbps)));
+        const double latency = ce.signal_latency_us + ce.copy_latency_us;
+        add({latency, CollectivePhase{latency + bw_us, 0, (n - 1) * bytes}});
+        break;
+      }
+      // Scatter + all-gather over K segments (all_to_all.cc): K + 1 rounds; the first moves a segment out of the
+      // root's port, the middle ones a segment into each non-root (its piece from the root, the others' from them,
+      // one peer after another), the last (n-2)/(n-1) of one; every round has a handshake and n - 1 peer steps.
+      e.algorithm = "ce/scatter+all-gather x" + std::to_string(segments);
+      const double K = static_cast<double>(segments);
+      const double gbps = std::min(std::min(port_gbps, pair_gbps) * ce.bidirectional_efficiency, ce.engine_gbps);
+      const double moved = (K + (n - 2.0) / (n - 1.0)) * bytes / K;
+      const double latency = (K + 1) * (ce.signal_latency_us + (n - 1) * ce.copy_latency_us);
+      add({latency, CollectivePhase{latency + us_for(moved, gbps), 0, 2.0 * moved}});
       break;
     }
     case CollectiveType::Send:

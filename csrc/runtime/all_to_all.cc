@@ -306,20 +306,6 @@ void enqueue_all_to_all(Group& g, const AllToAllArgs& a) {
              [&](const std::string& where, const Plan& plan) { enqueue_a2a_locked(g, a, where, plan); });
 }
 
-size_t broadcast_segments(int world_size, size_t nbytes, int tuned) {
-  if (world_size < 3 || nbytes == 0) return 0;
-  if (tuned > 0) return static_cast<size_t>(tuned);
-  // Link rate B and per-round latency o enter as their product (kBroadcastRoundBytes = B * o). Pulling the whole
-  // tensor from the root takes (n-1) N / B + o (the root's links carry every copy); K segments take
-  // (K + (n-2)/(n-1)) N / (K B) + (K + 1) o, least at K = sqrt((n-2)/(n-1) N / (B o)).
-  const double n = world_size, N = static_cast<double>(nbytes), Bo = static_cast<double>(kBroadcastRoundBytes);
-  const double best = std::sqrt((n - 2) / (n - 1) * N / Bo);
-  const double K = std::clamp(std::round(best), 1.0, static_cast<double>(kMaxBcastSegments));
-  const double whole = (n - 1) * N / Bo + 1;  // in units of o
-  const double scatter = (K + (n - 2) / (n - 1)) * N / (K * Bo) + (K + 1);
-  return scatter < whole ? static_cast<size_t>(K) : 0;
-}
-
 void enqueue_broadcast(Group& g, const BroadcastArgs& a) {
   if (a.root < 0 || a.root >= g.world_size()) {
     throw std::invalid_argument("ce_overlap.broadcast: root " + std::to_string(a.root) + " is not a rank of group '" +

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "group.h"
+#include "cost_model/ce_algorithms.h"
 
 #include <cstddef>
 
@@ -28,13 +29,7 @@ struct BroadcastArgs {
 
 void enqueue_broadcast(Group& g, const BroadcastArgs& a);
 
-// A broadcast's link rate times its per-round latency (~400 GB/s x ~10 us): what a round costs in bytes it could
-// have moved. broadcast_segments weighs the scatter + all-gather's extra rounds against the root's extra bytes with it.
-constexpr size_t kBroadcastRoundBytes = 4u << 20;
-
-// The segments a broadcast of `nbytes` over `world_size` ranks is pipelined over as a scatter + all-gather (protocol
-// in all_to_all.cc), or 0: every non-root pulls the whole tensor from the root (2 ranks, or small tensors). `tuned`
-// > 0 (Group::bcast_segments) forces that count from 3 ranks on.
-size_t broadcast_segments(int world_size, size_t nbytes, int tuned);
+// The broadcast's algorithm (whole pull or scatter + all-gather, and its segments): broadcast_segments in
+// cost_model/ce_algorithms.h, shared with the cost model.
 
 }  // namespace ce_overlap

@@ -10,6 +10,7 @@
 //     which is what CU_STREAM_WAIT_VALUE_GEQ does), so wrap-around is harmless.
 #pragma once
 
+#include "cost_model/ce_algorithms.h"
 #include "cuda_util.h"
 #include "symmetric_pool.h"
 
@@ -125,8 +126,6 @@ struct PendingOp {
 constexpr int kMaxPullSplit = 4;
 // for_each_peer's lanes unless tuned (Group::set_peer_lanes): 1 = every peer on the comm stream, 0 = one lane per peer.
 constexpr int kDefaultPeerLanes = 1;
-// Most segments a scatter + all-gather broadcast is pipelined over (each is one round plus one at the end).
-constexpr int kMaxBcastSegments = 64;
 // A piece of a split pull is never smaller than this (smaller copies gain nothing from a second engine).
 constexpr size_t kMinPullPiece = 1 << 20;
 

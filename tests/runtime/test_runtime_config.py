@@ -19,11 +19,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_defaults_and_derived_sizes():
     c = RuntimeConfig.from_env(environ={})
     assert c == RuntimeConfig()
-    assert (c.pool_mb, c.timeout_s, c.reduce_sms, c.rs_round_mb, c.pull_split) == (1024.0, 60.0, 32, 32.0, 1)
+    assert (c.pool_mb, c.timeout_s, c.reduce_sms, c.rs_round_mb, c.pull_split) == (1024.0, 60.0, 32, 64.0, 1)
     assert (c.group_staging_mb(), c.group_p2p_mb()) == (256.0, 64.0)
     small = RuntimeConfig(pool_mb=128)
     assert (small.group_staging_mb(), small.group_p2p_mb()) == (32.0, 16.0)
-    assert small.pool_create_args() == (128.0, 32.0, 16.0, 60.0, 32.0, 32.0, 1.0, "")
+    assert small.pool_create_args() == (128.0, 32.0, 16.0, 60.0, 32.0, 64.0, 1.0, "")
     assert small.process_args() == ("pull", "ce", "stash")
 
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cost_model/ce_algorithms.h"
 #include "cost_model/cost_model.h"
 #include "test_util.h"
 
@@ -245,19 +246,24 @@ TEST(CostModel, InterNodeSlowerThanIntraNode) {
 // Copy engines
 
 TEST(CostModel, CeFormulaPerType) {
-  // Round profile: 10 us signalling + 2 us per copy wave; link 100 GB/s, 0.5 both ways (50 GB/s),
-  // 0.8 one way (80 GB/s); 3 engines of 100 GB/s; reduction on 10 SMs x 10 GB/s = 100 GB/s.
+  // Round profile: 10 us signalling + 2 us per peer copy (one peer after another); link 100 GB/s, 0.5 both ways
+  // (50 GB/s), 0.8 one way (80 GB/s); engines of 100 GB/s; reduction on 10 SMs x 10 GB/s = 100 GB/s.
   CostModel m(round_profile());
   const double b = 64.0 * kMiB;
   auto us = [&](CollectiveType t, int n) { return m.estimate(coll(t, n, static_cast<int64_t>(b)), Backend::Ce).us; };
-  EXPECT_NEAR(us(CollectiveType::AllGather, 4), 12 + 3 * b / 50e3, 1e-6);      // 3 pulls on 3 engines
-  EXPECT_NEAR(us(CollectiveType::AllGather, 8), 16 + 7 * b / 50e3, 1e-6);      // 7 pulls, 3 waves
-  EXPECT_NEAR(us(CollectiveType::AllToAll, 4), 12 + 0.75 * b / 50e3, 1e-6);    // 3 chunks of b/4
+  EXPECT_NEAR(us(CollectiveType::AllGather, 4), 16 + 3 * b / 50e3, 1e-6);      // 3 pulls, one after another
+  EXPECT_NEAR(us(CollectiveType::AllGather, 8), 24 + 7 * b / 50e3, 1e-6);      // 7 pulls
+  EXPECT_NEAR(us(CollectiveType::AllToAll, 4), 16 + 0.75 * b / 50e3, 1e-6);    // 3 chunks of b/4
   EXPECT_NEAR(us(CollectiveType::ReduceScatter, 4),                            // a2a, then reduce 5 chunks
-              12 + 0.75 * b / 50e3 + 5 + 1.25 * b / 100e3, 1e-6);
+              16 + 0.75 * b / 50e3 + 5 + 1.25 * b / 100e3, 1e-6);
   EXPECT_NEAR(us(CollectiveType::AllReduce, 4),                                // reduce-scatter + all-gather
-              12 + 0.75 * b / 50e3 + 5 + 1.25 * b / 100e3 + 12 + 0.75 * b / 50e3, 1e-6);
-  EXPECT_NEAR(us(CollectiveType::Broadcast, 4), 12 + 3 * b / 80e3, 1e-6);      // the root's port
+              16 + 0.75 * b / 50e3 + 5 + 1.25 * b / 100e3 + 16 + 0.75 * b / 50e3, 1e-6);
+  // 3 ranks: the root's port carries 2 copies at 80 GB/s one way, or (64 MiB = 4 units of the runtime's 16 MiB round
+  // cost: broadcast_segments picks 2 segments) 2.5 half-tensors both ways, 3 rounds of 10 + 2 x 2.
+  ASSERT_EQ(ce_overlap::broadcast_segments(3, static_cast<size_t>(b), 0), 2u);
+  EXPECT_NEAR(us(CollectiveType::Broadcast, 3), 3 * (10 + 2 * 2) + 1.25 * b / 50e3, 1e-6);
+  ASSERT_EQ(ce_overlap::broadcast_segments(2, static_cast<size_t>(b), 0), 0u);
+  EXPECT_NEAR(us(CollectiveType::Broadcast, 2), 12 + b / 80e3, 1e-6);          // 2 ranks: the whole pull
   EXPECT_NEAR(us(CollectiveType::Send, 4), 12 + b / 80e3, 1e-6);
   EXPECT_NEAR(us(CollectiveType::Recv, 2), 12 + b / 80e3, 1e-6);
 
@@ -266,30 +272,30 @@ TEST(CostModel, CeFormulaPerType) {
   EXPECT_EQ(rs.phases[0].sms, 0);   // copies hold no SMs
   EXPECT_EQ(rs.phases[1].sms, 10);  // the reduction kernel does
   EXPECT_DOUBLE_EQ(rs.phases[1].hbm_bytes, 1.25 * b);
-  EXPECT_DOUBLE_EQ(rs.latency_us, 12 + 5);
+  EXPECT_DOUBLE_EQ(rs.latency_us, 16 + 5);
   EXPECT_EQ(rs.algorithm, "ce/a2a+reduce");
 }
 
 TEST(CostModel, CeReduceScatterPipelinesItsRounds) {
-  // 4 ranks, 1 GiB in: 256 MiB chunks in 8 rounds of 32 MiB. Per round: the handshake (signal 10) and copies
-  // c = 10 + 2 + 3 x 32 MiB at 50 GB/s, reduction d = 5 + 5 x 32 MiB at 10 SMs x 10 GB/s. The runtime reduces
-  // round k beside the copies of k+1.
+  // 4 ranks, 1 GiB in: 256 MiB chunks in 6 rounds of 128/3 MiB (the 64 MiB round capped by a staging slot, a
+  // 128 MiB bank over 3 senders). Per round: the handshake (signal 10) and copies c = 10 + 3 x 2 + 3 x r at 50 GB/s,
+  // reduction d = 5 + 5 x r at 10 SMs x 10 GB/s. The runtime reduces round k beside the copies of k+1.
   Profile p = round_profile();
-  const double b = 1024.0 * kMiB, r = 32.0 * kMiB;
-  const double c = 10 + 2 + 3 * r / 50e3, d = 5 + 5 * r / 100e3;
+  const double b = 1024.0 * kMiB, r = 128.0 / 3 * kMiB;
+  const double c = 10 + 3 * 2 + 3 * r / 50e3, d = 5 + 5 * r / 100e3;
   ASSERT_GT(c, d);  // copy-bound
   CollectiveEstimate rs = CostModel(p).estimate(coll(CollectiveType::ReduceScatter, 4, static_cast<int64_t>(b)),
                                                 Backend::Ce);
-  EXPECT_NEAR(rs.us, 8 * c + d, 1e-6);  // not 8c + 8d: only the last reduction is exposed
+  EXPECT_NEAR(rs.us, 6 * c + d, 1e-6);  // not 6c + 6d: only the last reduction is exposed
   ASSERT_EQ(rs.phases.size(), 3u);
-  EXPECT_NEAR(rs.phases[0].us, 8 * c - 7 * d, 1e-6);  // copies alone
+  EXPECT_NEAR(rs.phases[0].us, 6 * c - 5 * d, 1e-6);  // copies alone
   EXPECT_EQ(rs.phases[0].sms, 0);
   EXPECT_FALSE(rs.phases[0].reduction);
-  EXPECT_NEAR(rs.phases[1].us, 7 * d, 1e-6);  // copies beside the reduction
+  EXPECT_NEAR(rs.phases[1].us, 5 * d, 1e-6);  // copies beside the reduction
   EXPECT_TRUE(rs.phases[1].reduction);
   EXPECT_EQ(rs.phases[1].sms, 10);
-  EXPECT_NEAR(rs.phases[1].reduction_hbm_bytes, 7 * 5 * r, 1e-3);
-  EXPECT_NEAR(rs.phases[1].hbm_bytes - rs.phases[1].reduction_hbm_bytes, 7 * d / c * 2 * 3 * r, 1e-3);
+  EXPECT_NEAR(rs.phases[1].reduction_hbm_bytes, 5 * 5 * r, 1e-3);
+  EXPECT_NEAR(rs.phases[1].hbm_bytes - rs.phases[1].reduction_hbm_bytes, 5 * d / c * 2 * 3 * r, 1e-3);
   EXPECT_NEAR(rs.phases[2].us, d, 1e-6);  // the last reduction alone
   EXPECT_NEAR(rs.phases[2].hbm_bytes, 5 * r, 1e-3);
 
@@ -298,31 +304,31 @@ TEST(CostModel, CeReduceScatterPipelinesItsRounds) {
   const double slow_d = 5 + 5 * r / 20e3;
   CollectiveEstimate slow = CostModel(p).estimate(coll(CollectiveType::ReduceScatter, 4, static_cast<int64_t>(b)),
                                                   Backend::Ce);
-  EXPECT_NEAR(slow.us, c + 8 * slow_d, 1e-6);
-  EXPECT_NEAR(slow.phases[1].us, 7 * c, 1e-6);
-  EXPECT_NEAR(slow.phases[2].us, 8 * slow_d - 7 * c, 1e-6);
+  EXPECT_NEAR(slow.us, c + 6 * slow_d, 1e-6);
+  EXPECT_NEAR(slow.phases[1].us, 5 * c, 1e-6);
+  EXPECT_NEAR(slow.phases[2].us, 6 * slow_d - 5 * c, 1e-6);
 }
 
 TEST(CostModel, CeReduceScatterWithTheSumInTheConsumerTakesNoSms) {
-  // The same 8 rounds as above; instead of the reduction, a copy engine copies each round's 3 received chunks out
-  // of the staging slots (3 copies of 2 us latency, 32 MiB each at the 100 GB/s engine, under half the HBM) beside
-  // the next round's pushes. The consumer reads the 3 peer chunks of 256 MiB at the 1000 GB/s HBM roofline.
+  // The same 6 rounds as above; instead of the reduction, a copy engine copies each round's 3 received chunks out
+  // of the staging slots (3 copies of 2 us latency, r each at the 100 GB/s engine, under half the HBM) beside the
+  // next round's pushes. The consumer reads the 3 peer chunks of 256 MiB at the 1000 GB/s HBM roofline.
   const Profile p = round_profile();
-  const double b = 1024.0 * kMiB, r = 32.0 * kMiB;
-  const double c = 10 + 2 + 3 * r / 50e3, d = 3 * 2 + 3 * r / 100e3;
+  const double b = 1024.0 * kMiB, r = 128.0 / 3 * kMiB;
+  const double c = 10 + 3 * 2 + 3 * r / 50e3, d = 3 * 2 + 3 * r / 100e3;
   ASSERT_GT(c, d);
   CostModel m(p);
   EXPECT_EQ(m.ce_reduction(), CeReduction::Kernel);  // the default: the runtime's reducing op
   m.set_ce_reduction(CeReduction::Consumer);
   const CollectiveEstimate rs = m.estimate(coll(CollectiveType::ReduceScatter, 4, static_cast<int64_t>(b)), Backend::Ce);
   EXPECT_EQ(rs.algorithm, "ce/a2a, sum in the consumer");
-  EXPECT_NEAR(rs.us, 8 * c + d, 1e-6);
+  EXPECT_NEAR(rs.us, 6 * c + d, 1e-6);
   ASSERT_EQ(rs.phases.size(), 3u);
   for (const CollectivePhase& ph : rs.phases) {
     EXPECT_EQ(ph.sms, 0);
     EXPECT_FALSE(ph.reduction);
   }
-  EXPECT_NEAR(rs.phases[1].us, 7 * d, 1e-6);  // pushes beside the copy-out
+  EXPECT_NEAR(rs.phases[1].us, 5 * d, 1e-6);  // pushes beside the copy-out
   EXPECT_NEAR(rs.phases[2].hbm_bytes, 2 * 3 * r, 1e-3);  // the last copy-out: read the slots, write the rows
   EXPECT_NEAR(rs.consumer_us, 3 * 256.0 * kMiB / 1000e3, 1e-6);
   // What the step pays: the consumer's extra read comes on top of the exposed time and the slowdown.
@@ -374,7 +380,7 @@ TEST(CostModel, CeLimitedByEnginesAndSlowPairs) {
   p.topology.pairs.push_back({1, 2, {"nvlink4", 10.0, true}});  // one slow pair: its pull takes longest
   CostModel slow(p);
   EXPECT_NEAR(slow.estimate(coll(CollectiveType::AllGather, 4, static_cast<int64_t>(b)), Backend::Ce).us,
-              12 + b / 5e3, 1e-6);
+              16 + b / 5e3, 1e-6);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -483,9 +489,9 @@ TEST(CostModel, LatencyAndBandwidthBound) {
         case CollectiveType::AllGather: bandwidth_us = h / (both * 1e3); break;
         case CollectiveType::AllToAll: bandwidth_us = h / 2 / (both * 1e3); break;
         case CollectiveType::ReduceScatter: {
-          // Rounds of 32 MiB per chunk, the reduction of one beside the copies of the next: the slower stage
+          // Rounds of 64 MiB per chunk, the reduction of one beside the copies of the next: the slower stage
           // (with its per-round handshake and copy latency, or reduction launch) bounds it, not their sum.
-          const double rounds = std::ceil(h / 2 / (32.0 * 1024 * 1024));
+          const double rounds = std::ceil(h / 2 / (64.0 * 1024 * 1024));
           bandwidth_us = std::max(h / 2 / (both * 1e3) + rounds * (p.ce.signal_latency_us + p.ce.copy_latency_us),
                                   1.5 * h / (reduce * 1e3) + rounds * p.efficiency.kernel_launch_us);
           break;

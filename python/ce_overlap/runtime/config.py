@@ -45,8 +45,10 @@ class RuntimeConfig:
     reduce_sms: int = 32
     """CTAs of the reduce-scatter reduction kernel (may differ per rank)."""
 
-    rs_round_mb: float = 32.0
-    """Reduce-scatter bytes per rank and round (pipelines the copies and the reduction; equal on every rank)."""
+    rs_round_mb: float = 64.0
+    """Reduce-scatter bytes per rank and round (pipelines the copies and the reduction; equal on every rank), capped by
+    a staging slot (staging / 2 / (n-1)). 64 rather than 32 since 2026-11-27: on 4x H200 a 256 MiB reduce-scatter ran at
+    314 or 225 GB/s busbw with 32 MiB rounds (run to run), 325-336 with 64 (bench/results/collectives-2026-11-27)."""
 
     pull_split: int = 1
     """Streams (copy engines) one pulled peer copy is split over, 1..4 (local)."""
