@@ -145,6 +145,31 @@ def time_op_ms(fn: Callable[[], None], iters: int, warmup: int, settle: Callable
     return [start.elapsed_time(end) for start, end in events]
 
 
+def time_host_ahead(fn: Callable[[], None], group, iters: int, warmup: int, settle: Callable[[], None]) -> tuple[float, float]:
+    """(median per-op ms with the host ahead of the GPU, host enqueue ms per op), max over ranks. time_op_ms times
+    ops as the host issues them, so an op whose enqueue takes longer than its GPU work is timed at the host's pace;
+    here a GPU sleep holds the stream until every op is queued (as in a training step, where the host runs ahead),
+    so the events time the GPU's work alone. Same for every variant, NCCL included."""
+    for _ in range(warmup):
+        fn()
+    settle()
+    t0 = time.perf_counter()
+    for _ in range(warmup or 1):
+        fn()
+    host_ms = (time.perf_counter() - t0) * 1e3 / (warmup or 1)
+    settle()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    dist.barrier(group=group)
+    # ~1.98 GHz upper bound of the SM clock: at least the host's time for every op, plus 2 ms.
+    torch.cuda._sleep(int((2.0 * iters * host_ms + 2.0) * 1.98e6))
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    settle()
+    return max_over_ranks(median([a.elapsed_time(b) for a, b in events])), max_over_ranks(host_ms)
+
+
 def time_alone(fn: Callable[[], None], iters: int, warmup: int, settle: Callable[[], None],
                skip_first: int = 0) -> float:
     """Median per-op ms of `fn` alone (time_op_ms), max over ranks; `skip_first` leading ops are left out of the
@@ -236,11 +261,12 @@ def size_table(title: str, rows: list[dict], extra: tuple = ()) -> None:
 
 
 def side_by_side(title: str, sizes: list[int], variants: list[str],
-                 busbw_at: Callable[[int, str], float | None]) -> None:
-    """busbw (GB/s) of every variant per size, and the best ce_overlap variant ('ce...') over NCCL in the last column.
-    busbw_at(size, variant) is None where that variant has no time at that size."""
+                 busbw_at: Callable[[int, str], float | None], ratio: bool = True) -> None:
+    """busbw (GB/s) of every variant per size, and the best ce_overlap variant ('ce...') over NCCL in the last column
+    (ratio=False: another per-variant number, and no ratio). busbw_at(size, variant) is None where that variant has no
+    time at that size."""
     log0()
-    log0(f"{title}: busbw (GB/s) side by side; last column: best ce_overlap variant / nccl")
+    log0(f"{title}: side by side" + ("; last column: best ce_overlap variant / nccl" if ratio else ""))
     log0(f"{'size/rank':>12} " + " ".join(f"{n:>18}" for n in variants) + f" {'best_ce/nccl':>13}")
     for nbytes in sizes:
         cells, best_ce, nccl_bw = [], 0.0, None
@@ -254,8 +280,8 @@ def side_by_side(title: str, sizes: list[int], variants: list[str],
                 best_ce = max(best_ce, bw)
             if name == "nccl":
                 nccl_bw = bw
-        ratio = f"{best_ce / nccl_bw:>13.2f}" if nccl_bw and best_ce else f"{'-':>13}"
-        log0(f"{nbytes:>12} " + " ".join(cells) + " " + ratio)
+        last = f"{best_ce / nccl_bw:>13.2f}" if ratio and nccl_bw and best_ce else f"{'-':>13}"
+        log0(f"{nbytes:>12} " + " ".join(cells) + " " + last)
 
 
 class ClockSampler:

@@ -157,4 +157,4 @@ def print_tables(pattern: str, variants: list[str], sizes: list[int], results: l
     def busbw_at(nbytes: int, name: str) -> float | None:
         return next((r for r in mine if r["variant"] == name and r["bytes"] == nbytes), {}).get("busbw_gbps")
 
-    C.side_by_side(f"# send/recv, pattern {pattern}", sizes, variants, busbw_at)
+    C.side_by_side(f"# send/recv, pattern {pattern}, busbw (GB/s)", sizes, variants, busbw_at)

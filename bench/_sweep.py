@@ -8,7 +8,10 @@ collectives).
 
 size = bytes per rank: the all-gather's input, the reduce-scatter's output (its input is world * size), the
 all-to-all's whole input (nccl-tests' alltoall size), the broadcast tensor.
-time = median over --iters ops of the per-op CUDA-event time on the caller's stream, max over ranks. Every variant's
+time = median over --iters ops of the per-op CUDA-event time on the caller's stream, max over ranks, with the ops issued
+as the host goes (an op whose enqueue outlasts its GPU work is timed at the host's pace); host_ahead_time_us: the same
+with a GPU sleep holding the stream until every op is queued (the GPU's work alone, as when a training step's host runs
+ahead), and host_enqueue_us: the host's time per op. Every variant's
 run() leaves the caller's stream waiting for the op's completion (symm_mem's ops run on its backend stream, which the
 caller now waits for: the symm_mem_lc column of earlier runs did not wait and was invalid).
 algbw = world * size / time for all-gather and reduce-scatter, size / time for all-to-all and broadcast (nccl-tests);
@@ -113,6 +116,8 @@ def sweep(coll: str, variants: list[str], sizes: list[int], dtype: torch.dtype, 
                 continue
             try:
                 t_ms = C.time_variant_ms(v, group, args.iters, args.warmup)
+                ahead_ms, host_ms = C.time_host_ahead(v.run, group, args.iters, args.warmup,
+                                                      lambda: C.settle(v, group))
                 wrong = C.sum_over_ranks(C.count_wrong(v.output(), ref))
             except Exception as e:  # noqa: BLE001 (report and go on with the other variants)
                 C.print_exc_rank()
@@ -126,7 +131,10 @@ def sweep(coll: str, variants: list[str], sizes: list[int], dtype: torch.dtype, 
                 if knobs:
                     V.tune(group, restore=True)
             algbw, busbw = bandwidths(coll, nbytes, t_ms / 1e3, world)
-            results.append({**row, "time_us": t_ms * 1e3, "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": wrong})
+            results.append({**row, "time_us": t_ms * 1e3, "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": wrong,
+                            "host_ahead_time_us": ahead_ms * 1e3,
+                            "host_ahead_busbw_gbps": bandwidths(coll, nbytes, ahead_ms / 1e3, world)[1],
+                            "host_enqueue_us": host_ms * 1e3})
         del inp, ref
         torch.cuda.empty_cache()
     return results, na
@@ -138,10 +146,14 @@ def print_tables(coll: str, variants: list[str], helps: dict, sizes: list[int], 
                      [{"size": r["bytes_per_rank"], "count": r["count_per_rank"], "type": r["dtype"],
                        "why": r.get("na") or r.get("error", ""), **r} for r in results if r["variant"] == name])
 
-    def busbw_at(nbytes: int, name: str) -> float | None:
-        return next(r for r in results if r["variant"] == name and r["bytes_per_rank"] == nbytes).get("busbw_gbps")
+    def at(key: str):
+        return lambda nbytes, name: next(r for r in results
+                                         if r["variant"] == name and r["bytes_per_rank"] == nbytes).get(key)
 
-    C.side_by_side(f"# {coll}", sizes, variants, busbw_at)
+    C.side_by_side(f"# {coll}, busbw (GB/s)", sizes, variants, at("busbw_gbps"))
+    C.side_by_side(f"# {coll}, busbw (GB/s) with the host ahead of the GPU (its work alone)", sizes, variants,
+                   at("host_ahead_busbw_gbps"))
+    C.side_by_side(f"# {coll}, host enqueue us per op", sizes, variants, at("host_enqueue_us"), ratio=False)
 
 
 def add_parsers(sub) -> None:
