@@ -8,6 +8,8 @@
 #             "0,2,4,8"): busbw side by side with NCCL
 #   probe-N   bench/collectives.py probe --parts reducescatter: the reduce-scatter's reduction CTAs x round size x
 #             peer lanes (CE_COLL_LANES)
+#   faults-N  bench/fault_repeats.py --ranks N: every fault of RELIABILITY.md, CE_DEVICE_FAULT_REPEATS times (opt-in:
+#             CE_COLL_STAGES=faults; ~450 s for 10 repeats at 4 ranks)
 # and, once, on GPU 0 only:
 #   shared8   the tests-N modes (and parts) on 8 ranks sharing one GPU (references over gloo): 8-rank correctness
 #             before 8-GPU machines are lent
@@ -21,14 +23,14 @@ cd "$(dirname "$0")/.."
 BUDGET_S=${CE_DEVICE_BUDGET_S:-570}
 source bench/_device_lib.sh
 
-select_stages CE_COLL_STAGES "tests coll probe shared8" tests coll probe shared8
+select_stages CE_COLL_STAGES "tests coll probe shared8" tests coll probe shared8 faults
 
 stage env 30 env_info
 stage build 240 build
 for n in ${CE_COLL_RANKS:-4 2}; do
   if ((GPUS < n)); then
-    echo "== [tests-$n coll-$n probe-$n] skipped: $GPUS GPU(s)"
-    STATUS+=("tests-$n coll-$n probe-$n: SKIPPED ($GPUS GPUs)")
+    echo "== [$n-rank stages] skipped: $GPUS GPU(s)"
+    STATUS+=("$n-rank stages: SKIPPED ($GPUS GPUs)")
     continue
   fi
   devices=$(seq -s, 0 $((n - 1)))
@@ -42,6 +44,8 @@ for n in ${CE_COLL_RANKS:-4 2}; do
     --nproc-per-node "$n" bench/collectives.py probe --parts reducescatter --reduce-sms 32,64 --rs-round-mb 16,32,64 \
     --peer-lanes "${CE_COLL_LANES:-1,0}" \
     --out "$OUT/probe-$n.json"
+  want faults && stage faults-$n "${CE_DEVICE_FAULTS_S:-500}" "$PY" bench/fault_repeats.py --ranks "$n" \
+    --repeats "${CE_DEVICE_FAULT_REPEATS:-10}" --parallel 4 --out "$OUT/faults-$n.json"
 done
 want shared8 && stage shared8 200 env CUDA_VISIBLE_DEVICES=0 CE_TEST_SHARED_GPU=1 CE_OVERLAP_POOL_MB=128 \
   CE_OVERLAP_STAGING_MB=1 CE_OVERLAP_P2P_MB=1 "$PY" -m torch.distributed.run --standalone --nproc-per-node 8 \

@@ -1,5 +1,5 @@
-"""Fault injection, repeated: every fault of RELIABILITY.md's "never hangs" table, N times each, on 2 ranks (two GPUs,
-or both ranks sharing one GPU where the box has one; tests/runtime/gpu_worker.py says how that differs). Each
+"""Fault injection, repeated: every fault of RELIABILITY.md's "never hangs" table, N times each, on --ranks ranks (2 by
+default; a GPU each, or all sharing GPU 0 where the box has fewer; tests/runtime/gpu_worker.py says how that differs). Each
 repeat is one torchrun launch of tests/runtime/gpu_worker.py with the fault's modes; the worker checks that every
 surviving rank raised within the timeout naming the problem, that the streams drained and (where the ranks survive)
 that a fresh group works. A launch that outlives its hard limit is a hang: its process tree is killed and counted.
@@ -45,10 +45,10 @@ def gpu_count() -> int:
     return len([line for line in out.stdout.splitlines() if line.startswith("GPU ")]) if out.returncode == 0 else 0
 
 
-def launch(modes: str, timeout_s: float, env: dict) -> dict:
+def launch(modes: str, timeout_s: float, env: dict, ranks: int = 2) -> dict:
     from test_runtime_gpu import _kill_tree  # noqa: PLC0415 (the GPU tests' process-tree killer)
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKER, modes]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), WORKER, modes]
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="ce_fault_") as progress:
         proc = subprocess.Popen(cmd, env={**env, "CE_TEST_PROGRESS_DIR": progress}, stdout=subprocess.PIPE,
@@ -72,7 +72,9 @@ def main(argv=None) -> int:
     p = A.Parser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=A.at_least(1), default=20)
     p.add_argument("--parallel", type=A.at_least(1), default=2,
-                   help="launches at once (each is 2 processes)")
+                   help="launches at once (each is --ranks processes)")
+    p.add_argument("--ranks", type=A.at_least(2), default=2,
+                   help="ranks per launch, each on its own GPU (all on GPU 0 when the box has fewer GPUs)")
     p.add_argument("--timeout-s", type=float, default=2.0, help="CE_OVERLAP_TIMEOUT_S of the launches")
     p.add_argument("--faults", default=",".join(FAULTS.values()), help="comma list of worker modes to repeat")
     p.add_argument("--out", default=None, help="JSON results")
@@ -90,7 +92,8 @@ def main(argv=None) -> int:
     env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "PYTHONUNBUFFERED": "1",
                 "CE_OVERLAP_POOL_MB": "128", "CE_OVERLAP_STAGING_MB": "1", "CE_OVERLAP_P2P_MB": "1",
                 "CE_OVERLAP_TIMEOUT_S": str(args.timeout_s), "CE_TEST_STEP_DEADLINE_S": str(args.timeout_s + 25)})
-    if n_gpus == 1:
+    shared = n_gpus < args.ranks
+    if shared:
         env["CE_TEST_SHARED_GPU"] = "1"
     modes = [m for m in args.faults.split(",") if m]
     # A launch's hard limit: start-up, every timeout its modes wait for (mismatch: 4), and a margin. Beyond it: a hang.
@@ -112,8 +115,8 @@ def main(argv=None) -> int:
         all_ok = done == len(jobs) and all(r["ok"] for rs in results.values() for r in rs)
         verdict = "all passed" if all_ok else ("FAILURES" if any(not r["ok"] for rs in results.values() for r in rs)
                                                else f"CUT SHORT: {len(jobs) - done} launches not run")
-        print(f"# {done} of {len(jobs)} launches in {time.time() - t0:.0f} s, {n_gpus} GPU(s)"
-              f"{' (both ranks on one GPU)' if n_gpus == 1 else ''}, CE_OVERLAP_TIMEOUT_S={args.timeout_s}: {verdict}",
+        print(f"# {done} of {len(jobs)} launches of {args.ranks} ranks in {time.time() - t0:.0f} s, {n_gpus} GPU(s)"
+              f"{' (every rank on GPU 0)' if shared else ''}, CE_OVERLAP_TIMEOUT_S={args.timeout_s}: {verdict}",
               flush=True)
         write_json(final and done == len(jobs))
         return all_ok
@@ -124,7 +127,7 @@ def main(argv=None) -> int:
         tmp = args.out + ".tmp"
         with open(tmp, "w") as f:
             json.dump({"command": " ".join([os.path.basename(sys.executable)] + sys.argv), "gpus": n_gpus,
-                       "shared_gpu": n_gpus == 1, "timeout_s": args.timeout_s, "repeats": args.repeats,
+                       "ranks": args.ranks, "shared_gpu": shared, "timeout_s": args.timeout_s, "repeats": args.repeats,
                        "complete": complete, "launches_planned": len(jobs), "results": results}, f, indent=1)
         os.replace(tmp, args.out)
 
@@ -135,7 +138,7 @@ def main(argv=None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        futures = {pool.submit(launch, m, limit, env): m for m, _ in jobs}
+        futures = {pool.submit(launch, m, limit, env, args.ranks): m for m, _ in jobs}
         for n, f in enumerate(concurrent.futures.as_completed(futures), 1):
             r = f.result()
             results[futures[f]].append(r)

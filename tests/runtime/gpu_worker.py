@@ -381,36 +381,39 @@ def mode_correctness(args) -> int:
 
 
 def mode_timeout(args) -> int:
-    """Rank 1 rendezvouses but never calls the collective: rank 0 must raise within the timeout plus a margin."""
+    """The last rank rendezvouses but never calls the collective: every other rank must raise within the timeout
+    plus a margin, naming the op, the group, itself and the missing rank."""
     group = dist.group.WORLD
-    rank = dist.get_rank()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    staller = world - 1
     timeout_s = ce_timeout_s()
     step("timeout: rendezvous + barrier", echo=True)
     rt.rendezvous(group)
     store = dist.distributed_c10d._get_default_store()
     x = torch.randn(1 << 20, device="cuda")
-    out = torch.empty(2 << 20, device="cuda")
+    out = torch.empty(world << 20, device="cuda")
     torch.cuda.synchronize()
     dist.barrier()
-    if rank != 0:
-        step("timeout: rank 1 does not call the collective; waiting for rank 0 to report", deadline_s=timeout_s + 60,
-             echo=True)
-        store.wait(["ce_test/timeout_done"], timedelta(seconds=timeout_s + 50))
+    if rank == staller:
+        step(f"timeout: rank {staller} does not call the collective; waiting for the others to report",
+             deadline_s=timeout_s + 60, echo=True)
+        store.wait([f"ce_test/timeout_done/{r}" for r in range(staller)], timedelta(seconds=timeout_s + 50))
         return 0
     ok = True
     t0 = time.time()
-    step("timeout: enqueue the all-gather rank 1 never joins", echo=True)
+    step(f"timeout: enqueue the all-gather rank {staller} never joins", echo=True)
     rt.all_gather_into_tensor(out, x, group)
     try:
         step("timeout: synchronize (must raise after the timeout)", deadline_s=timeout_s + 30, echo=True)
         rt.synchronize(group)
-        log("FAILED: synchronize returned although rank 1 never called the collective")
+        log(f"FAILED: synchronize returned although rank {staller} never called the collective")
         ok = False
     except RuntimeError as e:
         elapsed = time.time() - t0
         msg = str(e)
         log(f"raised after {elapsed:.1f} s (timeout {timeout_s} s): {msg}")
-        for needle in ("timeout", "all_gather_into_tensor", f"group '{group.group_name}'", "rank 0", "[1]"):
+        for needle in ("timeout", "all_gather_into_tensor", f"group '{group.group_name}'", f"rank {rank}",
+                       f"{staller}]"):
             if needle not in msg:
                 log(f"FAILED: the message does not name {needle!r}")
                 ok = False
@@ -432,7 +435,7 @@ def mode_timeout(args) -> int:
             ok = False
         except RuntimeError as e:
             log(f"{what} raised as expected: {str(e)[:160]}...")
-    store.set("ce_test/timeout_done", "1")
+    store.set(f"ce_test/timeout_done/{rank}", "1")
     return 0 if ok else 1
 
 
@@ -466,26 +469,26 @@ def mode_mismatch(args) -> int:
     """Ranks call a collective inconsistently; both must raise a timeout naming the mismatch. Each case runs on its
     own process group (its own CE pool), because a timed-out group refuses every later op. Every tensor is made (and
     every torch kernel the cases need is loaded) before the first case: nothing but the CE ops runs between them."""
-    rank = dist.get_rank()
+    rank, world = dist.get_rank(), dist.get_world_size()
     step("mismatch: 6 process groups + rendezvous + inputs", echo=True)
     groups = [dist.new_group(list(range(dist.get_world_size()))) for _ in range(6)]
     for g in groups:
         rt.rendezvous(g)
     n = 1024 if rank == 0 else 2048
-    ag_in, ag_out = torch.randn(n, device="cuda"), torch.empty(2 * n, device="cuda")
-    rs_in, rs_out = torch.randn(2 * n, device="cuda"), torch.empty(n, device="cuda")
+    ag_in, ag_out = torch.randn(n, device="cuda"), torch.empty(world * n, device="cuda")
+    rs_in, rs_out = torch.randn(world * n, device="cuda"), torch.empty(n, device="cuda")
     # Same bytes, different dtype: fp32 x 1024 per rank vs bf16 x 2048 per rank.
     dt = torch.float32 if rank == 0 else torch.bfloat16
     m = 1024 if rank == 0 else 2048
-    rs2_in, rs2_out = torch.randn(2 * m, device="cuda").to(dt), torch.empty(m, device="cuda", dtype=dt)
+    rs2_in, rs2_out = torch.randn(world * m, device="cuda").to(dt), torch.empty(m, device="cuda", dtype=dt)
     g3 = groups[3]
-    sym_out = rt.empty_symmetric((2 * 4096,), torch.float32, g3)
-    shard = sym_out.view(2, -1)[rank]
+    sym_out = rt.empty_symmetric((world * 4096,), torch.float32, g3)
+    shard = sym_out.view(world, -1)[rank]
     shard.fill_(rank)
     # The same bytes in different parts: [1000, 3000] elements on rank 0, [3000, 1000] on rank 1.
     split = [1000, 3000] if rank == 0 else [3000, 1000]
     parts_in = [torch.randn(k, device="cuda") for k in split]
-    same_in = torch.randn(2 * 4096, device="cuda")  # the same tensor on both ranks, reduced on one, not on the other
+    same_in = torch.randn(world * 4096, device="cuda")  # the same tensor on both ranks, reduced on one, not on the other
     torch.cuda.synchronize()
     dist.barrier()
     ok = True
@@ -514,7 +517,6 @@ def mode_mismatch(args) -> int:
                           lambda: torch.ops.ce_overlap.all_gather_into_tensors(parts_in, dist.get_world_size(), g4.group_name),
                           ["different collective", "all_gather_into_tensors"])
     g5 = groups[5]
-    world = dist.get_world_size()
 
     def reduced_vs_unreduced():
         if rank == 0:
@@ -1423,7 +1425,7 @@ def mode_die_mid_collective(args) -> int:
     rank = dist.get_rank()
     rt.rendezvous(group)
     x = torch.randn(8 << 20, device="cuda")  # 32 MiB per rank: 32 rounds through 1 MiB of staging
-    out = torch.empty(2 * x.numel(), device="cuda")
+    out = torch.empty(dist.get_world_size() * x.numel(), device="cuda")
     torch.cuda.synchronize()
     dist.barrier()
     step("die_mid_collective: all-gather with a peer that dies", deadline_s=ce_timeout_s() + 30, echo=True)
