@@ -45,7 +45,7 @@ for n in ${CE_COLL_RANKS:-4 2}; do
     --peer-lanes "${CE_COLL_LANES:-1,0}" \
     --out "$OUT/probe-$n.json"
   want faults && stage faults-$n "${CE_DEVICE_FAULTS_S:-500}" "$PY" bench/fault_repeats.py --ranks "$n" \
-    --repeats "${CE_DEVICE_FAULT_REPEATS:-10}" --parallel 4 --out "$OUT/faults-$n.json"
+    --repeats "${CE_DEVICE_FAULT_REPEATS:-10}" --parallel 5 --out "$OUT/faults-$n.json"
 done
 want shared8 && stage shared8 200 env CUDA_VISIBLE_DEVICES=0 CE_TEST_SHARED_GPU=1 CE_OVERLAP_POOL_MB=128 \
   CE_OVERLAP_STAGING_MB=1 CE_OVERLAP_P2P_MB=1 "$PY" -m torch.distributed.run --standalone --nproc-per-node 8 \

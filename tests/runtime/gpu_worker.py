@@ -29,6 +29,7 @@ import collections
 import faulthandler
 import os
 import random
+import re
 import sys
 import threading
 import time
@@ -412,11 +413,16 @@ def mode_timeout(args) -> int:
         elapsed = time.time() - t0
         msg = str(e)
         log(f"raised after {elapsed:.1f} s (timeout {timeout_s} s): {msg}")
-        for needle in ("timeout", "all_gather_into_tensor", f"group '{group.group_name}'", f"rank {rank}",
-                       f"{staller}]"):
+        for needle in ("timeout", "all_gather_into_tensor", f"group '{group.group_name}'", f"rank {rank}"):
             if needle not in msg:
                 log(f"FAILED: the message does not name {needle!r}")
                 ok = False
+        # The peers whose flags never arrived: the staller among them (with more ranks the others it kept waiting
+        # are stuck too and may be listed beside it).
+        listed = re.search(r"never arrived: \[([0-9, ]*)\]", msg)
+        if not listed or str(staller) not in [t.strip() for t in listed.group(1).split(",")]:
+            log(f"FAILED: the message does not list rank {staller} among the peers whose flags never arrived")
+            ok = False
         if not (0.9 * timeout_s <= elapsed <= timeout_s + 10):
             log(f"FAILED: raised after {elapsed:.1f} s, expected within [{0.9 * timeout_s}, {timeout_s + 10}] s")
             ok = False
