@@ -569,7 +569,7 @@ def _p2p_batches(rng, n, j):
 def one(seed, bugs=frozenset(), kinds=KINDS):
     """One random group size, op sequence (the same on every rank) and schedule. Raises Race."""
     rng = random.Random(seed)
-    n = rng.choice([2, 3, 4])
+    n = rng.choice([2, 3, 4, 8])
     w = World(n, S=100, N=37, bugs=bugs, lanes=[rng.randint(0, n - 1) for _ in range(n)])
     seq = []
     for j in range(rng.randint(3, 10)):
