@@ -314,10 +314,10 @@ def test_kernel_classes_and_the_class_comparison():
     assert step_prediction.compare_classes(pieces, None) == []
 
 
-def _fake_launch(modes, timeout_s, env):
+def _fake_launch(modes, timeout_s, env, ranks=2):
     """Stands in for one torchrun launch of the GPU worker (the repeat loop's bookkeeping is under test, not CUDA)."""
     ok = modes != "mismatch"
-    return {"modes": modes, "rc": 0 if ok else 1, "hang": False, "wall_s": 0.1, "ok": ok, "failed_lines": [],
+    return {"modes": modes, "ranks": ranks, "rc": 0 if ok else 1, "hang": False, "wall_s": 0.1, "ok": ok, "failed_lines": [],
             "raised": [], "tail": "" if ok else "[rank 0] FAILED: made up"}
 
 
@@ -344,7 +344,7 @@ import os, signal, sys, threading, time
 sys.path.insert(0, {BENCH!r})
 import fault_repeats
 fault_repeats.gpu_count = lambda: 2
-def slow(modes, timeout_s, env):
+def slow(modes, timeout_s, env, ranks=2):
     if modes == "mismatch":
         time.sleep(60)
     return {{"modes": modes, "rc": 0, "hang": False, "wall_s": 0.1, "ok": True, "failed_lines": [], "raised": [],
