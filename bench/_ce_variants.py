@@ -59,13 +59,16 @@ _UNTUNED: dict[str, dict] = {}
 
 
 def tune(group, restore: bool = False, **knobs) -> None:
-    """Sets the group's peer_lanes / bcast_segments (ce_overlap.runtime.testing.tune) for the next variant; restore=True
+    """Sets the group's peer_lanes / bcast_segments / copy_rate_gbps (ce_overlap.runtime.testing.tune) for the next
+    variant; restore=True
     puts back what the group had before the first call (the runtime's defaults)."""
     import ce_overlap.runtime.testing as rtt
 
     if group.group_name not in _UNTUNED:
         state = dict(kv.split("=") for kv in rtt.tune(group).split())
-        _UNTUNED[group.group_name] = {k: int(state[k]) for k in ("peer_lanes", "bcast_segments")}
+        _UNTUNED[group.group_name] = {"peer_lanes": int(state["peer_lanes"]),
+                                      "bcast_segments": int(state["bcast_segments"]),
+                                      "copy_rate_gbps": float(state["copy_rate_gbps"])}
     rtt.tune(group, **(_UNTUNED[group.group_name] if restore else knobs))
 
 

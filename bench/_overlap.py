@@ -65,6 +65,10 @@ def add_parsers(sub) -> None:
                         "the compute alone before every variant, so both arms run at the board's steady, power-limited "
                         "clocks (a short burst alone runs at boost clocks; on one H200 a GEMM took 1387 us in a burst, "
                         "1621 us sustained)")
+    p.add_argument("--copy-rates", type=A.int_list(0), default=None, metavar="LIST",
+                   help="comma list of copy rates, GB/s (0: unlimited): every ce_overlap variant once per rate, "
+                        "labelled 'ag:ce_symm_push@rate=150' (the runtime's copy_rate_gbps, set on every rank); "
+                        "default: the runtime's own (unlimited)")
     A.out_option(p)
     p.set_defaults(run=run, plan=plan)
 
@@ -72,8 +76,14 @@ def add_parsers(sub) -> None:
 def plan(args) -> dict:
     """What a run does (CPU only: bench/collectives.py --dry-run prints it). Labels "ag:<variant>", "rs:<variant>"."""
     nbytes = args.size_mib << 20
+    rates = getattr(args, "copy_rates", None)
+
+    def per_rate(label: str) -> list[str]:
+        return [f"{label}@rate={r}" for r in rates] if rates and label.split(":", 1)[1].startswith("ce") else [label]
+
+    labels = [f"ag:{v}" for v in A.items(args.variants)] + [f"rs:{v}" for v in A.items(args.rs_variants)]
     return {"size_bytes_per_rank": nbytes, "computes": A.items(args.compute),
-            "variants": [f"ag:{v}" for v in A.items(args.variants)] + [f"rs:{v}" for v in A.items(args.rs_variants)],
+            "variants": [x for label in labels for x in per_rate(label)],
             "pool_env": C.pool_env(nbytes, int(os.environ.get("WORLD_SIZE", "1")))}
 
 
@@ -90,7 +100,14 @@ def run(args) -> int:
     rs_inp = torch.randint(-8, 9, (world * count,), device="cuda").to(torch.bfloat16)
 
     def make(label: str) -> C.Variant:
+        """The variant of `label`, with the group's copy rate set for it ('@rate=R') or back to the runtime's own."""
         coll, name = label.split(":", 1)
+        name, _, rate = name.partition("@rate=")
+        if name.startswith("ce") and not C.ce_unavailable(group):
+            if rate:
+                V.tune(group, copy_rate_gbps=float(rate))
+            else:
+                V.tune(group, restore=True)
         v = V.make_ag_variant(name, inp, group) if coll == "ag" else V.make_rs_variant(name, rs_inp, group)
         v.name = label
         return v

@@ -8,6 +8,9 @@
 #             "0,2,4,8"): busbw side by side with NCCL
 #   probe-N   bench/collectives.py probe --parts reducescatter: the reduce-scatter's reduction CTAs x round size x
 #             peer lanes (CE_COLL_LANES)
+#   rate-N    bench/collectives.py overlap --sustain-ms 1000 --compute gemm: a GEMM beside NCCL and beside the push
+#             all-gather / the reduce-scatter at each copy rate of CE_COLL_RATES (GB/s, 0 = unlimited), with SM clock
+#             and board power: the copy rate against the compute's slowdown (opt-in: CE_COLL_STAGES=rate)
 #   faults-N  bench/fault_repeats.py --ranks N: every fault of RELIABILITY.md, CE_DEVICE_FAULT_REPEATS times (opt-in:
 #             CE_COLL_STAGES=faults; ~450 s for 10 repeats at 4 ranks)
 # and, once, on GPU 0 only:
@@ -23,7 +26,7 @@ cd "$(dirname "$0")/.."
 BUDGET_S=${CE_DEVICE_BUDGET_S:-570}
 source bench/_device_lib.sh
 
-select_stages CE_COLL_STAGES "tests coll probe shared8" tests coll probe shared8 faults
+select_stages CE_COLL_STAGES "tests coll probe shared8" tests coll probe shared8 rate faults
 
 stage env 30 env_info
 stage build 240 build
@@ -44,6 +47,9 @@ for n in ${CE_COLL_RANKS:-4 2}; do
     --nproc-per-node "$n" bench/collectives.py probe --parts reducescatter --reduce-sms 32,64 --rs-round-mb 16,32,64 \
     --peer-lanes "${CE_COLL_LANES:-1,0}" \
     --out "$OUT/probe-$n.json"
+  want rate && stage rate-$n 200 env CUDA_VISIBLE_DEVICES="$devices" "$PY" -m torch.distributed.run --standalone \
+    --nproc-per-node "$n" bench/collectives.py overlap --sustain-ms 1000 --compute gemm --variants nccl,ce_symm_push \
+    --rs-variants nccl,ce --copy-rates "${CE_COLL_RATES:-0,50,100,150,200,300}" --out "$OUT/rate-$n.json"
   want faults && stage faults-$n "${CE_DEVICE_FAULTS_S:-500}" "$PY" bench/fault_repeats.py --ranks "$n" \
     --repeats "${CE_DEVICE_FAULT_REPEATS:-10}" --parallel 5 --out "$OUT/faults-$n.json"
 done

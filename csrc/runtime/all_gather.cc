@@ -325,8 +325,8 @@ void enqueue_push_locked(Group& g, const AllGatherArgs& a, const std::string& wh
   const size_t dst = plan.offset + static_cast<size_t>(rank) * part.bytes;
   g.for_each_peer(where, [&](int p, cudaStream_t s) {
     g.wait_peer_ready(p, e, sig, s);
-    CE_CUDA_CHECK(cudaMemcpyAsync(pool.peer_base(p) + dst, part.input, part.bytes, cudaMemcpyDeviceToDevice, s),
-                  where + ": pushing our shard into rank " + std::to_string(p));
+    g.peer_copy(pool.peer_base(p) + dst, static_cast<const char*>(part.input), part.bytes,
+                where + ": pushing our shard into rank " + std::to_string(p), s);
     g.post_done(p, s);
   });
   // 4. Every peer's shard has landed in our output.

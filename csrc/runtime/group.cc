@@ -243,6 +243,9 @@ Group::Group(std::string name, int rank, int world_size, int device, const Group
   }
   CE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming), ctx);
   CE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_lane_fork_, cudaEventDisableTiming), ctx);
+  const size_t pacers = static_cast<size_t>(std::max(1, world_size - 1));
+  CE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&pace_last_), pacers * sizeof(unsigned long long)), ctx);
+  CE_CUDA_CHECK(cudaMemset(pace_last_, 0, pacers * sizeof(unsigned long long)), ctx);
   for (int i = 0; i + 2 < world_size; ++i) {
     lanes_.push_back(nullptr);
     lane_join_.push_back(nullptr);
@@ -294,6 +297,7 @@ Group::~Group() {
   }
   if (ev_fork_) cudaEventDestroy(ev_fork_);
   if (ev_lane_fork_) cudaEventDestroy(ev_lane_fork_);
+  if (pace_last_) cudaFree(pace_last_);
   for (cudaEvent_t e : lane_join_) {
     if (e) cudaEventDestroy(e);
   }
@@ -349,6 +353,13 @@ void Group::set_rs_round_bytes(size_t bytes) {
 void Group::set_peer_lanes(int lanes) {
   if (lanes < 0) throw std::invalid_argument("peer_lanes must be >= 0 (0: one lane per peer), got " + std::to_string(lanes));
   peer_lanes_.store(lanes);
+}
+
+void Group::set_copy_rate_gbps(double gbps) {
+  if (!(gbps >= 0) || !std::isfinite(gbps)) {
+    throw std::invalid_argument("copy_rate_gbps must be a finite number >= 0 (0: unlimited), got " + std::to_string(gbps));
+  }
+  copy_rate_gbps_.store(gbps);
 }
 
 void Group::set_bcast_segments(int segments) {
@@ -414,9 +425,32 @@ void Group::post_done(int peer, cudaStream_t stream) {
                 "group '" + name_ + "': signalling done to rank " + std::to_string(peer));
 }
 
-void Group::pull_copy(char* dst, const char* src, size_t bytes, const std::string& what, cudaStream_t stream) {
-  if (stream && stream != comm_) {
+void Group::peer_copy(char* dst, const char* src, size_t bytes, const std::string& what, cudaStream_t stream) {
+  if (!stream) stream = comm_;
+  const double rate = copy_rate_gbps_.load();
+  if (rate <= 0) {
     CE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), what);
+    return;
+  }
+  // The lane's pacer slot (copies of one stream are paced against each other).
+  size_t lane = 0;
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    if (lanes_[i] == stream) lane = i + 1;
+  }
+  // Chunks of ~25 us at the rate (at least 1 MiB, 64 KiB multiples): a pacer launch costs a few us of stream time.
+  constexpr size_t kAlign = 64 * 1024;
+  const size_t chunk = std::max<size_t>(1 << 20, static_cast<size_t>(rate * 25e3) / kAlign * kAlign);
+  for (size_t off = 0; off < bytes; off += chunk) {
+    const size_t len = std::min(chunk, bytes - off);
+    const auto interval_ns = static_cast<unsigned long long>(static_cast<double>(len) / rate);  // bytes / (GB/s) = ns
+    CE_CUDA_CHECK(launch_pace(pace_last_ + lane, interval_ns, stream), what + ": pacing the copy");
+    CE_CUDA_CHECK(cudaMemcpyAsync(dst + off, src + off, len, cudaMemcpyDeviceToDevice, stream), what);
+  }
+}
+
+void Group::pull_copy(char* dst, const char* src, size_t bytes, const std::string& what, cudaStream_t stream) {
+  if ((stream && stream != comm_) || copy_rate_gbps_.load() > 0) {
+    peer_copy(dst, src, bytes, what, stream);
     return;
   }
   const size_t most = std::max<size_t>(1, bytes / kMinPullPiece);

@@ -176,6 +176,12 @@ class Group {
   // stream would, forked from it after the round's POST ready and joined back before its next step.
   int peer_lanes() const { return peer_lanes_.load(); }
   void set_peer_lanes(int lanes);              // >= 0; throws std::invalid_argument otherwise
+  // The rate (GB/s) each of this rank's collective peer copies is held to, 0 = unlimited (local). Paced copies go in
+  // chunks, each started no earlier than the previous one's start plus chunk / rate (launch_pace: one GPU thread that
+  // only waits), so the copy engines run below their full rate, and so does the board's power (the knob of issue 30:
+  // copy rate against the slowdown of the compute beside it).
+  double copy_rate_gbps() const { return copy_rate_gbps_.load(); }
+  void set_copy_rate_gbps(double gbps);        // >= 0 and finite; throws std::invalid_argument otherwise
   // Segments of a scatter + all-gather broadcast (all_to_all.cc): 0 = chosen from the size. Must match on every rank
   // (it is in the rounds' signature, like rs_round_bytes).
   int bcast_segments() const { return bcast_segments_.load(); }
@@ -227,6 +233,9 @@ class Group {
   // per stream) when large enough; to the protocol it is one copy on the comm stream (forked after, joined before the
   // next step). On a lane it is one copy (the lanes already keep several copy engines busy).
   void pull_copy(char* dst, const char* src, size_t bytes, const std::string& what, cudaStream_t stream = nullptr);
+  // `stream` (comm or a lane): one peer copy (a pull or a push), paced when copy_rate_gbps() > 0 (in chunks, a pacer
+  // launch before each); otherwise one cudaMemcpyAsync.
+  void peer_copy(char* dst, const char* src, size_t bytes, const std::string& what, cudaStream_t stream = nullptr);
   // The peer loop of a round: body(p, stream) for p = (rank + i) % n, i = 1..n-1, in that order within a lane. With
   // one lane every call gets the comm stream. With L > 1 lanes, peer i goes to lane (i - 1) % L (lane 0 = the comm
   // stream): lanes 1..L-1 wait for an event recorded on the comm stream before the loop, and the comm stream waits
@@ -305,6 +314,8 @@ class Group {
   std::atomic<int> pull_split_;
   std::atomic<int> peer_lanes_;
   std::atomic<int> bcast_segments_{0};
+  std::atomic<double> copy_rate_gbps_{0.0};
+  unsigned long long* pace_last_ = nullptr;  // device: the pacer's last chunk start, one per lane (0 = comm stream)
   bool refuse_p2p_ = false;  // GroupConfig::refuse_p2p (fault injection)
   std::unique_ptr<SymmetricPool> pool_;
   cudaStream_t comm_ = nullptr;

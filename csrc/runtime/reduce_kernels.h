@@ -1,6 +1,7 @@
 // The reduce-scatter reduction kernel (reduce_kernels.cu): sums this rank's chunk and the n-1 chunks the
 // peers pushed into its staging slots, in fp32, and writes the output (in the inputs' dtype, or in fp32). The only SM work of the runtime;
-// its CTA count is bounded (RuntimeConfig.reduce_sms). No torch here.
+// its CTA count is bounded (RuntimeConfig.reduce_sms). Also the copy pacer of a rate-limited group (one thread that
+// only waits). No torch here.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -42,5 +43,10 @@ cudaError_t launch_reduce(ReduceDType dtype, ReduceDType out_dtype, const Reduce
 // `stream`; the caller synchronizes it). Called when a group is created: under lazy module loading a
 // kernel's first launch may wait for the device to go idle, which must not happen inside an enqueue.
 cudaError_t preload_reduce_kernels(cudaStream_t stream);
+
+// The copy pacer: holds `stream` until the GPU's global timer reaches *last + interval_ns (at once when behind or on
+// first use, *last == 0), then sets *last to that time. One thread, no data moved (Group::peer_copy). Preloaded with
+// the reduction kernels.
+cudaError_t launch_pace(unsigned long long* last, unsigned long long interval_ns, cudaStream_t stream);
 
 }  // namespace ce_overlap

@@ -294,7 +294,8 @@ std::string Group::describe() {
   std::ostringstream s;
   s << pool_->describe() << "; open=" << open_ << " ops=" << op_seq_ << " next_epoch=" << epoch_next_
     << " in_flight=" << pending_.size() << " timeout_s=" << timeout_s_ << " local_copy=" << local_copy_mode()
-    << " pull_split=" << pull_split_.load() << " peer_lanes=" << peer_lanes_.load() << " reduce_ctas=" << reduce_ctas_.load()
+    << " pull_split=" << pull_split_.load() << " peer_lanes=" << peer_lanes_.load()
+    << " copy_rate_gbps=" << copy_rate_gbps_.load() << " reduce_ctas=" << reduce_ctas_.load()
     << " rs_round_bytes=" << rs_round_bytes_.load() << " failed=" << failed_.load();
   return s.str();
 }

@@ -258,6 +258,8 @@ def draw_case(rng: random.Random) -> dict:
         "split": rng.choice([1, 1, 2, 3, 4]),
         # Peer lanes (local: rank r uses (lanes + r) % 4, 0 = one per peer), so the ranks differ.
         "lanes": rng.randrange(4),
+        # Copy rate, GB/s (local: odd ranks unlimited), 0 = unlimited: paced copies go in chunks behind a pacer.
+        "rate": rng.choice([0, 0, 0, 20, 150]),
     }
 
 
@@ -317,7 +319,7 @@ def run_case(case: dict, group, world: int, rank: int, side: torch.cuda.Stream) 
             raise AssertionError(mode)
 
         rtt.tune(group, pull_split=case["split"] if rank == 0 else case["split"] % 4 + 1,
-                 peer_lanes=(case["lanes"] + rank) % 4)
+                 peer_lanes=(case["lanes"] + rank) % 4, copy_rate_gbps=case["rate"] if rank % 2 == 0 else 0)
         previous_mode = rtt.set_all_gather_mode("push" if mode.endswith("_push") else "pull")
         try:
             if mode == "functional":
@@ -794,9 +796,10 @@ def mode_reduce_scatter(args) -> int:
         ctas = rng.choice(ctas_choices)
         # Reduction CTAs are local (ranks may differ); the round size must match, so it changes on both at once.
         lanes = rng.randrange(4)  # peer lanes, local: rank r uses (lanes + r) % 4 (0 = one per peer)
+        rate = rng.choice([0, 0, 0, 20, 150])  # copy rate, GB/s (local: odd ranks unlimited)
         rtt.tune(group, reduce_sms=ctas if rank == 0 else ctas_choices[(ctas_choices.index(ctas) + 1) % 5],
                  rs_round_mb=(64 / 1024) if i >= small_round_from else round_bytes / (1 << 20),
-                 peer_lanes=(lanes + rank) % 4)
+                 peer_lanes=(lanes + rank) % 4, copy_rate_gbps=rate if rank % 2 == 0 else 0)
         multi_round += case["numel"] * torch.empty((), dtype=case["dtype"]).element_size() > (
             (64 << 10) if i >= small_round_from else round_bytes)
         step(f"reduce_scatter case {i}: {case['op']} {str(case['dtype']).replace('torch.', '')} numel {case['numel']} "
@@ -1208,7 +1211,9 @@ def mode_a2a_bcast(args) -> int:
         # Peer lanes are local (rank r uses (lanes + r) % 4); the broadcast's segments (0: chosen from the size, which
         # with these sizes mostly means "pull it whole from the root") must match on every rank.
         case["lanes"], case["segments"] = rng.randrange(4), rng.choice([0, 0, 1, 2, 3, 7])
-        rtt.tune(group, peer_lanes=(case["lanes"] + rank) % 4, bcast_segments=case["segments"])
+        case["rate"] = rng.choice([0, 0, 0, 20, 150])  # copy rate, GB/s (local: odd ranks unlimited)
+        rtt.tune(group, peer_lanes=(case["lanes"] + rank) % 4, bcast_segments=case["segments"],
+                 copy_rate_gbps=case["rate"] if rank % 2 == 0 else 0)
         step(f"a2a_bcast case {i}: {kind} {case['mode']} {case['dtype']} {case['numel']} lanes {case['lanes']} "
              f"segments {case['segments']}")
         wrong, problem = checked_case(_run_a2a_bcast_case, case, group, world, rank)

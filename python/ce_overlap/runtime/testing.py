@@ -14,7 +14,7 @@ def _ops():
 
 def tune(group=None, *, pull_split: int | None = None, reduce_sms: int | None = None,
          rs_round_mb: float | None = None, peer_lanes: int | None = None,
-         bcast_segments: int | None = None) -> str:
+         bcast_segments: int | None = None, copy_rate_gbps: float | None = None) -> str:
     """Changes the group's tuning knobs between ops (benchmarks sweep them); None leaves a knob as it is. Returns
     the resulting "pull_split=.. reduce_ctas=.. rs_round_bytes=..". pull_split (1..4: pieces of every pulled peer
     copy, each on its own stream) and reduce_sms (CTAs of the reduce-scatter reduction) are local to this rank.
@@ -22,14 +22,18 @@ def tune(group=None, *, pull_split: int | None = None, reduce_sms: int | None = 
     signature: ranks that disagree get a "different collective" timeout, not wrong data). peer_lanes (local) spreads
     each round's peer copies over that many streams (0: one per peer, every peer at once; 1: one after another).
     bcast_segments (0..64, 0: chosen from the size) pipelines a broadcast of 3+ ranks; like rs_round_mb it must be
-    the same on every rank."""
+    the same on every rank. copy_rate_gbps (local, >= 0, 0: unlimited) holds each of this rank's collective peer
+    copies to that rate: chunks spaced by a one-thread pacer on the copy's stream."""
     name, _ = group_name_and_size(group)
     round_bytes = 0 if rs_round_mb is None else max(1, int(rs_round_mb * (1 << 20)))
     lanes = -1 if peer_lanes is None else int(peer_lanes)
     if peer_lanes is not None and lanes < 0:
         raise ValueError(f"peer_lanes must be >= 0 (0: one lane per peer), got {peer_lanes}")
     segments = -1 if bcast_segments is None else int(bcast_segments)
-    return _ops()._tune(name, int(pull_split or 0), int(reduce_sms or 0), round_bytes, lanes, segments)
+    if copy_rate_gbps is not None and not copy_rate_gbps >= 0:
+        raise ValueError(f"copy_rate_gbps must be >= 0 (0: unlimited), got {copy_rate_gbps}")
+    rate = -1.0 if copy_rate_gbps is None else float(copy_rate_gbps)
+    return _ops()._tune(name, int(pull_split or 0), int(reduce_sms or 0), round_bytes, lanes, segments, rate)
 
 
 def set_all_gather_mode(mode: str) -> str:
