@@ -145,7 +145,8 @@ def time_op_ms(fn: Callable[[], None], iters: int, warmup: int, settle: Callable
     return [start.elapsed_time(end) for start, end in events]
 
 
-def time_host_ahead(fn: Callable[[], None], group, iters: int, warmup: int, settle: Callable[[], None]) -> tuple[float, float]:
+def time_host_ahead(fn: Callable[[], None], group, iters: int, warmup: int,
+                    settle: Callable[[], None]) -> tuple[float, float]:
     """(median per-op ms with the host ahead of the GPU, host enqueue ms per op), max over ranks. time_op_ms times
     ops as the host issues them, so an op whose enqueue takes longer than its GPU work is timed at the host's pace;
     here a GPU sleep holds the stream until every op is queued (as in a training step, where the host runs ahead),

@@ -232,8 +232,8 @@ def run(args) -> int:
         for v in chosen:
             C.log0(f"#   {coll} {v:<18} {helps.get(v, '')}")
         results, na = sweep(coll, chosen, sizes, dtype, args.dtype, args, group, rank, world)
-        labels = [label for label, _, _ in tuned_variants(coll, chosen, args)]
-        print_tables(coll, labels, {label: helps.get(base, "") for label, base, _ in tuned_variants(coll, chosen, args)},
+        runs = tuned_variants(coll, chosen, args)
+        print_tables(coll, [label for label, _, _ in runs], {label: helps.get(base, "") for label, base, _ in runs},
                      sizes, results)
         all_results += results
         all_na.update({f"{coll}:{k}": v for k, v in na.items()})

@@ -1,5 +1,6 @@
 """Fault injection, repeated: every fault of RELIABILITY.md's "never hangs" table, N times each, on --ranks ranks (2 by
-default; a GPU each, or all sharing GPU 0 where the box has fewer; tests/runtime/gpu_worker.py says how that differs). Each
+default; a GPU each, or all sharing GPU 0 where the box has fewer; tests/runtime/gpu_worker.py says how that
+differs). Each
 repeat is one torchrun launch of tests/runtime/gpu_worker.py with the fault's modes; the worker checks that every
 surviving rank raised within the timeout naming the problem, that the streams drained and (where the ranks survive)
 that a fresh group works. A launch that outlives its hard limit is a hang: its process tree is killed and counted.

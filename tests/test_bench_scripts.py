@@ -317,8 +317,8 @@ def test_kernel_classes_and_the_class_comparison():
 def _fake_launch(modes, timeout_s, env, ranks=2):
     """Stands in for one torchrun launch of the GPU worker (the repeat loop's bookkeeping is under test, not CUDA)."""
     ok = modes != "mismatch"
-    return {"modes": modes, "ranks": ranks, "rc": 0 if ok else 1, "hang": False, "wall_s": 0.1, "ok": ok, "failed_lines": [],
-            "raised": [], "tail": "" if ok else "[rank 0] FAILED: made up"}
+    return {"modes": modes, "ranks": ranks, "rc": 0 if ok else 1, "hang": False, "wall_s": 0.1, "ok": ok,
+            "failed_lines": [], "raised": [], "tail": "" if ok else "[rank 0] FAILED: made up"}
 
 
 def test_fault_repeats_reports_every_launch_and_failures(tmp_path, monkeypatch, capsys):

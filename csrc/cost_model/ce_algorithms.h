@@ -18,8 +18,8 @@ constexpr double kBroadcastRoundBytes = 16.0 * 1024 * 1024;
 // The segments a broadcast of `nbytes` over `world_size` ranks is pipelined over as a scatter + all-gather, or 0:
 // every non-root pulls the whole tensor from the root (2 ranks, small tensors). Pulling it whole takes (n-1) N / B + o
 // (the root's links carry every copy); K segments take (K + (n-2)/(n-1)) N / (K B) + (K + 1) o (the first round only
-// scatters, the last only exchanges); the K that minimizes it (near sqrt((n-2)/(n-1) N / (B o))). `tuned` > 0 forces that count from 3
-// ranks on (the runtime's bcast_segments knob).
+// scatters, the last only exchanges); the K that minimizes it (near sqrt((n-2)/(n-1) N / (B o))). `tuned` > 0 forces
+// that count from 3 ranks on (the runtime's bcast_segments knob).
 inline size_t broadcast_segments(int world_size, size_t nbytes, int tuned) {
   if (world_size < 3 || nbytes == 0) return 0;
   if (tuned > 0) return static_cast<size_t>(tuned);

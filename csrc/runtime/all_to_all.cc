@@ -220,8 +220,9 @@ void enqueue_bcast_scatter_locked(Group& g, const BroadcastArgs& a, const std::s
   for (size_t k = 0; k <= K; ++k) {
     const size_t b = k < K ? segment(k) : 0;
     const uint32_t e = g.next_epoch();
+    const uint64_t root_and_segments = static_cast<uint64_t>(a.root) | static_cast<uint64_t>(K) << 32;
     const RoundSignature sig = round_signature(OpKind::Broadcast, plan.variant, a.nbytes, static_cast<uint32_t>(k), b,
-                                               plan.offset, static_cast<uint64_t>(a.root) | static_cast<uint64_t>(K) << 32);
+                                               plan.offset, root_and_segments);
     // 1. The epoch window: peers finished reading our bank / T of round k-1, and wrote nothing of ours since.
     if (k == 0 && !epoch_ge(g.last_done_waited(), e - 1)) op.done_needed_before = e - 1;
     g.wait_peers_done(e - 1);
@@ -231,10 +232,12 @@ void enqueue_bcast_scatter_locked(Group& g, const BroadcastArgs& a, const std::s
                     where + ": staging segment " + std::to_string(k) + " at the root");
     }
     // A non-root pulls into its bank k % 2 again only after its copy-out of round k-2 read it.
-    if (!root && staged && k >= 2 && k < K) CE_CUDA_CHECK(cudaStreamWaitEvent(comm, g.bank_event(static_cast<int>(k % 2)), 0), where);
+    if (!root && staged && k >= 2 && k < K) {
+      CE_CUDA_CHECK(cudaStreamWaitEvent(comm, g.bank_event(static_cast<int>(k % 2)), 0), where);
+    }
     // 3. Announce.
-    g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b,
-                            kind_round_word(OpKind::Broadcast, plan.variant, static_cast<uint32_t>(k)), b, plan.offset});
+    const uint32_t kind_round = kind_round_word(OpKind::Broadcast, plan.variant, static_cast<uint32_t>(k));
+    g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b, kind_round, b, plan.offset});
     // 4. The scatter of segment k from the root and the exchange of segment k-1 among the non-roots.
     g.for_each_peer(where, [&](int p, cudaStream_t s) {
       g.wait_peer_ready(p, e, sig, s);
@@ -262,8 +265,9 @@ void enqueue_bcast_scatter_locked(Group& g, const BroadcastArgs& a, const std::s
       CE_CUDA_CHECK(cudaEventRecord(g.arrived_event(), comm), where);
       CE_CUDA_CHECK(cudaStreamWaitEvent(self, g.arrived_event(), 0), where);
       if (hi > lo) {
-        CE_CUDA_CHECK(local_copy_async(t + k * S + lo, pool.local_base() + piece_at(rank, k), hi - lo, g.device(), self),
-                      where + ": copying our piece of segment " + std::to_string(k) + " out of the staging bank");
+        CE_CUDA_CHECK(
+            local_copy_async(t + k * S + lo, pool.local_base() + piece_at(rank, k), hi - lo, g.device(), self),
+            where + ": copying our piece of segment " + std::to_string(k) + " out of the staging bank");
       }
       CE_CUDA_CHECK(cudaEventRecord(g.bank_event(static_cast<int>(k % 2)), self), where);
     }

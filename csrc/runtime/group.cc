@@ -351,13 +351,16 @@ void Group::set_rs_round_bytes(size_t bytes) {
 }
 
 void Group::set_peer_lanes(int lanes) {
-  if (lanes < 0) throw std::invalid_argument("peer_lanes must be >= 0 (0: one lane per peer), got " + std::to_string(lanes));
+  if (lanes < 0) {
+    throw std::invalid_argument("peer_lanes must be >= 0 (0: one lane per peer), got " + std::to_string(lanes));
+  }
   peer_lanes_.store(lanes);
 }
 
 void Group::set_copy_rate_gbps(double gbps) {
   if (!(gbps >= 0) || !std::isfinite(gbps)) {
-    throw std::invalid_argument("copy_rate_gbps must be a finite number >= 0 (0: unlimited), got " + std::to_string(gbps));
+    throw std::invalid_argument("copy_rate_gbps must be a finite number >= 0 (0: unlimited), got " +
+                                std::to_string(gbps));
   }
   copy_rate_gbps_.store(gbps);
 }

@@ -46,7 +46,8 @@ std::string tune(std::string group_name, int64_t pull_split, int64_t reduce_ctas
   }
   return "pull_split=" + std::to_string(g->pull_split()) + " reduce_ctas=" + std::to_string(g->reduce_ctas()) +
          " rs_round_bytes=" + std::to_string(g->rs_round_bytes()) + " peer_lanes=" + std::to_string(g->peer_lanes()) +
-         " bcast_segments=" + std::to_string(g->bcast_segments()) + " copy_rate_gbps=" + std::to_string(g->copy_rate_gbps());
+         " bcast_segments=" + std::to_string(g->bcast_segments()) +
+         " copy_rate_gbps=" + std::to_string(g->copy_rate_gbps());
 }
 
 // Probe: the reduce-scatter's reduction kernel alone, as the op runs it for 2 ranks: out = a + b (fp32
@@ -131,7 +132,9 @@ std::string keep_alive_mode_op() { return keep_alive_mode() == KeepAlive::Stash 
 TORCH_LIBRARY(ce_overlap_testing, m) {
   using namespace ce_overlap;
   m.def("_set_all_gather_mode(str mode) -> str", &set_ag_mode);
-  m.def("_tune(str group_name, int pull_split, int reduce_ctas, int rs_round_bytes, int peer_lanes=-1, int bcast_segments=-1, float copy_rate_gbps=-1) -> str", &tune);
+  m.def("_tune(str group_name, int pull_split, int reduce_ctas, int rs_round_bytes, int peer_lanes=-1, "
+        "int bcast_segments=-1, float copy_rate_gbps=-1) -> str",
+        &tune);
   m.def("_reduce_bench(Tensor(a!) out, Tensor a, Tensor b, int ctas) -> ()", &reduce_bench);
   m.def("_reduce_scatter_round_bytes(str group_name) -> int", &rs_round_bytes);
   m.def("_p2p_round_bytes(str group_name) -> int", &p2p_round_bytes_op);

@@ -187,8 +187,8 @@ void enqueue_locked(Group& g, const ReduceScatterArgs& a, const std::string& whe
       char* dst = pool.peer_base(p) + recv + static_cast<size_t>(slot_of(rank, p)) * l.slot_bytes;
       for_each_piece(a.parts, o, b, [&](const ReduceScatterPart& part, size_t from, size_t at, size_t len) {
         const char* src = static_cast<const char*>(part.input) + static_cast<size_t>(p) * part.bytes + from;
-        g.peer_copy(dst + at, src, len, where + ": pushing chunk " + std::to_string(p) + " to rank " + std::to_string(p),
-                    s);
+        const std::string what = where + ": pushing chunk " + std::to_string(p) + " to rank " + std::to_string(p);
+        g.peer_copy(dst + at, src, len, what, s);
       });
       g.post_done(p, s);
     });

@@ -496,7 +496,7 @@ def mode_mismatch(args) -> int:
     # The same bytes in different parts: [1000, 3000] elements on rank 0, [3000, 1000] on rank 1.
     split = [1000, 3000] if rank == 0 else [3000, 1000]
     parts_in = [torch.randn(k, device="cuda") for k in split]
-    same_in = torch.randn(world * 4096, device="cuda")  # the same tensor on both ranks, reduced on one, not on the other
+    same_in = torch.randn(world * 4096, device="cuda")  # the same everywhere: reduced on rank 0, not on the others
     torch.cuda.synchronize()
     dist.barrier()
     ok = True

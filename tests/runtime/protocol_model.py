@@ -46,8 +46,8 @@ class World:
         self.flags = [{"ready": [0] * n, "done": [0] * n, "credit": [0] * n, "landed": [0] * n} for _ in range(n)]
         self.mem = [[] for _ in range(n)]     # (lo, hi, tag)
         self.active = [[] for _ in range(n)]  # (lo, hi, mode, opid)
-        self.streams = [{s: deque() for s in ("caller", "comm", "self", "red") + tuple(f"lane{j}" for j in range(1, n - 1))}
-                        for _ in range(n)]
+        names = ("caller", "comm", "self", "red") + tuple(f"lane{j}" for j in range(1, n - 1))
+        self.streams = [{s: deque() for s in names} for _ in range(n)]
         self.epoch_next = [1] * n
         self.done_waited = [0] * n
         self.ev = [{k: Ev() for k in ("caller", "self", "arrived", "bank0", "bank1", "end")} for _ in range(n)]
@@ -383,7 +383,8 @@ class World:
             self.epoch_next[r] += 1
             self.wait_peers_done(r, e - 1)
             if r == root and not symm and k < K:
-                self.copy(r, "comm", [], [(r, bank(k) + j * PC, bank(k) + (j + 1) * PC, tag(k, j)) for j in range(n - 1)])
+                pieces = [(r, bank(k) + j * PC, bank(k) + (j + 1) * PC, tag(k, j)) for j in range(n - 1)]
+                self.copy(r, "comm", [], pieces)
             if r != root and not symm and 2 <= k < K and "sg_no_bank_wait" not in self.bugs:
                 self.wait_ev(r, "comm", f"bank{k % 2}")
             self.post_ready(r, e)
@@ -392,12 +393,13 @@ class World:
                 self.wait_flag(r, st, "ready", p, e)
                 if r != root and p == root and k < K:
                     lo = piece_at(r, k)
-                    self.copy(r, st, [(p, root_piece(k, me), root_piece(k, me) + PC, tag(k, me), "sg pull from the root")],
-                              [(r, lo, lo + PC, tag(k, me))])
+                    src = (p, root_piece(k, me), root_piece(k, me) + PC, tag(k, me), "sg pull from the root")
+                    self.copy(r, st, [src], [(r, lo, lo + PC, tag(k, me))])
                 elif r != root and p != root and k >= 1:
                     lo = piece_at(p, k - 1)
                     j = owner(p)
-                    dst = [(r, Y2 + (k - 1) * SG + j * PC, Y2 + (k - 1) * SG + (j + 1) * PC, tag(k - 1, j))] if symm else []
+                    at = Y2 + (k - 1) * SG + j * PC
+                    dst = [(r, at, at + PC, tag(k - 1, j))] if symm else []
                     self.copy(r, st, [(p, lo, lo + PC, tag(k - 1, j), "sg exchange")], dst)
                 self.post_done(r, p, e, st)
 

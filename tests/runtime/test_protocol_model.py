@@ -1,9 +1,9 @@
 """The signalling protocol of the CE collectives, checked on a model (tests/runtime/protocol_model.py, no GPU): random
 op sequences (all-gather pull staged / zero-copy / in place, push, reduce-scatter with 1-5 rounds, all-to-all staged /
-zero-copy, broadcast staged / symmetric / scatter + all-gather staged and symmetric, batches of point-to-point messages staged / direct between random pairs) on
-2, 3, 4 and 8 ranks, each rank spreading its peer loops over a random number of lanes (streams), under random stream schedules
-never read stale or half-written bytes, never write while a peer reads, never
-deadlock; and switching off any one safeguard of the enqueue code is caught."""
+zero-copy, broadcast staged / symmetric / scatter + all-gather staged and symmetric, batches of point-to-point
+messages staged / direct between random pairs) on 2, 3, 4 and 8 ranks, each rank spreading its peer loops over a
+random number of lanes (streams), under random stream schedules never read stale or half-written bytes, never write
+while a peer reads, never deadlock; and switching off any one safeguard of the enqueue code is caught."""
 from __future__ import annotations
 
 import os
