@@ -171,6 +171,31 @@ def test_collectives_tables_from_recorded_results(capsys):
     assert text.count("\n") == 3 + len(probe["reduce_scatter"]) + 2 and "ce sms=32 round=32M" in text
 
 
+def test_sweep_runs_every_ce_variant_once_per_tuning():
+    import argparse
+
+    import _sweep
+
+    args = argparse.Namespace(peer_lanes=[1, 0], bcast_segments=[0, 2])
+    runs = _sweep.tuned_variants("broadcast", ["nccl", "ce_staged"], args)
+    assert runs[0] == ("nccl", "nccl", {})  # NCCL once, untuned
+    assert [label for label, _, _ in runs[1:]] == ["ce_staged@lanes=1,segments=0", "ce_staged@lanes=1,segments=2",
+                                                    "ce_staged@lanes=0,segments=0", "ce_staged@lanes=0,segments=2"]
+    assert runs[-1][1:] == ("ce_staged", {"peer_lanes": 0, "bcast_segments": 2})
+    # Segments apply to broadcasts only; no knob given: the runtime's own, unlabelled.
+    assert [r[0] for r in _sweep.tuned_variants("all_gather", ["ce_staged"], args)] == [
+        "ce_staged@lanes=1", "ce_staged@lanes=0"]
+    none = argparse.Namespace(peer_lanes=None)
+    assert _sweep.tuned_variants("all_gather", ["nccl", "ce_symmetric"], none) == [
+        ("nccl", "nccl", {}), ("ce_symmetric", "ce_symmetric", {})]
+    # The dry-run plan keeps the base variants and lists the labelled runs beside them.
+    plan = _sweep.plan(argparse.Namespace(subcommand="broadcast", colls="broadcast", variants="nccl,ce_staged",
+                                          dtype="bf16", min="16M", max="16M", factor=4, peer_lanes=[0],
+                                          bcast_segments=None))
+    assert plan["variants"] == {"broadcast": ["nccl", "ce_staged"]}
+    assert plan["runs"] == {"broadcast": ["nccl", "ce_staged@lanes=0"]}
+
+
 def test_size_sweep_is_nccl_tests_style():
     import _common as C
 

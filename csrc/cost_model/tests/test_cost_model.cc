@@ -368,6 +368,41 @@ TEST(CostModel, MeasuredReductionKernelContentionReplacesTheSmFormula) {
                    CostModel(round_profile()).slowdown_beside(e.phases.at(0)).compute_bound);
 }
 
+TEST(CeAlgorithms, BroadcastSegmentsFollowTheirTimeModel) {
+  constexpr size_t MiB = size_t{1} << 20;
+  // 2 ranks pull the whole tensor (one peer: nothing to scatter); so do empty tensors.
+  EXPECT_EQ(broadcast_segments(2, 1024 * MiB, 0), 0u);
+  EXPECT_EQ(broadcast_segments(8, 0, 0), 0u);
+  // A tensor of a round's cost or less: the extra round of the scatter costs more than the root's extra bytes.
+  EXPECT_EQ(broadcast_segments(4, 1 * MiB, 0), 0u);
+  // Bigger tensors scatter, over more segments as they grow (never more than kMaxBcastSegments).
+  size_t previous = 0;
+  for (size_t mib : {16, 64, 256, 1024, 16384, 1 << 20}) {
+    const size_t k = broadcast_segments(4, mib * MiB, 0);
+    EXPECT_GE(k, std::max<size_t>(previous, 1)) << mib << " MiB";
+    EXPECT_LE(k, static_cast<size_t>(kMaxBcastSegments)) << mib << " MiB";
+    previous = k;
+  }
+  // The choice is the least of its own time model: the whole pull takes (n-1) N + 1 round costs, K segments
+  // (K + (n-2)/(n-1)) N / K + K + 1 (N in round costs).
+  for (int n : {3, 4, 8}) {
+    for (size_t mib : {2, 8, 64, 256}) {
+      SCOPED_TRACE(std::to_string(n) + " ranks, " + std::to_string(mib) + " MiB");
+      const double N = static_cast<double>(mib * MiB) / kBroadcastRoundBytes;
+      auto t = [&](double K) { return (K + (n - 2.0) / (n - 1.0)) * N / K + K + 1; };
+      const size_t k = broadcast_segments(n, mib * MiB, 0);
+      const double chosen = k == 0 ? (n - 1) * N + 1 : t(static_cast<double>(k));
+      EXPECT_LE(chosen, (n - 1) * N + 1);
+      for (int other = 1; other <= kMaxBcastSegments; ++other) EXPECT_LE(chosen, t(other) + 1e-9);
+    }
+  }
+  EXPECT_EQ(broadcast_segments(3, 8 * MiB, 0), 0u);  // half a round cost: 2 ranks' worth of bytes is cheaper
+  EXPECT_GT(broadcast_segments(8, 8 * MiB, 0), 0u);  // ... but not the root's 7 copies
+  // A tuned count is taken as it is, from 3 ranks on.
+  EXPECT_EQ(broadcast_segments(3, 4096, 7), 7u);
+  EXPECT_EQ(broadcast_segments(2, 4096, 7), 0u);
+}
+
 TEST(CostModel, CeLimitedByEnginesAndSlowPairs) {
   Profile p = round_profile();
   p.gpu.copy_engines = 1;
