@@ -98,6 +98,14 @@
 //     events, so poisoning the flags drains them with the comm stream; and every later event on the comm
 //     stream (the caching allocator's stream records, release_symmetric, `end`) lies after the joins.
 //     The split is local: ranks may use different splits (it is not part of the signature).
+//   * Peer lanes (Group::for_each_peer, the tuning knob peer_lanes): the per-peer steps of 4 (pull) / 3
+//     (push) may run on up to n-1 streams, forked from the comm stream after POST ready and joined back into it before
+//     anything after the loop. Each peer's WAIT, copy and POST done stay in that order on one stream, so every
+//     argument above holds per peer; the done outbox they copy is written only by POST ready, before the fork, and
+//     rewritten only after the join. Lanes only reorder the steps of different peers, which no argument relies on.
+//     Lanes are local (not in the signature). tests/runtime/protocol_model.py runs random lanes per rank.
+//   * A paced copy (Group::peer_copy with copy_rate_gbps > 0) is, to every argument, one copy: its chunks and the
+//     pacer launches between them run in order on the copy's stream, before the POST done that follows it.
 //   * POST ready rewrites only the outbox words that changed since the comm stream last wrote them (the
 //     host mirrors them; only the comm stream writes the outbox, in order). The outbox then holds exactly
 //     the 32-byte signal of 3 when the copies of 3 read it, as if every word had been rewritten.
