@@ -492,7 +492,7 @@ void Group::for_each_peer(const std::string& where, const std::function<void(int
     }
   }
   for (int i = 1; i <= peers; ++i) {
-    const int lane = (i - 1) % std::max(lanes, 1);
+    const int lane = (i - 1) % lanes;  // lanes >= 1 whenever there is a peer
     body((rank_ + i) % world_size_, lane == 0 ? comm_ : lanes_[lane - 1]);
   }
   for (int j = 1; j < lanes; ++j) {

@@ -229,9 +229,10 @@ class Group {
   void wait_peer_ready(int peer, uint32_t epoch, RoundSignature sig, cudaStream_t stream = nullptr);
   // `stream` (comm or a lane): copy the done outbox (the current round's epoch) into done[rank] of `peer`.
   void post_done(int peer, cudaStream_t stream = nullptr);
-  // `stream` (comm or a lane): one peer copy of a pull. On the comm stream it is split into pull_split() pieces (one
-  // per stream) when large enough; to the protocol it is one copy on the comm stream (forked after, joined before the
-  // next step). On a lane it is one copy (the lanes already keep several copy engines busy).
+  // `stream` (comm or a lane): one peer copy of a pull. On the comm stream, unpaced, it is split into pull_split()
+  // pieces (one per stream) when large enough; to the protocol it is one copy on the comm stream (forked after, joined
+  // before the next step). On a lane (the lanes already keep several copy engines busy) or with a copy rate it is
+  // peer_copy.
   void pull_copy(char* dst, const char* src, size_t bytes, const std::string& what, cudaStream_t stream = nullptr);
   // `stream` (comm or a lane): one peer copy (a pull or a push), paced when copy_rate_gbps() > 0 (in chunks, a pacer
   // launch before each); otherwise one cudaMemcpyAsync.

@@ -231,6 +231,18 @@ def draw_size(rng: random.Random, bands: list[tuple[float, int, int]]) -> int:
     raise AssertionError(f"bands {bands} end below 1")
 
 
+def draw_local_tuning(rng: random.Random) -> dict:
+    """The runtime's local knobs for one case, drawn alike on every rank (the rng is seeded alike); local_tuning makes
+    the ranks differ: rank r runs on (lanes + r) % 4 peer lanes (0 = one per peer), and even ranks hold their copies
+    to `rate` GB/s (0 = unlimited; paced copies go in chunks behind a pacer) while odd ranks copy unlimited."""
+    return {"lanes": rng.randrange(4), "rate": rng.choice([0, 0, 0, 20, 150])}
+
+
+def local_tuning(case: dict, rank: int) -> dict:
+    """testing.tune's keywords for this rank from a case's draw_local_tuning."""
+    return {"peer_lanes": (case["lanes"] + rank) % 4, "copy_rate_gbps": case["rate"] if rank % 2 == 0 else 0}
+
+
 def draw_case(rng: random.Random) -> dict:
     dtype = rng.choice(DTYPES)
     # The last band is multi-round when staged (CE_OVERLAP_STAGING_MB=1).
@@ -256,10 +268,7 @@ def draw_case(rng: random.Random) -> dict:
         "seed": rng.randrange(1 << 30),
         # Pieces each pulled peer copy is split into (local: rank 1 uses split % 4 + 1, so the ranks differ).
         "split": rng.choice([1, 1, 2, 3, 4]),
-        # Peer lanes (local: rank r uses (lanes + r) % 4, 0 = one per peer), so the ranks differ.
-        "lanes": rng.randrange(4),
-        # Copy rate, GB/s (local: odd ranks unlimited), 0 = unlimited: paced copies go in chunks behind a pacer.
-        "rate": rng.choice([0, 0, 0, 20, 150]),
+        **draw_local_tuning(rng),
     }
 
 
@@ -319,7 +328,7 @@ def run_case(case: dict, group, world: int, rank: int, side: torch.cuda.Stream) 
             raise AssertionError(mode)
 
         rtt.tune(group, pull_split=case["split"] if rank == 0 else case["split"] % 4 + 1,
-                 peer_lanes=(case["lanes"] + rank) % 4, copy_rate_gbps=case["rate"] if rank % 2 == 0 else 0)
+                 **local_tuning(case, rank))
         previous_mode = rtt.set_all_gather_mode("push" if mode.endswith("_push") else "pull")
         try:
             if mode == "functional":
@@ -795,11 +804,10 @@ def mode_reduce_scatter(args) -> int:
         case = draw_rs_case(rng, round_elems)
         ctas = rng.choice(ctas_choices)
         # Reduction CTAs are local (ranks may differ); the round size must match, so it changes on both at once.
-        lanes = rng.randrange(4)  # peer lanes, local: rank r uses (lanes + r) % 4 (0 = one per peer)
-        rate = rng.choice([0, 0, 0, 20, 150])  # copy rate, GB/s (local: odd ranks unlimited)
+        tuning = draw_local_tuning(rng)
         rtt.tune(group, reduce_sms=ctas if rank == 0 else ctas_choices[(ctas_choices.index(ctas) + 1) % 5],
                  rs_round_mb=(64 / 1024) if i >= small_round_from else round_bytes / (1 << 20),
-                 peer_lanes=(lanes + rank) % 4, copy_rate_gbps=rate if rank % 2 == 0 else 0)
+                 **local_tuning(tuning, rank))
         multi_round += case["numel"] * torch.empty((), dtype=case["dtype"]).element_size() > (
             (64 << 10) if i >= small_round_from else round_bytes)
         step(f"reduce_scatter case {i}: {case['op']} {str(case['dtype']).replace('torch.', '')} numel {case['numel']} "
@@ -1208,12 +1216,10 @@ def mode_a2a_bcast(args) -> int:
                                    else ["staged", "symmetric"]),
                 "root": rng.randrange(world), "clobber_input_after": rng.random() < 0.3}
         case["numel"] = _draw_numel(rng, world if kind == "a2a" else 1)
-        # Peer lanes are local (rank r uses (lanes + r) % 4); the broadcast's segments (0: chosen from the size, which
-        # with these sizes mostly means "pull it whole from the root") must match on every rank.
-        case["lanes"], case["segments"] = rng.randrange(4), rng.choice([0, 0, 1, 2, 3, 7])
-        case["rate"] = rng.choice([0, 0, 0, 20, 150])  # copy rate, GB/s (local: odd ranks unlimited)
-        rtt.tune(group, peer_lanes=(case["lanes"] + rank) % 4, bcast_segments=case["segments"],
-                 copy_rate_gbps=case["rate"] if rank % 2 == 0 else 0)
+        # Lanes and copy rate are local (local_tuning); the broadcast's segments (0: chosen from the size, which with
+        # these sizes mostly means "pull it whole from the root") must match on every rank.
+        case.update(draw_local_tuning(rng), segments=rng.choice([0, 0, 1, 2, 3, 7]))
+        rtt.tune(group, bcast_segments=case["segments"], **local_tuning(case, rank))
         step(f"a2a_bcast case {i}: {kind} {case['mode']} {case['dtype']} {case['numel']} lanes {case['lanes']} "
              f"segments {case['segments']}")
         wrong, problem = checked_case(_run_a2a_bcast_case, case, group, world, rank)
