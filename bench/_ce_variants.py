@@ -59,7 +59,7 @@ _UNTUNED: dict[str, dict] = {}
 
 
 def tune(group, restore: bool = False, **knobs) -> None:
-    """Sets the group's peer_lanes / bcast_segments / copy_rate_gbps (ce_overlap.runtime.testing.tune) for the next
+    """Sets the group's peer_lanes / peer_sync / bcast_segments / copy_rate_gbps (ce_overlap.runtime.testing.tune) for the next
     variant; restore=True
     puts back what the group had before the first call (the runtime's defaults)."""
     import ce_overlap.runtime.testing as rtt
@@ -68,7 +68,8 @@ def tune(group, restore: bool = False, **knobs) -> None:
         state = dict(kv.split("=") for kv in rtt.tune(group).split())
         _UNTUNED[group.group_name] = {"peer_lanes": int(state["peer_lanes"]),
                                       "bcast_segments": int(state["bcast_segments"]),
-                                      "copy_rate_gbps": float(state["copy_rate_gbps"])}
+                                      "copy_rate_gbps": float(state["copy_rate_gbps"]),
+                                      "peer_sync": int(state["peer_sync"])}
     rtt.tune(group, **(_UNTUNED[group.group_name] if restore else knobs))
 
 

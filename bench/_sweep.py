@@ -26,6 +26,7 @@ import os
 import _args as A
 import _common as C  # (sets the multicast-off environment before torch loads NCCL)
 import _ce_variants as V
+import copy_timeline
 
 import torch
 import torch.distributed as dist
@@ -50,22 +51,35 @@ def bandwidths(coll: str, nbytes: int, t_s: float, world: int) -> tuple[float, f
     return algbw, algbw if coll == "broadcast" else algbw * (world - 1) / world
 
 
+# The tuning knobs a sweep can run every ce_overlap variant under: (args attribute = tune() keyword, label key,
+# broadcasts only). Every combination of the listed settings runs, in this order.
+TUNING_KNOBS = (("peer_lanes", "lanes", False), ("peer_sync", "sync", False), ("bcast_segments", "segments", True))
+
+
 def tuned_variants(coll: str, names: list[str], args) -> list[tuple[str, str, dict]]:
-    """(label, variant, knobs) for every variant and setting of --peer-lanes (and --bcast-segments for broadcasts):
-    each CE variant once per setting, labelled 'ce_staged@lanes=0,segments=4'; NCCL and symm_mem once."""
-    lanes = getattr(args, "peer_lanes", None) or [None]
-    segments = (getattr(args, "bcast_segments", None) or [None]) if coll == "broadcast" else [None]
+    """(label, variant, knobs) for every variant and combination of the settings of --peer-lanes, --peer-sync (and
+    --bcast-segments for broadcasts): each CE variant once per combination, labelled
+    'ce_staged@lanes=0,sync=1,segments=4'; NCCL and symm_mem once."""
+    combos: list[dict] = [{}]
+    for knob, _, bcast_only in TUNING_KNOBS:
+        values = getattr(args, knob, None) if coll == "broadcast" or not bcast_only else None
+        combos = [c | ({} if v is None else {knob: v}) for c in combos for v in (values or [None])]
+    labels = dict((knob, key) for knob, key, _ in TUNING_KNOBS)
     out = []
     for name in names:
         if not name.startswith("ce"):
             out.append((name, name, {}))
             continue
-        for lane in lanes:
-            for seg in segments:
-                knobs = {k: v for k, v in (("peer_lanes", lane), ("bcast_segments", seg)) if v is not None}
-                label = name + ("@" + ",".join(f"{k.split('_')[1]}={v}" for k, v in knobs.items()) if knobs else "")
-                out.append((label, name, knobs))
+        for knobs in combos:
+            label = name + ("@" + ",".join(f"{labels[k]}={v}" for k, v in knobs.items()) if knobs else "")
+            out.append((label, name, knobs))
     return out
+
+
+def trace_path(trace_dir: str, coll: str, label: str, nbytes: int, ahead: bool, rank: int) -> str:
+    """Where --trace-dir puts one rank's trace of one variant and size (file-name-safe: no '@', '=' or ',')."""
+    safe = label.replace("@", "_").replace("=", "").replace(",", "_")
+    return os.path.join(trace_dir, f"{coll}-{safe}-{nbytes}-{'ahead' if ahead else 'paced'}-rank{rank}.json.gz")
 
 
 def sweep(coll: str, variants: list[str], sizes: list[int], dtype: torch.dtype, dtype_name: str, args, group,
@@ -119,6 +133,12 @@ def sweep(coll: str, variants: list[str], sizes: list[int], dtype: torch.dtype, 
                 ahead_ms, host_ms = C.time_host_ahead(v.run, group, args.iters, args.warmup,
                                                       lambda: C.settle(v, group))
                 wrong = C.sum_over_ranks(C.count_wrong(v.output(), ref))
+                if getattr(args, "trace_dir", None):
+                    for ahead in (False, True):
+                        dist.barrier(group=group)
+                        copy_timeline.capture(v.run, args.trace_ops, trace_path(args.trace_dir, coll, name, nbytes,
+                                                                                 ahead, rank),
+                                              ahead, lambda: C.settle(v, group))
             except Exception as e:  # noqa: BLE001 (report and go on with the other variants)
                 C.print_exc_rank()
                 reason = C.format_exc_line(e)
@@ -187,10 +207,20 @@ def add_parsers(sub) -> None:
 
 
 def tuning_options(p: argparse.ArgumentParser, broadcast: bool) -> None:
-    """--peer-lanes (and --bcast-segments): run every ce_overlap variant once per listed setting, side by side."""
+    """--peer-lanes, --peer-sync (and --bcast-segments): run every ce_overlap variant once per combination of the
+    listed settings, side by side."""
     p.add_argument("--peer-lanes", type=A.int_list(0), default=None, metavar="LIST",
                    help="comma list of peer lane counts to run every ce_overlap variant with (0: one stream per peer, "
                         "every peer at once; 1: one after another); default: the runtime's own")
+    p.add_argument("--peer-sync", type=A.int_list(0), default=None, metavar="LIST",
+                   help="comma list of peer signalling modes to run every ce_overlap variant with (0: each peer's "
+                        "wait, copies and done in turn; 1: wait for every peer, copy, then every done; 2: as 1 with "
+                        "batched signal copies); default: the runtime's own")
+    p.add_argument("--trace-dir", default=None, metavar="DIR",
+                   help="also trace --trace-ops ops of every variant and size with torch.profiler, issued as the host "
+                        "goes and queued ahead of the GPU, one Chrome trace per rank (bench/copy_timeline.py "
+                        "summarizes them)")
+    p.add_argument("--trace-ops", type=int, default=10, metavar="N", help="ops per trace (default 10)")
     if broadcast:
         p.add_argument("--bcast-segments", type=A.int_list(0), default=None, metavar="LIST",
                        help="comma list of broadcast segment counts (3+ ranks: scatter + all-gather pipelined over "

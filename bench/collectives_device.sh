@@ -5,12 +5,15 @@
 #             rank, broadcast segment counts, multi-round sizes with a 1 MiB staging region): bit-exact vs NCCL
 #   coll-N    bench/collectives.py all -b 16M -e 256M -f 4 with every ce_overlap variant once per peer-lane setting
 #             (CE_COLL_LANES, default "1,0") and the broadcast once per segment count (CE_COLL_SEGMENTS, default
-#             "0,2,4,8"): busbw side by side with NCCL
+#             "0,2,4,8") and peer signalling mode (CE_COLL_SYNC, default: the runtime's): busbw side by side with NCCL
 #   probe-N   bench/collectives.py probe --parts reducescatter: the reduce-scatter's reduction CTAs x round size x
 #             peer lanes (CE_COLL_LANES)
 #   rate-N    bench/collectives.py overlap --sustain-ms 1000 --compute gemm: a GEMM beside NCCL and beside the push
 #             all-gather / the reduce-scatter at each copy rate of CE_COLL_RATES (GB/s, 0 = unlimited), with SM clock
 #             and board power: the copy rate against the compute's slowdown (opt-in: CE_COLL_STAGES=rate)
+#   trace-N   bench/collectives.py all --colls all_gather,all_to_all at 256 MiB with --trace-dir: one torch.profiler
+#             trace per rank, variant (nccl and CE_COLL_TRACE_VARIANTS) and mode (paced, ahead), then
+#             bench/copy_timeline.py over rank 0's (opt-in: CE_COLL_STAGES=trace)
 #   faults-N  bench/fault_repeats.py --ranks N: every fault of RELIABILITY.md, CE_DEVICE_FAULT_REPEATS times (opt-in:
 #             CE_COLL_STAGES=faults; ~450 s for 10 repeats at 4 ranks)
 # and, once, on GPU 0 only:
@@ -26,7 +29,7 @@ cd "$(dirname "$0")/.."
 BUDGET_S=${CE_DEVICE_BUDGET_S:-570}
 source bench/_device_lib.sh
 
-select_stages CE_COLL_STAGES "tests coll probe shared8" tests coll probe shared8 rate faults
+select_stages CE_COLL_STAGES "tests coll probe shared8" tests coll probe shared8 rate trace faults
 
 stage env 30 env_info
 stage build 240 build
@@ -42,7 +45,7 @@ for n in ${CE_COLL_RANKS:-4 2}; do
     correctness,reduce_scatter,a2a_bcast --cases 200 --rs-cases 200 --a2a-cases 300
   want coll && stage coll-$n 200 env CUDA_VISIBLE_DEVICES="$devices" "$PY" -m torch.distributed.run --standalone \
     --nproc-per-node "$n" bench/collectives.py all -b 16M -e 256M -f 4 --peer-lanes "${CE_COLL_LANES:-1,0}" \
-    --bcast-segments "${CE_COLL_SEGMENTS:-0,2,4,8}" --out "$OUT/coll-$n.json"
+    --bcast-segments "${CE_COLL_SEGMENTS:-0,2,4,8}" ${CE_COLL_SYNC:+--peer-sync "$CE_COLL_SYNC"} --out "$OUT/coll-$n.json"
   want probe && stage probe-$n 90 env CUDA_VISIBLE_DEVICES="$devices" "$PY" -m torch.distributed.run --standalone \
     --nproc-per-node "$n" bench/collectives.py probe --parts reducescatter --reduce-sms 32,64 --rs-round-mb 16,32,64 \
     --peer-lanes "${CE_COLL_LANES:-1,0}" \
@@ -50,6 +53,12 @@ for n in ${CE_COLL_RANKS:-4 2}; do
   want rate && stage rate-$n 200 env CUDA_VISIBLE_DEVICES="$devices" "$PY" -m torch.distributed.run --standalone \
     --nproc-per-node "$n" bench/collectives.py overlap --sustain-ms 1000 --compute gemm --variants nccl,ce_symm_push \
     --rs-variants nccl,ce --copy-rates "${CE_COLL_RATES:-0,50,100,150,200,300}" --out "$OUT/rate-$n.json"
+  want trace && stage trace-$n 200 env CUDA_VISIBLE_DEVICES="$devices" "$PY" -m torch.distributed.run --standalone \
+    --nproc-per-node "$n" bench/collectives.py all --colls all_gather,all_to_all \
+    --variants "nccl,${CE_COLL_TRACE_VARIANTS:-ce_symm_push}" -b 256M -e 256M --peer-lanes 1 \
+    ${CE_COLL_SYNC:+--peer-sync "$CE_COLL_SYNC"} --trace-dir "$OUT/traces-$n" --out "$OUT/trace-$n.json"
+  want trace && stage trace-summary-$n 60 bash -c "'$PY' bench/copy_timeline.py '$OUT/traces-$n'/*rank0.json.gz \
+    --json '$OUT/traces-$n/summary.json'"
   want faults && stage faults-$n "${CE_DEVICE_FAULTS_S:-500}" "$PY" bench/fault_repeats.py --ranks "$n" \
     --repeats "${CE_DEVICE_FAULT_REPEATS:-10}" --parallel 5 --out "$OUT/faults-$n.json"
 done

@@ -20,7 +20,7 @@ sys.path.insert(0, BENCH)
 # Every runnable script in bench/ (bench/README.md lists them); the collectives' subcommands are checked in-process.
 SCRIPTS = ["collectives.py", "train.py", "step_prediction.py", "plot_train.py", "cost_model_validation.py",
            "capture_speed.py", "capture_devices.py", "plan_speed.py", "fault_repeats.py", "pipeline.py", "repro_nccl_unbatched_p2p.py", "timeline.py",
-           "torchtitan_fsdp2.py"]
+           "torchtitan_fsdp2.py", "copy_timeline.py"]
 SUBCOMMANDS = ["all-gather", "reduce-scatter", "all-to-all", "broadcast", "all", "p2p", "overlap", "probe"]
 
 
@@ -185,6 +185,12 @@ def test_sweep_runs_every_ce_variant_once_per_tuning():
     # Segments apply to broadcasts only; no knob given: the runtime's own, unlabelled.
     assert [r[0] for r in _sweep.tuned_variants("all_gather", ["ce_staged"], args)] == [
         "ce_staged@lanes=1", "ce_staged@lanes=0"]
+    # Every combination of the knobs, the first knob outermost.
+    both = argparse.Namespace(peer_lanes=[1, 0], peer_sync=[0, 2])
+    assert [r[0] for r in _sweep.tuned_variants("all_to_all", ["ce_symmetric"], both)] == [
+        "ce_symmetric@lanes=1,sync=0", "ce_symmetric@lanes=1,sync=2", "ce_symmetric@lanes=0,sync=0",
+        "ce_symmetric@lanes=0,sync=2"]
+    assert _sweep.tuned_variants("all_to_all", ["ce_symmetric"], both)[1][2] == {"peer_lanes": 1, "peer_sync": 2}
     none = argparse.Namespace(peer_lanes=None)
     assert _sweep.tuned_variants("all_gather", ["nccl", "ce_symmetric"], none) == [
         ("nccl", "nccl", {}), ("ce_symmetric", "ce_symmetric", {})]
@@ -194,6 +200,38 @@ def test_sweep_runs_every_ce_variant_once_per_tuning():
                                           bcast_segments=None))
     assert plan["variants"] == {"broadcast": ["nccl", "ce_staged"]}
     assert plan["runs"] == {"broadcast": ["nccl", "ce_staged@lanes=0"]}
+
+
+def test_copy_timeline_summarizes_copies_per_stream(tmp_path, capsys):
+    import gzip
+
+    import _sweep
+    import copy_timeline
+
+    def copy(ts, dur, nbytes, stream):
+        return {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy PtoP (Device -> Device)", "ts": ts, "dur": dur,
+                "args": {"stream": stream, "bytes": nbytes}}
+
+    events = [copy(0, 100, 32 << 20, 7), copy(110, 200, 32 << 20, 7), copy(330, 100, 32 << 20, 7),  # gaps 10, 20
+              copy(100, 2, 32, 7), copy(105, 4, 32, 7),  # two signal copies
+              {"ph": "X", "cat": "kernel", "name": "pace", "ts": 50, "dur": 1, "args": {"stream": 9}},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 0, "dur": 999}]  # not GPU work: ignored
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    summary = copy_timeline.summarize(copy_timeline.load(str(path)))
+    assert summary["span_us"] == 430
+    s7, s9 = summary["streams"]["7"], summary["streams"]["9"]
+    assert s7["large_copies"] == 3 and s7["large_bytes"] == 96 << 20 and s7["large_busy_us"] == 400
+    assert s7["large_median_gbps"] == pytest.approx((32 << 20) / 100 / 1e3)  # bytes / us / 1e3 = GB/s
+    assert (s7["large_gap_median_us"], s7["large_gap_max_us"]) == (15, 20)
+    assert (s7["signal_copies"], s7["signal_median_us"]) == (2, 3)
+    assert s9["kernels"] == 1 and s9["kernel_names"] == {"pace": 1} and s9["large_copies"] == 0
+    assert copy_timeline.main([str(path)]) == 0 and "span 0.430 ms" in capsys.readouterr().out
+    assert copy_timeline.main([str(tmp_path / "missing.json")]) == 2
+    # The sweep's trace names are file-name-safe.
+    name = os.path.basename(_sweep.trace_path("d", "all_gather", "ce_symm_push@lanes=1,sync=2", 1 << 24, True, 3))
+    assert name == "all_gather-ce_symm_push_lanes1_sync2-16777216-ahead-rank3.json.gz"
 
 
 def test_size_sweep_is_nccl_tests_style():

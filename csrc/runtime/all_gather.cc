@@ -98,12 +98,18 @@
 //     events, so poisoning the flags drains them with the comm stream; and every later event on the comm
 //     stream (the caching allocator's stream records, release_symmetric, `end`) lies after the joins.
 //     The split is local: ranks may use different splits (it is not part of the signature).
-//   * Peer lanes (Group::for_each_peer, the tuning knob peer_lanes): the per-peer steps of 4 (pull) / 3
+//   * Peer lanes (Group::peer_round, the tuning knob peer_lanes): the per-peer steps of 4 (pull) / 3
 //     (push) may run on up to n-1 streams, forked from the comm stream after POST ready and joined back into it before
 //     anything after the loop. Each peer's WAIT, copy and POST done stay in that order on one stream, so every
 //     argument above holds per peer; the done outbox they copy is written only by POST ready, before the fork, and
 //     rewritten only after the join. Lanes only reorder the steps of different peers, which no argument relies on.
 //     Lanes are local (not in the signature). tests/runtime/protocol_model.py runs random lanes per rank.
+//   * Per-round signalling (the knob peer_sync, PeerSync in group.h): every peer's WAIT moves before the first copy
+//     (one batch of waits on the comm stream, before the fork) and every POST done after the last (after the join).
+//     A copy still follows its peer's WAIT and a POST done still follows that peer's copy, in stream order; the steps
+//     are only delayed: a wait for more before a copy, or a later post, never lets a byte move earlier. No deadlock:
+//     the waits are for round-e readies, which every rank posts before any of its round-e waits. Local, like lanes;
+//     the protocol model runs it at random per rank.
 //   * A paced copy (Group::peer_copy with copy_rate_gbps > 0) is, to every argument, one copy: its chunks and the
 //     pacer launches between them run in order on the copy's stream, before the POST done that follows it.
 //   * POST ready rewrites only the outbox words that changed since the comm stream last wrote them (the
@@ -291,17 +297,15 @@ void enqueue_pull_locked(Group& g, const AllGatherArgs& a, const std::string& wh
     g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b, kind_round_word(OpKind::AllGather, plan.variant, static_cast<uint32_t>(k)),
                             chunk, plan.offset});
     // 4. Pull from every peer, in (rank + i) % n order (on the peer lanes).
-    g.for_each_peer(where, [&](int p, cudaStream_t s) {
+    g.peer_round(where, e, sig, [&](int p, cudaStream_t s) {
       // Where peer p's bytes of this round lie in its pool.
       const size_t src = plan.variant == Variant::AgInPlace ? plan.offset + static_cast<size_t>(p) * nbytes
                                                              : plan.offset;
-      g.wait_peer_ready(p, e, sig, s);
       const std::string what = where + ": pulling the shard of rank " + std::to_string(p);
       for_each_piece(a.parts, chunk_offset, chunk, [&](const AllGatherPart& part, size_t from, size_t at, size_t len) {
         char* out = static_cast<char*>(part.output) + static_cast<size_t>(p) * part.bytes + from;
         g.pull_copy(out, pool.peer_base(p) + src + at, len, what, s);
       });
-      g.post_done(p, s);
     });
     op.rounds.push_back(RoundInfo{e, sig, static_cast<uint32_t>(k), chunk, plan.offset});
   }
@@ -331,11 +335,9 @@ void enqueue_push_locked(Group& g, const AllGatherArgs& a, const std::string& wh
                           plan.offset});
   // 3. Push our shard into every peer's output, in (rank + i) % n order.
   const size_t dst = plan.offset + static_cast<size_t>(rank) * part.bytes;
-  g.for_each_peer(where, [&](int p, cudaStream_t s) {
-    g.wait_peer_ready(p, e, sig, s);
+  g.peer_round(where, e, sig, [&](int p, cudaStream_t s) {
     g.peer_copy(pool.peer_base(p) + dst, static_cast<const char*>(part.input), part.bytes,
                 where + ": pushing our shard into rank " + std::to_string(p), s);
-    g.post_done(p, s);
   });
   // 4. Every peer's shard has landed in our output.
   g.wait_peers_done(e);

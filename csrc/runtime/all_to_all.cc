@@ -130,12 +130,10 @@ void enqueue_a2a_locked(Group& g, const AllToAllArgs& a, const std::string& wher
     g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b,
                             kind_round_word(OpKind::AllToAll, plan.variant, static_cast<uint32_t>(k)), b, plan.offset});
     // 4. Pull our chunk from every peer, in (rank + i) % n order.
-    g.for_each_peer(where, [&](int p, cudaStream_t s) {
+    g.peer_round(where, e, sig, [&](int p, cudaStream_t s) {
       const size_t src = plan.variant == Variant::A2aStaged ? plan.offset + r * plan.round_bytes : plan.offset + r * C;
-      g.wait_peer_ready(p, e, sig, s);
       g.pull_copy(out + static_cast<size_t>(p) * C + o, pool.peer_base(p) + src, b,
                   where + ": pulling the chunk of rank " + std::to_string(p), s);
-      g.post_done(p, s);
     });
     op.rounds.push_back(RoundInfo{e, sig, static_cast<uint32_t>(k), b, plan.offset});
   }
@@ -174,16 +172,12 @@ void enqueue_bcast_locked(Group& g, const BroadcastArgs& a, const std::string& w
     // 3. Announce.
     g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b,
                             kind_round_word(OpKind::Broadcast, plan.variant, static_cast<uint32_t>(k)), b, plan.offset});
-    // 4. Every peer; only the root's bytes are pulled.
-    for (int i = 1; i < n; ++i) {
-      const int p = (rank + i) % n;
-      g.wait_peer_ready(p, e, sig);
-      if (p == a.root) {
-        const size_t src = plan.variant == Variant::BcStaged ? plan.offset : plan.offset + o;
-        g.pull_copy(t + o, pool.peer_base(p) + src, b, where + ": pulling from the root, rank " + std::to_string(p));
-      }
-      g.post_done(p);
-    }
+    // 4. Every peer (its ready, our done); only the root's bytes are pulled.
+    g.peer_round(where, e, sig, [&](int p, cudaStream_t s) {
+      if (p != a.root) return;
+      const size_t src = plan.variant == Variant::BcStaged ? plan.offset : plan.offset + o;
+      g.pull_copy(t + o, pool.peer_base(p) + src, b, where + ": pulling from the root, rank " + std::to_string(p), s);
+    });
     op.rounds.push_back(RoundInfo{e, sig, static_cast<uint32_t>(k), b, plan.offset});
   }
   // The root's symmetric tensor goes back to its caller only once every peer has read it.
@@ -239,8 +233,7 @@ void enqueue_bcast_scatter_locked(Group& g, const BroadcastArgs& a, const std::s
     const uint32_t kind_round = kind_round_word(OpKind::Broadcast, plan.variant, static_cast<uint32_t>(k));
     g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b, kind_round, b, plan.offset});
     // 4. The scatter of segment k from the root and the exchange of segment k-1 among the non-roots.
-    g.for_each_peer(where, [&](int p, cudaStream_t s) {
-      g.wait_peer_ready(p, e, sig, s);
+    g.peer_round(where, e, sig, [&](int p, cudaStream_t s) {
       if (!root && p == a.root && k < K) {
         const auto [lo, hi] = piece_of(b, owner(rank), n);
         char* dst = staged ? pool.local_base() + piece_at(rank, k) : t + k * S + lo;
@@ -257,7 +250,6 @@ void enqueue_bcast_scatter_locked(Group& g, const BroadcastArgs& a, const std::s
                           " from rank " + std::to_string(p), s);
         }
       }
-      g.post_done(p, s);
     });
     // 5. A staged non-root copies its piece out of its bank into T (beside the next rounds).
     if (!root && staged && k < K) {

@@ -357,6 +357,14 @@ void Group::set_peer_lanes(int lanes) {
   peer_lanes_.store(lanes);
 }
 
+void Group::set_peer_sync(int mode) {
+  if (mode < static_cast<int>(PeerSync::Each) || mode > static_cast<int>(PeerSync::RoundBatched)) {
+    throw std::invalid_argument("peer_sync must be 0 (each peer in turn), 1 (per round) or 2 (per round, batched "
+                                "signal copies), got " + std::to_string(mode));
+  }
+  peer_sync_.store(mode);
+}
+
 void Group::set_copy_rate_gbps(double gbps) {
   if (!(gbps >= 0) || !std::isfinite(gbps)) {
     throw std::invalid_argument("copy_rate_gbps must be a finite number >= 0 (0: unlimited), got " +
@@ -405,27 +413,34 @@ void Group::post_ready(const PeerSignal& s) {
     outbox_words_[8] = s.epoch;
   }
   batch_mem_ops(comm_, ops, "group '" + name_ + "': writing the signal outbox of epoch " + std::to_string(s.epoch));
-  for (int i = 1; i < world_size_; ++i) {
-    const int p = (rank_ + i) % world_size_;
-    CE_CUDA_CHECK(cudaMemcpyAsync(&pool_->peer_flags(p)->ready[rank_], box, sizeof(PeerSignal),
-                                  cudaMemcpyDeviceToDevice, comm_),
-                  "group '" + name_ + "': signalling rank " + std::to_string(p));
+  std::vector<void*> dsts;
+  for (int i = 1; i < world_size_; ++i) dsts.push_back(&pool_->peer_flags((rank_ + i) % world_size_)->ready[rank_]);
+  signal_copies(dsts, box, sizeof(PeerSignal), comm_,
+                "group '" + name_ + "': signalling ready (epoch " + std::to_string(s.epoch) + ")");
+}
+
+void Group::signal_copies(const std::vector<void*>& dsts, const void* src, size_t bytes, cudaStream_t stream,
+                          const std::string& what) {
+  if (dsts.empty()) return;
+  if (peer_sync_.load() == static_cast<int>(PeerSync::RoundBatched) && dsts.size() > 1) {
+    static std::atomic<bool> refused{false};  // the batch API refused once: plain copies from then on (said once)
+    if (!refused.load()) {
+      const std::vector<const void*> srcs(dsts.size(), src);
+      const std::vector<size_t> sizes(dsts.size(), bytes);
+      const cudaError_t err = batch_copies(dsts.data(), srcs.data(), sizes.data(), dsts.size(), device_,
+                                           /*hint=*/false, stream);
+      if (err == cudaSuccess) return;
+      (void)cudaGetLastError();
+      if (!refused.exchange(true)) {
+        std::fprintf(stderr, "ce_overlap: cudaMemcpyBatchAsync refused the signal copies (%s: %s); peer_sync=2 "
+                     "signals with one cudaMemcpyAsync per peer instead\n", cudaGetErrorName(err),
+                     cudaGetErrorString(err));
+      }
+    }
   }
-}
-
-void Group::wait_peer_ready(int peer, uint32_t epoch, RoundSignature sig, cudaStream_t stream) {
-  FlagsRegion* flags = pool_->local_flags();
-  std::vector<CUstreamBatchMemOpParams> ops;
-  signal_waits(&flags->ready[peer], epoch, sig, ops);
-  batch_mem_ops(stream ? stream : comm_, ops, "group '" + name_ + "': waiting for rank " + std::to_string(peer) +
-                                                   " (epoch " + std::to_string(epoch) + ")");
-}
-
-void Group::post_done(int peer, cudaStream_t stream) {
-  FlagsRegion* flags = pool_->local_flags();
-  CE_CUDA_CHECK(cudaMemcpyAsync(&pool_->peer_flags(peer)->done[rank_], &flags->done_outbox, sizeof(uint32_t),
-                                cudaMemcpyDeviceToDevice, stream ? stream : comm_),
-                "group '" + name_ + "': signalling done to rank " + std::to_string(peer));
+  for (void* dst : dsts) {
+    CE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), what);
+  }
 }
 
 void Group::peer_copy(char* dst, const char* src, size_t bytes, const std::string& what, cudaStream_t stream) {
@@ -481,10 +496,27 @@ void Group::pull_copy(char* dst, const char* src, size_t bytes, const std::strin
   for (int j = 0; j < forked; ++j) CE_CUDA_CHECK(cudaStreamWaitEvent(comm_, ev_join_[j], 0), what);
 }
 
-void Group::for_each_peer(const std::string& where, const std::function<void(int, cudaStream_t)>& body) {
+void Group::peer_round(const std::string& where, uint32_t epoch, RoundSignature sig,
+                       const std::function<void(int, cudaStream_t)>& copies) {
   const int peers = world_size_ - 1;
   const int tuned = peer_lanes_.load();
   const int lanes = tuned <= 0 ? peers : std::min(tuned, peers);
+  const bool each = peer_sync_.load() == static_cast<int>(PeerSync::Each);
+  FlagsRegion* flags = pool_->local_flags();
+  const std::string waiting = "group '" + name_ + "': waiting for the peers' ready (epoch " + std::to_string(epoch) + ")";
+  auto post_done = [&](const std::vector<int>& to, cudaStream_t stream) {
+    std::vector<void*> dsts;
+    for (int p : to) dsts.push_back(&pool_->peer_flags(p)->done[rank_]);
+    signal_copies(dsts, &flags->done_outbox, sizeof(uint32_t), stream,
+                  "group '" + name_ + "': signalling done (epoch " + std::to_string(epoch) + ")");
+  };
+  std::vector<int> order;
+  for (int i = 1; i <= peers; ++i) order.push_back((rank_ + i) % world_size_);
+  if (!each) {  // every peer's ready, in one batch of waits on the comm stream
+    std::vector<CUstreamBatchMemOpParams> ops;
+    for (int p : order) signal_waits(&flags->ready[p], epoch, sig, ops);
+    batch_mem_ops(comm_, ops, waiting);
+  }
   if (lanes > 1) {
     CE_CUDA_CHECK(cudaEventRecord(ev_lane_fork_, comm_), where + ": forking the peer lanes");
     for (int j = 1; j < lanes; ++j) {
@@ -493,12 +525,22 @@ void Group::for_each_peer(const std::string& where, const std::function<void(int
   }
   for (int i = 1; i <= peers; ++i) {
     const int lane = (i - 1) % lanes;  // lanes >= 1 whenever there is a peer
-    body((rank_ + i) % world_size_, lane == 0 ? comm_ : lanes_[lane - 1]);
+    const cudaStream_t stream = lane == 0 ? comm_ : lanes_[lane - 1];
+    const int p = order[static_cast<size_t>(i - 1)];
+    if (each) {
+      std::vector<CUstreamBatchMemOpParams> ops;
+      signal_waits(&flags->ready[p], epoch, sig, ops);
+      batch_mem_ops(stream, ops, "group '" + name_ + "': waiting for rank " + std::to_string(p) + " (epoch " +
+                                     std::to_string(epoch) + ")");
+    }
+    copies(p, stream);
+    if (each) post_done({p}, stream);
   }
   for (int j = 1; j < lanes; ++j) {
     CE_CUDA_CHECK(cudaEventRecord(lane_join_[j - 1], lanes_[j - 1]), where + ": joining the peer lanes");
     CE_CUDA_CHECK(cudaStreamWaitEvent(comm_, lane_join_[j - 1], 0), where + ": joining the peer lanes");
   }
+  if (!each) post_done(order, comm_);
 }
 
 cudaStream_t Group::p2p_stream(int peer, bool send) {

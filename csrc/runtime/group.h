@@ -80,6 +80,11 @@ std::string local_copy_mode();
 // Throws std::invalid_argument for an unknown mode.
 cudaError_t local_copy_with(const std::string& mode, void* dst, const void* src, size_t bytes, int device,
                             cudaStream_t stream);
+// `count` copies in one cudaMemcpyBatchAsync on `stream` (sources read in stream order; `hint`: ask for a copy
+// engine). cudaErrorInvalidValue on the legacy NULL stream or for no copies, cudaErrorNotSupported where the CUDA
+// runtime has no batch API (before 12.8); nothing is enqueued then.
+cudaError_t batch_copies(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t count, int device,
+                         bool hint, cudaStream_t stream);
 // Whether `stream` is the legacy NULL stream (which cudaMemcpyBatchAsync refuses).
 bool is_legacy_stream(cudaStream_t stream);
 
@@ -124,8 +129,17 @@ struct PendingOp {
 
 // Most pieces a pull is split into (RuntimeConfig.pull_split); every piece beyond the first runs on its own stream.
 constexpr int kMaxPullSplit = 4;
-// for_each_peer's lanes unless tuned (Group::set_peer_lanes): 1 = every peer on the comm stream, 0 = one lane per peer.
+// peer_round's lanes unless tuned (Group::set_peer_lanes): 1 = every peer on the comm stream, 0 = one lane per peer.
 constexpr int kDefaultPeerLanes = 1;
+// How peer_round signals (Group::set_peer_sync; local, ranks may differ):
+//   Each: per peer, in turn on its lane: WAIT its ready, the copies, POST done to it.
+//   Round: WAIT every peer's ready (one batch of stream waits on the comm stream), then every peer's copies (on the
+//     lanes), then POST done to every peer (comm stream, after the lanes joined): fewer switches between the stream's
+//     front-end waits and its copy-engine work, at the price of the first copy waiting for the last peer's ready.
+//   RoundBatched: Round, with each POST's small peer copies (ready to every peer, done to every peer) issued as one
+//     cudaMemcpyBatchAsync (plain copies when the batch API refuses, said once).
+enum class PeerSync : int { Each = 0, Round = 1, RoundBatched = 2 };
+constexpr int kDefaultPeerSync = 0;
 // A piece of a split pull is never smaller than this (smaller copies gain nothing from a second engine).
 constexpr size_t kMinPullPiece = 1 << 20;
 
@@ -176,6 +190,9 @@ class Group {
   // stream would, forked from it after the round's POST ready and joined back before its next step.
   int peer_lanes() const { return peer_lanes_.load(); }
   void set_peer_lanes(int lanes);              // >= 0; throws std::invalid_argument otherwise
+  // How a round's peer waits and done posts are grouped (PeerSync; local).
+  int peer_sync() const { return peer_sync_.load(); }
+  void set_peer_sync(int mode);                // 0..2; throws std::invalid_argument otherwise
   // The rate (GB/s) each of this rank's collective peer copies is held to, 0 = unlimited (local). Paced copies go in
   // chunks, each started no earlier than the previous one's start plus chunk / rate (launch_pace: one GPU thread that
   // only waits), so the copy engines run below their full rate, and so does the board's power (the knob of issue 30:
@@ -224,11 +241,6 @@ class Group {
   // comm stream: fill the outbox with `signal` (and the done outbox with signal.epoch), then copy the
   // outbox into ready[rank] of every peer.
   void post_ready(const PeerSignal& signal);
-  // `stream` (the comm stream, or a lane of for_each_peer): wait until peer's ready epoch >= epoch and its signature
-  // bits match ours.
-  void wait_peer_ready(int peer, uint32_t epoch, RoundSignature sig, cudaStream_t stream = nullptr);
-  // `stream` (comm or a lane): copy the done outbox (the current round's epoch) into done[rank] of `peer`.
-  void post_done(int peer, cudaStream_t stream = nullptr);
   // `stream` (comm or a lane): one peer copy of a pull. On the comm stream, unpaced, it is split into pull_split()
   // pieces (one per stream) when large enough; to the protocol it is one copy on the comm stream (forked after, joined
   // before the next step). On a lane (the lanes already keep several copy engines busy) or with a copy rate it is
@@ -237,12 +249,22 @@ class Group {
   // `stream` (comm or a lane): one peer copy (a pull or a push), paced when copy_rate_gbps() > 0 (in chunks, a pacer
   // launch before each); otherwise one cudaMemcpyAsync.
   void peer_copy(char* dst, const char* src, size_t bytes, const std::string& what, cudaStream_t stream = nullptr);
-  // The peer loop of a round: body(p, stream) for p = (rank + i) % n, i = 1..n-1, in that order within a lane. With
-  // one lane every call gets the comm stream. With L > 1 lanes, peer i goes to lane (i - 1) % L (lane 0 = the comm
-  // stream): lanes 1..L-1 wait for an event recorded on the comm stream before the loop, and the comm stream waits
-  // for every lane after it. To the protocol, each lane's waits, copies and posts are the comm stream's, reordered
-  // only across peers; every post of a peer still follows its own wait and copy (stream order within the lane).
-  void for_each_peer(const std::string& where, const std::function<void(int peer, cudaStream_t stream)>& body);
+  // The peer step of a round (after POST ready): for every peer p, WAIT ready[p] >= epoch with signature `sig`, then
+  // copies(p, stream) (the round's copies from or to p, enqueued on `stream`), then POST done to p (copy the done
+  // outbox, this round's epoch, into done[rank] of p). Peers go in (rank + i) % n order, i = 1..n-1, within a lane.
+  // With one lane every step is on the comm stream. With L > 1 lanes, peer i goes to lane (i - 1) % L (lane 0 = the
+  // comm stream): lanes 1..L-1 wait for an event recorded on the comm stream, and the comm stream waits for every
+  // lane after the copies. peer_sync() groups the steps (PeerSync): Each keeps every peer's WAIT, copies and POST in
+  // that order on its lane; Round / RoundBatched put every WAIT on the comm stream before the fork and every POST
+  // after the join. Either way each POST done to p follows p's copies and each copy follows p's WAIT, in stream
+  // order: to the protocol the steps are the comm stream's, reordered only across peers, or delayed.
+  void peer_round(const std::string& where, uint32_t epoch, RoundSignature sig,
+                  const std::function<void(int peer, cudaStream_t stream)>& copies);
+
+  // The small signal copies of one POST: `src` (an outbox, `bytes`) into every address of `dsts` (peers' flags), on
+  // `stream`; one cudaMemcpyBatchAsync with PeerSync::RoundBatched, else one cudaMemcpyAsync each.
+  void signal_copies(const std::vector<void*>& dsts, const void* src, size_t bytes, cudaStream_t stream,
+                     const std::string& what);
 
   // Point-to-point channels (p2p.cc). Channel (sender s -> receiver d) has a round counter on each side,
   // advanced identically because sends and receives of one pair are matched in order, and its own streams:
@@ -314,6 +336,7 @@ class Group {
   std::atomic<size_t> rs_round_bytes_;
   std::atomic<int> pull_split_;
   std::atomic<int> peer_lanes_;
+  std::atomic<int> peer_sync_{kDefaultPeerSync};
   std::atomic<int> bcast_segments_{0};
   std::atomic<double> copy_rate_gbps_{0.0};
   unsigned long long* pace_last_ = nullptr;  // device: the pacer's last chunk start, one per lane (0 = comm stream)

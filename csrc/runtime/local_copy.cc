@@ -21,14 +21,23 @@ std::atomic<bool> g_local_copy_hint{true};  // RuntimeConfig.local_copy: "ce" (t
 
 bool local_copy_wants_hint() { return g_local_copy_hint.load(); }
 
-#if CUDART_VERSION >= 12080
-// One same-GPU copy through cudaMemcpyBatchAsync (a batch of one). Valid arguments, per the CUDA 12.8 / 13.0
-// headers: srcAccessOrder Stream (the source is read in stream order, after the work before it), location
-// hints naming this device (they only matter for managed / pageable memory, ignored otherwise), attrsIdxs
-// = {0}, numAttrs = 1 <= count, and a stream that is not the legacy NULL stream. CUDA 12.x takes a
-// failIdx out-parameter (removed in 13.0).
 cudaError_t batch_copy(void* dst, const void* src, size_t bytes, int device, bool hint, cudaStream_t stream) {
-  if (is_legacy_stream(stream)) return cudaErrorInvalidValue;
+  void* dsts[1] = {dst};
+  const void* srcs[1] = {src};
+  size_t sizes[1] = {bytes};
+  return batch_copies(dsts, srcs, sizes, 1, device, hint, stream);
+}
+
+}  // namespace
+
+#if CUDART_VERSION >= 12080
+// Valid arguments, per the CUDA 12.8 / 13.0 headers: srcAccessOrder Stream (every source is read in stream order,
+// after the work before it), location hints naming this device (they only matter for managed / pageable memory,
+// ignored otherwise), one attribute for every copy (attrsIdxs = {0}, numAttrs = 1 <= count), and a stream that is not
+// the legacy NULL stream. CUDA 12.x takes a failIdx out-parameter (removed in 13.0).
+cudaError_t batch_copies(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t count, int device,
+                         bool hint, cudaStream_t stream) {
+  if (is_legacy_stream(stream) || count == 0) return cudaErrorInvalidValue;
   cudaMemcpyAttributes attr;
   std::memset(&attr, 0, sizeof(attr));
   attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
@@ -37,22 +46,20 @@ cudaError_t batch_copy(void* dst, const void* src, size_t bytes, int device, boo
   attr.dstLocHint.type = cudaMemLocationTypeDevice;
   attr.dstLocHint.id = device;
   attr.flags = hint ? cudaMemcpyFlagPreferOverlapWithCompute : cudaMemcpyFlagDefault;
-  void* dsts[1] = {dst};
-  const void* srcs[1] = {src};
-  size_t sizes[1] = {bytes};
   size_t attr_idx[1] = {0};
 #if CUDART_VERSION >= 13000
-  return cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attr, attr_idx, 1, stream);
+  return cudaMemcpyBatchAsync(dsts, srcs, sizes, count, &attr, attr_idx, 1, stream);
 #else
   size_t fail_idx = 0;
-  return cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attr, attr_idx, 1, &fail_idx, stream);
+  return cudaMemcpyBatchAsync(const_cast<void**>(dsts), const_cast<void**>(srcs), const_cast<size_t*>(sizes), count,
+                              &attr, attr_idx, 1, &fail_idx, stream);  // CUDA 12.x: non-const pointers
 #endif
 }
 #else
-cudaError_t batch_copy(void*, const void*, size_t, int, bool, cudaStream_t) { return cudaErrorNotSupported; }
+cudaError_t batch_copies(void* const*, const void* const*, const size_t*, size_t, int, bool, cudaStream_t) {
+  return cudaErrorNotSupported;
+}
 #endif
-
-}  // namespace
 
 void set_local_copy_hint(bool hint) { g_local_copy_hint.store(hint); }
 

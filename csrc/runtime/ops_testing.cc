@@ -23,15 +23,16 @@ std::string set_ag_mode(std::string mode) {
 }
 
 // Tuning between ops (benchmarks sweep these). A knob is left unchanged by a value <= 0 (pull_split, reduce_ctas,
-// rs_round_bytes), < 0 (peer_lanes, bcast_segments: 0 means one lane per peer / chosen from the size) or -1
-// (copy_rate_gbps: 0 means unlimited). pull_split, reduce_ctas, peer_lanes and copy_rate_gbps are local to this rank;
+// rs_round_bytes), < 0 (peer_lanes, bcast_segments, peer_sync: 0 means one lane per peer / chosen from the size /
+// each peer in turn) or -1 (copy_rate_gbps: 0 means unlimited). pull_split, reduce_ctas, peer_lanes, peer_sync and
+// copy_rate_gbps are local to this rank;
 // rs_round_bytes and bcast_segments must be set to the same value on every rank before the next reduce-scatter /
 // broadcast (SPMD, like the op itself): they are part of every round's signature, so ranks that disagree get a
 // "different collective" timeout, never wrong bytes. Returns the group's resulting "pull_split=.. reduce_ctas=..
-// rs_round_bytes=.. peer_lanes=.. bcast_segments=.. copy_rate_gbps=.." (rs_round_bytes as configured; the effective
+// rs_round_bytes=.. peer_lanes=.. bcast_segments=.. copy_rate_gbps=.. peer_sync=.." (rs_round_bytes as configured; the effective
 // round is also capped by the staging slot, see _reduce_scatter_round_bytes).
 std::string tune(std::string group_name, int64_t pull_split, int64_t reduce_ctas, int64_t rs_round_bytes,
-                 int64_t peer_lanes, int64_t bcast_segments, double copy_rate_gbps) {
+                 int64_t peer_lanes, int64_t bcast_segments, double copy_rate_gbps, int64_t peer_sync) {
   std::shared_ptr<Group> g = Runtime::get().require(group_name, "_tune");
   std::lock_guard<std::mutex> lk(g->mutex());  // between enqueues: no op sees half a change
   try {
@@ -41,13 +42,14 @@ std::string tune(std::string group_name, int64_t pull_split, int64_t reduce_ctas
     if (peer_lanes >= 0) g->set_peer_lanes(static_cast<int>(std::min<int64_t>(peer_lanes, 1 << 20)));
     if (bcast_segments >= 0) g->set_bcast_segments(static_cast<int>(std::min<int64_t>(bcast_segments, 1 << 20)));
     if (copy_rate_gbps != -1) g->set_copy_rate_gbps(copy_rate_gbps);
+    if (peer_sync >= 0) g->set_peer_sync(static_cast<int>(std::min<int64_t>(peer_sync, 1 << 20)));
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK(false, "ce_overlap_testing._tune: ", e.what());
   }
   return "pull_split=" + std::to_string(g->pull_split()) + " reduce_ctas=" + std::to_string(g->reduce_ctas()) +
          " rs_round_bytes=" + std::to_string(g->rs_round_bytes()) + " peer_lanes=" + std::to_string(g->peer_lanes()) +
          " bcast_segments=" + std::to_string(g->bcast_segments()) +
-         " copy_rate_gbps=" + std::to_string(g->copy_rate_gbps());
+         " copy_rate_gbps=" + std::to_string(g->copy_rate_gbps()) + " peer_sync=" + std::to_string(g->peer_sync());
 }
 
 // Probe: the reduce-scatter's reduction kernel alone, as the op runs it for 2 ranks: out = a + b (fp32
@@ -133,7 +135,7 @@ TORCH_LIBRARY(ce_overlap_testing, m) {
   using namespace ce_overlap;
   m.def("_set_all_gather_mode(str mode) -> str", &set_ag_mode);
   m.def("_tune(str group_name, int pull_split, int reduce_ctas, int rs_round_bytes, int peer_lanes=-1, "
-        "int bcast_segments=-1, float copy_rate_gbps=-1) -> str",
+        "int bcast_segments=-1, float copy_rate_gbps=-1, int peer_sync=-1) -> str",
         &tune);
   m.def("_reduce_bench(Tensor(a!) out, Tensor a, Tensor b, int ctas) -> ()", &reduce_bench);
   m.def("_reduce_scatter_round_bytes(str group_name) -> int", &rs_round_bytes);

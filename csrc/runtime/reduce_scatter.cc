@@ -182,15 +182,13 @@ void enqueue_locked(Group& g, const ReduceScatterArgs& a, const std::string& whe
                             kind_round_word(OpKind::ReduceScatter, variant, static_cast<uint32_t>(k)), b, recv});
     // 4. Push chunk p of this round into peer p's slot for us (piece by piece when the op has several parts), on the
     //    peer lanes.
-    g.for_each_peer(where, [&](int p, cudaStream_t s) {
-      g.wait_peer_ready(p, e, sig, s);
+    g.peer_round(where, e, sig, [&](int p, cudaStream_t s) {
       char* dst = pool.peer_base(p) + recv + static_cast<size_t>(slot_of(rank, p)) * l.slot_bytes;
       for_each_piece(a.parts, o, b, [&](const ReduceScatterPart& part, size_t from, size_t at, size_t len) {
         const char* src = static_cast<const char*>(part.input) + static_cast<size_t>(p) * part.bytes + from;
         const std::string what = where + ": pushing chunk " + std::to_string(p) + " to rank " + std::to_string(p);
         g.peer_copy(dst + at, src, len, what, s);
       });
-      g.post_done(p, s);
     });
     // 5. Every peer's chunk of this round is in our bank.
     g.wait_peers_done(e);

@@ -233,14 +233,16 @@ def draw_size(rng: random.Random, bands: list[tuple[float, int, int]]) -> int:
 
 def draw_local_tuning(rng: random.Random) -> dict:
     """The runtime's local knobs for one case, drawn alike on every rank (the rng is seeded alike); local_tuning makes
-    the ranks differ: rank r runs on (lanes + r) % 4 peer lanes (0 = one per peer), and even ranks hold their copies
-    to `rate` GB/s (0 = unlimited; paced copies go in chunks behind a pacer) while odd ranks copy unlimited."""
-    return {"lanes": rng.randrange(4), "rate": rng.choice([0, 0, 0, 20, 150])}
+    the ranks differ: rank r runs on (lanes + r) % 4 peer lanes (0 = one per peer) with peer signalling mode
+    (sync + r) % 3 (each peer in turn, per round, per round batched), and even ranks hold their copies to `rate` GB/s
+    (0 = unlimited; paced copies go in chunks behind a pacer) while odd ranks copy unlimited."""
+    return {"lanes": rng.randrange(4), "rate": rng.choice([0, 0, 0, 20, 150]), "sync": rng.randrange(3)}
 
 
 def local_tuning(case: dict, rank: int) -> dict:
     """testing.tune's keywords for this rank from a case's draw_local_tuning."""
-    return {"peer_lanes": (case["lanes"] + rank) % 4, "copy_rate_gbps": case["rate"] if rank % 2 == 0 else 0}
+    return {"peer_lanes": (case["lanes"] + rank) % 4, "copy_rate_gbps": case["rate"] if rank % 2 == 0 else 0,
+            "peer_sync": (case["sync"] + rank) % 3}
 
 
 def draw_case(rng: random.Random) -> dict:

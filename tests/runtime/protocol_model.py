@@ -5,8 +5,8 @@ stream per point-to-point channel (FIFO queues), flags written by peers, events.
 ready; copies and kernels are two-phase (start/end) so other streams interleave. Pool memory carries content tags, so
 a read of stale or half-written bytes, a write while someone reads, and a deadlock all raise `Race`.
 
-It checks the protocol, not the C++: keep the `ag` / `rs` / `a2a` / `bcast` / `p2p_batch` methods in step with the
-enqueue code. `bugs` switches off
+It checks the protocol, not the C++: keep the `ag` / `rs` / `a2a` / `bcast` / `p2p_batch` methods and `peer_round` in step with
+the enqueue code. `bugs` switches off
 one safeguard at a time; tests/runtime/test_protocol_model.py checks that each one is caught (the model has teeth).
 Pure Python, no torch:  python tests/runtime/protocol_model.py 3000
 """
@@ -36,10 +36,13 @@ class Op:
 
 
 class World:
-    def __init__(self, n, S, N, bugs=frozenset(), lanes=None):
+    def __init__(self, n, S, N, bugs=frozenset(), lanes=None, sync=None):
         self.n, self.S, self.N = n, S, N
-        # Per rank: the streams a round's peer loop is spread over (Group::for_each_peer; local, so ranks may differ).
+        # Per rank: the streams a round's peer loop is spread over (Group::peer_round; local, so ranks may differ), and
+        # its peer signalling (PeerSync: 0 each peer in turn, 1 and 2 per round; 2 only batches the signal copies,
+        # which are FIFO on one stream either way, so the model runs it as 1).
         self.lanes = lanes or [1] * n
+        self.sync = sync or [0] * n
         self.bugs = bugs
         self.B = (n - 1) * S          # bank bytes
         self.U0 = 2 * self.B          # user region start (staging is [0, 2B))
@@ -132,22 +135,44 @@ class World:
     def post_done(self, r, p, e, s="comm"):
         self.q(r, s, Op("setflag", dst=p, fkind="done", src_rank=r, value=e))
 
-    def for_each_peer(self, r, body):
-        """Group::for_each_peer: body(p, stream) for p = (r + i) % n; peer i on lane (i - 1) % L (lane 0 = comm), the
-        lanes forked from the comm stream before the loop and joined back after it."""
+    def peer_round(self, r, e, copies, sync_with=None):
+        """Group::peer_round: for p = (r + i) % n, WAIT ready[p] >= e, copies(p, stream), POST done to p; peer i on lane
+        (i - 1) % L (lane 0 = comm), the lanes forked from the comm stream before the loop and joined back after it.
+        sync 0: each peer's wait, copies and post in turn on its lane; sync 1/2: every wait on the comm stream before
+        the fork, every post after the join. `sync_with`: the peers signalled (the bug bc_wait_root_only)."""
         n = self.n
         L = max(1, min(self.lanes[r] or n - 1, n - 1))
+        order = [(r + i) % n for i in range(1, n)]
+        syncs = [p for p in order if sync_with is None or p in sync_with]
+        each = self.sync[r] == 0
+        if not each and "round_waits_after_fork" not in self.bugs:
+            for p in syncs:
+                self.wait_flag(r, "comm", "ready", p, e)
         if L > 1:
             self.record(r, "comm", "lane_fork")
             for j in range(1, L):
                 self.wait_ev(r, f"lane{j}", "lane_fork")
-        for i in range(1, n):
+        if not each and "round_waits_after_fork" in self.bugs:
+            for p in syncs:
+                self.wait_flag(r, "comm", "ready", p, e)
+        if not each and "round_done_before_join" in self.bugs:
+            for p in syncs:
+                self.post_done(r, p, e, "comm")
+        for i, p in enumerate(order, start=1):
             lane = (i - 1) % L
-            body((r + i) % n, "comm" if lane == 0 else f"lane{lane}")
+            st = "comm" if lane == 0 else f"lane{lane}"
+            if each and p in syncs:
+                self.wait_flag(r, st, "ready", p, e)
+            copies(p, st)
+            if each and p in syncs:
+                self.post_done(r, p, e, st)
         if "lanes_no_join" not in self.bugs:
             for j in range(1, L):
                 self.record(r, f"lane{j}", f"lane_join{j}")
                 self.wait_ev(r, "comm", f"lane_join{j}")
+        if not each and "round_done_before_join" not in self.bugs:
+            for p in syncs:
+                self.post_done(r, p, e, "comm")
 
     def copy(self, r, s, reads, writes):
         """reads: list of (rank, lo, hi, tag, what); writes: list of (rank, lo, hi, tag)."""
@@ -194,12 +219,10 @@ class World:
             self.wait_peers_done(r, e - 1)
             self.post_ready(r, e)
             def push(p, st):
-                self.wait_flag(r, st, "ready", p, e)
                 reads = [(r, O + r * N, O + (r + 1) * N, ("ag", opid, r), "push src")] if in_place else []
                 self.copy(r, st, reads, [(p, O + r * N, O + (r + 1) * N, ("ag", opid, r))])
-                self.post_done(r, p, e, st)
 
-            self.for_each_peer(r, push)
+            self.peer_round(r, e, push)
             if "push_no_final_done_wait" not in self.bugs:
                 self.wait_peers_done(r, e)
         else:
@@ -214,7 +237,6 @@ class World:
                 self.post_ready(r, e)
 
                 def pull(p, st, k=k, e=e):
-                    self.wait_flag(r, st, "ready", p, e)
                     if variant == "staged":
                         src = (p, 0, 2 * self.B, ("ag", opid, k, p), "pull staged")
                     elif variant == "symm_input":
@@ -223,9 +245,8 @@ class World:
                         src = (p, O + p * N, O + (p + 1) * N, ("ag", opid, p), "pull in place")
                     writes = [(r, O + p * N, O + (p + 1) * N, ("ag", opid, p))] if out_in_pool else []
                     self.copy(r, st, [src], writes)
-                    self.post_done(r, p, e, st)
 
-                self.for_each_peer(r, pull)
+                self.peer_round(r, e, pull)
             if variant != "staged" and "zero_copy_no_final_wait" not in self.bugs:
                 self.wait_peers_done(r, e)
         caller_reads = [(r, O + q * N, O + (q + 1) * N, ("ag", opid, q), "caller reads out") for q in range(n)] \
@@ -245,13 +266,11 @@ class World:
             self.post_ready(r, e)
 
             def push(p, st, k=k, e=e, bank=bank):
-                self.wait_flag(r, st, "ready", p, e)
                 slot = r if r < p else r - 1
                 lo = bank * B + slot * S
                 self.copy(r, st, [], [(p, lo, lo + S, ("rs", opid, k, r))])
-                self.post_done(r, p, e, st)
 
-            self.for_each_peer(r, push)
+            self.peer_round(r, e, push)
             if "rs_no_arrival_wait" not in self.bugs:
                 self.wait_peers_done(r, e)
             self.record(r, "comm", "arrived")
@@ -294,15 +313,13 @@ class World:
             self.post_ready(r, e)
 
             def pull(p, st, k=k, e=e):
-                self.wait_flag(r, st, "ready", p, e)
                 if variant == "a2a_staged":
                     src = (p, r * R, (r + 1) * R, ("a2a", opid, k, p, r), "a2a pull staged")
                 else:
                     src = (p, X + r * C, X + (r + 1) * C, ("a2a", opid, p), "a2a pull zero-copy")
                 self.copy(r, st, [src], [])
-                self.post_done(r, p, e, st)
 
-            self.for_each_peer(r, pull)
+            self.peer_round(r, e, pull)
         if variant == "a2a_symm" and "a2a_no_final_wait" not in self.bugs:
             self.wait_peers_done(r, e)
         self.finish(r, False, [])
@@ -325,22 +342,14 @@ class World:
             self.post_ready(r, e)
 
             def pull(p, st, k=k, e=e):
-                if "bc_wait_root_only" in self.bugs and p != root:
-                    return
-                self.wait_flag(r, st, "ready", p, e)
                 if p == root:
                     if symm:
                         self.copy(r, st, [(p, Y, Y + N, ("bc", opid, root), "bcast pull symmetric")],
                                   [(r, Y, Y + N, ("bc", opid, root))])
                     else:
                         self.copy(r, st, [(p, 0, self.B, ("bc", opid, k), "bcast pull staged")], [])
-                if "bc_wait_root_only" in self.bugs and r != root:
-                    if p == root:
-                        self.post_done(r, p, e, st)
-                    return
-                self.post_done(r, p, e, st)
 
-            self.for_each_peer(r, pull)
+            self.peer_round(r, e, pull, sync_with={root} if "bc_wait_root_only" in self.bugs else None)
         if symm and r == root and "bc_root_no_final_wait" not in self.bugs:
             self.wait_peers_done(r, e)
         reads = [(r, Y, Y + N, ("bc", opid, root), "caller reads broadcast")] if symm else []
@@ -390,7 +399,6 @@ class World:
             self.post_ready(r, e)
 
             def peer(p, st, k=k, e=e):
-                self.wait_flag(r, st, "ready", p, e)
                 if r != root and p == root and k < K:
                     lo = piece_at(r, k)
                     src = (p, root_piece(k, me), root_piece(k, me) + PC, tag(k, me), "sg pull from the root")
@@ -401,9 +409,8 @@ class World:
                     at = Y2 + (k - 1) * SG + j * PC
                     dst = [(r, at, at + PC, tag(k - 1, j))] if symm else []
                     self.copy(r, st, [(p, lo, lo + PC, tag(k - 1, j), "sg exchange")], dst)
-                self.post_done(r, p, e, st)
 
-            self.for_each_peer(r, peer)
+            self.peer_round(r, e, peer)
             if r != root and not symm and k < K:
                 self.record(r, "comm", "arrived")
                 self.wait_ev(r, "self", "arrived")
@@ -572,7 +579,8 @@ def one(seed, bugs=frozenset(), kinds=KINDS):
     """One random group size, op sequence (the same on every rank) and schedule. Raises Race."""
     rng = random.Random(seed)
     n = rng.choice([2, 3, 4, 8])
-    w = World(n, S=100, N=37, bugs=bugs, lanes=[rng.randint(0, n - 1) for _ in range(n)])
+    w = World(n, S=100, N=37, bugs=bugs, lanes=[rng.randint(0, n - 1) for _ in range(n)],
+              sync=[rng.randrange(3) for _ in range(n)])
     seq = []
     for j in range(rng.randint(3, 10)):
         kind = rng.choice(kinds)

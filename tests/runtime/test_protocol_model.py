@@ -2,7 +2,7 @@
 op sequences (all-gather pull staged / zero-copy / in place, push, reduce-scatter with 1-5 rounds, all-to-all staged /
 zero-copy, broadcast staged / symmetric / scatter + all-gather staged and symmetric, batches of point-to-point
 messages staged / direct between random pairs) on 2, 3, 4 and 8 ranks, each rank spreading its peer loops over a
-random number of lanes (streams), under random stream schedules never read stale or half-written bytes, never write
+random number of lanes (streams) and signalling each peer in turn or once per round, under random stream schedules never read stale or half-written bytes, never write
 while a peer reads, never deadlock; and switching off any one safeguard of the enqueue code is caught."""
 from __future__ import annotations
 
@@ -40,6 +40,8 @@ def test_random_schedules_are_safe():
     ("sg_no_bank_wait", ["bc_sg_staged"]),
     ("sg_no_final_wait", ["bc_sg_symm"]),
     ("lanes_no_join", ["rs", "staged", "a2a_staged", "bc_sg_staged"]),
+    ("round_waits_after_fork", ["staged", "a2a_staged", "rs"]),  # per-round signalling: a lane copies before ready
+    ("round_done_before_join", ["staged", "a2a_staged", "rs"]),  # per-round signalling: done while a lane copies
 ])
 def test_each_safeguard_is_needed(bug, kinds):
     for seed in range(2000):

@@ -14,7 +14,8 @@ def _ops():
 
 def tune(group=None, *, pull_split: int | None = None, reduce_sms: int | None = None,
          rs_round_mb: float | None = None, peer_lanes: int | None = None,
-         bcast_segments: int | None = None, copy_rate_gbps: float | None = None) -> str:
+         bcast_segments: int | None = None, copy_rate_gbps: float | None = None,
+         peer_sync: int | None = None) -> str:
     """Changes the group's tuning knobs between ops (benchmarks sweep them); None leaves a knob as it is. Returns
     the resulting "pull_split=.. reduce_ctas=.. rs_round_bytes=..". pull_split (1..4: pieces of every pulled peer
     copy, each on its own stream) and reduce_sms (CTAs of the reduce-scatter reduction) are local to this rank.
@@ -23,7 +24,9 @@ def tune(group=None, *, pull_split: int | None = None, reduce_sms: int | None = 
     each round's peer copies over that many streams (0: one per peer, every peer at once; 1: one after another).
     bcast_segments (0..64, 0: chosen from the size) pipelines a broadcast of 3+ ranks; like rs_round_mb it must be
     the same on every rank. copy_rate_gbps (local, >= 0, 0: unlimited) holds each of this rank's collective peer
-    copies to that rate: chunks spaced by a one-thread pacer on the copy's stream."""
+    copies to that rate: chunks spaced by a one-thread pacer on the copy's stream. peer_sync (local) groups a round's
+    peer signals: 0 = each peer's wait, copies and done post in turn; 1 = wait for every peer's ready, then the copies,
+    then every done post; 2 = as 1, each post's small peer copies in one cudaMemcpyBatchAsync."""
     name, _ = group_name_and_size(group)
     round_bytes = 0 if rs_round_mb is None else max(1, int(rs_round_mb * (1 << 20)))
     lanes = -1 if peer_lanes is None else int(peer_lanes)
@@ -33,7 +36,10 @@ def tune(group=None, *, pull_split: int | None = None, reduce_sms: int | None = 
     if copy_rate_gbps is not None and not copy_rate_gbps >= 0:
         raise ValueError(f"copy_rate_gbps must be >= 0 (0: unlimited), got {copy_rate_gbps}")
     rate = -1.0 if copy_rate_gbps is None else float(copy_rate_gbps)
-    return _ops()._tune(name, int(pull_split or 0), int(reduce_sms or 0), round_bytes, lanes, segments, rate)
+    sync = -1 if peer_sync is None else int(peer_sync)
+    if peer_sync is not None and sync not in (0, 1, 2):
+        raise ValueError(f"peer_sync must be 0, 1 or 2, got {peer_sync}")
+    return _ops()._tune(name, int(pull_split or 0), int(reduce_sms or 0), round_bytes, lanes, segments, rate, sync)
 
 
 def set_all_gather_mode(mode: str) -> str:
