@@ -11,9 +11,10 @@
 #   rate-N    bench/collectives.py overlap --sustain-ms 1000 --compute gemm: a GEMM beside NCCL and beside the push
 #             all-gather / the reduce-scatter at each copy rate of CE_COLL_RATES (GB/s, 0 = unlimited), with SM clock
 #             and board power: the copy rate against the compute's slowdown (opt-in: CE_COLL_STAGES=rate)
-#   trace-N   bench/collectives.py all --colls all_gather,all_to_all at 256 MiB with --trace-dir: one torch.profiler
-#             trace per rank, variant (nccl and CE_COLL_TRACE_VARIANTS) and mode (paced, ahead), then
-#             bench/copy_timeline.py over rank 0's (opt-in: CE_COLL_STAGES=trace)
+#   trace-N   bench/collectives.py all --colls CE_COLL_TRACE_COLLS (all_gather,all_to_all) at CE_COLL_TRACE_SIZE (256M)
+#             with --trace-dir: one torch.profiler trace per rank, variant (nccl and CE_COLL_TRACE_VARIANTS; broadcasts
+#             per CE_COLL_TRACE_SEGMENTS) and mode (paced, ahead), then bench/copy_timeline.py over rank 0's (opt-in:
+#             CE_COLL_STAGES=trace)
 #   faults-N  bench/fault_repeats.py --ranks N: every fault of RELIABILITY.md, CE_DEVICE_FAULT_REPEATS times (opt-in:
 #             CE_COLL_STAGES=faults; ~450 s for 10 repeats at 4 ranks)
 # and, once, on GPU 0 only:
@@ -54,9 +55,11 @@ for n in ${CE_COLL_RANKS:-4 2}; do
     --nproc-per-node "$n" bench/collectives.py overlap --sustain-ms 1000 --compute gemm --variants nccl,ce_symm_push \
     --rs-variants nccl,ce --copy-rates "${CE_COLL_RATES:-0,50,100,150,200,300}" --out "$OUT/rate-$n.json"
   want trace && stage trace-$n 200 env CUDA_VISIBLE_DEVICES="$devices" "$PY" -m torch.distributed.run --standalone \
-    --nproc-per-node "$n" bench/collectives.py all --colls all_gather,all_to_all \
-    --variants "nccl,${CE_COLL_TRACE_VARIANTS:-ce_symm_push}" -b 256M -e 256M --peer-lanes 1 \
-    ${CE_COLL_SYNC:+--peer-sync "$CE_COLL_SYNC"} --trace-dir "$OUT/traces-$n" --out "$OUT/trace-$n.json"
+    --nproc-per-node "$n" bench/collectives.py all --colls "${CE_COLL_TRACE_COLLS:-all_gather,all_to_all}" \
+    --variants "nccl,${CE_COLL_TRACE_VARIANTS:-ce_symm_push}" -b "${CE_COLL_TRACE_SIZE:-256M}" \
+    -e "${CE_COLL_TRACE_SIZE:-256M}" --peer-lanes 1 ${CE_COLL_SYNC:+--peer-sync "$CE_COLL_SYNC"} \
+    ${CE_COLL_TRACE_SEGMENTS:+--bcast-segments "$CE_COLL_TRACE_SEGMENTS"} --trace-dir "$OUT/traces-$n" \
+    --out "$OUT/trace-$n.json"
   want trace && stage trace-summary-$n 60 bash -c "'$PY' bench/copy_timeline.py '$OUT/traces-$n'/*rank0.json.gz \
     --json '$OUT/traces-$n/summary.json'"
   want faults && stage faults-$n "${CE_DEVICE_FAULTS_S:-500}" "$PY" bench/fault_repeats.py --ranks "$n" \

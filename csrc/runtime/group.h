@@ -139,7 +139,7 @@ constexpr int kDefaultPeerLanes = 1;
 //   RoundBatched: Round, with each POST's small peer copies (ready to every peer, done to every peer) issued as one
 //     cudaMemcpyBatchAsync (plain copies when the batch API refuses, said once).
 enum class PeerSync : int { Each = 0, Round = 1, RoundBatched = 2 };
-constexpr int kDefaultPeerSync = 0;
+constexpr int kDefaultPeerSync = 2;  // RoundBatched: measured fastest at 4 ranks (bench/results/collectives-2026-11-27-b)
 // A piece of a split pull is never smaller than this (smaller copies gain nothing from a second engine).
 constexpr size_t kMinPullPiece = 1 << 20;
 
