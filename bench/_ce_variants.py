@@ -59,7 +59,7 @@ _UNTUNED: dict[str, dict] = {}
 
 
 def tune(group, restore: bool = False, **knobs) -> None:
-    """Sets the group's peer_lanes / peer_sync / bcast_segments / copy_rate_gbps (ce_overlap.runtime.testing.tune) for the next
+    """Sets the group's peer_lanes / peer_sync / pull_split / bcast_segments / copy_rate_gbps (ce_overlap.runtime.testing.tune) for the next
     variant; restore=True
     puts back what the group had before the first call (the runtime's defaults)."""
     import ce_overlap.runtime.testing as rtt
@@ -69,7 +69,8 @@ def tune(group, restore: bool = False, **knobs) -> None:
         _UNTUNED[group.group_name] = {"peer_lanes": int(state["peer_lanes"]),
                                       "bcast_segments": int(state["bcast_segments"]),
                                       "copy_rate_gbps": float(state["copy_rate_gbps"]),
-                                      "peer_sync": int(state["peer_sync"])}
+                                      "peer_sync": int(state["peer_sync"]),
+                                      "pull_split": int(state["pull_split"])}
     rtt.tune(group, **(_UNTUNED[group.group_name] if restore else knobs))
 
 

@@ -53,12 +53,13 @@ def bandwidths(coll: str, nbytes: int, t_s: float, world: int) -> tuple[float, f
 
 # The tuning knobs a sweep can run every ce_overlap variant under: (args attribute = tune() keyword, label key,
 # broadcasts only). Every combination of the listed settings runs, in this order.
-TUNING_KNOBS = (("peer_lanes", "lanes", False), ("peer_sync", "sync", False), ("bcast_segments", "segments", True))
+TUNING_KNOBS = (("peer_lanes", "lanes", False), ("peer_sync", "sync", False), ("pull_split", "split", False),
+                ("bcast_segments", "segments", True))
 
 
 def tuned_variants(coll: str, names: list[str], args) -> list[tuple[str, str, dict]]:
-    """(label, variant, knobs) for every variant and combination of the settings of --peer-lanes, --peer-sync (and
-    --bcast-segments for broadcasts): each CE variant once per combination, labelled
+    """(label, variant, knobs) for every variant and combination of the settings of --peer-lanes, --peer-sync,
+    --pull-split (and --bcast-segments for broadcasts): each CE variant once per combination, labelled
     'ce_staged@lanes=0,sync=1,segments=4'; NCCL and symm_mem once."""
     combos: list[dict] = [{}]
     for knob, _, bcast_only in TUNING_KNOBS:
@@ -207,8 +208,8 @@ def add_parsers(sub) -> None:
 
 
 def tuning_options(p: argparse.ArgumentParser, broadcast: bool) -> None:
-    """--peer-lanes, --peer-sync (and --bcast-segments): run every ce_overlap variant once per combination of the
-    listed settings, side by side."""
+    """--peer-lanes, --peer-sync, --pull-split (and --bcast-segments): run every ce_overlap variant once per combination
+    of the listed settings, side by side."""
     p.add_argument("--peer-lanes", type=A.int_list(0), default=None, metavar="LIST",
                    help="comma list of peer lane counts to run every ce_overlap variant with (0: one stream per peer, "
                         "every peer at once; 1: one after another); default: the runtime's own")
@@ -216,6 +217,9 @@ def tuning_options(p: argparse.ArgumentParser, broadcast: bool) -> None:
                    help="comma list of peer signalling modes to run every ce_overlap variant with (0: each peer's "
                         "wait, copies and done in turn; 1: wait for every peer, copy, then every done; 2: as 1 with "
                         "batched signal copies); default: the runtime's own")
+    p.add_argument("--pull-split", type=A.int_list(1), default=None, metavar="LIST",
+                   help="comma list of pull splits (1..4: pieces of every pulled peer copy of 2 MiB or more, each on "
+                        "its own stream) to run every ce_overlap variant with; default: the runtime's own")
     p.add_argument("--trace-dir", default=None, metavar="DIR",
                    help="also trace --trace-ops ops of every variant and size with torch.profiler, issued as the host "
                         "goes and queued ahead of the GPU, one Chrome trace per rank (bench/copy_timeline.py "
