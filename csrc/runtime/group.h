@@ -130,7 +130,9 @@ struct PendingOp {
 // Most pieces a pull is split into (RuntimeConfig.pull_split); every piece beyond the first runs on its own stream.
 constexpr int kMaxPullSplit = 4;
 // peer_round's lanes unless tuned (Group::set_peer_lanes): 1 = every peer on the comm stream, 0 = one lane per peer.
-constexpr int kDefaultPeerLanes = 1;
+// With per-round signalling (kDefaultPeerSync) every peer at once is as fast or faster on 4x H200 for every collective
+// (bench/results/collectives-2026-11-27-b); with per-peer signalling it was 30-40% slower, hence 1 before.
+constexpr int kDefaultPeerLanes = 0;
 // How peer_round signals (Group::set_peer_sync; local, ranks may differ):
 //   Each: per peer, in turn on its lane: WAIT its ready, the copies, POST done to it.
 //   Round: WAIT every peer's ready (one batch of stream waits on the comm stream), then every peer's copies (on the
