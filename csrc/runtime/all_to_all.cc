@@ -57,7 +57,24 @@
 //   step 2; non-root: step 4 from the root) only in round k+2, after done >= the epoch of round k+1 from every peer
 //   (1), i.e. after every read of it, and (non-root) after its own copy-out of round k (the bank event); T's bytes
 //   are each written once, by one copy, after the caller's join. The segment count is in the signature.
-//   tests/runtime/protocol_model.py replays both enqueue sequences under random schedules (CPU test).
+//
+// BROADCAST, push (n >= 3, T in the user region at O on every rank; BcPushSymmetric): one round (epoch e), T cut into
+//   K segments of S bytes (broadcast_push_segments: pieces of ~4 MiB), pieces as in the scatter above.
+//     1. WAIT done[p] >= e-1 for every peer.  2. POST ready (the root: "T holds the bytes"; a non-root: "my T accepts
+//        the other non-roots' pieces").  3. WAIT ready[p] = e for every peer (one batch, comm stream).
+//     4. non-root r, for k = 0..K-1: PULL piece j(r) of segment k from the root's T into our T (comm stream); record
+//        `arrived`; on lane 1, which waits for it, PUSH that piece from our T into every other non-root's T (the same
+//        offsets). Lane 1 is joined back into the comm stream after the last push.
+//     5. POST done to every peer (the root: "finished reading your T"; a non-root: "my pushes into you landed"), then
+//        WAIT done[p] >= e for every peer, and hand T back.
+//   Why it is safe: the pulls read the root's T after its ready (3), which it posts after the caller's join, and the
+//   root's T goes back only after every non-root's done, posted after its pulls (stream order, 5). A push writes q's T
+//   after q's ready (3 precedes the `arrived` record the lane waits for), only piece j(r)'s bytes, which no one else
+//   writes (q pulls piece j(q) itself; each other non-root pushes its own piece), and reads our piece after our pull
+//   of it landed (the `arrived` event); q hands T back after our done, posted after the lane's join (5). The epoch
+//   window is the all-gather's: done to p follows our wait for p's ready. No round barrier inside the op, so the pull
+//   of segment k+1 runs beside the pushes of segment k. The segment count is in the signature.
+//   tests/runtime/protocol_model.py replays these enqueue sequences under random schedules (CPU test).
 // ====================================================================================================
 #include "all_to_all.h"
 
@@ -149,7 +166,6 @@ void enqueue_a2a_locked(Group& g, const AllToAllArgs& a, const std::string& wher
 void enqueue_bcast_locked(Group& g, const BroadcastArgs& a, const std::string& where, const Plan& plan) {
   SymmetricPool& pool = g.pool();
   const int rank = g.rank();
-  const int n = g.world_size();
   const bool root = rank == a.root;
   char* t = static_cast<char*>(a.tensor);
 
@@ -274,6 +290,67 @@ void enqueue_bcast_scatter_locked(Group& g, const BroadcastArgs& a, const std::s
   hand_back(g, std::move(op), a.caller, nullptr, where);
 }
 
+void enqueue_bcast_push_locked(Group& g, const BroadcastArgs& a, const std::string& where, const Plan& plan) {
+  SymmetricPool& pool = g.pool();
+  const int rank = g.rank();
+  const int n = g.world_size();
+  const bool root = rank == a.root;
+  const cudaStream_t comm = g.comm_stream();
+  const cudaStream_t pushes = g.lane(1);  // n >= 3: lane 1 exists
+  char* t = static_cast<char*>(a.tensor);
+  const size_t S = plan.round_bytes;
+  const size_t K = (a.nbytes + S - 1) / S;
+  const int me = (rank - a.root - 1 + n) % n;  // our piece of every segment (non-roots)
+
+  PendingOp op = begin_op(g, "broadcast", OpKind::Broadcast, plan.variant, a.nbytes);
+  join_caller(g, a.caller, op, where);
+  const uint32_t e = g.next_epoch();
+  const RoundSignature sig = round_signature(OpKind::Broadcast, plan.variant, a.nbytes, 0, S, plan.offset,
+                                             static_cast<uint64_t>(a.root) | static_cast<uint64_t>(K) << 32);
+  // 1. The epoch window; peers finished with our pool for the previous op.
+  if (!epoch_ge(g.last_done_waited(), e - 1)) op.done_needed_before = e - 1;
+  g.wait_peers_done(e - 1);
+  // 2. Announce: the root's T holds the bytes; a non-root's T accepts the others' pieces.
+  g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b, kind_round_word(OpKind::Broadcast, plan.variant, 0), a.nbytes,
+                          plan.offset});
+  // 3. Every peer's ready (the root's bytes, the non-roots' T).
+  g.wait_ready_all(e, sig, comm);
+  // 4. A non-root pulls its piece of segment k from the root on the comm stream and pushes it on into every other
+  //    non-root on the push lane, which waits for that pull (the arrived event, re-recorded per segment: each wait
+  //    takes the record before it); the pull of segment k+1 runs beside the pushes of segment k.
+  if (!root) {
+    for (size_t k = 0; k < K; ++k) {
+      const size_t b = std::min(S, a.nbytes - k * S);
+      const auto [lo, hi] = piece_of(b, me, n);
+      if (hi <= lo) continue;
+      const size_t at = k * S + lo;
+      g.peer_copy(t + at, pool.peer_base(a.root) + plan.offset + at, hi - lo,
+                  where + ": pulling piece " + std::to_string(me) + " of segment " + std::to_string(k) +
+                      " from the root, rank " + std::to_string(a.root),
+                  comm);
+      CE_CUDA_CHECK(cudaEventRecord(g.arrived_event(), comm), where);
+      CE_CUDA_CHECK(cudaStreamWaitEvent(pushes, g.arrived_event(), 0), where);
+      for (int i = 1; i < n; ++i) {
+        const int q = (rank + i) % n;
+        if (q == a.root) continue;
+        g.peer_copy(pool.peer_base(q) + plan.offset + at, t + at, hi - lo,
+                    where + ": pushing piece " + std::to_string(me) + " of segment " + std::to_string(k) +
+                        " into rank " + std::to_string(q),
+                    pushes);
+      }
+    }
+    CE_CUDA_CHECK(cudaEventRecord(g.bank_event(0), pushes), where + ": joining the push lane");
+    CE_CUDA_CHECK(cudaStreamWaitEvent(comm, g.bank_event(0), 0), where + ": joining the push lane");
+  }
+  // 5. Done to every peer (the root: read; the others: written into), then every peer's done: the root's T was read
+  //    by every non-root, a non-root's T holds every piece.
+  g.post_done_all(e, comm);
+  op.rounds.push_back(RoundInfo{e, sig, 0, a.nbytes, plan.offset});
+  op.done_needed_after = e;
+  g.wait_peers_done(e);
+  hand_back(g, std::move(op), a.caller, nullptr, where);
+}
+
 }  // namespace
 
 void enqueue_all_to_all(Group& g, const AllToAllArgs& a) {
@@ -311,6 +388,14 @@ void enqueue_broadcast(Group& g, const BroadcastArgs& a) {
     SymmetricPool& pool = g.pool();
     Plan plan;
     const std::optional<size_t> symmetric = pool.user_region_offset(a.tensor, a.nbytes);
+    if (symmetric && g.world_size() >= 3) {
+      const size_t K = broadcast_push_segments(g.world_size(), a.nbytes, g.bcast_segments());
+      plan.variant = Variant::BcPushSymmetric;
+      plan.offset = *symmetric;
+      plan.round_bytes = ((a.nbytes + K - 1) / K + kPieceAlign - 1) / kPieceAlign * kPieceAlign;  // the segment
+      plan.rounds = 1;
+      return plan;
+    }
     const size_t bank_bytes = pool.staging_bytes() / 2 / kPoolAlignment * kPoolAlignment;
     size_t K = broadcast_segments(g.world_size(), a.nbytes, g.bcast_segments());
     if (K > 0 && !symmetric) K = std::max(K, (a.nbytes + bank_bytes - 1) / std::max<size_t>(bank_bytes, 1));
@@ -336,7 +421,9 @@ void enqueue_broadcast(Group& g, const BroadcastArgs& a) {
     return plan;
   };
   enqueue_op(g, "broadcast", a.nbytes == 0, a.caller, plan_op, [&](const std::string& where, const Plan& plan) {
-    if (is_scatter(plan.variant)) {
+    if (plan.variant == Variant::BcPushSymmetric) {
+      enqueue_bcast_push_locked(g, a, where, plan);
+    } else if (is_scatter(plan.variant)) {
       enqueue_bcast_scatter_locked(g, a, where, plan);
     } else {
       enqueue_bcast_locked(g, a, where, plan);

@@ -60,6 +60,8 @@ const char* variant_name(uint32_t variant) {
       return "scatter + all-gather, staged";
     case static_cast<uint32_t>(Variant::BcScatterSymmetric):
       return "scatter + all-gather, zero-copy symmetric tensor";
+    case static_cast<uint32_t>(Variant::BcPushSymmetric):
+      return "pieces pulled from the root and pushed on, symmetric tensor";
     case static_cast<uint32_t>(Variant::P2pStaged):
       return "push into landing banks";
     case static_cast<uint32_t>(Variant::P2pDirect):
@@ -496,6 +498,20 @@ void Group::pull_copy(char* dst, const char* src, size_t bytes, const std::strin
   for (int j = 0; j < forked; ++j) CE_CUDA_CHECK(cudaStreamWaitEvent(comm_, ev_join_[j], 0), what);
 }
 
+void Group::wait_ready_all(uint32_t epoch, RoundSignature sig, cudaStream_t stream) {
+  FlagsRegion* flags = pool_->local_flags();
+  std::vector<CUstreamBatchMemOpParams> ops;
+  for (int i = 1; i < world_size_; ++i) signal_waits(&flags->ready[(rank_ + i) % world_size_], epoch, sig, ops);
+  batch_mem_ops(stream, ops, "group '" + name_ + "': waiting for the peers' ready (epoch " + std::to_string(epoch) + ")");
+}
+
+void Group::post_done_all(uint32_t epoch, cudaStream_t stream) {
+  std::vector<void*> dsts;
+  for (int i = 1; i < world_size_; ++i) dsts.push_back(&pool_->peer_flags((rank_ + i) % world_size_)->done[rank_]);
+  signal_copies(dsts, &pool_->local_flags()->done_outbox, sizeof(uint32_t), stream,
+                "group '" + name_ + "': signalling done (epoch " + std::to_string(epoch) + ")");
+}
+
 void Group::peer_round(const std::string& where, uint32_t epoch, RoundSignature sig,
                        const std::function<void(int, cudaStream_t)>& copies) {
   const int peers = world_size_ - 1;
@@ -503,20 +519,7 @@ void Group::peer_round(const std::string& where, uint32_t epoch, RoundSignature 
   const int lanes = tuned <= 0 ? peers : std::min(tuned, peers);
   const bool each = peer_sync_.load() == static_cast<int>(PeerSync::Each);
   FlagsRegion* flags = pool_->local_flags();
-  const std::string waiting = "group '" + name_ + "': waiting for the peers' ready (epoch " + std::to_string(epoch) + ")";
-  auto post_done = [&](const std::vector<int>& to, cudaStream_t stream) {
-    std::vector<void*> dsts;
-    for (int p : to) dsts.push_back(&pool_->peer_flags(p)->done[rank_]);
-    signal_copies(dsts, &flags->done_outbox, sizeof(uint32_t), stream,
-                  "group '" + name_ + "': signalling done (epoch " + std::to_string(epoch) + ")");
-  };
-  std::vector<int> order;
-  for (int i = 1; i <= peers; ++i) order.push_back((rank_ + i) % world_size_);
-  if (!each) {  // every peer's ready, in one batch of waits on the comm stream
-    std::vector<CUstreamBatchMemOpParams> ops;
-    for (int p : order) signal_waits(&flags->ready[p], epoch, sig, ops);
-    batch_mem_ops(comm_, ops, waiting);
-  }
+  if (!each) wait_ready_all(epoch, sig, comm_);  // every peer's ready, in one batch of waits on the comm stream
   if (lanes > 1) {
     CE_CUDA_CHECK(cudaEventRecord(ev_lane_fork_, comm_), where + ": forking the peer lanes");
     for (int j = 1; j < lanes; ++j) {
@@ -526,7 +529,7 @@ void Group::peer_round(const std::string& where, uint32_t epoch, RoundSignature 
   for (int i = 1; i <= peers; ++i) {
     const int lane = (i - 1) % lanes;  // lanes >= 1 whenever there is a peer
     const cudaStream_t stream = lane == 0 ? comm_ : lanes_[lane - 1];
-    const int p = order[static_cast<size_t>(i - 1)];
+    const int p = (rank_ + i) % world_size_;
     if (each) {
       std::vector<CUstreamBatchMemOpParams> ops;
       signal_waits(&flags->ready[p], epoch, sig, ops);
@@ -534,13 +537,16 @@ void Group::peer_round(const std::string& where, uint32_t epoch, RoundSignature 
                                      std::to_string(epoch) + ")");
     }
     copies(p, stream);
-    if (each) post_done({p}, stream);
+    if (each) {
+      signal_copies({&pool_->peer_flags(p)->done[rank_]}, &flags->done_outbox, sizeof(uint32_t), stream,
+                    "group '" + name_ + "': signalling done to rank " + std::to_string(p));
+    }
   }
   for (int j = 1; j < lanes; ++j) {
     CE_CUDA_CHECK(cudaEventRecord(lane_join_[j - 1], lanes_[j - 1]), where + ": joining the peer lanes");
     CE_CUDA_CHECK(cudaStreamWaitEvent(comm_, lane_join_[j - 1], 0), where + ": joining the peer lanes");
   }
-  if (!each) post_done(order, comm_);
+  if (!each) post_done_all(epoch, comm_);
 }
 
 cudaStream_t Group::p2p_stream(int peer, bool send) {

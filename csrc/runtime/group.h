@@ -53,6 +53,8 @@ enum class Variant : uint32_t {
   RsUnreduced = 11,     // reduce-scatter: chunks pushed into the receivers' staging slots, copied out unreduced
   BcScatterStaged = 12, // broadcast, n >= 3: root staged; each non-root pulls its piece, then the non-roots exchange
   BcScatterSymmetric = 13,  // broadcast, n >= 3: the same from and into the symmetric tensor (no staging)
+  BcPushSymmetric = 14, // broadcast, n >= 3, symmetric tensor, one round: each non-root pulls its piece of every
+                        // segment from the root and pushes it into the other non-roots' tensors
 };
 const char* variant_name(uint32_t variant);
 // PeerSignal::kind_round: kind (8 bits) | variant (4 bits) | round (20 bits, diagnostics only).
@@ -262,6 +264,13 @@ class Group {
   // order: to the protocol the steps are the comm stream's, reordered only across peers, or delayed.
   void peer_round(const std::string& where, uint32_t epoch, RoundSignature sig,
                   const std::function<void(int peer, cudaStream_t stream)>& copies);
+  // The two halves of a per-round peer step, for ops whose copies do not fit peer_round's per-peer shape: on `stream`,
+  // WAIT every peer's ready >= epoch with signature `sig` (one batch of stream waits); POST done (this round's epoch,
+  // in the done outbox since POST ready) to every peer (signal_copies).
+  void wait_ready_all(uint32_t epoch, RoundSignature sig, cudaStream_t stream);
+  void post_done_all(uint32_t epoch, cudaStream_t stream);
+  // Lane i (1..n-2) of peer_round, for ops that run a second stream of copies beside the comm stream.
+  cudaStream_t lane(int i) const { return lanes_.at(static_cast<size_t>(i - 1)); }
 
   // The small signal copies of one POST: `src` (an outbox, `bytes`) into every address of `dsts` (peers' flags), on
   // `stream`; one cudaMemcpyBatchAsync with PeerSync::RoundBatched, else one cudaMemcpyAsync each.

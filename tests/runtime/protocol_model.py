@@ -1,5 +1,5 @@
 """A randomized model check of the CE runtime's signalling protocol, op for op as csrc/runtime/all_gather.cc (pull:
-staged, zero-copy, in place; push), csrc/runtime/reduce_scatter.cc, csrc/runtime/all_to_all.cc (all-to-all, broadcast)
+staged, zero-copy, in place; push), csrc/runtime/reduce_scatter.cc, csrc/runtime/all_to_all.cc (all-to-all, broadcasts)
 and csrc/runtime/p2p.cc (send / recv channels) enqueue it: per rank a caller, comm, self and reduce stream and one
 stream per point-to-point channel (FIFO queues), flags written by peers, events. A random scheduler runs any stream whose head op is
 ready; copies and kernels are two-phase (start/end) so other streams interleave. Pool memory carries content tags, so
@@ -424,6 +424,53 @@ class World:
                  for k in range(K) for j in range(n - 1)] if symm else []
         self.finish(r, True, reads)
 
+    def bcast_push(self, r, opid, root, K):
+        """all_to_all.cc, the push broadcast (a symmetric tensor T at Y3, 3+ ranks, one round): K segments of n-1 pieces;
+        after every peer's ready, a non-root pulls its piece of segment k from the root's T on the comm stream and
+        pushes it into every other non-root's T on lane 1 (which waits for that pull); then done to every peer and
+        every peer's done before T goes back to the caller."""
+        n, PC = self.n, 4
+        SG = PC * (n - 1)
+        Y3 = self.U0 + 90000
+        me = (r - root - 1) % n
+
+        def tag(k, j):
+            return ("bcp", opid, k, j)
+
+        def at(k, j):
+            return Y3 + k * SG + j * PC
+
+        writes = [(r, at(k, j), at(k, j) + PC, tag(k, j)) for k in range(K) for j in range(n - 1)] if r == root \
+            else [(r, Y3, Y3 + K * SG, ("bcp", opid, "old", r))]
+        self.caller_prep(r, writes)
+        e = self.epoch_next[r]
+        self.epoch_next[r] += 1
+        self.wait_peers_done(r, e - 1)
+        self.post_ready(r, e)
+        for i in range(1, n):
+            self.wait_flag(r, "comm", "ready", (r + i) % n, e)
+        if r != root:
+            for k in range(K):
+                lo = at(k, me)
+                self.copy(r, "comm", [(root, lo, lo + PC, tag(k, me), "push bcast: pull from the root")],
+                          [(r, lo, lo + PC, tag(k, me))])
+                if "bcp_no_pull_wait" not in self.bugs:
+                    self.record(r, "comm", "arrived")
+                    self.wait_ev(r, "lane1", "arrived")
+                for i in range(1, n):
+                    q = (r + i) % n
+                    if q != root:
+                        self.copy(r, "lane1", [(r, lo, lo + PC, tag(k, me), "push bcast: push source")],
+                                  [(q, lo, lo + PC, tag(k, me))])
+            self.record(r, "lane1", "push_join")
+            self.wait_ev(r, "comm", "push_join")
+        for i in range(1, n):
+            self.post_done(r, (r + i) % n, e, "comm")
+        if "bcp_no_final_wait" not in self.bugs:
+            self.wait_peers_done(r, e)
+        reads = [(r, at(k, j), at(k, j) + PC, tag(k, j), "caller reads broadcast") for k in range(K) for j in range(n - 1)]
+        self.finish(r, True, reads)
+
     # ---------- point-to-point (p2p.cc)
     def p2p_stream(self, r, kind, peer):
         name = "p2p" if "p2p_one_stream" in self.bugs else f"{kind}{peer}"
@@ -545,7 +592,7 @@ class World:
 
 
 KINDS = ["rs", "staged", "symm_input", "inplace", "push_inplace", "push_from_input", "a2a_staged", "a2a_symm",
-         "bc_staged", "bc_symm", "bc_sg_staged", "bc_sg_symm", "p2p"]
+         "bc_staged", "bc_symm", "bc_sg_staged", "bc_sg_symm", "bc_push", "p2p"]
 
 
 def _p2p_batches(rng, n, j):
@@ -592,6 +639,11 @@ def one(seed, bugs=frozenset(), kinds=KINDS):
                 w.rs(r, j, rounds)
             elif kind.startswith("a2a"):
                 w.a2a(r, j, kind, 11, rounds_hint=rounds)
+            elif kind == "bc_push":
+                if n >= 3:
+                    w.bcast_push(r, j, root, rounds)
+                else:  # 2 ranks: the symmetric tensor is pulled whole from the root
+                    w.bcast(r, j, "bc_symm", root, 37)
             elif kind.startswith("bc_sg"):
                 if n >= 3:  # the scatter broadcast needs 3+ ranks (2 ranks always pull from the root)
                     w.bcast_scatter(r, j, kind, root, rounds)
