@@ -6,7 +6,8 @@
 #   coll-N    bench/collectives.py all -b 16M -e 256M -f 4 with every ce_overlap variant once per peer-lane setting
 #             (CE_COLL_LANES, default "1,0") and the broadcast once per segment count (CE_COLL_SEGMENTS, default
 #             "0,2,4,8"), peer signalling mode (CE_COLL_SYNC) and pull split (CE_COLL_SPLIT; both default to the
-#             runtime's): busbw side by side with NCCL; CE_COLL_SIZES="16M-64M" narrows the sizes
+#             runtime's): busbw side by side with NCCL; CE_COLL_SIZES="16M-64M" narrows the sizes, CE_COLL_COLLS
+#             the collectives (default: all four)
 #   probe-N   bench/collectives.py probe --parts reducescatter: the reduce-scatter's reduction CTAs x round size x
 #             peer lanes (CE_COLL_LANES)
 #   rate-N    bench/collectives.py overlap --sustain-ms 1000 --compute gemm: a GEMM beside NCCL and beside the push
@@ -49,6 +50,7 @@ for n in ${CE_COLL_RANKS:-4 2}; do
     --nproc-per-node "$n" bench/collectives.py all -b 16M -e 256M -f 4 --peer-lanes "${CE_COLL_LANES:-1,0}" \
     --bcast-segments "${CE_COLL_SEGMENTS:-0,2,4,8}" ${CE_COLL_SYNC:+--peer-sync "$CE_COLL_SYNC"} \
     ${CE_COLL_SPLIT:+--pull-split "$CE_COLL_SPLIT"} ${CE_COLL_SIZES:+-b ${CE_COLL_SIZES%-*} -e ${CE_COLL_SIZES#*-}} \
+    ${CE_COLL_COLLS:+--colls "$CE_COLL_COLLS"} \
     --out "$OUT/coll-$n.json"
   want probe && stage probe-$n 90 env CUDA_VISIBLE_DEVICES="$devices" "$PY" -m torch.distributed.run --standalone \
     --nproc-per-node "$n" bench/collectives.py probe --parts reducescatter --reduce-sms 32,64 --rs-round-mb 16,32,64 \
