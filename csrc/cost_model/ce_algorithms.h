@@ -35,17 +35,13 @@ inline size_t broadcast_segments(int world_size, size_t nbytes, int tuned) {
 
 // The push broadcast (a symmetric tensor, 3+ ranks, one round: all_to_all.cc): each non-root pulls its piece of every
 // segment from the root and pushes it on into the other non-roots, the pull of segment k+1 beside the pushes of
-// segment k. Segments cost no round, only a few copy launches, so they are cut to pieces of about this size.
-constexpr double kBroadcastPushPieceBytes = 4.0 * 1024 * 1024;
-
-// The segments of a push broadcast of `nbytes` over `world_size` (>= 3) ranks: pieces (a segment / (n-1)) of about
-// kBroadcastPushPieceBytes, 1..kMaxBcastSegments; `tuned` > 0 forces that count (the bcast_segments knob).
+// segment k. The segments it is cut into: one unless `tuned` > 0 (the bcast_segments knob). Measured on 4x H100
+// (2026-11-27, bench/results/collectives-2026-11-27-b), every segment count above one was slower at 16, 64 and 256 MiB
+// (e.g. 64 MiB, 4 ranks: 211.5 GB/s for one, 204.8 / 195.4 / 169.4 for 2 / 4 / 8): the pulls and pushes did not
+// overlap enough to pay for their extra copies.
 inline size_t broadcast_push_segments(int world_size, size_t nbytes, int tuned) {
   if (world_size < 3 || nbytes == 0) return 0;
-  if (tuned > 0) return static_cast<size_t>(tuned);
-  const double pieces = static_cast<double>(nbytes) / (world_size - 1) / kBroadcastPushPieceBytes;
-  const double k = pieces < 1 ? 1 : pieces > kMaxBcastSegments ? kMaxBcastSegments : pieces;
-  return static_cast<size_t>(k + 0.5);
+  return tuned > 0 ? static_cast<size_t>(tuned) : 1;
 }
 
 }  // namespace ce_overlap
