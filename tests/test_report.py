@@ -54,10 +54,12 @@ def test_timeline_streams_never_overlap_themselves(tiny_report):
 
 
 def test_h200_and_h100_share_nvlink_not_hbm(tiny_ir, tiny_report):
-    # Same NVLink 4 (18 links) and NCCL, so the same collective times; H200 has the faster HBM.
+    # Same NVLink 4 (18 links) and NCCL, so the same collective times within what each board measured for NCCL's
+    # bus efficiency per group size (nccl.bus_efficiency_scale: 4x H200 and 4x H100 agree within 3%); H200 has the
+    # faster HBM.
     h200 = ce_overlap.analyze(tiny_ir, "h200-sxm")
     assert h200["totals"]["forward_all_gather_bytes"] == tiny_report["totals"]["forward_all_gather_bytes"]
-    assert h200["totals"]["comm_us"] == pytest.approx(tiny_report["totals"]["comm_us"])
+    assert h200["totals"]["comm_us"] == pytest.approx(tiny_report["totals"]["comm_us"], rel=0.03)
     assert h200["totals"]["compute_us"] <= tiny_report["totals"]["compute_us"]  # tiny kernels sit at the launch floor
     assert ce_overlap.analyze(tiny_ir, "a100-sxm")["totals"]["comm_us"] > h200["totals"]["comm_us"]
 

@@ -244,9 +244,12 @@ CollectiveEstimate CostModel::nccl_estimate(const CollectiveInfo& c) const {
                                                                  : pl.nodes - 1;
   const double extra_step_us = spans ? nccl.inter_node_step_latency_us : 0.0;
 
+  // Measured per collective and group size inside a node (nccl.bus_efficiency_scale); a group across nodes scales
+  // its in-node part (the inter-node cap below applies after).
+  const double scale = nccl.scale(c.type, std::min(c.group_size, profile_.topology.gpus_per_node));
   double best = kInf;
   for (const NcclProtocol& proto : nccl.protocols) {
-    double gbps = pl.ring_gbps * proto.bus_efficiency;
+    double gbps = pl.ring_gbps * std::min(1.0, proto.bus_efficiency * scale);
     if (spans) gbps = std::min(gbps, profile_.topology.inter_node->gbps_per_direction * nccl.inter_node_bus_efficiency);
     gbps *= red;
     const double step_us = proto.per_step_latency_us + extra_step_us;  // one inter-node step

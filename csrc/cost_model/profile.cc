@@ -341,6 +341,31 @@ std::string collective_name_at(const json& v, const std::string& path) {
   return v.get<std::string>();
 }
 
+std::vector<NcclScale> read_nccl_scales(const ObjectReader& nccl) {
+  std::vector<NcclScale> out;
+  const json& entries = nccl.array("bus_efficiency_scale", "an array of {collective, group_size, scale}");
+  const std::string where = nccl.child("bus_efficiency_scale");
+  std::map<std::pair<CollectiveType, int>, size_t> seen;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    ObjectReader r(entries[i], index_path(where, i), {"collective", "group_size", "scale"});
+    NcclScale e;
+    e.collective = collective_type_from_string(collective_name_at(r.field("collective", "a collective type"),
+                                                                  r.child("collective")));
+    e.group_size = r.positive_int("group_size");
+    if (e.group_size < 2) {
+      throw IrError(r.child("group_size") + ": expected at least 2 (a group of 1 moves nothing), got 1");
+    }
+    e.scale = r.positive_number("scale");
+    auto [it, inserted] = seen.emplace(std::make_pair(e.collective, e.group_size), i);
+    if (!inserted) {
+      throw IrError(index_path(where, i) + ": a second scale for " + std::string(to_string(e.collective)) + " with " +
+                    std::to_string(e.group_size) + " ranks (also at " + index_path(where, it->second) + ")");
+    }
+    out.push_back(e);
+  }
+  return out;
+}
+
 std::vector<Curve> read_curves(const ObjectReader& root) {
   std::vector<Curve> out;
   const json& curves = root.array("curves", "an array of calibrated curves");
@@ -427,6 +452,21 @@ const LinkSpec& TopologySpec::link(int a, int b) const {
 
 const char* to_string(Backend b) { return b == Backend::Ce ? "ce" : "nccl"; }
 
+double NcclSpec::scale(CollectiveType collective, int group_size) const {
+  const NcclScale* below = nullptr;  // the largest listed size <= group_size
+  const NcclScale* above = nullptr;  // the smallest listed size >= group_size
+  for (const NcclScale& e : bus_efficiency_scale) {
+    if (e.collective != collective) continue;
+    if (e.group_size <= group_size && (!below || e.group_size > below->group_size)) below = &e;
+    if (e.group_size >= group_size && (!above || e.group_size < above->group_size)) above = &e;
+  }
+  if (!below && !above) return 1.0;
+  if (!below) return above->scale;
+  if (!above || above == below) return below->scale;
+  const double t = static_cast<double>(group_size - below->group_size) / (above->group_size - below->group_size);
+  return below->scale + t * (above->scale - below->scale);
+}
+
 Backend backend_from_string(const std::string& s) {
   if (s == "nccl") return Backend::Nccl;
   if (s == "ce") return Backend::Ce;
@@ -493,7 +533,8 @@ Profile profile_from_json(const json& j) {
   if (eff.has("kernel_gap_us")) p.efficiency.kernel_gap_us = eff.non_negative_number("kernel_gap_us");
 
   ObjectReader nccl = root.object("nccl", {"channels", "protocols", "reduction_bandwidth_factor",
-                                           "inter_node_step_latency_us", "inter_node_bus_efficiency"});
+                                           "inter_node_step_latency_us", "inter_node_bus_efficiency",
+                                           "bus_efficiency_scale"});
   p.nccl.channels = nccl.positive_int("channels");
   check_below_sms(p.nccl.channels, nccl.child("channels"), p.gpu);
   const json& protocols = nccl.array("protocols", "a non-empty array of protocol lines");
@@ -514,6 +555,7 @@ Profile profile_from_json(const json& j) {
   p.nccl.reduction_bandwidth_factor = nccl.fraction("reduction_bandwidth_factor");
   p.nccl.inter_node_step_latency_us = nccl.non_negative_number("inter_node_step_latency_us");
   p.nccl.inter_node_bus_efficiency = nccl.fraction("inter_node_bus_efficiency");
+  if (nccl.has("bus_efficiency_scale")) p.nccl.bus_efficiency_scale = read_nccl_scales(nccl);
 
   ObjectReader ce = root.object("ce", {"copy_latency_us", "signal_latency_us", "one_way_efficiency",
                                        "bidirectional_efficiency", "engine_gbps", "reduce_sms",
@@ -622,6 +664,13 @@ json profile_to_json(const Profile& p) {
   };
   if (const auto& r = p.contention.ce_reduction) {
     j["contention"]["ce_reduction"] = {{"compute_bound", r->compute_bound}, {"memory_bound", r->memory_bound}};
+  }
+  if (!p.nccl.bus_efficiency_scale.empty()) {
+    json scales = json::array();
+    for (const NcclScale& e : p.nccl.bus_efficiency_scale) {
+      scales.push_back({{"collective", to_string(e.collective)}, {"group_size", e.group_size}, {"scale", e.scale}});
+    }
+    j["nccl"]["bus_efficiency_scale"] = std::move(scales);
   }
   if (!p.curves.empty()) {
     json curves = json::array();

@@ -84,9 +84,23 @@ struct NcclProtocol {
   double bus_efficiency = 0;  // busbw / link GB/s at large sizes, within one node
 };
 
+// A factor on every protocol line's bus_efficiency for one collective on one group size inside a node. The lines are
+// fitted to 2-rank all-gathers and reduce-scatters; NCCL's ring runs faster per bus byte at 3-4 ranks (~1.2-1.3x on
+// H100 / H200) and its broadcast ~1.4x at every size measured.
+struct NcclScale {
+  CollectiveType collective = CollectiveType::AllGather;
+  int group_size = 2;
+  double scale = 1;
+};
+
 struct NcclSpec {
   int channels = 0;  // CTAs NCCL keeps resident while a collective runs = SMs it takes
   std::vector<NcclProtocol> protocols;
+  // Optional (profile key nccl.bus_efficiency_scale); at most one entry per (collective, group size).
+  std::vector<NcclScale> bus_efficiency_scale;
+  // The factor for `collective` on `group_size` ranks of one node: the listed one; between two listed sizes linear
+  // in the group size; below the smallest / above the largest listed, that size's; 1 when none is listed.
+  double scale(CollectiveType collective, int group_size) const;
   double reduction_bandwidth_factor = 1;  // reduce-scatter / all-reduce bus bandwidth relative to copies
   double inter_node_step_latency_us = 0;  // added to every ring/tree step of a group that spans nodes
   double inter_node_bus_efficiency = 0;   // busbw / inter-node link GB/s

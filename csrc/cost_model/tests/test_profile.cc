@@ -99,6 +99,58 @@ TEST(Profile, RoundTrip) {
   EXPECT_EQ(profile_to_json(profile_from_json(m)), m);
 }
 
+TEST(Profile, NcclBusEfficiencyScale) {
+  // Lookup: the listed size, linear between listed sizes, the nearest listed size outside them, 1 when none is listed.
+  NcclSpec nccl;
+  nccl.bus_efficiency_scale = {{CollectiveType::AllGather, 2, 1.0}, {CollectiveType::AllGather, 4, 1.3},
+                               {CollectiveType::Broadcast, 3, 1.5}};
+  EXPECT_DOUBLE_EQ(nccl.scale(CollectiveType::AllGather, 2), 1.0);
+  EXPECT_DOUBLE_EQ(nccl.scale(CollectiveType::AllGather, 3), 1.15);
+  EXPECT_DOUBLE_EQ(nccl.scale(CollectiveType::AllGather, 4), 1.3);
+  EXPECT_DOUBLE_EQ(nccl.scale(CollectiveType::AllGather, 8), 1.3);
+  EXPECT_DOUBLE_EQ(nccl.scale(CollectiveType::Broadcast, 2), 1.5);
+  EXPECT_DOUBLE_EQ(nccl.scale(CollectiveType::ReduceScatter, 4), 1.0);
+  // It round-trips, and bad entries name their field.
+  json j = profile_to_json(round_profile());
+  j["nccl"]["bus_efficiency_scale"] = json::parse(R"([{"collective": "all_gather", "group_size": 4, "scale": 1.25}])");
+  Profile q = profile_from_json(j);
+  ASSERT_EQ(q.nccl.bus_efficiency_scale.size(), 1u);
+  EXPECT_DOUBLE_EQ(q.nccl.scale(CollectiveType::AllGather, 4), 1.25);
+  EXPECT_EQ(profile_to_json(q), j);
+  j["nccl"]["bus_efficiency_scale"][0]["scale"] = 0;
+  EXPECT_EQ(error_of(j), "nccl.bus_efficiency_scale[0].scale: expected a positive number, got 0");
+  j["nccl"]["bus_efficiency_scale"][0]["scale"] = 1.25;
+  j["nccl"]["bus_efficiency_scale"][0]["group_size"] = 1;
+  EXPECT_TRUE(starts_with(error_of(j), "nccl.bus_efficiency_scale[0].group_size: expected at least 2")) << error_of(j);
+  j["nccl"]["bus_efficiency_scale"] = json::parse(R"([{"collective": "all_gather", "group_size": 4, "scale": 1.2},
+                                                      {"collective": "all_gather", "group_size": 4, "scale": 1.3}])");
+  EXPECT_TRUE(starts_with(error_of(j), "nccl.bus_efficiency_scale[1]: a second scale for all_gather with 4 ranks"))
+      << error_of(j);
+  j["nccl"]["bus_efficiency_scale"] = json::parse(R"([{"collective": "all_gathr", "group_size": 4, "scale": 1.2}])");
+  EXPECT_TRUE(contains(error_of(j), "all_gathr")) << error_of(j);
+  j["nccl"]["bus_efficiency_scale"] = json::parse(R"([{"collective": "all_gather", "ranks": 4, "scale": 1.2}])");
+  EXPECT_TRUE(contains(error_of(j), "nccl.bus_efficiency_scale[0].ranks: unknown key")) << error_of(j);
+}
+
+TEST(Profile, NcclScaleSpeedsTheRingUp) {
+  // A bandwidth-bound NCCL all-gather on 4 ranks takes 1 / scale of the unscaled time; other group sizes and
+  // collectives keep theirs.
+  Profile p = builtin_profile("h200-sxm");
+  p.nccl.bus_efficiency_scale.clear();
+  Profile scaled = p;
+  scaled.nccl.bus_efficiency_scale = {{CollectiveType::AllGather, 4, 1.25}};
+  auto us = [](const Profile& prof, CollectiveType t, int n) {
+    CollectiveInfo c;
+    c.type = t;
+    c.group_size = n;
+    c.bytes = int64_t{1} << 34;
+    return CostModel(prof).estimate(c, Backend::Nccl).us;
+  };
+  EXPECT_NEAR(us(p, CollectiveType::AllGather, 4) / us(scaled, CollectiveType::AllGather, 4), 1.25, 0.01);
+  EXPECT_NEAR(us(p, CollectiveType::AllGather, 8) / us(scaled, CollectiveType::AllGather, 8), 1.25, 0.01);
+  EXPECT_DOUBLE_EQ(us(p, CollectiveType::ReduceScatter, 4), us(scaled, CollectiveType::ReduceScatter, 4));
+}
+
 TEST(Profile, NegativeBandwidthNamesField) {
   json j = profile_to_json(round_profile());
   j["gpu"]["hbm_gbps"] = -1;
