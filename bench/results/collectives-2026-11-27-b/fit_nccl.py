@@ -6,29 +6,18 @@ model's busbw at 16, 64 and 256 MiB per rank (a grid of 0.005). CPU only:
 """
 import json
 import os
+import sys
 
 from ce_overlap import _core, profiles
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from model import busbw, measured  # noqa: E402  (this folder's model.py: the measured busbw, the model's)
+
 RUNS = {"h200-sxm": ("d-defaults", (2, 3, 4)), "h100-sxm": ("f-h100", (2, 4))}
 OPS = ("all_gather", "reduce_scatter", "all_to_all", "broadcast")
 SIZES = (16, 64, 256)
 
-
-def measured(run: str, n: int) -> dict:
-    out = {}
-    for r in json.load(open(os.path.join(HERE, run, f"coll-{n}.json")))["results"]:
-        if r["variant"] == "nccl" and "busbw_gbps" in r:
-            out[(r["coll"], r["bytes_per_rank"] >> 20)] = r["busbw_gbps"]
-    return out
-
-
-def busbw(p, op: str, mib: int, n: int) -> float:
-    size = mib << 20
-    nbytes = n * size if op == "reduce_scatter" else size
-    t_s = _core.estimate_collective(p, op, nbytes, n, "nccl") * 1e-6
-    alg = (n * size if op in ("all_gather", "reduce_scatter") else size) / t_s / 1e9
-    return alg if op == "broadcast" else alg * (n - 1) / n
 
 
 def with_scale(base: dict, op: str, n: int, scale: float):
@@ -45,19 +34,19 @@ for prof, (run, ranks) in RUNS.items():
     print(f"\n{prof} against {run}/: NCCL busbw GB/s at 16 / 64 / 256 MiB, measured | unscaled model | fitted model")
     for op in OPS:
         for n in ranks:
-            meas = measured(run, n)
+            meas = {(op_, mib): v for (side, op_, mib), v in measured(run, n).items() if side == "nccl"}
             best = None
             for k in range(60, 401):
                 s = k * 0.005
                 p = with_scale(base, op, n, s)
-                err = max(abs(busbw(p, op, m, n) / meas[(op, m)] - 1) for m in SIZES)
+                err = max(abs(busbw(p, op, m, n, 'nccl') / meas[(op, m)] - 1) for m in SIZES)
                 if best is None or err < best[1]:
                     best = (s, err)
             s, err = best
             p = with_scale(base, op, n, s)
             cells = " / ".join(f"{meas[(op, m)]:.0f}" for m in SIZES)
-            plain = " / ".join(f"{busbw(unscaled, op, m, n):.0f}" for m in SIZES)
-            fit = " / ".join(f"{busbw(p, op, m, n):.0f}" for m in SIZES)
+            plain = " / ".join(f"{busbw(unscaled, op, m, n, 'nccl'):.0f}" for m in SIZES)
+            fit = " / ".join(f"{busbw(p, op, m, n, 'nccl'):.0f}" for m in SIZES)
             print(f"{op:<16}{n:>3} ranks  scale {s:.3f}  {cells:>17} | {plain:>17} | {fit:>17}  (worst {100 * err:.1f}%)")
             fitted.append({"collective": op, "group_size": n, "scale": round(s, 3)})
     print(json.dumps(fitted))

@@ -15,6 +15,7 @@ MEASURED = {"h200-sxm": "d-defaults", "h100-sxm": "f-h100"}
 
 
 def measured(run: str, n: int) -> dict:
+    """{(side, coll, MiB): busbw} of a run's coll-{n}.json, side "nccl" or "ce" (the best ce_overlap variant)."""
     path = os.path.join(HERE, run, f"coll-{n}.json")
     if not os.path.exists(path):
         return {}
@@ -30,6 +31,7 @@ def measured(run: str, n: int) -> dict:
 
 
 def busbw(p, op: str, mib: int, n: int, backend: str) -> float:
+    """The model's busbw (nccl-tests' definition) of `op` at `mib` MiB per rank on `n` ranks."""
     size = mib << 20
     nbytes = n * size if op == "reduce_scatter" else size
     t_s = _core.estimate_collective(p, op, nbytes, n, backend) * 1e-6
@@ -37,17 +39,22 @@ def busbw(p, op: str, mib: int, n: int, backend: str) -> float:
     return alg if op == "broadcast" else alg * (n - 1) / n
 
 
-for prof, run in MEASURED.items():
-    p = profiles.load(prof)
-    print(f"\n{prof}: busbw GB/s, predicted NCCL / CE (measured in {run}/ in brackets, best ce_overlap variant)")
-    print(f"{'collective':<16}{'ranks':>6}" + "".join(f"{str(m) + ' MiB':>34}" for m in SIZES))
-    for op in OPS:
-        for n in (2, 3, 4, 8):
-            meas = measured(run, n)
-            cells = []
-            for mib in SIZES:
-                cell = f"{busbw(p, op, mib, n, 'nccl'):.0f} / {busbw(p, op, mib, n, 'ce'):.0f}"
-                if ("nccl", op, mib) in meas and ("ce", op, mib) in meas:
-                    cell += f" ({meas[('nccl', op, mib)]:.0f} / {meas[('ce', op, mib)]:.0f})"
-                cells.append(cell)
-            print(f"{op:<16}{n:>6}" + "".join(f"{c:>34}" for c in cells))
+def main() -> None:
+    for prof, run in MEASURED.items():
+        p = profiles.load(prof)
+        print(f"\n{prof}: busbw GB/s, predicted NCCL / CE (measured in {run}/ in brackets, best ce_overlap variant)")
+        print(f"{'collective':<16}{'ranks':>6}" + "".join(f"{str(m) + ' MiB':>34}" for m in SIZES))
+        for op in OPS:
+            for n in (2, 3, 4, 8):
+                meas = measured(run, n)
+                cells = []
+                for mib in SIZES:
+                    cell = f"{busbw(p, op, mib, n, 'nccl'):.0f} / {busbw(p, op, mib, n, 'ce'):.0f}"
+                    if ("nccl", op, mib) in meas and ("ce", op, mib) in meas:
+                        cell += f" ({meas[('nccl', op, mib)]:.0f} / {meas[('ce', op, mib)]:.0f})"
+                    cells.append(cell)
+                print(f"{op:<16}{n:>6}" + "".join(f"{c:>34}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
