@@ -35,7 +35,7 @@ and where the step goes:
 and per transport the GEMM test: a bf16 GEMM (--gemm) timed alone and beside batched exchanges of --message-mib
 messages with both neighbours (what a 1F1B stage does in steady state), each arm ~--sustain-ms of GEMMs enqueued at
 once, the exchanges' side stream given more than the window's worth, as the GEMM's slowdown, with the SM clock and
-board power of each arm (NVML). Sends and receives are always batched
+board power of each arm (NVML); --copy-rates repeats the ce_overlap arm with its sends paced to each rate. Sends and receives are always batched
 (dist.batch_isend_irecv), as pipelining issues them: unbatched isend / irecv pairs in opposite directions between two
 ranks are the pattern NCCL requires to be grouped; on torch 2.11 / NCCL 2.28.9 they end in an illegal memory access
 (32 MiB) or a hang (256 KiB), with no ce_overlap in the process (bench/repro/nccl_unbatched_p2p.py).
@@ -110,6 +110,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sustain-ms", type=float, default=1000.0,
                    help="the GEMM test's length per arm (ms; sustained, the boards' clocks settle)")
     p.add_argument("--message-mib", type=float, default=32.0, help="the GEMM test's message size (MiB)")
+    p.add_argument("--copy-rates", default="",
+                   help="comma list of GB/s: the GEMM test of the ce_overlap transport once more per rate, its sends "
+                        "paced to it (testing.tune(copy_rate_gbps=); 0 = unlimited; default: only unpaced)")
     p.add_argument("--out", default=None, help="JSON results (rank 0)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a smoke test of every path but the GPU's (gloo is the only transport, no GEMM test)")
@@ -126,6 +129,12 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.warmup < 0 or args.message_mib <= 0 or args.sustain_ms <= 0:
         p.error("--warmup must be >= 0, --message-mib and --sustain-ms > 0")
+    try:
+        args.copy_rates = [float(r) for r in args.copy_rates.split(",") if r.strip()]
+    except ValueError:
+        p.error(f"--copy-rates must be a comma list of numbers (GB/s), got {args.copy_rates!r}")
+    if any(not (r >= 0 and r < float("inf")) for r in args.copy_rates):
+        p.error(f"--copy-rates must be finite and >= 0 (0: unlimited), got {args.copy_rates}")
     return args
 
 
@@ -537,14 +546,26 @@ def main(argv=None) -> int:
             log0(f"{transport}: skipped: {why}")
             continue
         one = p2p_ms(group, cfg)
-        try:
-            if DEVICE == "cuda":  # streams and a GEMM beside them: nothing to learn on the CPU
-                gemm_rows.append({"transport": transport, "p2p_ms": one, **gemm_beside(group, args)})
-        except Exception as e:  # noqa: BLE001 (the schedules still run; the row says why this test did not)
-            import traceback
+        rates = [r for r in args.copy_rates if r > 0] if transport == "ce_overlap" else []
+        for rate in [None] + rates:  # None: the transport as it is; then the ce_overlap sends paced to each rate
+            label = transport if rate is None else f"{transport}@{rate:g}GB/s"
+            try:
+                if DEVICE == "cuda":  # streams and a GEMM beside them: nothing to learn on the CPU
+                    if rate is not None:
+                        import ce_overlap.runtime.testing as rtt
 
-            traceback.print_exc()
-            gemm_rows.append({"transport": transport, "p2p_ms": one, "error": f"{type(e).__name__}: {e}"[:300]})
+                        rtt.tune(group, copy_rate_gbps=rate)
+                    try:
+                        gemm_rows.append({"transport": label, "copy_rate_gbps": rate or 0, "p2p_ms": one,
+                                          **gemm_beside(group, args)})
+                    finally:
+                        if rate is not None:
+                            rtt.tune(group, copy_rate_gbps=0)
+            except Exception as e:  # noqa: BLE001 (the schedules still run; the row says why this test did not)
+                import traceback
+
+                traceback.print_exc()
+                gemm_rows.append({"transport": label, "p2p_ms": one, "error": f"{type(e).__name__}: {e}"[:300]})
         for sname in [n for n in args.schedules.split(",") if n]:
             row = {"transport": transport, "schedule": sname, "p2p_ms": one}
             cls, chunks = schedule_class(sname)
@@ -562,10 +583,10 @@ def main(argv=None) -> int:
             rows.append(row)
             log0(f"{transport} {sname}: " + (f"{row['median_ms']:.1f} ms" if "median_ms" in row else
                                               row.get("error", "")))
-        if transport == "ce_overlap":
+        if transport == "ce_overlap" and gemm_rows:
             import ce_overlap.distributed as ced
 
-            gemm_rows[-1]["op_counts"] = ced.op_counts(group)  # this transport's row; every op of the group
+            gemm_rows[-1]["op_counts"] = ced.op_counts(group)  # this transport's last row; every op of the group
     print_table(rows, world, args.dp)
     print_gemm_table(gemm_rows, args)
     if args.out and rank == 0:
@@ -603,15 +624,15 @@ def print_gemm_table(rows: list[dict], args) -> None:
     log0(f"\nbf16 GEMM {args.gemm}^3 beside batched {args.message_mib:g} MiB exchanges with both neighbours, sustained "
          f"~{args.sustain_ms:.0f} ms per arm (slowest rank; clock: median SM MHz, slowest rank; power: median W, "
          "highest rank)")
-    log0(f"{'transport':<11} {'alone us':>9} {'beside us':>10} {'slowdown':>9} {'exch. alone ms':>15} "
+    log0(f"{'transport':<22} {'alone us':>9} {'beside us':>10} {'slowdown':>9} {'exch. alone ms':>15} "
          f"{'exch. beside ms':>16} {'clock alone':>12} {'clock beside':>13} {'W alone':>8} {'W beside':>9}")
     for r in rows:
         if "error" in r:
-            log0(f"{r['transport']:<11} FAILED: {r['error']}")
+            log0(f"{r['transport']:<22} FAILED: {r['error']}")
             continue
         cover = "" if r["exchange_span_ms"] >= r["window_ms"] else \
             f"  (exchanges covered {r['exchange_span_ms']:.0f} of {r['window_ms']:.0f} ms)"
-        log0(f"{r['transport']:<11} {r['gemm_alone_us']:9.1f} {r['gemm_beside_us']:10.1f} "
+        log0(f"{r['transport']:<22} {r['gemm_alone_us']:9.1f} {r['gemm_beside_us']:10.1f} "
              f"{r['gemm_slowdown_pct']:8.1f}% {r['exchange_alone_ms']:15.3f} {r['exchange_beside_ms']:16.3f} "
              f"{r.get('alone_sm_clock_mhz', float('nan')):12.0f} {r.get('sm_clock_mhz', float('nan')):13.0f} "
              f"{r.get('alone_power_w', float('nan')):8.0f} {r.get('power_w', float('nan')):9.0f}{cover}")

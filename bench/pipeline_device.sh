@@ -35,7 +35,8 @@ for n in ${CE_PIPE_RANKS:-2 4}; do
   want bench && stage bench-$n 300 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" \
     bench/pipeline.py --model llama3-8b --layers "$LAYERS" --seq-len 4096 \
     --microbatches "${CE_PIPE_MICROBATCHES:-8}" --steps "${CE_TRAIN_STEPS:-8}" --warmup 2 \
-    --schedules "${CE_PIPE_SCHEDULES-1f1b,interleaved-1f1b,zero-bubble}" --out "$OUT/pipeline-$n.json"
+    --schedules "${CE_PIPE_SCHEDULES-1f1b,interleaved-1f1b,zero-bubble}" \
+    ${CE_PIPE_COPY_RATES:+--copy-rates "$CE_PIPE_COPY_RATES"} --out "$OUT/pipeline-$n.json"
 done
 if want fsdp && ((GPUS >= 4)); then
   for t in default ce_overlap; do

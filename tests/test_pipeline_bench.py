@@ -134,3 +134,12 @@ def test_pipeline_bench_runs_on_cpu(dp, tmp_path):
     if dp == 2:
         assert "zero bubble with FSDP2 computes wrong gradients" in rows["zero-bubble"]["skipped"]
     assert "on the CPU: a smoke test, not a measurement" in proc.stdout
+
+
+def test_copy_rates_parse_and_refuse_bad_values(capsys):
+    assert P.parse_args([]).copy_rates == []
+    assert P.parse_args(["--copy-rates", "100, 300,0"]).copy_rates == [100.0, 300.0, 0.0]
+    for bad in ("fast", "-5", "nan", "inf"):
+        with pytest.raises(SystemExit):
+            P.parse_args(["--copy-rates", bad])
+        assert "--copy-rates" in capsys.readouterr().err

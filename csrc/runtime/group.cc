@@ -245,7 +245,8 @@ Group::Group(std::string name, int rank, int world_size, int device, const Group
   }
   CE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming), ctx);
   CE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_lane_fork_, cudaEventDisableTiming), ctx);
-  const size_t pacers = static_cast<size_t>(std::max(1, world_size - 1));
+  // Pacer slots: one per peer lane (0 = the comm stream), then one per send channel (peer).
+  const size_t pacers = static_cast<size_t>(std::max(1, world_size - 1) + world_size);
   CE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&pace_last_), pacers * sizeof(unsigned long long)), ctx);
   CE_CUDA_CHECK(cudaMemset(pace_last_, 0, pacers * sizeof(unsigned long long)), ctx);
   for (int i = 0; i + 2 < world_size; ++i) {
@@ -452,10 +453,13 @@ void Group::peer_copy(char* dst, const char* src, size_t bytes, const std::strin
     CE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), what);
     return;
   }
-  // The lane's pacer slot (copies of one stream are paced against each other).
+  // The stream's pacer slot (copies of one stream are paced against each other): a peer lane's, or a send channel's.
   size_t lane = 0;
   for (size_t i = 0; i < lanes_.size(); ++i) {
     if (lanes_[i] == stream) lane = i + 1;
+  }
+  for (size_t p = 0; p < p2p_send_.size(); ++p) {
+    if (p2p_send_[p] == stream) lane = static_cast<size_t>(std::max(1, world_size_ - 1)) + p;
   }
   // Chunks of ~25 us at the rate (at least 1 MiB, 64 KiB multiples): a pacer launch costs a few us of stream time.
   constexpr size_t kAlign = 64 * 1024;

@@ -197,7 +197,8 @@ class Group {
   // How a round's peer waits and done posts are grouped (PeerSync; local).
   int peer_sync() const { return peer_sync_.load(); }
   void set_peer_sync(int mode);                // 0..2; throws std::invalid_argument otherwise
-  // The rate (GB/s) each of this rank's collective peer copies is held to, 0 = unlimited (local). Paced copies go in
+  // The rate (GB/s) each of this rank's peer copies is held to, 0 = unlimited (local): a collective's per stream, a send
+  // channel's per channel. Paced copies go in
   // chunks, each started no earlier than the previous one's start plus chunk / rate (launch_pace: one GPU thread that
   // only waits), so the copy engines run below their full rate, and so does the board's power (the knob of issue 30:
   // copy rate against the slowdown of the compute beside it).
@@ -250,8 +251,8 @@ class Group {
   // before the next step). On a lane (the lanes already keep several copy engines busy) or with a copy rate it is
   // peer_copy.
   void pull_copy(char* dst, const char* src, size_t bytes, const std::string& what, cudaStream_t stream = nullptr);
-  // `stream` (comm or a lane): one peer copy (a pull or a push), paced when copy_rate_gbps() > 0 (in chunks, a pacer
-  // launch before each); otherwise one cudaMemcpyAsync.
+  // `stream` (comm, a lane or a send channel's): one peer copy (a pull or a push), paced when copy_rate_gbps() > 0
+  // (in chunks, a pacer launch before each); otherwise one cudaMemcpyAsync.
   void peer_copy(char* dst, const char* src, size_t bytes, const std::string& what, cudaStream_t stream = nullptr);
   // The peer step of a round (after POST ready): for every peer p, WAIT ready[p] >= epoch with signature `sig`, then
   // copies(p, stream) (the round's copies from or to p, enqueued on `stream`), then POST done to p (copy the done
@@ -350,7 +351,7 @@ class Group {
   std::atomic<int> peer_sync_{kDefaultPeerSync};
   std::atomic<int> bcast_segments_{0};
   std::atomic<double> copy_rate_gbps_{0.0};
-  unsigned long long* pace_last_ = nullptr;  // device: the pacer's last chunk start, one per lane (0 = comm stream)
+  unsigned long long* pace_last_ = nullptr;  // device: the pacer's last chunk start, per lane (0 = comm), per send peer
   bool refuse_p2p_ = false;  // GroupConfig::refuse_p2p (fault injection)
   std::unique_ptr<SymmetricPool> pool_;
   cudaStream_t comm_ = nullptr;

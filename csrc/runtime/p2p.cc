@@ -51,6 +51,9 @@
 //     the receive that this send's peer needs first is not: that is what batching (one caller join for every op of
 //     the batch, one wait for all of them after) and async ops are for, as with NCCL.
 //   * Zero bytes: nothing is enqueued and no round is consumed (consistently on both sides, since sizes match).
+//   * A paced push (Group::peer_copy with copy_rate_gbps > 0, each send channel its own pacer) is, to every argument
+//     above, one push: its chunks and the pacer launches between them run in order on the send stream, before the
+//     POST landed that follows them.
 //   * Timeouts: every op is timed by the watchdog from the moment its stream reached it; poisoning writes "far
 //     future" rounds and the poison bits into p2p_credit / p2p_landed too, so the channel streams drain.
 //   tests/runtime/protocol_model.py replays these enqueue sequences under random schedules (CPU test).
@@ -114,8 +117,7 @@ void enqueue_send(Group& g, const P2pOp& o, const OpPlan& plan, const Landing& l
     const size_t b = std::min(plan.round_bytes, o.nbytes - off);
     const size_t dst = plan.variant == Variant::P2pDirect ? plan.offset : bank_offset(pool, l, g.rank(), o.peer, t % 2);
     g.wait_p2p(o.peer, /*credit=*/true, t, plan.sig, stream);
-    CE_CUDA_CHECK(cudaMemcpyAsync(pool.peer_base(o.peer) + dst, in + off, b, cudaMemcpyDeviceToDevice, stream),
-                  what + ": pushing round " + std::to_string(k));
+    g.peer_copy(pool.peer_base(o.peer) + dst, in + off, b, what + ": pushing round " + std::to_string(k), stream);
     g.post_p2p(o.peer, /*credit=*/false,
                PeerSignal{t, plan.sig.sig_a, plan.sig.sig_b,
                           kind_round_word(OpKind::Send, plan.variant, static_cast<uint32_t>(k)), b, dst},

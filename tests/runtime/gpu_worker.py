@@ -1334,7 +1334,8 @@ def _run_p2p_case(msgs: list[dict], style: str, order_seed: int, group, rank: in
 def mode_p2p(args) -> int:
     """Randomized batches of sends and receives between random pairs (both directions, several messages per channel,
     staged single- and multi-round, direct into symmetric buffers, empty messages, every dtype), each rank's ops in
-    its own order, sync / async / torch P2POp / single send-recv: bit-exact vs the same batch over NCCL."""
+    its own order, sync / async / torch P2POp / single send-recv, the even ranks' sends paced in some batches:
+    bit-exact vs the same batch over NCCL."""
     group = dist.group.WORLD
     rank, world = dist.get_rank(), dist.get_world_size()
     rt.rendezvous(group)
@@ -1347,7 +1348,10 @@ def mode_p2p(args) -> int:
         msgs = _p2p_messages(rng, world)
         style = rng.choice(["sync", "sync", "async", "torch_p2pop", "single"])
         order_seed = rng.randrange(1 << 30)
-        step(f"p2p case {i}: {style} {[(m['src'], m['dst'], m['numel'], m['direct']) for m in msgs]}")
+        rate = rng.choice([0, 0, 0, 20, 150])  # even ranks' sends paced to this many GB/s (0: unlimited)
+        rtt.tune(group, copy_rate_gbps=rate if rank % 2 == 0 else 0)
+        stats["paced"] += rate > 0
+        step(f"p2p case {i}: {style} rate {rate} {[(m['src'], m['dst'], m['numel'], m['direct']) for m in msgs]}")
         wrong, problem = checked_case(_run_p2p_case, msgs, style, order_seed, group, rank)
         stats[style] += 1
         stats["messages"] += len(msgs)
@@ -1357,6 +1361,7 @@ def mode_p2p(args) -> int:
             log(f"p2p case {i} FAILED: {msgs} {style} wrong={wrong} {problem}")
             if wrong == -1:
                 break
+    rtt.tune(group, copy_rate_gbps=0)
     step("p2p: all_reduce of the failure count")
     nfail = failed_on_all_ranks(failures)
     log(f"p2p: {args.p2p_cases} batches {dict(stats)}, {nfail} failed on all ranks, {time.time() - t0:.1f} s")

@@ -24,9 +24,10 @@ def tune(group=None, *, pull_split: int | None = None, reduce_sms: int | None = 
     each round's peer copies over that many streams (0: one per peer, every peer at once; 1: one after another).
     bcast_segments (0..64, 0: chosen from the size) pipelines a broadcast of 3+ ranks; like rs_round_mb it must be
     the same on every rank. copy_rate_gbps (local, >= 0, 0: unlimited) holds each of this rank's collective peer
-    copies to that rate: chunks spaced by a one-thread pacer on the copy's stream. peer_sync (local) groups a round's
-    peer signals: 0 = each peer's wait, copies and done post in turn; 1 = wait for every peer's ready, then the copies,
-    then every done post; 2 = as 1, each post's small peer copies in one cudaMemcpyBatchAsync."""
+    copies, and each send channel's pushes, to that rate: chunks spaced by a one-thread pacer on the copy's stream.
+    peer_sync (local) groups a round's peer signals: 0 = each peer's wait, copies and done post in turn; 1 = wait for
+    every peer's ready, then the copies, then every done post; 2 = as 1, each post's small peer copies in one
+    cudaMemcpyBatchAsync."""
     name, _ = group_name_and_size(group)
     round_bytes = 0 if rs_round_mb is None else max(1, int(rs_round_mb * (1 << 20)))
     lanes = -1 if peer_lanes is None else int(peer_lanes)
