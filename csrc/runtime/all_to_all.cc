@@ -28,35 +28,36 @@
 //     3. POST ready (the root: "this round's bytes are staged"; the others: "I am in this round").
 //     4. for every peer p: WAIT ready[p] = e; a non-root whose p is the root PULLS the root's staging -> T[kS, +b);
 //        POST done to p.
-//   symmetric (T lies in the user region at O on every rank): one round, non-roots pull the root's T in place; the
-//     root then WAITs done[p] >= e from every peer before T goes back to its caller.
+//   symmetric (T lies in the user region at O on every rank), 2 ranks: one round, the non-root pulls the root's T in
+//     place; the root then WAITs done[p] >= e from every peer before T goes back to its caller.
 //   Every rank posts and waits for every peer, not only the root: the epoch window (1) needs a done from every peer.
 //   The root is in the signature, so ranks that disagree on it block instead of pulling from a non-root.
 //   With 3+ ranks every non-root pulling the whole tensor from the root sends (n-1) x bytes over the root's links, so
-//   from a few MiB on (broadcast_segments) the broadcast runs as a pipelined SCATTER + ALL-GATHER instead:
+//   a staged tensor from a few MiB on (broadcast_segments) runs as a pipelined SCATTER + ALL-GATHER, and a symmetric
+//   one as the one-round PUSH broadcast (both below).
 //
-// BROADCAST, scatter + all-gather (n >= 3; BcScatterStaged / BcScatterSymmetric): T is cut into K segments of S bytes
+// BROADCAST, scatter + all-gather (n >= 3, staged; BcScatterStaged): T is cut into K segments of S bytes
 //   (segment k = T[kS, +b_k)); non-root r owns piece j(r) = (r - t - 1 + n) % n of every segment: bytes
 //   [j P_k, min((j + 1) P_k, b_k)) of it, P_k = ceil(b_k / (n-1)) rounded up to 4 KiB (a piece may be empty).
 //   K + 1 rounds; round k (epoch e):
 //     1. WAIT done[p] >= e-1 for every peer.
-//     2. root, staged, k < K: copy segment k -> its staging bank k % 2 (banks of half the staging region).
-//     3. POST ready. The root: "segment k is staged (symmetric: in place)". A non-root: "my piece of segment k-1 lies
-//        in my bank (k-1) % 2 (symmetric: in T)": its pull of that piece was in round k-1, earlier on the comm stream.
-//     4. for every peer p (on the peer lanes): WAIT ready[p] = e; a non-root then pulls
-//          p = root, k < K:            piece j(r) of segment k from the root's bank k % 2 (T) -> my bank k % 2 (T),
-//          p a non-root, k >= 1:       piece j(p) of segment k-1 from p's bank (k-1) % 2 (T) -> T;
-//        POST done to p. (The root only waits and posts: it takes part in the epoch window.)
-//     5. staged non-root, k < K: comm records `arrived`; the self stream waits for it, copies my piece of segment k
-//        from my bank k % 2 into T and records bank_event(k % 2). Round k+2, which pulls into that bank again, waits
-//        for that event on the comm stream before step 4.
-//   Symmetric: every rank ends waiting for done >= the last epoch (peers read its T in place). Then comm joins the
-//   self stream (staged) and hands back.
+//     2. root, k < K: copy segment k -> its staging bank k % 2 (banks of half the staging region).
+//     3. POST ready. The root: "segment k is staged". A non-root: "my piece of segment k-1 lies in my bank (k-1) % 2":
+//        its pull of that piece was in round k-1, earlier on the comm stream.
+//     4. peer_round (group.h: the waits, the copies on the peer lanes, the done posts); a non-root pulls
+//          p = root, k < K:            piece j(r) of segment k from the root's bank k % 2 -> my bank k % 2,
+//          p a non-root, k >= 1:       piece j(p) of segment k-1 from p's bank (k-1) % 2 -> T.
+//        (The root only waits and posts: it takes part in the epoch window.)
+//     5. non-root, k < K: comm records `arrived`; the self stream waits for it, copies my piece of segment k from my
+//        bank k % 2 into T and records bank_event(k % 2). Round k+2, which pulls into that bank again, waits for that
+//        event on the comm stream before step 4.
+//   Then comm joins the self stream and hands back.
 //   Why it is safe, beyond the all-gather's argument: a piece is pulled from a non-root only in the round after the
 //   one that brought it there (ready = e is posted after those copies, in stream order); a bank is rewritten (root:
 //   step 2; non-root: step 4 from the root) only in round k+2, after done >= the epoch of round k+1 from every peer
 //   (1), i.e. after every read of it, and (non-root) after its own copy-out of round k (the bank event); T's bytes
 //   are each written once, by one copy, after the caller's join. The segment count is in the signature.
+//   (Variant 13, the same from and into a symmetric tensor, was retired on 2026-11-27 for the push broadcast.)
 //
 // BROADCAST, push (n >= 3, T in the user region at O on every rank; BcPushSymmetric): one round (epoch e), T cut into
 //   K segments of S bytes (broadcast_push_segments: pieces of ~4 MiB), pieces as in the scatter above.
@@ -96,7 +97,6 @@ struct Plan {
   size_t bank_bytes = 0;   // scatter broadcast, staged: half the staging region
 };
 
-bool is_scatter(Variant v) { return v == Variant::BcScatterStaged || v == Variant::BcScatterSymmetric; }
 
 constexpr size_t kPieceAlign = 4096;
 
@@ -209,7 +209,6 @@ void enqueue_bcast_scatter_locked(Group& g, const BroadcastArgs& a, const std::s
   const int rank = g.rank();
   const int n = g.world_size();
   const bool root = rank == a.root;
-  const bool staged = plan.variant == Variant::BcScatterStaged;
   const cudaStream_t comm = g.comm_stream();
   const cudaStream_t self = g.self_stream();
   char* t = static_cast<char*>(a.tensor);
@@ -217,13 +216,8 @@ void enqueue_bcast_scatter_locked(Group& g, const BroadcastArgs& a, const std::s
   const size_t K = plan.rounds - 1;  // segments
   auto owner = [&](int r) { return (r - a.root - 1 + n) % n; };
   auto segment = [&](size_t k) { return std::min(S, a.nbytes - k * S); };
-  // Pool offsets: where the root holds segment k (staged: its bank k % 2), and where non-root p holds its piece of it
-  // (staged: at the start of its bank k % 2; symmetric: in T).
+  // Pool offsets: the root holds segment k, and a non-root its piece of it, at the start of its staging bank k % 2.
   auto bank = [&](size_t k) { return plan.offset + (k % 2) * plan.bank_bytes; };
-  auto root_segment = [&](size_t k) { return staged ? bank(k) : plan.offset + k * S; };
-  auto piece_at = [&](int p, size_t k) {
-    return staged ? bank(k) : plan.offset + k * S + piece_of(segment(k), owner(p), n).first;
-  };
 
   PendingOp op = begin_op(g, "broadcast", OpKind::Broadcast, plan.variant, a.nbytes);
   join_caller(g, a.caller, op, where);
@@ -233,16 +227,16 @@ void enqueue_bcast_scatter_locked(Group& g, const BroadcastArgs& a, const std::s
     const uint64_t root_and_segments = static_cast<uint64_t>(a.root) | static_cast<uint64_t>(K) << 32;
     const RoundSignature sig = round_signature(OpKind::Broadcast, plan.variant, a.nbytes, static_cast<uint32_t>(k), b,
                                                plan.offset, root_and_segments);
-    // 1. The epoch window: peers finished reading our bank / T of round k-1, and wrote nothing of ours since.
+    // 1. The epoch window: peers finished reading our bank of round k-1.
     if (k == 0 && !epoch_ge(g.last_done_waited(), e - 1)) op.done_needed_before = e - 1;
     g.wait_peers_done(e - 1);
     // 2. The root stages segment k.
-    if (root && staged && k < K) {
-      CE_CUDA_CHECK(local_copy_async(pool.local_base() + root_segment(k), t + k * S, b, g.device(), comm),
+    if (root && k < K) {
+      CE_CUDA_CHECK(local_copy_async(pool.local_base() + bank(k), t + k * S, b, g.device(), comm),
                     where + ": staging segment " + std::to_string(k) + " at the root");
     }
     // A non-root pulls into its bank k % 2 again only after its copy-out of round k-2 read it.
-    if (!root && staged && k >= 2 && k < K) {
+    if (!root && k >= 2 && k < K) {
       CE_CUDA_CHECK(cudaStreamWaitEvent(comm, g.bank_event(static_cast<int>(k % 2)), 0), where);
     }
     // 3. Announce.
@@ -252,39 +246,35 @@ void enqueue_bcast_scatter_locked(Group& g, const BroadcastArgs& a, const std::s
     g.peer_round(where, e, sig, [&](int p, cudaStream_t s) {
       if (!root && p == a.root && k < K) {
         const auto [lo, hi] = piece_of(b, owner(rank), n);
-        char* dst = staged ? pool.local_base() + piece_at(rank, k) : t + k * S + lo;
         if (hi > lo) {
-          g.pull_copy(dst, pool.peer_base(p) + root_segment(k) + lo, hi - lo,
+          g.pull_copy(pool.local_base() + bank(k), pool.peer_base(p) + bank(k) + lo, hi - lo,
                       where + ": pulling piece " + std::to_string(owner(rank)) + " of segment " + std::to_string(k) +
                           " from the root, rank " + std::to_string(p), s);
         }
       } else if (!root && p != a.root && k >= 1) {
         const auto [lo, hi] = piece_of(segment(k - 1), owner(p), n);
         if (hi > lo) {
-          g.pull_copy(t + (k - 1) * S + lo, pool.peer_base(p) + piece_at(p, k - 1), hi - lo,
+          g.pull_copy(t + (k - 1) * S + lo, pool.peer_base(p) + bank(k - 1), hi - lo,
                       where + ": pulling piece " + std::to_string(owner(p)) + " of segment " + std::to_string(k - 1) +
                           " from rank " + std::to_string(p), s);
         }
       }
     });
-    // 5. A staged non-root copies its piece out of its bank into T (beside the next rounds).
-    if (!root && staged && k < K) {
+    // 5. A non-root copies its piece out of its bank into T (beside the next rounds).
+    if (!root && k < K) {
       const auto [lo, hi] = piece_of(b, owner(rank), n);
       CE_CUDA_CHECK(cudaEventRecord(g.arrived_event(), comm), where);
       CE_CUDA_CHECK(cudaStreamWaitEvent(self, g.arrived_event(), 0), where);
       if (hi > lo) {
         CE_CUDA_CHECK(
-            local_copy_async(t + k * S + lo, pool.local_base() + piece_at(rank, k), hi - lo, g.device(), self),
+            local_copy_async(t + k * S + lo, pool.local_base() + bank(k), hi - lo, g.device(), self),
             where + ": copying our piece of segment " + std::to_string(k) + " out of the staging bank");
       }
       CE_CUDA_CHECK(cudaEventRecord(g.bank_event(static_cast<int>(k % 2)), self), where);
     }
     op.rounds.push_back(RoundInfo{e, sig, static_cast<uint32_t>(k), b, plan.offset});
   }
-  if (!staged) {  // peers read our T in place until their last round
-    op.done_needed_after = op.rounds.back().epoch;
-    g.wait_peers_done(op.done_needed_after);
-  } else if (!root && K > 0) {  // the last copy-out (the self stream is in order: every one)
+  if (!root && K > 0) {  // the last copy-out (the self stream is in order: every one)
     CE_CUDA_CHECK(cudaStreamWaitEvent(comm, g.bank_event(static_cast<int>((K - 1) % 2)), 0), where);
   }
   hand_back(g, std::move(op), a.caller, nullptr, where);
@@ -396,15 +386,16 @@ void enqueue_broadcast(Group& g, const BroadcastArgs& a) {
       plan.rounds = 1;
       return plan;
     }
+    // A staged tensor on 3+ ranks, from a few MiB: the scatter + all-gather through the two staging banks.
     const size_t bank_bytes = pool.staging_bytes() / 2 / kPoolAlignment * kPoolAlignment;
-    size_t K = broadcast_segments(g.world_size(), a.nbytes, g.bcast_segments());
-    if (K > 0 && !symmetric) K = std::max(K, (a.nbytes + bank_bytes - 1) / std::max<size_t>(bank_bytes, 1));
-    if (K > 0 && (symmetric || bank_bytes >= kPieceAlign)) {
-      plan.variant = symmetric ? Variant::BcScatterSymmetric : Variant::BcScatterStaged;
-      plan.offset = symmetric ? *symmetric : pool.staging_offset();
+    size_t K = symmetric ? 0 : broadcast_segments(g.world_size(), a.nbytes, g.bcast_segments());
+    if (K > 0) K = std::max(K, (a.nbytes + bank_bytes - 1) / std::max<size_t>(bank_bytes, 1));
+    if (K > 0 && bank_bytes >= kPieceAlign) {
+      plan.variant = Variant::BcScatterStaged;
+      plan.offset = pool.staging_offset();
       plan.bank_bytes = bank_bytes;
       plan.round_bytes = ((a.nbytes + K - 1) / K + kPieceAlign - 1) / kPieceAlign * kPieceAlign;
-      if (!symmetric) plan.round_bytes = std::min(plan.round_bytes, bank_bytes / kPieceAlign * kPieceAlign);
+      plan.round_bytes = std::min(plan.round_bytes, bank_bytes / kPieceAlign * kPieceAlign);
       plan.rounds = (a.nbytes + plan.round_bytes - 1) / plan.round_bytes + 1;  // K segments + the last exchange
       return plan;
     }
@@ -423,7 +414,7 @@ void enqueue_broadcast(Group& g, const BroadcastArgs& a) {
   enqueue_op(g, "broadcast", a.nbytes == 0, a.caller, plan_op, [&](const std::string& where, const Plan& plan) {
     if (plan.variant == Variant::BcPushSymmetric) {
       enqueue_bcast_push_locked(g, a, where, plan);
-    } else if (is_scatter(plan.variant)) {
+    } else if (plan.variant == Variant::BcScatterStaged) {
       enqueue_bcast_scatter_locked(g, a, where, plan);
     } else {
       enqueue_bcast_locked(g, a, where, plan);

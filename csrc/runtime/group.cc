@@ -58,8 +58,6 @@ const char* variant_name(uint32_t variant) {
       return "zero-copy symmetric tensor, pull";
     case static_cast<uint32_t>(Variant::BcScatterStaged):
       return "scatter + all-gather, staged";
-    case static_cast<uint32_t>(Variant::BcScatterSymmetric):
-      return "scatter + all-gather, zero-copy symmetric tensor";
     case static_cast<uint32_t>(Variant::BcPushSymmetric):
       return "pieces pulled from the root and pushed on, symmetric tensor";
     case static_cast<uint32_t>(Variant::P2pStaged):

@@ -52,7 +52,7 @@ enum class Variant : uint32_t {
   P2pDirect = 10,       // send/recv: both tensors in the user region at one offset, sender pushes in place
   RsUnreduced = 11,     // reduce-scatter: chunks pushed into the receivers' staging slots, copied out unreduced
   BcScatterStaged = 12, // broadcast, n >= 3: root staged; each non-root pulls its piece, then the non-roots exchange
-  BcScatterSymmetric = 13,  // broadcast, n >= 3: the same from and into the symmetric tensor (no staging)
+  // 13: retired (the scatter + all-gather of a symmetric tensor, replaced by BcPushSymmetric).
   BcPushSymmetric = 14, // broadcast, n >= 3, symmetric tensor, one round: each non-root pulls its piece of every
                         // segment from the root and pushes it into the other non-roots' tensors
 };

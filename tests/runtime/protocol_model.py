@@ -355,15 +355,12 @@ class World:
         reads = [(r, Y, Y + N, ("bc", opid, root), "caller reads broadcast")] if symm else []
         self.finish(r, True, reads)
 
-    def bcast_scatter(self, r, opid, variant, root, K):
-        """all_to_all.cc, broadcast as scatter + all-gather (3+ ranks): K segments of n-1 pieces (PC bytes each); round
-        k: the root stages segment k into bank k % 2 (staged), each non-root pulls its piece of segment k from the root
-        and the pieces of segment k-1 from the other non-roots; staged non-roots copy their piece out of their bank on
-        the self stream. Symmetric: T at Y2 on every rank, pieces pulled in place."""
+    def bcast_scatter(self, r, opid, root, K):
+        """all_to_all.cc, broadcast as scatter + all-gather of a staged tensor (3+ ranks): K segments of n-1 pieces (PC
+        bytes each); round k: the root stages segment k into bank k % 2, each non-root pulls its piece of segment k
+        from the root into its own bank k % 2 and the pieces of segment k-1 from the other non-roots' banks, then
+        copies its piece out of its bank on the self stream."""
         n, PC = self.n, 4
-        SG = PC * (n - 1)
-        Y2 = self.U0 + 70000
-        symm = variant == "bc_sg_symm"
         me = (r - root - 1) % n  # this rank's piece (non-roots)
 
         def owner(p):
@@ -375,54 +372,34 @@ class World:
         def bank(k):
             return (k % 2) * self.B
 
-        def root_piece(k, j):  # where the root holds piece j of segment k
-            return (Y2 + k * SG if symm else bank(k)) + j * PC
-
-        def piece_at(p, k):  # where non-root p holds its piece of segment k
-            return Y2 + k * SG + owner(p) * PC if symm else bank(k)
-
-        if symm:  # the root's caller wrote the bytes to send; the others last used their T
-            writes = [(r, Y2 + k * SG + j * PC, Y2 + k * SG + (j + 1) * PC, tag(k, j)) for k in range(K)
-                      for j in range(n - 1)] if r == root else [(r, Y2, Y2 + K * SG, ("bcsg", opid, "old", r))]
-        else:
-            writes = []
-        self.caller_prep(r, writes)
+        self.caller_prep(r, [])
         for k in range(K + 1):
             e = self.epoch_next[r]
             self.epoch_next[r] += 1
             self.wait_peers_done(r, e - 1)
-            if r == root and not symm and k < K:
+            if r == root and k < K:
                 pieces = [(r, bank(k) + j * PC, bank(k) + (j + 1) * PC, tag(k, j)) for j in range(n - 1)]
                 self.copy(r, "comm", [], pieces)
-            if r != root and not symm and 2 <= k < K and "sg_no_bank_wait" not in self.bugs:
+            if r != root and 2 <= k < K and "sg_no_bank_wait" not in self.bugs:
                 self.wait_ev(r, "comm", f"bank{k % 2}")
             self.post_ready(r, e)
 
             def peer(p, st, k=k, e=e):
                 if r != root and p == root and k < K:
-                    lo = piece_at(r, k)
-                    src = (p, root_piece(k, me), root_piece(k, me) + PC, tag(k, me), "sg pull from the root")
-                    self.copy(r, st, [src], [(r, lo, lo + PC, tag(k, me))])
+                    src = (p, bank(k) + me * PC, bank(k) + (me + 1) * PC, tag(k, me), "sg pull from the root")
+                    self.copy(r, st, [src], [(r, bank(k), bank(k) + PC, tag(k, me))])
                 elif r != root and p != root and k >= 1:
-                    lo = piece_at(p, k - 1)
-                    j = owner(p)
-                    at = Y2 + (k - 1) * SG + j * PC
-                    dst = [(r, at, at + PC, tag(k - 1, j))] if symm else []
-                    self.copy(r, st, [(p, lo, lo + PC, tag(k - 1, j), "sg exchange")], dst)
+                    self.copy(r, st, [(p, bank(k - 1), bank(k - 1) + PC, tag(k - 1, owner(p)), "sg exchange")], [])
 
             self.peer_round(r, e, peer)
-            if r != root and not symm and k < K:
+            if r != root and k < K:
                 self.record(r, "comm", "arrived")
                 self.wait_ev(r, "self", "arrived")
                 self.copy(r, "self", [(r, bank(k), bank(k) + PC, tag(k, me), "sg copy-out")], [])
                 self.record(r, "self", f"bank{k % 2}")
-        if symm and "sg_no_final_wait" not in self.bugs:
-            self.wait_peers_done(r, e)
-        elif r != root and not symm and K > 0:
+        if r != root and K > 0:
             self.wait_ev(r, "comm", f"bank{(K - 1) % 2}")
-        reads = [(r, Y2 + k * SG + j * PC, Y2 + k * SG + (j + 1) * PC, tag(k, j), "caller reads broadcast")
-                 for k in range(K) for j in range(n - 1)] if symm else []
-        self.finish(r, True, reads)
+        self.finish(r, True, [])
 
     def bcast_push(self, r, opid, root, K):
         """all_to_all.cc, the push broadcast (a symmetric tensor T at Y3, 3+ ranks, one round): K segments of n-1 pieces;
@@ -592,7 +569,7 @@ class World:
 
 
 KINDS = ["rs", "staged", "symm_input", "inplace", "push_inplace", "push_from_input", "a2a_staged", "a2a_symm",
-         "bc_staged", "bc_symm", "bc_sg_staged", "bc_sg_symm", "bc_push", "p2p"]
+         "bc_staged", "bc_symm", "bc_sg_staged", "bc_push", "p2p"]
 
 
 def _p2p_batches(rng, n, j):
@@ -644,11 +621,11 @@ def one(seed, bugs=frozenset(), kinds=KINDS):
                     w.bcast_push(r, j, root, rounds)
                 else:  # 2 ranks: the symmetric tensor is pulled whole from the root
                     w.bcast(r, j, "bc_symm", root, 37)
-            elif kind.startswith("bc_sg"):
+            elif kind == "bc_sg_staged":
                 if n >= 3:  # the scatter broadcast needs 3+ ranks (2 ranks always pull from the root)
-                    w.bcast_scatter(r, j, kind, root, rounds)
+                    w.bcast_scatter(r, j, root, rounds)
                 else:
-                    w.bcast(r, j, "bc_staged" if kind == "bc_sg_staged" else "bc_symm", root, 37, rounds_hint=rounds)
+                    w.bcast(r, j, "bc_staged", root, 37, rounds_hint=rounds)
             elif kind.startswith("bc"):
                 w.bcast(r, j, kind, root, 37, rounds_hint=rounds)
             elif kind == "p2p":
