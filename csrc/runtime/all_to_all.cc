@@ -97,7 +97,6 @@ struct Plan {
   size_t bank_bytes = 0;   // scatter broadcast, staged: half the staging region
 };
 
-
 constexpr size_t kPieceAlign = 4096;
 
 // Bytes [first, second) of segment bytes `b` that non-root j owns (possibly empty).
@@ -304,7 +303,7 @@ void enqueue_bcast_push_locked(Group& g, const BroadcastArgs& a, const std::stri
   g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b, kind_round_word(OpKind::Broadcast, plan.variant, 0), a.nbytes,
                           plan.offset});
   // 3. Every peer's ready (the root's bytes, the non-roots' T).
-  g.wait_ready_all(e, sig, comm);
+  g.wait_ready(g.peers(), e, sig, comm);
   // 4. A non-root pulls its piece of segment k from the root on the comm stream and pushes it on into every other
   //    non-root on the push lane, which waits for that pull (the arrived event, re-recorded per segment: each wait
   //    takes the record before it); the pull of segment k+1 runs beside the pushes of segment k.
@@ -329,12 +328,11 @@ void enqueue_bcast_push_locked(Group& g, const BroadcastArgs& a, const std::stri
                     pushes);
       }
     }
-    CE_CUDA_CHECK(cudaEventRecord(g.bank_event(0), pushes), where + ": joining the push lane");
-    CE_CUDA_CHECK(cudaStreamWaitEvent(comm, g.bank_event(0), 0), where + ": joining the push lane");
+    g.join_lane(1, where);
   }
   // 5. Done to every peer (the root: read; the others: written into), then every peer's done: the root's T was read
   //    by every non-root, a non-root's T holds every piece.
-  g.post_done_all(e, comm);
+  g.post_done(g.peers(), e, comm);
   op.rounds.push_back(RoundInfo{e, sig, 0, a.nbytes, plan.offset});
   op.done_needed_after = e;
   g.wait_peers_done(e);

@@ -415,7 +415,7 @@ void Group::post_ready(const PeerSignal& s) {
   }
   batch_mem_ops(comm_, ops, "group '" + name_ + "': writing the signal outbox of epoch " + std::to_string(s.epoch));
   std::vector<void*> dsts;
-  for (int i = 1; i < world_size_; ++i) dsts.push_back(&pool_->peer_flags((rank_ + i) % world_size_)->ready[rank_]);
+  for (int p : peers()) dsts.push_back(&pool_->peer_flags(p)->ready[rank_]);
   signal_copies(dsts, box, sizeof(PeerSignal), comm_,
                 "group '" + name_ + "': signalling ready (epoch " + std::to_string(s.epoch) + ")");
 }
@@ -500,55 +500,57 @@ void Group::pull_copy(char* dst, const char* src, size_t bytes, const std::strin
   for (int j = 0; j < forked; ++j) CE_CUDA_CHECK(cudaStreamWaitEvent(comm_, ev_join_[j], 0), what);
 }
 
-void Group::wait_ready_all(uint32_t epoch, RoundSignature sig, cudaStream_t stream) {
-  FlagsRegion* flags = pool_->local_flags();
-  std::vector<CUstreamBatchMemOpParams> ops;
-  for (int i = 1; i < world_size_; ++i) signal_waits(&flags->ready[(rank_ + i) % world_size_], epoch, sig, ops);
-  batch_mem_ops(stream, ops, "group '" + name_ + "': waiting for the peers' ready (epoch " + std::to_string(epoch) + ")");
+std::vector<int> Group::peers() const {
+  std::vector<int> out;
+  for (int i = 1; i < world_size_; ++i) out.push_back((rank_ + i) % world_size_);
+  return out;
 }
 
-void Group::post_done_all(uint32_t epoch, cudaStream_t stream) {
+void Group::wait_ready(const std::vector<int>& from, uint32_t epoch, RoundSignature sig, cudaStream_t stream) {
+  FlagsRegion* flags = pool_->local_flags();
+  std::vector<CUstreamBatchMemOpParams> ops;
+  for (int p : from) signal_waits(&flags->ready[p], epoch, sig, ops);
+  batch_mem_ops(stream, ops, "group '" + name_ + "': waiting for the ready of " +
+                                 (from.size() == 1 ? "rank " + std::to_string(from[0]) : std::string("every peer")) +
+                                 " (epoch " + std::to_string(epoch) + ")");
+}
+
+void Group::post_done(const std::vector<int>& to, uint32_t epoch, cudaStream_t stream) {
   std::vector<void*> dsts;
-  for (int i = 1; i < world_size_; ++i) dsts.push_back(&pool_->peer_flags((rank_ + i) % world_size_)->done[rank_]);
+  for (int p : to) dsts.push_back(&pool_->peer_flags(p)->done[rank_]);
   signal_copies(dsts, &pool_->local_flags()->done_outbox, sizeof(uint32_t), stream,
                 "group '" + name_ + "': signalling done (epoch " + std::to_string(epoch) + ")");
 }
 
+void Group::join_lane(int i, const std::string& where) {
+  CE_CUDA_CHECK(cudaEventRecord(lane_join_.at(static_cast<size_t>(i - 1)), lanes_.at(static_cast<size_t>(i - 1))),
+                where + ": joining lane " + std::to_string(i));
+  CE_CUDA_CHECK(cudaStreamWaitEvent(comm_, lane_join_[static_cast<size_t>(i - 1)], 0),
+                where + ": joining lane " + std::to_string(i));
+}
+
 void Group::peer_round(const std::string& where, uint32_t epoch, RoundSignature sig,
                        const std::function<void(int, cudaStream_t)>& copies) {
-  const int peers = world_size_ - 1;
+  const std::vector<int> order = peers();
   const int tuned = peer_lanes_.load();
-  const int lanes = tuned <= 0 ? peers : std::min(tuned, peers);
+  const int lanes = tuned <= 0 ? static_cast<int>(order.size()) : std::min(tuned, static_cast<int>(order.size()));
   const bool each = peer_sync_.load() == static_cast<int>(PeerSync::Each);
-  FlagsRegion* flags = pool_->local_flags();
-  if (!each) wait_ready_all(epoch, sig, comm_);  // every peer's ready, in one batch of waits on the comm stream
+  if (!each) wait_ready(order, epoch, sig, comm_);  // every peer's ready, in one batch of waits on the comm stream
   if (lanes > 1) {
     CE_CUDA_CHECK(cudaEventRecord(ev_lane_fork_, comm_), where + ": forking the peer lanes");
     for (int j = 1; j < lanes; ++j) {
       CE_CUDA_CHECK(cudaStreamWaitEvent(lanes_[j - 1], ev_lane_fork_, 0), where + ": forking the peer lanes");
     }
   }
-  for (int i = 1; i <= peers; ++i) {
-    const int lane = (i - 1) % lanes;  // lanes >= 1 whenever there is a peer
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int lane = static_cast<int>(i) % lanes;  // lanes >= 1 whenever there is a peer
     const cudaStream_t stream = lane == 0 ? comm_ : lanes_[lane - 1];
-    const int p = (rank_ + i) % world_size_;
-    if (each) {
-      std::vector<CUstreamBatchMemOpParams> ops;
-      signal_waits(&flags->ready[p], epoch, sig, ops);
-      batch_mem_ops(stream, ops, "group '" + name_ + "': waiting for rank " + std::to_string(p) + " (epoch " +
-                                     std::to_string(epoch) + ")");
-    }
-    copies(p, stream);
-    if (each) {
-      signal_copies({&pool_->peer_flags(p)->done[rank_]}, &flags->done_outbox, sizeof(uint32_t), stream,
-                    "group '" + name_ + "': signalling done to rank " + std::to_string(p));
-    }
+    if (each) wait_ready({order[i]}, epoch, sig, stream);
+    copies(order[i], stream);
+    if (each) post_done({order[i]}, epoch, stream);
   }
-  for (int j = 1; j < lanes; ++j) {
-    CE_CUDA_CHECK(cudaEventRecord(lane_join_[j - 1], lanes_[j - 1]), where + ": joining the peer lanes");
-    CE_CUDA_CHECK(cudaStreamWaitEvent(comm_, lane_join_[j - 1], 0), where + ": joining the peer lanes");
-  }
-  if (!each) post_done_all(epoch, comm_);
+  for (int j = 1; j < lanes; ++j) join_lane(j, where);
+  if (!each) post_done(order, epoch, comm_);
 }
 
 cudaStream_t Group::p2p_stream(int peer, bool send) {

@@ -190,18 +190,18 @@ class Group {
   void set_rs_round_bytes(size_t bytes);       // rounded down to kPoolAlignment, at least one unit
   void set_pull_split(int pieces);             // 1..kMaxPullSplit; throws std::invalid_argument otherwise
   // Lanes (streams) a round's peer loop is spread over: 0 = one per peer (every peer at once), 1 = one after another
-  // on the comm stream, k = k lanes. Local (ranks may differ): a lane runs the same waits, copies and posts the comm
-  // stream would, forked from it after the round's POST ready and joined back before its next step.
+  // on the comm stream, k = k lanes. Local (ranks may differ): a lane runs the copies (with PeerSync::Each also the
+  // waits and posts) the comm stream would, forked from it after the round's waits and joined back before its next
+  // step (peer_round).
   int peer_lanes() const { return peer_lanes_.load(); }
   void set_peer_lanes(int lanes);              // >= 0; throws std::invalid_argument otherwise
   // How a round's peer waits and done posts are grouped (PeerSync; local).
   int peer_sync() const { return peer_sync_.load(); }
   void set_peer_sync(int mode);                // 0..2; throws std::invalid_argument otherwise
   // The rate (GB/s) each of this rank's peer copies is held to, 0 = unlimited (local): a collective's per stream, a send
-  // channel's per channel. Paced copies go in
-  // chunks, each started no earlier than the previous one's start plus chunk / rate (launch_pace: one GPU thread that
-  // only waits), so the copy engines run below their full rate, and so does the board's power (the knob of issue 30:
-  // copy rate against the slowdown of the compute beside it).
+  // channel's per channel. Paced copies go in chunks, each started no earlier than the previous one's start plus
+  // chunk / rate (launch_pace: one GPU thread that only waits), so the copy engines run below their full rate, and so
+  // does the board's power (the knob of issue 30: copy rate against the slowdown of the compute beside it).
   double copy_rate_gbps() const { return copy_rate_gbps_.load(); }
   void set_copy_rate_gbps(double gbps);        // >= 0 and finite; throws std::invalid_argument otherwise
   // Segments of a scatter + all-gather broadcast (all_to_all.cc): 0 = chosen from the size. Must match on every rank
@@ -265,13 +265,17 @@ class Group {
   // order: to the protocol the steps are the comm stream's, reordered only across peers, or delayed.
   void peer_round(const std::string& where, uint32_t epoch, RoundSignature sig,
                   const std::function<void(int peer, cudaStream_t stream)>& copies);
-  // The two halves of a per-round peer step, for ops whose copies do not fit peer_round's per-peer shape: on `stream`,
-  // WAIT every peer's ready >= epoch with signature `sig` (one batch of stream waits); POST done (this round's epoch,
-  // in the done outbox since POST ready) to every peer (signal_copies).
-  void wait_ready_all(uint32_t epoch, RoundSignature sig, cudaStream_t stream);
-  void post_done_all(uint32_t epoch, cudaStream_t stream);
-  // Lane i (1..n-2) of peer_round, for ops that run a second stream of copies beside the comm stream.
+  // This rank's peers in signalling order: (rank + i) % n, i = 1..n-1.
+  std::vector<int> peers() const;
+  // The two halves of a peer step, for peer_round and for ops whose copies do not fit its per-peer shape: on `stream`,
+  // WAIT the ready >= epoch with signature `sig` of every rank in `from` (one batch of stream waits); POST done (this
+  // round's epoch, in the done outbox since POST ready) to every rank in `to` (signal_copies).
+  void wait_ready(const std::vector<int>& from, uint32_t epoch, RoundSignature sig, cudaStream_t stream);
+  void post_done(const std::vector<int>& to, uint32_t epoch, cudaStream_t stream);
+  // Lane i (1..n-2) of peer_round, for ops that run a second stream of copies beside the comm stream; join_lane makes
+  // the comm stream wait for everything enqueued on it so far.
   cudaStream_t lane(int i) const { return lanes_.at(static_cast<size_t>(i - 1)); }
+  void join_lane(int i, const std::string& where);
 
   // The small signal copies of one POST: `src` (an outbox, `bytes`) into every address of `dsts` (peers' flags), on
   // `stream`; one cudaMemcpyBatchAsync with PeerSync::RoundBatched, else one cudaMemcpyAsync each.
