@@ -59,9 +59,9 @@ _UNTUNED: dict[str, dict] = {}
 
 
 def tune(group, restore: bool = False, **knobs) -> None:
-    """Sets the group's peer_lanes / peer_sync / pull_split / bcast_segments / copy_rate_gbps (ce_overlap.runtime.testing.tune) for the next
-    variant; restore=True
-    puts back what the group had before the first call (the runtime's defaults)."""
+    """Sets the group's peer_lanes / peer_sync / pull_split / bcast_segments / copy_rate_gbps
+    (ce_overlap.runtime.testing.tune) for the next variant; restore=True puts back what the group had before the first
+    call (the runtime's defaults)."""
     import ce_overlap.runtime.testing as rtt
 
     if group.group_name not in _UNTUNED:

@@ -551,16 +551,16 @@ def main(argv=None) -> int:
             label = transport if rate is None else f"{transport}@{rate:g}GB/s"
             try:
                 if DEVICE == "cuda":  # streams and a GEMM beside them: nothing to learn on the CPU
-                    if rate is not None:
-                        import ce_overlap.runtime.testing as rtt
+                    import _ce_variants as V
 
-                        rtt.tune(group, copy_rate_gbps=rate)
+                    if rate is not None:
+                        V.tune(group, copy_rate_gbps=rate)
                     try:
                         gemm_rows.append({"transport": label, "copy_rate_gbps": rate or 0, "p2p_ms": one,
                                           **gemm_beside(group, args)})
                     finally:
                         if rate is not None:
-                            rtt.tune(group, copy_rate_gbps=0)
+                            V.tune(group, restore=True)  # the group's own knobs again
             except Exception as e:  # noqa: BLE001 (the schedules still run; the row says why this test did not)
                 import traceback
 
