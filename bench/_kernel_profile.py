@@ -51,10 +51,7 @@ def profile_kernels(run_step, steps: int) -> dict:
 def export_trace(run_step, steps: int, trace_dir: str, mode: str, rank: int) -> str:
     """`steps` steps under torch.profiler with CPU and GPU activities, written on rank 0 as Chrome trace JSON
     (gzip) to trace_dir/trace-MODE.json.gz (every rank runs the steps); returns the path ("" on other ranks)."""
-    import gzip
     import os
-    import shutil
-    import tempfile
 
     from torch.profiler import ProfilerActivity, profile
 
@@ -65,8 +62,19 @@ def export_trace(run_step, steps: int, trace_dir: str, mode: str, rank: int) -> 
         torch.cuda.synchronize()
     if rank != 0:
         return ""
-    os.makedirs(trace_dir, exist_ok=True)
     path = os.path.join(trace_dir, f"trace-{mode.replace('+', '_')}.json.gz")
+    write_trace(prof, path)
+    return path
+
+
+def write_trace(prof, path: str) -> None:
+    """A finished torch.profiler run as Chrome trace JSON, gzipped, at `path` (its folder made as needed)."""
+    import gzip
+    import os
+    import shutil
+    import tempfile
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         raw = tmp.name
     try:
@@ -75,7 +83,6 @@ def export_trace(run_step, steps: int, trace_dir: str, mode: str, rank: int) -> 
             shutil.copyfileobj(src, dst)
     finally:
         os.remove(raw)
-    return path
 
 
 # Kernel classes that are the model's compute (what runs on the compute stream); copies and NCCL kernels are not.

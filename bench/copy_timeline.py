@@ -8,23 +8,21 @@ both per rank: <coll>-<variant>-<size>-{paced,ahead}-rank<r>.json.gz). No GPU ne
 from __future__ import annotations
 
 import argparse
-import gzip
+import collections
 import json
 import os
 import statistics
 import sys
 from typing import Callable
 
+import timeline
+
 LARGE_COPY_BYTES = 1 << 20  # copies from this size count toward a stream's copy rate (smaller ones are signals)
 
 
 def load(path: str) -> list[dict]:
-    """The GPU activities (kernels, copies, memsets) of a Chrome trace, sorted by start."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        events = json.load(f)["traceEvents"]
-    acts = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    return sorted(acts, key=lambda e: float(e["ts"]))
+    """The GPU activities (kernels, copies, memsets) of a Chrome trace, sorted by start (bench/timeline.py's reader)."""
+    return timeline.gpu_events(path)
 
 
 def summarize(acts: list[dict]) -> dict:
@@ -42,13 +40,12 @@ def summarize(acts: list[dict]) -> dict:
     out: dict[str, dict] = {}
     for sid, s in sorted(streams.items()):
         copies = s["copies"]
-        large = [c for c in copies if int(c.get("args", {}).get("bytes", 0)) >= LARGE_COPY_BYTES]
-        small = [c for c in copies if c not in large]
+        large, small = [], []
+        for c in copies:
+            (large if int(c.get("args", {}).get("bytes", 0)) >= LARGE_COPY_BYTES else small).append(c)
         gaps = [float(b["ts"]) - (float(a["ts"]) + float(a.get("dur", 0.0))) for a, b in zip(large, large[1:])]
         rates = [int(c["args"]["bytes"]) / float(c["dur"]) / 1e3 for c in large if float(c.get("dur", 0)) > 0]
-        names: dict[str, int] = {}
-        for k in s["kernels"]:
-            names[k.get("name", "")[:60]] = names.get(k.get("name", "")[:60], 0) + 1
+        names = collections.Counter(k.get("name", "")[:60] for k in s["kernels"])
         out[sid] = {
             "large_copies": len(large),
             "large_bytes": sum(int(c["args"]["bytes"]) for c in large),
@@ -60,7 +57,7 @@ def summarize(acts: list[dict]) -> dict:
             "signal_median_us": statistics.median(float(c.get("dur", 0.0)) for c in small) if small else None,
             "kernels": len(s["kernels"]),
             "kernel_busy_us": sum(float(k.get("dur", 0.0)) for k in s["kernels"]),
-            "kernel_names": dict(sorted(names.items(), key=lambda kv: -kv[1])[:4]),
+            "kernel_names": dict(names.most_common(4)),
         }
     return {"span_us": t1 - t0, "streams": out}
 
@@ -69,6 +66,7 @@ def capture(run: Callable[[], None], ops: int, path: str, ahead: bool, settle: C
     """Traces `ops` calls of `run` on this rank into `path` (Chrome trace, gzipped): issued one by one as the host
     goes (ahead=False), or all queued behind a GPU sleep first (ahead=True, as bench/_common.time_host_ahead times
     them). Call on every rank of the group alike."""
+    import _kernel_profile
     import torch
 
     run()
@@ -80,13 +78,7 @@ def capture(run: Callable[[], None], ops: int, path: str, ahead: bool, settle: C
         for _ in range(ops):
             run()
         settle()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    plain = path[:-3] if path.endswith(".gz") else path
-    prof.export_chrome_trace(plain)
-    if path.endswith(".gz"):
-        with open(plain, "rb") as f, gzip.open(path, "wb") as g:
-            g.write(f.read())
-        os.remove(plain)
+    _kernel_profile.write_trace(prof, path)
 
 
 def print_summary(name: str, summary: dict) -> None:
