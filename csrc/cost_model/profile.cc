@@ -341,6 +341,13 @@ std::string collective_name_at(const json& v, const std::string& path) {
   return v.get<std::string>();
 }
 
+// The "group_size" of a per-group-size entry (a curve, an NCCL scale): an integer >= 2.
+int group_size_at(const ObjectReader& r) {
+  const int n = r.positive_int("group_size");
+  if (n < 2) throw IrError(r.child("group_size") + ": expected at least 2 (a group of 1 moves nothing), got 1");
+  return n;
+}
+
 std::vector<NcclScale> read_nccl_scales(const ObjectReader& nccl) {
   std::vector<NcclScale> out;
   const json& entries = nccl.array("bus_efficiency_scale", "an array of {collective, group_size, scale}");
@@ -351,10 +358,7 @@ std::vector<NcclScale> read_nccl_scales(const ObjectReader& nccl) {
     NcclScale e;
     e.collective = collective_type_from_string(collective_name_at(r.field("collective", "a collective type"),
                                                                   r.child("collective")));
-    e.group_size = r.positive_int("group_size");
-    if (e.group_size < 2) {
-      throw IrError(r.child("group_size") + ": expected at least 2 (a group of 1 moves nothing), got 1");
-    }
+    e.group_size = group_size_at(r);
     e.scale = r.positive_number("scale");
     auto [it, inserted] = seen.emplace(std::make_pair(e.collective, e.group_size), i);
     if (!inserted) {
@@ -382,10 +386,7 @@ std::vector<Curve> read_curves(const ObjectReader& root) {
     } catch (const IrError& e) {
       throw IrError(r.child("backend") + ": " + e.what());
     }
-    c.group_size = r.positive_int("group_size");
-    if (c.group_size < 2) {
-      throw IrError(r.child("group_size") + ": expected at least 2 (a group of 1 moves nothing), got 1");
-    }
+    c.group_size = group_size_at(r);
     auto [it, inserted] = seen.emplace(std::make_tuple(c.collective, c.backend, c.group_size), i);
     if (!inserted) {
       throw IrError(p + ": a second curve for " + std::string(to_string(c.collective)) + " on " + backend + " with " +
