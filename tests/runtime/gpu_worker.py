@@ -1348,10 +1348,11 @@ def mode_p2p(args) -> int:
         msgs = _p2p_messages(rng, world)
         style = rng.choice(["sync", "sync", "async", "torch_p2pop", "single"])
         order_seed = rng.randrange(1 << 30)
-        rate = rng.choice([0, 0, 0, 20, 150])  # even ranks' sends paced to this many GB/s (0: unlimited)
-        rtt.tune(group, copy_rate_gbps=rate if rank % 2 == 0 else 0)
-        stats["paced"] += rate > 0
-        step(f"p2p case {i}: {style} rate {rate} {[(m['src'], m['dst'], m['numel'], m['direct']) for m in msgs]}")
+        tuning = draw_local_tuning(rng)  # its copy rate paces the even ranks' sends (the other knobs: collectives)
+        rtt.tune(group, **local_tuning(tuning, rank))
+        stats["paced"] += tuning["rate"] > 0
+        step(f"p2p case {i}: {style} rate {tuning['rate']} "
+             f"{[(m['src'], m['dst'], m['numel'], m['direct']) for m in msgs]}")
         wrong, problem = checked_case(_run_p2p_case, msgs, style, order_seed, group, rank)
         stats[style] += 1
         stats["messages"] += len(msgs)
