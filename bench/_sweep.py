@@ -121,7 +121,13 @@ def sweep(coll: str, variants: list[str], sizes: list[int], dtype: torch.dtype, 
                 results.append({**row, "na": failed_ce})
                 continue
             if knobs:
-                V.tune(group, **knobs)
+                try:  # a setting the runtime refuses (--pull-split 9): that row says why, the others still run
+                    V.tune(group, **knobs)
+                except (RuntimeError, ValueError) as e:
+                    V.tune(group, restore=True)  # whatever part of the setting the runtime took
+                    results.append({**row, "error": C.format_exc_line(e)})
+                    C.log0(f"# {coll} {name}: refused: {C.format_exc_line(e)}")
+                    continue
             v = MAKE[coll](base, inp, group)
             reason = C.unavailable(v)
             if reason:
