@@ -253,8 +253,8 @@ def test_step_model_pieces_add_up():
     nccl = {"forward": {"exposed_comm_us_after": 300.0, "slowdown_us": 150.0, "bucket_copy_us": 40.0},
             "backward": {"exposed_comm_us_after": 400.0, "slowdown_us": 170.0, "bucket_copy_us": 60.0}}
     pieces = {"optimizer_us": 1000.0,
-              "analyze": {"forward": {"compute_us": 3000.0, "exposed_comm_us": 900.0},
-                          "backward": {"compute_us": 6000.0, "exposed_comm_us": 700.0}},
+              "analyze": {"forward": {"compute_us": 3000.0, "comm_us": 1200.0, "exposed_comm_us": 900.0},
+                          "backward": {"compute_us": 6000.0, "comm_us": 1500.0, "exposed_comm_us": 700.0}},
               "plan": plan, "plan_nccl": nccl}
     assert sm.predicted_step_ms(pieces) == pytest.approx((1000 + 3000 + 170 + 6000 + 300) / 1e3)
     assert sm.predicted_step_ms(pieces, "ce_overlap") == sm.predicted_step_ms(pieces)
@@ -266,8 +266,10 @@ def test_step_model_pieces_add_up():
     pieces["local_gather_us"] = {"forward": 400.0, "backward": 250.0}
     assert sm.predicted_step_ms(pieces, "no-comm") == pytest.approx((1000 + 3000 + 6000 + 650) / 1e3)
     assert sm.predicted_step_ms(pieces) == pytest.approx((1000 + 3000 + 170 + 6000 + 300) / 1e3)
+    # compile (no overlap scheduler): every collective's whole time on the step, in the captured order.
+    assert sm.predicted_step_ms(pieces, "compile") == pytest.approx((1000 + 3000 + 1200 + 6000 + 1500) / 1e3)
     # Not modelled, or pieces without what a mode needs: None, never a made-up number.
-    assert sm.predicted_step_ms(pieces, "compile") is None and sm.predicted_step_ms(pieces, "fsdp2") is None
+    assert sm.predicted_step_ms(pieces, "fsdp2") is None and sm.predicted_step_ms(pieces, "fsdp2-ce") is None
     assert sm.predicted_step_ms({**pieces, "plan_nccl": {}}, "ce_overlap-nccl") is None
     assert sm.predicted_step_ms({}) is None
     # AdamW over fp32 master shards moves 28 bytes per local parameter (one constant with ce-overlap calibrate's).

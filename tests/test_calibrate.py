@@ -247,6 +247,28 @@ def test_reduction_kernel_measured_directly_sets_its_rate_and_contention(base):
     assert any(n.startswith("contention.compute_bound") for n in notes)
 
 
+def test_collectives_own_slowdowns_and_the_copy_engine_term(base):
+    """The collectives' own slowdown beside compute is measured directly: NCCL's from both collectives, CE's from the
+    all-gather only (the copy-only op; calibrate's CE reduce-scatter runs the reduction kernel). contention.ce_copies is
+    what the fitted SM/HBM formula leaves of the slowdown beside the CE all-gather, never below 0."""
+    m = synthetic()
+    m["slowdowns"].append({**m["slowdowns"][1], "collective": "reduce_scatter", "bytes": 512 * MIB,
+                           "collective_beside_us": 3500.0})  # +250% (the kernel vs the GEMM): not CE's own slowdown
+    prof, notes = calibrate.build_profile(base, m)
+    con = prof["contention"]
+    assert con["nccl_beside_compute"]["compute_bound"] == pytest.approx(0.045)  # mean of +5% and +4%
+    assert con["ce_beside_compute"]["compute_bound"] == pytest.approx(0.01)
+    p = _core.Profile.from_json(json.dumps({**prof, "contention": {k: v for k, v in con.items() if k != "ce_copies"}}))
+    formula = calibrate.predicted_slowdown(p, "all_gather", 256 * MIB, 2, "ce", "gemm")
+    assert con["ce_copies"]["compute_bound"] == pytest.approx(max(0.0, 0.03 - formula), abs=1e-4)
+    assert con["ce_copies"]["memory_bound"] >= 0.0
+    assert any(n.startswith("contention.ce_copies") for n in notes)
+    # With the term the model gives the measured GEMM slowdown beside the CE all-gather.
+    full = _core.Profile.from_json(json.dumps(prof))
+    assert calibrate.predicted_slowdown(full, "all_gather", 256 * MIB, 2, "ce", "gemm") == \
+        pytest.approx(max(0.03, formula), abs=2e-3)
+
+
 def test_kernel_gap_measured_sets_the_gap_the_analysis_charges(base, cli, tmp_path):
     """The GPU's idle time between kernels of compiled steps, divided by their kernel count, is
     efficiency.kernel_gap_us; without the measurement the base profile's gap is kept and said so."""

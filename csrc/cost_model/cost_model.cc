@@ -499,7 +499,14 @@ BackendCost CostModel::cost(const CollectiveInfo& c, Backend backend, const Over
   for (const CollectivePhase& alone : out.estimate.phases) {
     CollectivePhase ph = alone;
     ph.us *= stretch;
-    const Slowdown s = slowdown_beside(ph);
+    Slowdown s = slowdown_beside(ph);
+    // The copy engines' own cost to the kernels beside them (their power, the SM clock): every CE phase that moves
+    // bytes by copy engine, i.e. all but a reduction phase whose traffic is the kernel's alone.
+    const auto& copies = profile_.contention.ce_copies;
+    if (backend == Backend::Ce && copies && !(ph.reduction && ph.hbm_bytes <= ph.reduction_hbm_bytes)) {
+      s.compute_bound += copies->compute_bound;
+      s.memory_bound += copies->memory_bound;
+    }
     weighted_cb += s.compute_bound * ph.us;
     weighted_mb += s.memory_bound * ph.us;
     if (remaining_us <= 0) continue;

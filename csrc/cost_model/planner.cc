@@ -137,7 +137,7 @@ Plan make_plan(const Document& doc, const std::string& graph_name, const CostMod
     }
     // The bucket starts when its last member's inputs are ready: it carries the whole time. A sum left to the
     // consumer runs on the compute stream after the wait: the first wait carries it.
-    after[last_member] = chosen.estimate.us;
+    after[last_member] = chosen.comm_us;
     for (int w : bucket.waits) {
       if (w < 0) continue;
       after[w] += chosen.estimate.consumer_us;

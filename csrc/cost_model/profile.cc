@@ -571,15 +571,16 @@ Profile profile_from_json(const json& j) {
   p.ce.reduce_gbps_per_sm = ce.positive_number("reduce_gbps_per_sm");
 
   ObjectReader con = root.object("contention", {"compute_bound", "memory_bound", "nccl_beside_compute",
-                                                "ce_beside_compute", "ce_reduction"});
+                                                "ce_beside_compute", "ce_reduction", "ce_copies"});
   p.contention.compute_bound = read_kernel_sensitivity(con, "compute_bound");
   p.contention.memory_bound = read_kernel_sensitivity(con, "memory_bound");
   p.contention.nccl_beside_compute = read_collective_sensitivity(con, "nccl_beside_compute");
   p.contention.ce_beside_compute = read_collective_sensitivity(con, "ce_beside_compute");
-  if (con.has("ce_reduction")) {
-    ObjectReader r = con.object("ce_reduction", {"compute_bound", "memory_bound"});
-    p.contention.ce_reduction = KernelClassSlowdown{r.non_negative_number("compute_bound"),
-                                                    r.non_negative_number("memory_bound")};
+  for (auto [key, out] : {std::pair{"ce_reduction", &p.contention.ce_reduction},
+                           std::pair{"ce_copies", &p.contention.ce_copies}}) {
+    if (!con.has(key)) continue;
+    ObjectReader r = con.object(key, {"compute_bound", "memory_bound"});
+    *out = KernelClassSlowdown{r.non_negative_number("compute_bound"), r.non_negative_number("memory_bound")};
   }
 
   if (root.has("curves")) p.curves = read_curves(root);
@@ -663,8 +664,9 @@ json profile_to_json(const Profile& p) {
         {"nccl_beside_compute", coll(p.contention.nccl_beside_compute)},
         {"ce_beside_compute", coll(p.contention.ce_beside_compute)}}},
   };
-  if (const auto& r = p.contention.ce_reduction) {
-    j["contention"]["ce_reduction"] = {{"compute_bound", r->compute_bound}, {"memory_bound", r->memory_bound}};
+  for (auto [key, r] : {std::pair{"ce_reduction", &p.contention.ce_reduction},
+                         std::pair{"ce_copies", &p.contention.ce_copies}}) {
+    if (*r) j["contention"][key] = {{"compute_bound", (*r)->compute_bound}, {"memory_bound", (*r)->memory_bound}};
   }
   if (!p.nccl.bus_efficiency_scale.empty()) {
     json scales = json::array();

@@ -146,6 +146,11 @@ struct ContentionSpec {
   // them, so the SM/HBM formula, which is used without this, overcharges it (one H200: GEMM +10% measured at
   // 8..32 CTAs, +42% by the formula at 32).
   std::optional<KernelClassSlowdown> ce_reduction;
+  // Optional: what the copy engines' traffic adds to each kernel class beside it beyond the SM/HBM formula, measured
+  // (ce-overlap calibrate: the GEMM and the memory-bound add beside the CE all-gather, less what the formula gives).
+  // The copies take no SMs and little HBM, yet on 2x H200 a bf16 GEMM ran 13.8% slower beside them (the formula:
+  // 1%): their power lowers the SM clock. Added to every CE phase that moves bytes by copy engine.
+  std::optional<KernelClassSlowdown> ce_copies;
 };
 
 enum class Backend { Nccl, Ce };

@@ -9,14 +9,14 @@ The modes (bench/train.py's names) and how each is modelled, MODES; a mode not t
     ce_overlap                 ce_overlap's plan: its order, NCCL or the copy engines per bucket
     ce_overlap-nccl            the same plan with every bucket on NCCL (PassConfig.ce = "off")
     compile+inductor-overlap   as ce_overlap-nccl: a reordering that hides the collectives, each on NCCL
+    compile                    the captured order, every collective on NCCL and exposed
     no-comm                    compute, the optimizer and the local stand-ins the no-comm mode runs
 
-The FSDP2 modes and the ce_overlap variants (-packed, -rs-kernel) are not modelled. torch.compile without the overlap
-scheduler is not either: in the graph's own order the model charges it 12-21% more than the overlap scheduler, where
-2.3-5.2% was measured (bench/results/train-2026-11-24, train-32L-2026-11-24); its step is at least the overlap
-scheduler's in every run measured. Against those runs (bench/results/step-prediction-2026-11-27) the gain of
-ce_overlap over the overlap scheduler comes within 2 points of the measured one; the absolute steps do not yet (12-16%
-short for the communicating modes).
+compile: Inductor without its overlap scheduler leaves no collective beside compute. The trace of the 8-layer step on
+2x H200 (bench/results/step-prediction-2026-11-27-b) has the compute stream idle 39.1 ms beside 36.9 ms of NCCL
+kernels: every collective's whole time is on the step, each alone (no contention either way), as the capture orders
+them (one per parameter, not bucketed). The FSDP2 modes and the ce_overlap variants (-packed, -rs-kernel) are not
+modelled.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ MODES = {
     "ce_overlap": ("plan", "ce_overlap's plan"),
     "ce_overlap-nccl": ("plan_nccl", "ce_overlap's plan, every bucket on NCCL"),
     "compile+inductor-overlap": ("plan_nccl", "modelled as ce_overlap's order with every bucket on NCCL"),
+    "compile": ("captured", "the captured order, every collective on NCCL, alone and exposed"),
     "no-comm": (None, "compute, optimizer and the no-comm mode's local copies"),
 }
 _PLAN_CE = {"plan": "auto", "plan_nccl": "off"}
@@ -146,7 +147,8 @@ def plans_step_us(report: dict, plans: list[dict], profile: str) -> dict:
 
 def predicted_step_ms(pred: dict, mode: str = "ce_overlap") -> float | None:
     """One step of `mode` (MODES) from step_model's pieces: per graph compute + the plan's exposed communication +
-    slowdown + bucket copies, plus the optimizer; no-comm: compute + optimizer + local stand-ins. None where the
+    slowdown + bucket copies, plus the optimizer; compile: compute + every collective's time + optimizer; no-comm:
+    compute + optimizer + local stand-ins. None where the
     pieces lack what the mode needs, or for a mode MODES does not model."""
     graphs = pred.get("analyze") or {}
     if not graphs or mode not in MODES:
@@ -157,6 +159,9 @@ def predicted_step_ms(pred: dict, mode: str = "ce_overlap") -> float | None:
         total += g.get("compute_us") or 0.0
         if key is None:
             total += (pred.get("local_gather_us") or {}).get(name, 0.0)
+            continue
+        if key == "captured":
+            total += g.get("comm_us") or 0.0
             continue
         plan = (pred.get(key) or {}).get(name)
         if plan is None:

@@ -368,6 +368,32 @@ TEST(CostModel, MeasuredReductionKernelContentionReplacesTheSmFormula) {
                    CostModel(round_profile()).slowdown_beside(e.phases.at(0)).compute_bound);
 }
 
+TEST(CostModel, CopyEngineTermAddsToEveryCePhaseThatCopies) {
+  Profile p = round_profile();
+  const CollectiveInfo ag = coll(CollectiveType::AllGather, 2, static_cast<int64_t>(256.0 * kMiB));
+  const CollectiveInfo rs = coll(CollectiveType::ReduceScatter, 4, static_cast<int64_t>(1024.0 * kMiB));
+  const OverlapWindow gemms{5000.0, 0.0};
+  const BackendCost ag_before = CostModel(p).cost(ag, Backend::Ce, gemms);
+  const BackendCost nccl_before = CostModel(p).cost(ag, Backend::Nccl, gemms);
+  const BackendCost rs_before = CostModel(p).cost(rs, Backend::Ce, gemms);
+  p.contention.ce_copies = KernelClassSlowdown{0.1, 0.0};
+  CostModel m(p);
+  // The all-gather is copies from end to end: a GEMM beside it is 10 points slower throughout.
+  const BackendCost ag_after = m.cost(ag, Backend::Ce, gemms);
+  EXPECT_NEAR(ag_after.slowdown.compute_bound, ag_before.slowdown.compute_bound + 0.1, 1e-9);
+  EXPECT_GT(ag_after.slowdown_us, ag_before.slowdown_us);
+  // NCCL is not the copy engines: unchanged.
+  EXPECT_DOUBLE_EQ(m.cost(ag, Backend::Nccl, gemms).slowdown_us, nccl_before.slowdown_us);
+  // The reducing reduce-scatter's last phase is the kernel alone (no copies): the term covers only the copy phases.
+  const CollectiveEstimate e = m.estimate(rs, Backend::Ce);
+  double copy_us = 0;
+  for (const CollectivePhase& ph : e.phases) copy_us += ph.reduction && ph.hbm_bytes <= ph.reduction_hbm_bytes ? 0 : ph.us;
+  ASSERT_LT(copy_us, e.us);
+  const BackendCost rs_after = m.cost(rs, Backend::Ce, gemms);
+  EXPECT_NEAR(rs_after.slowdown.compute_bound * rs_after.comm_us,
+              rs_before.slowdown.compute_bound * rs_before.comm_us + 0.1 * copy_us * rs_after.comm_us / e.us, 1e-6);
+}
+
 TEST(CeAlgorithms, BroadcastSegmentsFollowTheirTimeModel) {
   constexpr size_t MiB = size_t{1} << 20;
   // 2 ranks pull the whole tensor (one peer: nothing to scatter); so do empty tensors.

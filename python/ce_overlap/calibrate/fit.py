@@ -112,7 +112,9 @@ def build_profile(base: dict, measurements: dict, *, name: str | None = None,
 
     _add_curves(p, curves, fitted)
     _fit_collective_slowdowns(p, m, fitted, kept)
+    p["contention"].pop("ce_copies", None)  # the sensitivities first, then what they leave of the CE copies
     _fit_sensitivities(p, m, fitted, kept, notes)
+    _fit_ce_copies(p, m, fitted, kept)
     p["description"] = _description(base, m, world, fitted, kept, notes)
     core_profile(p)  # the C++ loader must accept it (raises naming the field otherwise)
     return p, fitted + [f"kept from {base['name']}: {k}" for k in kept] + notes
@@ -448,13 +450,21 @@ def _add_curves(p: dict, curves: dict, fitted: list[str]) -> None:
         fitted.append("curves: " + ", ".join(f"{c['collective']}/{c['backend']}/{c['group_size']}" for c in out_curves))
 
 
+# The collectives whose own slowdown beside compute stands for the backend's. CE: the all-gather only, copies and
+# nothing else, as the pass's default reduce-scatter is (its sum left to the consumer); calibrate times the CE
+# reduce-scatter with the reduction kernel, whose fight for SMs with a GEMM (+153% on 2x H200,
+# bench/results/cost_model_validation-2026-11-24) is a different mechanism, priced by contention.ce_reduction.
+OWN_SLOWDOWN_COLLECTIVES = {"nccl": ("all_gather", "reduce_scatter"), "ce": ("all_gather",)}
+
+
 def _fit_collective_slowdowns(p: dict, m: dict, fitted: list[str], kept: list[str]) -> None:
-    """The collectives' own slowdown beside compute: measured directly (mean over collectives)."""
+    """The collectives' own slowdown beside compute: measured directly (mean over OWN_SLOWDOWN_COLLECTIVES)."""
     slow = m.get("slowdowns", [])
-    for backend in ("nccl", "ce"):
+    for backend, collectives in OWN_SLOWDOWN_COLLECTIVES.items():
         for compute, cls in COMPUTE_KINDS.items():
             vals = [s["collective_beside_us"] / s["collective_alone_us"] - 1 for s in slow
-                    if s["backend"] == backend and s["compute"] == compute and s.get("collective_beside_us")]
+                    if s["backend"] == backend and s["compute"] == compute and s.get("collective_beside_us")
+                    and s["collective"] in collectives]
             key = f"{backend}_beside_compute"
             if vals:
                 v = min(5.0, max(0.0, statistics.fmean(vals)))
@@ -496,6 +506,29 @@ def _fit_sensitivities(p: dict, m: dict, fitted: list[str], kept: list[str], not
             fitted.append(f"contention.{cls} sm {sm:.3f} hbm {hbm:.3f} ({compute} slowdown beside {', '.join(used)})")
         else:
             kept.append(f"contention.{cls}")
+
+
+def _fit_ce_copies(p: dict, m: dict, fitted: list[str], kept: list[str]) -> None:
+    """contention.ce_copies: per kernel class, what the fitted SM/HBM formula leaves unexplained of the slowdown
+    beside the CE all-gather (copies only: no SMs, little HBM; what is left is mostly the SM clock the copies' power
+    takes), mean over the measurements, never below 0."""
+    slow = [s for s in m.get("slowdowns", []) if s["backend"] == "ce" and s["collective"] == "all_gather"]
+    out = {}
+    for compute, cls in COMPUTE_KINDS.items():
+        rows = [s for s in slow if s["compute"] == compute]
+        resid = []
+        for s in rows:
+            model = predicted_slowdown(core_profile(p), s["collective"], s["bytes"], s["group_size"], "ce", compute)
+            if model is not None:
+                resid.append(s["compute_beside_us"] / s["compute_alone_us"] - 1 - model)
+        if resid:
+            out[cls] = round(max(0.0, statistics.fmean(resid)), 4)
+    if len(out) == len(COMPUTE_KINDS):
+        p["contention"]["ce_copies"] = out
+        fitted.append(f"contention.ce_copies compute_bound {out['compute_bound']:.3f} memory_bound "
+                      f"{out['memory_bound']:.3f} (beside the CE all-gather, beyond the SM/HBM formula)")
+    else:
+        kept.append("contention.ce_copies")
 
 
 def _description(base: dict, m: dict, world: int, fitted: list[str], kept: list[str], notes: list[str]) -> str:
