@@ -68,23 +68,31 @@ def analyze(acts, start: float, end: float) -> dict:
             by[cls] = by.get(cls, 0.0) + (a[1] - a[0]) / 1e3
         out["streams"][s] = {"busy_ms": covered([(a[0], a[1]) for a in lst]) / 1e3,
                              "by_class_ms": dict(sorted(by.items(), key=lambda kv: -kv[1]))}
-    # The compute stream's idle stretches: what else ran (by class, time-weighted), or nothing at all (the host).
-    busy = sorted((a[0], a[1]) for a in streams[compute])
-    idle, reach = [], start
-    for s0, s1 in busy:
+    # The compute stream's idle stretches: what else ran (by class, time-weighted), or nothing at all (the host),
+    # and between which of its own kernels.
+    busy = sorted((a[0], a[1], a[2]) for a in streams[compute])
+    idle, reach, last = [], start, "the step's start"
+    for s0, s1, name in busy:
         if s0 > reach:
-            idle.append((reach, s0))
-        reach = max(reach, s1)
+            idle.append((reach, s0, last, name))
+        if s1 > reach:
+            reach, last = s1, name
     if end > reach:
-        idle.append((reach, end))
+        idle.append((reach, end, last, "the step's end"))
     others = [a for a in acts if a[3] != compute]
-    waits, host = {}, 0.0
-    for i0, i1 in idle:
+    waits, host, stretches = {}, 0.0, []
+    for i0, i1, after, before in idle:
         inside = [(max(a[0], i0), min(a[1], i1), kernel_class(a[2])) for a in others if a[1] > i0 and a[0] < i1]
         host += ((i1 - i0) - covered([(x0, x1) for x0, x1, _ in inside])) / 1e3
+        beside = {}
         for cls in {c for _, _, c in inside}:
-            waits[cls] = waits.get(cls, 0.0) + covered([(x0, x1) for x0, x1, c in inside if c == cls]) / 1e3
-    out["compute_idle_ms"] = sum(i1 - i0 for i0, i1 in idle) / 1e3
+            beside[cls] = covered([(x0, x1) for x0, x1, c in inside if c == cls]) / 1e3
+            waits[cls] = waits.get(cls, 0.0) + beside[cls]
+        stretches.append({"at_ms": (i0 - start) / 1e3, "ms": (i1 - i0) / 1e3, "after": after, "before": before,
+                          "beside_ms": dict(sorted(beside.items(), key=lambda kv: -kv[1]))})
+    # The longest first: where a step model's exposed communication has to show up.
+    out["compute_waits"] = sorted(stretches, key=lambda w: -w["ms"])
+    out["compute_idle_ms"] = sum(i1 - i0 for i0, i1, _, _ in idle) / 1e3
     out["compute_idle_beside_ms"] = dict(sorted(waits.items(), key=lambda kv: -kv[1]))
     out["gpu_idle_ms"] = host
     return out
@@ -120,10 +128,15 @@ def main(argv=None) -> int:
     p.add_argument("--ms-per-char", type=float, default=2.0, help="time per character of the picture (default 2)")
     p.add_argument("--step-gap-ms", type=float, default=20.0,
                    help="optimizer kernels further apart than this belong to different steps (default 20)")
+    p.add_argument("--waits", type=int, default=5, metavar="N",
+                   help="list the compute stream's N longest idle stretches: when, how long, between which of its "
+                        "kernels and what ran beside (default 5; 0: none)")
     p.add_argument("--json", default=None, help="write the numbers per trace to this file")
     args = p.parse_args(argv)
     if args.ms_per_char <= 0:
         p.error(f"--ms-per-char must be > 0, got {args.ms_per_char}")
+    if args.waits < 0:
+        p.error(f"--waits must be >= 0, got {args.waits}")
     results = {}
     for path in args.traces:
         try:
@@ -143,6 +156,10 @@ def main(argv=None) -> int:
                                                                          d["by_class_ms"].items()))
         for line in picture(step, start, end, r["compute_stream"], args.ms_per_char):
             print("  " + line)
+        for w in r["compute_waits"][:max(0, args.waits)]:
+            beside = ", ".join(f"{k} {v:.2f}" for k, v in w["beside_ms"].items()) or "nothing (the host)"
+            print(f"  wait {w['ms']:6.2f} ms at {w['at_ms']:7.2f} after {w['after'][:48]} before {w['before'][:48]}; "
+                  f"beside: {beside}")
     print("# letters: " + ", ".join(f"{v} {k}" for k, v in LETTERS.items()) + ", . idle; one character = "
           f"{args.ms_per_char:g} ms")
     if args.json:

@@ -718,9 +718,16 @@ def test_timeline_splits_the_last_step_and_names_what_the_compute_stream_waited_
     assert r["compute_idle_beside_ms"] == {"collective": 2.0}
     assert abs(r["gpu_idle_ms"] - (1.0 + 30.0)) < 1e-9  # 9-10 ms, and 11-41 ms before the optimizer
     assert r["streams"][7]["by_class_ms"] == {"gemm": 6.0, "copy_kernel": 1.0, "optimizer": 1.0}
+    # The longest wait first, with its place: the 30 ms before the optimizer, then the NCCL wait, then the host's 1 ms.
+    w = r["compute_waits"]
+    assert [(x["at_ms"], x["ms"]) for x in w] == [(10.0, 30.0), (4.0, 2.0), (8.0, 1.0)]
+    assert w[1]["after"] == "nvjet_sm90_gemm" and w[1]["before"] == "nvjet_sm90_gemm"
+    assert w[1]["beside_ms"] == {"collective": 2.0} and w[2]["beside_ms"] == {}
     assert timeline.main([str(trace), "--ms-per-char", "5", "--json", str(tmp_path / "t.json")]) == 0
     out = capsys.readouterr().out
     assert "compute |" in out and "stream 22 |" in out and "beside it ran: collective 2.0" in out
+    assert "wait   2.00 ms at    4.00 after nvjet_sm90_gemm before nvjet_sm90_gemm; beside: collective 2.00" in out
+    assert "beside: nothing (the host)" in out
     one_step = tmp_path / "one.json.gz"
     _chrome_trace(one_step, events[:5])
     assert timeline.main([str(one_step)]) == 2
