@@ -8,6 +8,8 @@
 #   bash bench/train_device.sh
 #   CE_TRAIN_LAYERS=32 CE_TRAIN_MODES=compile,compile+inductor-overlap,ce_overlap,no-comm bash bench/train_device.sh
 #   CE_TRAIN_CE=on CE_TRAIN_MODES=ce_overlap,ce_overlap-rs-kernel bash bench/train_device.sh   # every bucket on CE
+#   CE_TRAIN_TRACES=1 CE_TRAIN_CALIBRATE=1 CE_TRAIN_MODES=ce_overlap,compile+inductor-overlap,no-comm,compile \
+#     CE_TRAIN_STEPS=12 CE_TRAIN_KERNEL_PROFILE=1 bash bench/train_device.sh   # step prediction: traces + calibration
 set -o pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,5 +27,11 @@ stage train 540 torchrun_all bench/train.py --layers "$LAYERS" --seq-len 4096 --
   --modes "$MODES" $([ "${CE_TRAIN_PREDICT:-1}" = 1 ] && echo --predict) --kernel-profile "${CE_TRAIN_KERNEL_PROFILE:-2}" \
   ${CE_TRAIN_CE:+--ce "$CE_TRAIN_CE"} ${CE_TRAIN_FSDP2_WRAP:+--fsdp2-wrap "$CE_TRAIN_FSDP2_WRAP"} \
   $([ "${CE_TRAIN_TRACES:-0}" = 1 ] && echo --trace-dir "$OUT/traces") --out "$OUT/train.json"
+# The same board calibrated right after (CE_TRAIN_CALIBRATE=1): its profile predicts these runs on the CPU afterwards
+# (bench/step_prediction.py --train-json train.json --profile calibrated.json).
+if [ "${CE_TRAIN_CALIBRATE:-0}" = 1 ]; then
+  stage calibrate 170 torchrun_all -m ce_overlap.cli calibrate -o "$OUT/calibrated.json" \
+    --measurements "$OUT/calibration_measurements.json"
+fi
 
 finish "ce_overlap training benchmark device run" train
