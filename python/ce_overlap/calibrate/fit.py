@@ -513,12 +513,13 @@ def _fit_ce_copies(p: dict, m: dict, fitted: list[str], kept: list[str]) -> None
     beside the CE all-gather (copies only: no SMs, little HBM; what is left is mostly the SM clock the copies' power
     takes), mean over the measurements, never below 0."""
     slow = [s for s in m.get("slowdowns", []) if s["backend"] == "ce" and s["collective"] == "all_gather"]
+    formula = core_profile(p)  # the fitted sensitivities, no ce_copies yet
     out = {}
     for compute, cls in COMPUTE_KINDS.items():
         rows = [s for s in slow if s["compute"] == compute]
         resid = []
         for s in rows:
-            model = predicted_slowdown(core_profile(p), s["collective"], s["bytes"], s["group_size"], "ce", compute)
+            model = predicted_slowdown(formula, s["collective"], s["bytes"], s["group_size"], "ce", compute)
             if model is not None:
                 resid.append(s["compute_beside_us"] / s["compute_alone_us"] - 1 - model)
         if resid:
