@@ -72,7 +72,7 @@ from _common import format_exc_line, header, init, log0, write_json  # noqa: E40
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from _kernel_profile import export_trace, log_kernel_table, profile_kernels  # noqa: E402
-from _memory import ce_pool_gib, live_blocks_by_site, memory_report  # noqa: E402
+from _memory import ce_pool_gib, live_at_peak_by_site, live_blocks_by_site, memory_report  # noqa: E402
 
 # "cuda" normally; "cpu" (gloo, --device cpu) only for the smoke test that runs in CI (tests/test_train_bench.py).
 DEVICE = "cuda"
@@ -149,8 +149,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "2026-11-24; adds the host's launch latency to every step). Default: CUDA events between "
                         "step ends, no host wait inside the measured loop")
     p.add_argument("--memory-history", action="store_true",
-                   help="record the allocator's history in every mode and report, at the mode's end, the live blocks "
-                        "grouped by the line that allocated them (with that line of Inductor's generated code)")
+                   help="record the allocator's history in every mode and report the live blocks grouped by the "
+                        "line that allocated them (with that line of Inductor's generated code), at the mode's end and "
+                        "at its peak of allocated memory (slows the host: not for step times)")
     p.add_argument("--same-process", action="store_true",
                    help="run every mode in this process (default on GPUs: each mode in a fresh process per rank, so "
                         "no mode inherits an earlier one's allocator cache, compiled code or library state; found "
@@ -525,6 +526,13 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
         if args.memory_history:
             gc.collect()
             res.memory["live_after_mode"] = live_blocks_by_site()
+            res.memory["live_at_peak"] = live_at_peak_by_site()
+            lp = res.memory["live_at_peak"]
+            log0(f"[{mode}] at the peak of allocated memory ({lp['peak_gib']:.2f} GiB replayed, torch says "
+                 f"{lp['torch_peak_gib']:.2f}; event {lp['peak_event']} of {lp['events']}):")
+            for site in lp["sites"][:12]:
+                log0(f"[{mode}]   peak {site['gib']:.2f} GiB in {site['blocks']} blocks from {site['site']}: "
+                     f"{site['code'][:160]}")
             torch.cuda.memory._record_memory_history(enabled=None)
             for site in res.memory["live_after_mode"][:8]:
                 log0(f"[{mode}]   live {site['gib']:.2f} GiB in {site['blocks']} blocks from {site['site']}")

@@ -10,6 +10,8 @@
 #   CE_TRAIN_CE=on CE_TRAIN_MODES=ce_overlap,ce_overlap-rs-kernel bash bench/train_device.sh   # every bucket on CE
 #   CE_TRAIN_TRACES=1 CE_TRAIN_CALIBRATE=1 CE_TRAIN_MODES=ce_overlap,compile+inductor-overlap,no-comm,compile \
 #     CE_TRAIN_STEPS=12 CE_TRAIN_KERNEL_PROFILE=1 bash bench/train_device.sh   # step prediction: traces + calibration
+#   CE_TRAIN_MEMORY_HISTORY=1 CE_TRAIN_MODES=ce_overlap,ce_overlap-rs-kernel bash bench/train_device.sh  # what is live
+#     at each mode's peak of allocated memory (slows the host: these step times are not for comparison)
 set -o pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,7 +28,8 @@ if [ "${CE_TRAIN_PASS_CHECK:-0}" = 1 ]; then pass_gpu_stage llama3-tiny 150; fi
 stage train 540 torchrun_all bench/train.py --layers "$LAYERS" --seq-len 4096 --steps "$STEPS" --warmup 5 \
   --modes "$MODES" $([ "${CE_TRAIN_PREDICT:-1}" = 1 ] && echo --predict) --kernel-profile "${CE_TRAIN_KERNEL_PROFILE:-2}" \
   ${CE_TRAIN_CE:+--ce "$CE_TRAIN_CE"} ${CE_TRAIN_FSDP2_WRAP:+--fsdp2-wrap "$CE_TRAIN_FSDP2_WRAP"} \
-  $([ "${CE_TRAIN_TRACES:-0}" = 1 ] && echo --trace-dir "$OUT/traces") --out "$OUT/train.json"
+  $([ "${CE_TRAIN_TRACES:-0}" = 1 ] && echo --trace-dir "$OUT/traces") \
+  $([ "${CE_TRAIN_MEMORY_HISTORY:-0}" = 1 ] && echo --memory-history) --out "$OUT/train.json"
 # The same board calibrated right after (CE_TRAIN_CALIBRATE=1): its profile predicts these runs on the CPU afterwards
 # (bench/step_prediction.py --train-json train.json --profile calibrated.json).
 if [ "${CE_TRAIN_CALIBRATE:-0}" = 1 ]; then

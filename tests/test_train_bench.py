@@ -55,3 +55,24 @@ def test_inductor_config_values_are_python_literals():
     for bad in ["no_equals_sign", "=3", "reorder_for_peak_memory=maybe"]:
         with pytest.raises(ValueError, match="--inductor-config"):
             train.inductor_config_items([bad])
+
+
+def test_memory_peak_replay_finds_the_live_blocks_at_the_maximum():
+    """bench/_memory.py's replay of the allocator's trace: the peak, its live blocks, and what was allocated before
+    the record (here 100 bytes) from the bytes allocated at the end."""
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    from _memory import replay_peak
+
+    a = [{"filename": "a.py", "line": 1}]
+    b = [{"filename": "b.py", "line": 2}]
+    events = [{"action": "alloc", "addr": 1, "size": 10, "frames": a},
+              {"action": "alloc", "addr": 2, "size": 30, "frames": b},
+              {"action": "free_requested", "addr": 1, "size": 10},
+              {"action": "free_completed", "addr": 1, "size": 10},
+              {"action": "alloc", "addr": 3, "size": 5, "frames": a},
+              {"action": "segment_alloc", "addr": 9, "size": 1000},
+              {"action": "free_requested", "addr": 2, "size": 30}]
+    peak, index, base, live = replay_peak(events, allocated_now=105)
+    assert (peak, index, base) == (140, 1, 100)
+    assert sorted(size for size, _ in live) == [10, 30]
+    assert replay_peak([], allocated_now=7) == (7, -1, 7, [])
