@@ -265,9 +265,13 @@ def test_pass_with_the_cpp_planner(model, caplog, tmp_path):
         unreduced = [n for n in gm.graph.nodes if n.target == op]
         assert len(unreduced) == sum(b.type == "reduce_scatter" for b in report.buckets)
         assert bool(unreduced) == (name == "backward")
-        selects = [u for n in unreduced for x in n.args[0] for v in x.users for u in v.users
-                   if u.target == torch.ops.aten.select.int]
-        assert len(selects) == sum(len(n.args[0]) for n in unreduced) and all(u.args[1:] == (0, 1) for u in selects)
+        # Each own chunk is read through the runtime's pass-through of the op's own input (the stored bytes, not a
+        # recomputation that would keep the input's source alive: _rewrite_unreduced).
+        pinned = [p for n in unreduced for x in n.args[0] for p in x.users
+                  if p.target == torch.ops.ce_overlap.stored.default]
+        assert len(pinned) == sum(len(n.args[0]) for n in unreduced)
+        selects = [u for p in pinned for v in p.users for u in v.users if u.target == torch.ops.aten.select.int]
+        assert len(selects) == len(pinned) and all(u.args[1:] == (0, 1) for u in selects)
         gm.graph.lint()
         rewrite.check_invariants(gm.graph)
         _check_one_bucket_per_block(gm, name, n_layers)
@@ -1111,3 +1115,52 @@ def test_bfloat16_rounding_on_the_bits_matches_eager_and_survives_inductor():
         got = fn(data)
         same = (got.view(torch.int32) == want.view(torch.int32)) | (got.isnan() & want.isnan())
         assert bool(same.all()), (fn, data[~same][:5], got[~same][:5], want[~same][:5])
+
+
+def test_own_chunks_read_through_the_pass_through_free_their_source_early():
+    """Inductor inlines a pointwise tensor whose producer it sees as read-free (an fp32 embedding-gradient
+    accumulation cast to bfloat16) into every kernel that reads it: a CE reduce-scatter's consumer then recomputed
+    its own chunk from the fp32 source, which stayed allocated until the end of the backward (+1.4 GiB at the
+    training step's peak, 2026-11-27). Read through the runtime's pass-through (ce_overlap.stored, as
+    _rewrite_unreduced does), the consumer reads the stored bfloat16 and the fp32 source is freed right after the
+    cast. On the CPU with Inductor's real code generation; a stand-in op plays the unreduced collective."""
+    import ce_overlap.runtime as rt
+    from torch._inductor.utils import run_and_get_code
+
+    rt.available()  # loads the runtime's ops where the build has them
+    if not hasattr(torch.ops.ce_overlap, "stored"):
+        pytest.skip("this build has no ce_overlap runtime ops")
+    lib = torch.library.Library("ce_overlap_test_stored", "DEF")
+    lib.define("peers(Tensor[] xs) -> Tensor")
+    lib.impl("peers", lambda xs: xs[0].view(2, -1)[1:].clone(), "CPU")
+    torch.library.register_fake("ce_overlap_test_stored::peers", lambda xs: xs[0].new_empty((1, xs[0].numel() // 2)),
+                                lib=lib)
+
+    def read_through_stored(graph: torch.fx.Graph) -> None:
+        for n in list(graph.nodes):
+            if n.target is torch.ops.ce_overlap_test_stored.peers.default:
+                x = n.args[0][0]
+                with graph.inserting_before(n):
+                    pinned = graph.call_function(torch.ops.ce_overlap.stored.default, (x,))
+                pinned.meta["val"] = x.meta["val"]
+                for u in [u for u in x.users if u is not n and u is not pinned]:
+                    u.replace_input_with(x, pinned)
+
+    def f(grad, idx):
+        source = torch.ops.aten.embedding_dense_backward(grad, idx, 128, -1, False).view(-1)  # fp32
+        x = source.to(torch.bfloat16)
+        rows = torch.ops.ce_overlap_test_stored.peers([x])
+        own = x.view(2, -1)[0].float()
+        return (own + rows[0].float()).to(torch.bfloat16)
+
+    grad, idx = torch.randn(8, 16), torch.randint(0, 64, (8,))
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(post_grad_custom_pre_pass=read_through_stored, force_disable_caches=True):
+        out, (code,) = run_and_get_code(torch.compile(f), grad, idx)
+    torch._dynamo.reset()
+    torch.testing.assert_close(out, f(grad, idx), rtol=0, atol=0)
+    call = code[code.index("def call"):]
+    source = re.search(r"(buf\d+) = empty_strided_cpu\(\(128, 16\), \(16, 1\), torch.float32\)", call).group(1)
+    assert f"del {source}\n" in call and call.index(f"del {source}\n") < call.index("ce_overlap_test_stored.peers"), \
+        call
+    assert "torch.ops.ce_overlap.stored.default(" in call

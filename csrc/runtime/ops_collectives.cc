@@ -307,6 +307,10 @@ at::Tensor wait_tensor(const at::Tensor& tensor) {
   return tensor;
 }
 
+// Hands back its input. Inductor cannot see through it, so what reads the result reads the stored bytes instead of
+// recomputing them from what produced them (the pass reads a CE reduce-scatter's own chunks through it: fx/rewrite.py).
+at::Tensor stored(const at::Tensor& tensor) { return tensor; }
+
 }  // namespace
 }  // namespace ce_overlap
 
@@ -335,6 +339,8 @@ TORCH_LIBRARY(ce_overlap, m) {
   // collective's buffer, not a fresh one.
   m.def("wait_tensor(Tensor(a) tensor) -> Tensor(a)",
         torch::dispatch(c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(ce_overlap::wait_tensor)), pt2);
+  m.def("stored(Tensor(a) tensor) -> Tensor(a)",
+        torch::dispatch(c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(ce_overlap::stored)), pt2);
 }
 
 TORCH_LIBRARY_IMPL(ce_overlap, CUDA, m) {

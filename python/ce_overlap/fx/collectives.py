@@ -27,6 +27,8 @@ CE_MANY_OPS = {
 # A reduce-scatter's exchange without its reduction (PassConfig.ce_reduction="consumer"): the graph adds the peers'
 # chunks to this rank's own, and Inductor fuses that add into the kernel that reads the result.
 CE_UNREDUCED_OP = "reduce_scatter_tensors_unreduced"
+# The runtime's pass-through (returns its input; Inductor cannot see through it, so it reads the stored bytes).
+STORED_OP = "stored"
 
 
 def group_of(group_name):

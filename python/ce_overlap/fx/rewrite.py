@@ -32,7 +32,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from .collectives import (CE_MANY_OPS, CE_OPS, CE_UNREDUCED_OP, Collective, collectives_in, group_of,  # noqa: F401
+from .collectives import (CE_MANY_OPS, CE_OPS, CE_UNREDUCED_OP, STORED_OP, Collective, collectives_in, group_of,  # noqa: F401
                           is_ce_collective, is_functional_collective, is_wait, read_collective)
 from .plan_check import CheckedBucket, CheckedPlan, PlanRuleError, check_plan  # noqa: F401 (rewrite's API)
 
@@ -204,7 +204,10 @@ def ce_many_op_for(ctype: str):
 
 def ce_unreduced_op():
     """The runtime's unreduced reduce-scatter op (torch.ops.ce_overlap.reduce_scatter_tensors_unreduced), or None
-    (then a CE reduce-scatter keeps the runtime's reduction kernel)."""
+    (then a CE reduce-scatter keeps the runtime's reduction kernel). Needs the runtime's pass-through
+    (STORED_OP) too, through which the graph reads the own chunks (_rewrite_unreduced)."""
+    if _runtime_op("reduce_scatter", STORED_OP, lambda names: names == ["tensor"]) is None:
+        return None
     return _runtime_op("reduce_scatter", CE_UNREDUCED_OP, lambda names: names == ["inputs", "group_size", "group_name"])
 
 
@@ -276,12 +279,19 @@ def _rewrite_unreduced(build: "_Builder", graph: torch.fx.Graph, cb: CheckedBuck
     convert = torch.ops.prims.convert_element_type.default
     with graph.inserting_before(first_coll):
         ins = [build.contiguous(c.input, f"in{i}") for i, c in enumerate(members)]
+        # The own chunks are read through the runtime's pass-through (ce_overlap.stored): Inductor, which cannot
+        # see through it, then reads the input where it is stored. Read directly, a
+        # pointwise input (the embedding's gradient: an fp32 accumulation cast to bfloat16) is recomputed from its
+        # source inside the consumer, which keeps that source (twice the bytes) alive until the consumer runs
+        # (measured 2026-11-27: +1.4 GiB at the backward's peak, step-prediction-2026-11-27-c).
+        stored_op = getattr(torch.ops.ce_overlap, STORED_OP).default
+        pinned = [build(stored_op, [x], name=f"stored{i}", like=x) for i, x in enumerate(ins)]
         coll = None if op == "identity" else build(op, [ins, g, str(c0.group_name)], name="reduce_scatter_unreduced")
     outs, totals = [], []
     with graph.inserting_before(first_wait):
         rows = build(wait_op, [coll], name="wait") if coll is not None else None
         off = 0
-        for i, (c, x) in enumerate(zip(members, ins)):
+        for i, (c, x) in enumerate(zip(members, pinned)):
             v = c.input.meta["val"]
             m = int(v.numel()) // g
             own = build(aten.select.int, [build(aten.view.default, [x, [g, m]], name=f"chunks{i}"), 0, rank],
@@ -291,9 +301,9 @@ def _rewrite_unreduced(build: "_Builder", graph: torch.fx.Graph, cb: CheckedBuck
             else:
                 total = own32 = build(convert, [own, torch.float32], name=f"own{i}_f32")
                 if v.dtype == torch.bfloat16:
-                    # Inductor may compute the own chunk inside this kernel instead of reading the stored bfloat16
-                    # (e.g. a norm weight's gradient: a float32 sum cast to bfloat16, a cast it then drops); the
-                    # copy engines send the stored, rounded value, so round it here too (a no-op on stored data).
+                    # Should Inductor still compute the own chunk inside this kernel instead of reading the stored
+                    # bfloat16 (a float32 value cast to bfloat16, a cast it then drops), the copy engines send the
+                    # stored, rounded value: round it here too (a no-op on stored data).
                     total = _round_to_bfloat16(build, total, f"own{i}_rounded")
                 peers = build(aten.slice.Tensor, [rows, 1, off, off + m], name=f"peers{i}")
                 peer_sum = build(aten.sum.dim_IntList, [build(convert, [peers, torch.float32], name=f"peers{i}_f32"),
