@@ -83,7 +83,6 @@ def main() -> int:
     from ce_overlap.step_model import MODES, predicted_step_ms, step_model
 
     measured: dict[str, float] = {}
-    by_rank: dict[str, list] = {}
     kernels: dict[str, dict] = {}  # mode -> its kernel profile (train.py --kernel-profile)
     source = "command line"
     if args.train_json:
@@ -95,7 +94,6 @@ def main() -> int:
         args.world_size = args.world_size or run["info"]["world_size"]
         args.profile = args.profile or builtin_for_device(run["info"]["gpu"], default=DEFAULT)
         measured = {r["mode"]: r["median_ms"] for r in run["results"] if r.get("ok", True) and r.get("median_ms")}
-        by_rank = {r["mode"]: r["rank_median_ms"] for r in run["results"] if r.get("ok", True) and r.get("rank_median_ms")}
         kernels = {r["mode"]: r["kernels"] for r in run["results"] if r.get("kernels")}
         source = f"{args.train_json} ({run['info'].get('gpu')}, torch {run['info'].get('torch')})"
     for item in args.measured:
@@ -140,10 +138,6 @@ def main() -> int:
         rows.append({"mode": mode, "predicted_ms": pred, "measured_ms": meas, "error_pct": err})
         print(f"{mode:<26}{pred:13.1f}{(f'{meas:.1f}' if meas else '-'):>12}"
               f"{(f'{err:+.1f}%' if err is not None else '-'):>8}  {how}")
-    if by_rank:
-        # The table's measured step is the slowest rank's per step; the model predicts one rank.
-        print("# each rank's own median step (ms): " + "; ".join(
-            f"{mode} {', '.join(f'{v:.1f}' for v in ms)}" for mode, ms in by_rank.items()))
     unmodelled = sorted(set(measured) - set(MODES))
     if unmodelled:
         print(f"# measured, not modelled (not in ce_overlap.step_model.MODES): {', '.join(unmodelled)}")
