@@ -277,8 +277,6 @@ class ModeResult:
     mfu: float = 0.0
     kernels: dict = dataclasses.field(default_factory=dict)
     predicted_ms: float | None = None  # the cost model's step for this mode (--predict; ce_overlap.step_model.MODES)
-    # Each rank's median step after the warm-up: step_ms is the slowest rank's per step, the cost model one rank's.
-    rank_median_ms: list = dataclasses.field(default_factory=list)
 
 
 def family_base_and_bound(mode: str) -> tuple[str, str]:
@@ -472,9 +470,6 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
     step_s = ([start.elapsed_time(ends[0]) / 1e3] + [a.elapsed_time(b) / 1e3 for a, b in zip(ends, ends[1:])]
               if on_gpu else host_s)
     step_s_max = torch.tensor(step_s, dtype=torch.float64, device=DEVICE)
-    by_rank = [torch.empty_like(step_s_max) for _ in range(dist.get_world_size())]
-    dist.all_gather(by_rank, step_s_max)
-    res.rank_median_ms = [1e3 * statistics.median(r.tolist()[args.warmup:] or r.tolist()) for r in by_rank]
     dist.all_reduce(step_s_max, op=dist.ReduceOp.MAX)
     mem = torch.cuda.max_memory_reserved() if DEVICE == "cuda" else 0
     for step, (dt_max, lv) in enumerate(zip(step_s_max.tolist(), losses_dev), 1):
@@ -509,8 +504,6 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
                f"between {res.kernels['activities_per_step']:.0f} kernels and copies; longest: "
              + ", ".join(f"{g['us'] / 1e3:.2f} ms after {g['after'][:40]}" for g in res.kernels["largest_gaps"][:3]))
     res.median_ms = statistics.median(res.step_ms)
-    log0(f"[{mode}] median step per rank (ms): " + ", ".join(f"{v:.1f}" for v in res.rank_median_ms)
-         + f"; the table's steps are the slowest rank's, median {res.median_ms:.1f}")
     res.tps = tokens_per_step / (res.median_ms / 1e3)
     res.tflops = flops_per_token * res.tps / 1e12
     res.mfu = 100 * res.tflops / peak

@@ -30,8 +30,6 @@ def test_train_harness_runs_eager_no_comm_and_the_pass_on_cpu(tmp_path, isolate)
     for r in modes.values():
         assert r["ok"], r
         assert len(r["step_ms"]) == 2 and len(r["losses"]) == 3
-        # each rank's median step; the table's (step_ms) is the slowest rank's per step
-        assert len(r["rank_median_ms"]) == 2 and max(r["rank_median_ms"]) <= max(r["step_ms"]) + 1e-9
     # Same weights and data: the pass (NCCL only) computes the same first loss as eager, up to fp32 rounding.
     assert abs(modes["eager"]["losses"][0] - modes["ce_overlap-nccl"]["losses"][0]) < 1e-3
     # Activation checkpointing per block recomputes the same forward: the same losses up to fp32 rounding.
