@@ -268,8 +268,17 @@ def test_step_model_pieces_add_up():
     assert sm.predicted_step_ms(pieces) == pytest.approx((1000 + 3000 + 170 + 6000 + 300) / 1e3)
     # compile (no overlap scheduler): every collective's whole time on the step, in the captured order.
     assert sm.predicted_step_ms(pieces, "compile") == pytest.approx((1000 + 3000 + 1200 + 6000 + 1500) / 1e3)
-    # Not modelled, or pieces without what a mode needs: None, never a made-up number.
+    # Pieces without what a mode needs: None, never a made-up number (here: FSDP2's copies).
     assert sm.predicted_step_ms(pieces, "fsdp2") is None and sm.predicted_step_ms(pieces, "fsdp2-ce") is None
+    # FSDP2: compute + its plan's exposure + that plan's slowdown x 4/3 (fp32 reduce-scatters) + its copies + optimizer.
+    pieces["fsdp2_copy_us"] = sm.fsdp2_copy_us(2_000_000_000, 4800)
+    assert pieces["fsdp2_copy_us"]["fsdp2"] == pytest.approx(2e9 * 14 / (4800e3 * 0.45))
+    assert sm.predicted_step_ms(pieces, "fsdp2") == pytest.approx(
+        (1000 + 3000 + 6000 + 700 + 320 * 4 / 3 + pieces["fsdp2_copy_us"]["fsdp2"]) / 1e3)
+    assert sm.predicted_step_ms(pieces, "fsdp2-ce") == pytest.approx(
+        (1000 + 3000 + 6000 + 300 + 120 * 4 / 3 + pieces["fsdp2_copy_us"]["fsdp2-ce"]) / 1e3)
+    assert sm.predicted_step_ms({**pieces, "plan": {}}, "fsdp2-ce") is None
+    assert sm.predicted_step_ms(pieces, "fsdp2-ce-hooks") is None  # not modelled
     assert sm.predicted_step_ms({**pieces, "plan_nccl": {}}, "ce_overlap-nccl") is None
     assert sm.predicted_step_ms({}) is None
     # AdamW over fp32 master shards moves 28 bytes per local parameter (one constant with ce-overlap calibrate's).

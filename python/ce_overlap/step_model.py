@@ -11,12 +11,20 @@ The modes (bench/train.py's names) and how each is modelled, MODES; a mode not t
     compile+inductor-overlap   as ce_overlap-nccl: a reordering that hides the collectives, each on NCCL
     compile                    the captured order, every collective on NCCL and exposed
     no-comm                    compute, the optimizer and the local stand-ins the no-comm mode runs
+    fsdp2, fsdp2-ce            FSDP2 (torchtitan's wrap, bf16 parameters, fp32 reduce-scatters) on NCCL / on the copy
+                               engines (ce_overlap's direct path), from the same step's plans: FSDP2 below
 
 compile: Inductor without its overlap scheduler leaves no collective beside compute. The trace of the 8-layer step on
 2x H200 (bench/results/step-prediction-2026-11-27-b) has the compute stream idle 39.1 ms beside 36.9 ms of NCCL
 kernels: every collective's whole time is on the step, each alone (no contention either way), as the capture orders
-them (one per parameter, not bucketed). The FSDP2 modes and the ce_overlap variants (-packed, -rs-kernel) are not
-modelled.
+them (one per parameter, not bucketed). The ce_overlap variants (-packed, -rs-kernel) are not modelled.
+
+FSDP2 runs the same kernels per block (its per-block compile: the analysis's compute) and overlaps its collectives
+the way the planner's order does (one block's all-gather ahead, reduce-scatters behind: the head and tail waits of its
+traces are the plan's exposure), with three differences, each a term (FSDP2 below; bench/results/memory-2026-11-27,
+"FSDP2"): its reduce-scatters move fp32 gradients, so its collectives run 4/3 as long beside the kernels they slow
+(the plan's slowdown, scaled); it copies on the compute stream (all-gather copy-out, reduce-scatter chunk_cat) at
+about half the HBM peak; there are no pass bucket copies.
 """
 from __future__ import annotations
 
@@ -33,8 +41,28 @@ MODES = {
     "compile+inductor-overlap": ("plan_nccl", "modelled as ce_overlap's order with every bucket on NCCL"),
     "compile": ("captured", "the captured order, every collective on NCCL, alone and exposed"),
     "no-comm": (None, "compute, optimizer and the no-comm mode's local copies"),
+    "fsdp2": ("fsdp2", "compute, the NCCL plan's exposure and slowdown x 4/3, FSDP2's copies, optimizer"),
+    "fsdp2-ce": ("fsdp2-ce", "compute, the CE plan's exposure and slowdown x 4/3, the direct path's copies, optimizer"),
 }
 _PLAN_CE = {"plan": "auto", "plan_nccl": "off"}
+
+# FSDP2's terms (the module docstring says why each exists).
+FSDP2 = {
+    # The plan each FSDP2 mode's exposure and slowdown come from.
+    "plan": {"fsdp2": "plan_nccl", "fsdp2-ce": "plan"},
+    # Bytes its collectives move per parameter and step against the in-graph plan's: all-gathers 2 passes of bf16
+    # parameters (forward, backward) and the reduce-scatter one pass of fp32 gradients (4 B), against bf16 (2 B):
+    # (2 + 2 + 4) / (2 + 2 + 2).
+    "comm_factor": 8 / 6,
+    # Copy kernels on the compute stream, bytes per parameter and step. fsdp2: the all-gather's copy-out
+    # (split_with_sizes_copy, 2 passes x read and write of 2 B) and the reduce-scatter's chunk_cat (reads 2 B, writes
+    # 4 B). fsdp2-ce: what the direct path leaves there, measured: 2.6 ms per step at 8 layers (2.8 G parameters) on
+    # 2x H200 (bench/results/fsdp2-2026-11-26).
+    "copy_bytes_per_param": {"fsdp2": 14, "fsdp2-ce": 2},
+    # Those copies' rate as a fraction of the HBM peak: 17.1 ms of copy kernels for 39 GB in the 8-layer 2x H200
+    # trace (bench/results/step-prediction-2026-11-27-b, run A), 0.45 of 4.8 TB/s.
+    "copy_hbm_fraction": 0.45,
+}
 
 
 def _spec(profile: str) -> dict:
@@ -101,7 +129,15 @@ def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "
     out["optimizer_us"] = optimizer_us(ir.meta.get("num_params", 0), world, optimizer_us_per_byte)
     out["kernel_gap_us"] = spec["efficiency"].get("kernel_gap_us", 0.0)
     out["local_gather_us"], out["local_gather_kernels"] = local_gather_us(ir, hbm_us_per_byte, out["kernel_gap_us"])
+    out["fsdp2_copy_us"] = fsdp2_copy_us(int(ir.meta.get("num_params", 0)), spec["gpu"]["hbm_gbps"])
     return out
+
+
+def fsdp2_copy_us(num_params: int, hbm_gbps: float) -> dict:
+    """Per FSDP2 mode, its copy kernels on the compute stream per step (FSDP2's copy_bytes_per_param at
+    copy_hbm_fraction of the HBM peak)."""
+    rate = hbm_gbps * 1e3 * FSDP2["copy_hbm_fraction"]  # bytes per us
+    return {mode: num_params * b / rate for mode, b in FSDP2["copy_bytes_per_param"].items()}
 
 
 def local_gather_us(ir, hbm_us_per_byte: float, kernel_gap_us: float = 0.0) -> tuple[dict, int]:
@@ -148,13 +184,24 @@ def plans_step_us(report: dict, plans: list[dict], profile: str) -> dict:
 def predicted_step_ms(pred: dict, mode: str = "ce_overlap") -> float | None:
     """One step of `mode` (MODES) from step_model's pieces: per graph compute + the plan's exposed communication +
     slowdown + bucket copies, plus the optimizer; compile: compute + every collective's time + optimizer; no-comm:
-    compute + optimizer + local stand-ins. None where the
-    pieces lack what the mode needs, or for a mode MODES does not model."""
+    compute + optimizer + local stand-ins; the FSDP2 modes: compute + their plan's exposed communication + its
+    slowdown x FSDP2's comm_factor, + their copies + optimizer. None where the pieces lack what the mode needs, or for
+    a mode MODES does not model."""
     graphs = pred.get("analyze") or {}
     if not graphs or mode not in MODES:
         return None
     key = MODES[mode][0]
     total = pred.get("optimizer_us") or 0.0
+    if key in FSDP2["plan"]:
+        copies = (pred.get("fsdp2_copy_us") or {}).get(key)
+        plans = pred.get(FSDP2["plan"][key]) or {}
+        if copies is None or any(name not in plans for name in graphs):
+            return None
+        for name, g in graphs.items():
+            plan = plans[name]
+            total += (g.get("compute_us") or 0.0) + (plan.get("exposed_comm_us_after") or 0.0) \
+                + FSDP2["comm_factor"] * (plan.get("slowdown_us") or 0.0)
+        return (total + copies) / 1e3
     for name, g in graphs.items():
         total += g.get("compute_us") or 0.0
         if key is None:
