@@ -271,8 +271,9 @@ def test_step_model_pieces_add_up():
     # Pieces without what a mode needs: None, never a made-up number (here: FSDP2's copies).
     assert sm.predicted_step_ms(pieces, "fsdp2") is None and sm.predicted_step_ms(pieces, "fsdp2-ce") is None
     # FSDP2: compute + its plan's exposure + that plan's slowdown x 4/3 (fp32 reduce-scatters) + its copies + optimizer.
-    pieces["fsdp2_copy_us"] = sm.fsdp2_copy_us(2_000_000_000, 4800)
-    assert pieces["fsdp2_copy_us"]["fsdp2"] == pytest.approx(2e9 * 14 / (4800e3 * 0.45))
+    pieces["fsdp2_copy_us"] = sm.fsdp2_copy_us({"all_gather": 4e9, "reduce_scatter": 2e9}, 4800)
+    assert pieces["fsdp2_copy_us"]["fsdp2"] == pytest.approx((2 * 4e9 + 3 * 2e9) / (4800e3 * 0.45))
+    assert pieces["fsdp2_copy_us"]["fsdp2-ce"] == pytest.approx(2e9 / (4800e3 * 0.45))
     assert sm.predicted_step_ms(pieces, "fsdp2") == pytest.approx(
         (1000 + 3000 + 6000 + 700 + 320 * 4 / 3 + pieces["fsdp2_copy_us"]["fsdp2"]) / 1e3)
     assert sm.predicted_step_ms(pieces, "fsdp2-ce") == pytest.approx(

@@ -54,13 +54,15 @@ FSDP2 = {
     # parameters (forward, backward) and the reduce-scatter one pass of fp32 gradients (4 B), against bf16 (2 B):
     # (2 + 2 + 4) / (2 + 2 + 2).
     "comm_factor": 8 / 6,
-    # Copy kernels on the compute stream, bytes per parameter and step. fsdp2: the all-gather's copy-out
-    # (split_with_sizes_copy, 2 passes x read and write of 2 B) and the reduce-scatter's chunk_cat (reads 2 B, writes
-    # 4 B). fsdp2-ce: what the direct path leaves there, measured: 2.6 ms per step at 8 layers (2.8 G parameters) on
-    # 2x H200 (bench/results/fsdp2-2026-11-26).
-    "copy_bytes_per_param": {"fsdp2": 14, "fsdp2-ce": 2},
-    # Those copies' rate as a fraction of the HBM peak: 17.1 ms of copy kernels for 39 GB in the 8-layer 2x H200
-    # trace (bench/results/step-prediction-2026-11-27-b, run A), 0.45 of 4.8 TB/s.
+    # Copy kernels on the compute stream, as multiples of the step's all-gather output bytes (the gathered bf16
+    # parameters, both passes) and reduce-scatter input bytes (the bf16 gradients), per mode. fsdp2: the all-gathers'
+    # copy-out (split_with_sizes_copy) reads and writes the gathered bytes; the reduce-scatters' chunk_cat reads the
+    # bf16 gradients and writes them as fp32 (1 + 2). fsdp2-ce: what the direct path leaves there, measured: 2.6 ms
+    # per step at 8 layers on 2x H200 (bench/results/fsdp2-2026-11-26), the reduce-scatter input's bytes at this rate.
+    "copies": {"fsdp2": {"all_gather": 2, "reduce_scatter": 3}, "fsdp2-ce": {"all_gather": 0, "reduce_scatter": 1}},
+    # Those copies' rate as a fraction of the HBM peak: 17.1 ms of copy kernels on the compute stream for 37.0 GB
+    # (the rule above) in the 8-layer 2x H200 trace (bench/results/step-prediction-2026-11-27-b, run A): 2.17 TB/s,
+    # 0.45 of 4.8 TB/s.
     "copy_hbm_fraction": 0.45,
 }
 
@@ -129,15 +131,28 @@ def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "
     out["optimizer_us"] = optimizer_us(ir.meta.get("num_params", 0), world, optimizer_us_per_byte)
     out["kernel_gap_us"] = spec["efficiency"].get("kernel_gap_us", 0.0)
     out["local_gather_us"], out["local_gather_kernels"] = local_gather_us(ir, hbm_us_per_byte, out["kernel_gap_us"])
-    out["fsdp2_copy_us"] = fsdp2_copy_us(int(ir.meta.get("num_params", 0)), spec["gpu"]["hbm_gbps"])
+    out["fsdp2_copy_us"] = fsdp2_copy_us(collective_bytes(ir), spec["gpu"]["hbm_gbps"])
     return out
 
 
-def fsdp2_copy_us(num_params: int, hbm_gbps: float) -> dict:
-    """Per FSDP2 mode, its copy kernels on the compute stream per step (FSDP2's copy_bytes_per_param at
-    copy_hbm_fraction of the HBM peak)."""
+def collective_bytes(ir) -> dict:
+    """Per step: the all-gathers' output bytes and the reduce-scatters' input bytes, every graph together."""
+    total = {"all_gather": 0, "reduce_scatter": 0}
+    for g in ir.to_dict()["graphs"]:
+        for n in g["nodes"]:
+            c = n.get("collective") if n.get("kind") == "collective" else None
+            if c and c["type"] == "all_gather":
+                total["all_gather"] += c["bytes"] * c["group_size"]
+            elif c and c["type"] == "reduce_scatter":
+                total["reduce_scatter"] += c["bytes"]
+    return total
+
+
+def fsdp2_copy_us(moved: dict, hbm_gbps: float) -> dict:
+    """Per FSDP2 mode, its copy kernels on the compute stream per step: FSDP2's copies (multiples of `moved`,
+    collective_bytes) at copy_hbm_fraction of the HBM peak."""
     rate = hbm_gbps * 1e3 * FSDP2["copy_hbm_fraction"]  # bytes per us
-    return {mode: num_params * b / rate for mode, b in FSDP2["copy_bytes_per_param"].items()}
+    return {mode: sum(k * moved.get(t, 0) for t, k in per.items()) / rate for mode, per in FSDP2["copies"].items()}
 
 
 def local_gather_us(ir, hbm_us_per_byte: float, kernel_gap_us: float = 0.0) -> tuple[dict, int]:
