@@ -135,15 +135,20 @@ def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "
     return out
 
 
+def collectives_by_graph(ir) -> dict:
+    """Per graph of the IR, in document order: its collectives' IR records (type, bytes, group_size, ...)."""
+    return {g["name"]: [n["collective"] for n in g["nodes"] if n.get("kind") == "collective" and n.get("collective")]
+            for g in ir.to_dict()["graphs"]}
+
+
 def collective_bytes(ir) -> dict:
     """Per step: the all-gathers' output bytes and the reduce-scatters' input bytes, every graph together."""
     total = {"all_gather": 0, "reduce_scatter": 0}
-    for g in ir.to_dict()["graphs"]:
-        for n in g["nodes"]:
-            c = n.get("collective") if n.get("kind") == "collective" else None
-            if c and c["type"] == "all_gather":
+    for colls in collectives_by_graph(ir).values():
+        for c in colls:
+            if c["type"] == "all_gather":
                 total["all_gather"] += c["bytes"] * c["group_size"]
-            elif c and c["type"] == "reduce_scatter":
+            elif c["type"] == "reduce_scatter":
                 total["reduce_scatter"] += c["bytes"]
     return total
 
@@ -163,11 +168,10 @@ def local_gather_us(ir, hbm_us_per_byte: float, kernel_gap_us: float = 0.0) -> t
     `repeat(1)` and the narrow of all rows are no copies (Inductor fuses them away: one H200, 2026-11-24, no such
     kernel in the profile), so groups of one rank cost nothing."""
     out, total_kernels = {}, 0
-    for g in ir.to_dict()["graphs"]:
+    for name, colls in collectives_by_graph(ir).items():
         moved = kernels = 0
-        for n in g["nodes"]:
-            c = n.get("collective") if n.get("kind") == "collective" else None
-            if not c or c["group_size"] <= 1:
+        for c in colls:
+            if c["group_size"] <= 1:
                 continue
             if c["type"] == "all_gather":
                 moved += c["bytes"] * (1 + c["group_size"])
@@ -175,7 +179,7 @@ def local_gather_us(ir, hbm_us_per_byte: float, kernel_gap_us: float = 0.0) -> t
             elif c["type"] == "reduce_scatter":
                 moved += 2 * c["bytes"] // c["group_size"]
                 kernels += 1
-        out[g["name"]] = moved * hbm_us_per_byte + kernels * kernel_gap_us
+        out[name] = moved * hbm_us_per_byte + kernels * kernel_gap_us
         total_kernels += kernels
     return out, total_kernels
 

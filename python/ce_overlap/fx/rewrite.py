@@ -280,10 +280,10 @@ def _rewrite_unreduced(build: "_Builder", graph: torch.fx.Graph, cb: CheckedBuck
     with graph.inserting_before(first_coll):
         ins = [build.contiguous(c.input, f"in{i}") for i, c in enumerate(members)]
         # The own chunks are read through the runtime's pass-through (ce_overlap.stored): Inductor, which cannot
-        # see through it, then reads the input where it is stored. Read directly, a
-        # pointwise input (the embedding's gradient: an fp32 accumulation cast to bfloat16) is recomputed from its
-        # source inside the consumer, which keeps that source (twice the bytes) alive until the consumer runs
-        # (measured 2026-11-27: +1.4 GiB at the backward's peak, step-prediction-2026-11-27-c).
+        # see through it, then reads the input where it is stored. Read directly, a pointwise input (the
+        # embedding's gradient: an fp32 accumulation cast to bfloat16) is recomputed from its source inside the
+        # consumer, which keeps that source (twice the bytes) alive until the consumer runs (measured 2026-11-27:
+        # +1.4 GiB at the training step's peak, bench/results/memory-2026-11-27).
         stored_op = getattr(torch.ops.ce_overlap, STORED_OP).default
         pinned = [build(stored_op, [x], name=f"stored{i}", like=x) for i, x in enumerate(ins)]
         coll = None if op == "identity" else build(op, [ins, g, str(c0.group_name)], name="reduce_scatter_unreduced")
