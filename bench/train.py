@@ -277,6 +277,9 @@ class ModeResult:
     mfu: float = 0.0
     kernels: dict = dataclasses.field(default_factory=dict)
     predicted_ms: float | None = None  # the cost model's step for this mode (--predict; ce_overlap.step_model.MODES)
+    # When (host epoch seconds) the timed steps and the kernel profile ran: bench/clocks.py reads the GPUs' clocks and
+    # power sampled beside the run (bench/train_device.sh, CE_TRAIN_CLOCKS=1) in these windows.
+    windows: dict = dataclasses.field(default_factory=dict)
 
 
 def family_base_and_bound(mode: str) -> tuple[str, str]:
@@ -444,7 +447,10 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
     if on_gpu:
         start.record()
     t_compile = time.perf_counter()
+    timed_from = None
     for step, (tokens, labels) in enumerate(batches, 1):
+        if step == args.warmup + 1:
+            timed_from = time.time()  # the host runs ahead of the GPU by under a step: the window is the timed steps'
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args)
         if not on_gpu:
@@ -467,6 +473,7 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
         dist.all_reduce(lv, op=dist.ReduceOp.AVG)
         losses_dev.append(lv)
     sync()
+    res.windows["timed"] = [timed_from, time.time()]
     step_s = ([start.elapsed_time(ends[0]) / 1e3] + [a.elapsed_time(b) / 1e3 for a, b in zip(ends, ends[1:])]
               if on_gpu else host_s)
     step_s_max = torch.tensor(step_s, dtype=torch.float64, device=DEVICE)
@@ -494,7 +501,9 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
             opt.step()
             opt.zero_grad(set_to_none=True)
 
+        t_profile = time.time()
         res.kernels = profile_kernels(one_step, args.kernel_profile)
+        res.windows["profiled"] = [t_profile, time.time()]
         # Every rank's kernel time: a synchronous step runs at the pace of its slowest GPU, which rank 0's profile
         # alone cannot show.
         mine = {k: res.kernels[k] for k in ("busy_ms", "wall_ms", "gpu_idle_ms", "compute_wait_ms", "by_class_ms")}
