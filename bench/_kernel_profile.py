@@ -11,16 +11,26 @@ from ce_overlap.gpu_trace import (  # noqa: E402
     compute_stream_wait, gpu_activities, idle_between, kernel_class, largest_gaps, time_by_class)
 
 
-def profile_kernels(run_step, steps: int) -> dict:
+def profile_kernels(run_step, steps: int, lead: int = 0) -> dict:
     """GPU kernel time per step by class (ms; kernels on different streams overlap, so the sum is busy time, not
-    wall time), the steps' wall time, the 12 kernels that took longest and the time of the 200 longest by name."""
-    from torch.profiler import ProfilerActivity, profile
+    wall time), the steps' wall time, the 12 kernels that took longest and the time of the 200 longest by name.
+    `lead`: steps run back to back, unrecorded, right before the recorded ones (and one more as the profiler's warm-up),
+    so these run at the clock the board holds under sustained load, as the timed steps do; a step recorded after
+    the GPU sat idle runs at its boost clock (on 4x H200 at its 700 W limit: 1480-1670 MHz in the timed steps)."""
+    from torch.profiler import ProfilerActivity, profile, schedule
 
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
+    with profile(activities=[ProfilerActivity.CUDA],
+                 schedule=schedule(wait=lead, warmup=1, active=steps, repeat=1) if lead else None) as prof:
+        for i in range(lead + 1 + steps if lead else steps):
+            if lead and i == lead + 1:
+                torch.cuda.synchronize()  # the host's time of the recorded steps only; the GPU idles one sync
+                t0 = time.perf_counter()
+            elif not lead and i == 0:
+                t0 = time.perf_counter()
             run_step()
+            if lead:
+                prof.step()
         torch.cuda.synchronize()
     wall_ms = 1e3 * (time.perf_counter() - t0) / steps
     activities = gpu_activities(prof)

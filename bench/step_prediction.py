@@ -106,7 +106,7 @@ def main() -> int:
     t0 = time.perf_counter()
     ir = train.capture_step(args, args.world_size)
     capture_s = time.perf_counter() - t0
-    pieces = step_model(ir, args.profile, args.world_size, args.ce_reduction)
+    pieces = step_model(ir, args.profile, args.world_size, args.ce_reduction, loss_logits=train.loss_logits(args))
 
     print(f"# {args.model} widths, {cfg.n_layers} layers, seq {args.seq_len}, batch {args.batch}, world {args.world_size}, "
           f"profile {args.profile}, CE reduce-scatter summed in the {args.ce_reduction}; measured: {source}")

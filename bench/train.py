@@ -137,6 +137,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kernel-profile", type=int, default=0, metavar="STEPS",
                    help="after each mode's measured steps, profile this many more steps (torch.profiler) and record "
                         "the GPU kernel time per step by class (GEMM, attention, fused, optimizer, ...)")
+    p.add_argument("--kernel-profile-lead-s", type=float, default=1.5, metavar="S",
+                   help="steps run back to back for about this long right before the profiled ones, unrecorded: a "
+                        "board at its power limit holds a lower clock under sustained load than after a pause, and the "
+                        "timed steps run sustained (0: profile right after a sync, the method before 2026-11-27-c)")
     p.add_argument("--fsdp2-wrap", choices=["torchtitan", "blocks"], default="torchtitan",
                    help="how the FSDP2 modes shard: torchtitan (its apply_fsdp: embedding, each block, [norm, output] "
                         "not resharded after forward, root) or blocks (each block, then the root holding embedding, "
@@ -370,7 +374,8 @@ def child_argv(args) -> list[str]:
     """The arguments that make a child run one mode exactly as this process would."""
     argv = ["--model", args.model, "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--steps",
             str(args.steps), "--warmup", str(args.warmup), "--lr", repr(args.lr), "--lr-warmup-steps",
-            str(args.lr_warmup_steps), "--gqa", args.gqa, "--kernel-profile", str(args.kernel_profile), "--ce", args.ce,
+            str(args.lr_warmup_steps), "--gqa", args.gqa, "--kernel-profile", str(args.kernel_profile),
+            "--kernel-profile-lead-s", str(args.kernel_profile_lead_s), "--ce", args.ce,
             "--device", args.device, "--fsdp2-wrap", args.fsdp2_wrap, "--same-process"]
     if args.layers:
         argv += ["--layers", str(args.layers)]
@@ -502,7 +507,10 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
             opt.zero_grad(set_to_none=True)
 
         t_profile = time.time()
-        res.kernels = profile_kernels(one_step, args.kernel_profile)
+        # After --kernel-profile-lead-s of steps back to back: the recorded steps run at the timed steps' clocks.
+        lead = math.ceil(1e3 * args.kernel_profile_lead_s / statistics.median(res.step_ms)) if res.step_ms else 0
+        res.kernels = profile_kernels(one_step, args.kernel_profile, lead=lead)
+        res.kernels["lead_steps"] = lead
         res.windows["profiled"] = [t_profile, time.time()]
         # Every rank's kernel time: a synchronous step runs at the pace of its slowest GPU, which rank 0's profile
         # alone cannot show.
@@ -587,11 +595,16 @@ def capture_step(args, world: int):
     return ce_overlap.capture(model, (tokens, tokens), world_size=world)
 
 
+def loss_logits(args) -> int:
+    """The logits the loss reads per step (step_model's FSDP2 modes run that loss eagerly)."""
+    return args.batch * args.seq_len * model_config(args).vocab_size
+
+
 def predict_only(args) -> None:
     from ce_overlap.step_model import step_model
 
     world = int(os.environ["CE_OVERLAP_PREDICT_WORLD"])
-    print(json.dumps(step_model(capture_step(args, world), args.profile, world)))
+    print(json.dumps(step_model(capture_step(args, world), args.profile, world, loss_logits=loss_logits(args))))
 
 
 def main(argv=None) -> int:

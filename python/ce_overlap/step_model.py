@@ -24,7 +24,8 @@ the way the planner's order does (one block's all-gather ahead, reduce-scatters 
 traces are the plan's exposure), with three differences, each a term (FSDP2 below; bench/results/memory-2026-11-27,
 "FSDP2"): its reduce-scatters move fp32 gradients, so its collectives run 4/3 as long beside the kernels they slow
 (the plan's slowdown, scaled); it copies on the compute stream (all-gather copy-out, reduce-scatter chunk_cat) at
-about half the HBM peak; there are no pass bucket copies.
+about half the HBM peak; there are no pass bucket copies. Its loss runs eagerly outside the compiled blocks (the
+eager kernels' extra bytes over Inductor's fused loss, when the caller gives the logits' count).
 """
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ MODES = {
     "compile+inductor-overlap": ("plan_nccl", "modelled as ce_overlap's order with every bucket on NCCL"),
     "compile": ("captured", "the captured order, every collective on NCCL, alone and exposed"),
     "no-comm": (None, "compute, optimizer and the no-comm mode's local copies"),
-    "fsdp2": ("fsdp2", "compute, the NCCL plan's exposure and slowdown x 4/3, FSDP2's copies, optimizer"),
-    "fsdp2-ce": ("fsdp2-ce", "compute, the CE plan's exposure and slowdown x 4/3, the direct path's copies, optimizer"),
+    "fsdp2": ("fsdp2", "compute, the NCCL plan's exposure and slowdown x 4/3, FSDP2's copies, eager loss, optimizer"),
+    "fsdp2-ce": ("fsdp2-ce", "compute, the CE plan's exposure and slowdown x 4/3, the direct path's copies, eager loss, "
+                             "optimizer"),
 }
 _PLAN_CE = {"plan": "auto", "plan_nccl": "off"}
 
@@ -64,6 +66,15 @@ FSDP2 = {
     # (the rule above) in the 8-layer 2x H200 trace (bench/results/step-prediction-2026-11-27-b, run A): 2.17 TB/s,
     # 0.45 of 4.8 TB/s.
     "copy_hbm_fraction": 0.45,
+    # The loss runs eagerly (torchtitan's wrap compiles the blocks only): F.cross_entropy(logits.float()) over
+    # batch x seq x vocab logits, where the captured step has Inductor's fused loss. Per logit, eager: the upcast
+    # (reads 2 B, writes 4), log_softmax forward (reads 4, writes 4), its backward (reads 4 + 4, writes 4), the
+    # nll_loss backward's zero fill (4) and the bf16 one (2), the gradient's downcast (reads 4, writes 2): 38 B;
+    # Inductor's two fused kernels read the bf16 logits twice and write the bf16 gradient: 6 B. The difference runs at
+    # the rate those eager kernels reach: 20 GB in 7.6 ms, 0.55 of the HBM peak (fsdp2's kernel profile at 8 layers on
+    # 4x H200, bench/results/step-prediction-2026-11-27-c; the fused loss took 1.3 ms in compile's).
+    "eager_loss_bytes_per_logit": 38 - 6,
+    "eager_loss_hbm_fraction": 0.55,
 }
 
 
@@ -108,12 +119,13 @@ def optimizer_us(num_params: int, world: int, optimizer_us_per_byte: float) -> f
 
 
 def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "consumer",
-               plan_config: dict | None = None) -> dict:
+               plan_config: dict | None = None, loss_logits: int = 0) -> dict:
     """The step's pieces (microseconds): per graph the analysis's compute ("analyze"), ce_overlap's plan ("plan") and
     the same with every bucket on NCCL ("plan_nccl"), each with plan_costs' slowdown and copies; the optimizer; the
     no-comm mode's local stand-ins. `plan_config`: the plan request's other fields (PassConfig.plan_config());
     `ce_reduction` is the plan's (PassConfig.ce_reduction: with "consumer", the pass's default, a CE reduce-scatter's
-    cost includes its consumer's extra read)."""
+    cost includes its consumer's extra read). `loss_logits`: the logits the loss reads per step (batch x seq x
+    vocab), for the FSDP2 modes' eager loss (0: not counted)."""
     from .ir import analyze, plan
 
     world = world or int(ir.meta.get("world_size", 1))
@@ -132,6 +144,7 @@ def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "
     out["kernel_gap_us"] = spec["efficiency"].get("kernel_gap_us", 0.0)
     out["local_gather_us"], out["local_gather_kernels"] = local_gather_us(ir, hbm_us_per_byte, out["kernel_gap_us"])
     out["fsdp2_copy_us"] = fsdp2_copy_us(collective_bytes(ir), spec["gpu"]["hbm_gbps"])
+    out["fsdp2_loss_us"] = fsdp2_eager_loss_us(loss_logits, spec["gpu"]["hbm_gbps"])
     return out
 
 
@@ -158,6 +171,11 @@ def fsdp2_copy_us(moved: dict, hbm_gbps: float) -> dict:
     collective_bytes) at copy_hbm_fraction of the HBM peak."""
     rate = hbm_gbps * 1e3 * FSDP2["copy_hbm_fraction"]  # bytes per us
     return {mode: sum(k * moved.get(t, 0) for t, k in per.items()) / rate for mode, per in FSDP2["copies"].items()}
+
+
+def fsdp2_eager_loss_us(logits: int, hbm_gbps: float) -> float:
+    """What FSDP2's eager loss adds to the captured step's fused one, per step, over `logits` logits."""
+    return logits * FSDP2["eager_loss_bytes_per_logit"] / (hbm_gbps * 1e3 * FSDP2["eager_loss_hbm_fraction"])
 
 
 def local_gather_us(ir, hbm_us_per_byte: float, kernel_gap_us: float = 0.0) -> tuple[dict, int]:
@@ -204,7 +222,7 @@ def predicted_step_ms(pred: dict, mode: str = "ce_overlap") -> float | None:
     """One step of `mode` (MODES) from step_model's pieces: per graph compute + the plan's exposed communication +
     slowdown + bucket copies, plus the optimizer; compile: compute + every collective's time + optimizer; no-comm:
     compute + optimizer + local stand-ins; the FSDP2 modes: compute + their plan's exposed communication + its
-    slowdown x FSDP2's comm_factor, + their copies + optimizer. None where the pieces lack what the mode needs, or for
+    slowdown x FSDP2's comm_factor, + their copies + their eager loss + optimizer. None where the pieces lack what the mode needs, or for
     a mode MODES does not model."""
     graphs = pred.get("analyze") or {}
     if not graphs or mode not in MODES:
@@ -220,7 +238,7 @@ def predicted_step_ms(pred: dict, mode: str = "ce_overlap") -> float | None:
             plan = plans[name]
             total += (g.get("compute_us") or 0.0) + (plan.get("exposed_comm_us_after") or 0.0) \
                 + FSDP2["comm_factor"] * (plan.get("slowdown_us") or 0.0)
-        return (total + copies) / 1e3
+        return (total + copies + (pred.get("fsdp2_loss_us") or 0.0)) / 1e3
     for name, g in graphs.items():
         total += g.get("compute_us") or 0.0
         if key is None:
