@@ -22,17 +22,25 @@ def profile_kernels(run_step, steps: int, lead: int = 0) -> dict:
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA],
                  schedule=schedule(wait=lead, warmup=1, active=steps, repeat=1) if lead else None) as prof:
+        t0 = time.perf_counter()
         for i in range(lead + 1 + steps if lead else steps):
-            if lead and i == lead + 1:
-                torch.cuda.synchronize()  # the host's time of the recorded steps only; the GPU idles one sync
-                t0 = time.perf_counter()
-            elif not lead and i == 0:
-                t0 = time.perf_counter()
             run_step()
+            if lead and i in (lead, lead + steps):
+                # The host runs a step ahead of the GPU, and prof.step() starts or stops recording at once: without
+                # a sync the warm-up step's kernels would be counted (2026-11-27-c: busy 472 ms in a 381 ms no-comm
+                # step) and the last recorded step's would be cut. The GPU idles for a sync, too short to change
+                # its clock.
+                torch.cuda.synchronize()
+                if i == lead:
+                    t0 = time.perf_counter()
+                else:
+                    t1 = time.perf_counter()
             if lead:
                 prof.step()
         torch.cuda.synchronize()
-    wall_ms = 1e3 * (time.perf_counter() - t0) / steps
+        if not lead:
+            t1 = time.perf_counter()
+    wall_ms = 1e3 * (t1 - t0) / steps
     activities = gpu_activities(prof)
     by_class = {cls: us / 1e3 for cls, us in time_by_class(activities, steps).items()}
     by_name: dict[str, float] = {}

@@ -4,11 +4,12 @@ seconds, GPU index, SM MHz, W, C) and the windows train.py records per mode (tra
 its kernel profile). Says whether the timed steps ran at the clocks the kernel profile (and the cost model's
 efficiencies, fitted to profiles) saw: a board at its power limit lowers its clock under sustained load.
 
-    python bench/clocks.py RUN            # RUN/train.json and RUN/clocks.csv
+    python bench/clocks.py RUN            # RUN/train.json and RUN/clocks.csv (or clocks.csv.gz)
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import statistics
@@ -16,9 +17,10 @@ import sys
 
 
 def read_samples(path: str) -> list[tuple[float, int, float, float, float]]:
-    """(epoch s, GPU, SM MHz, W, C) per line of clocks.csv; lines nvidia-smi could not fill ([N/A]) are skipped."""
+    """(epoch s, GPU, SM MHz, W, C) per line of clocks.csv (or .csv.gz); lines nvidia-smi could not fill ([N/A]) are
+    skipped."""
     out = []
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for line in f:
             parts = [p.strip() for p in line.split(",")]
             if len(parts) != 5:
@@ -57,7 +59,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", help="a device run's folder holding train.json and clocks.csv")
     args = ap.parse_args(argv)
-    paths = [os.path.join(args.run, n) for n in ("train.json", "clocks.csv")]
+    csv = os.path.join(args.run, "clocks.csv")
+    paths = [os.path.join(args.run, "train.json"), csv if os.path.isfile(csv) or not os.path.isfile(csv + ".gz")
+             else csv + ".gz"]
     for p in paths:
         if not os.path.isfile(p):
             print(f"clocks: {p} not found (bench/train_device.sh writes it with CE_TRAIN_CLOCKS=1)", file=sys.stderr)

@@ -150,6 +150,14 @@ def main() -> int:
             err = f"{r['error_pct']:+.1f}%" if r["error_pct"] is not None else "-"
             meas = f"{r['measured_ms']:.1f}" if r["measured_ms"] is not None else "-"
             print(f"{r['class']:<34}{r['predicted_ms']:13.1f}{meas:>12}{err:>8}")
+    by_rank = {mode: k["by_rank"] for mode, k in kernels.items() if k.get("by_rank")}
+    if by_rank:
+        # A synchronous step runs at its slowest GPU's pace; the model predicts one GPU.
+        print("\n# per rank, the kernel profile's busy / GEMM ms per step (train.py --kernel-profile): the slowest GPU "
+              "sets the step")
+        for mode, ranks in by_rank.items():
+            print(f"{mode:<26}" + "  ".join(f"{r['busy_ms']:.1f} / {r['by_class_ms'].get('gemm', 0.0):.1f}"
+                                            for r in ranks))
     ce_kernels = kernels.get("ce_overlap") or {}
     if ce_kernels.get("compute_wait_ms") is not None:
         exposed = sum(p.get("exposed_comm_us_after", 0.0) for p in pieces["plan"].values()) / 1e3

@@ -20,7 +20,7 @@ sys.path.insert(0, BENCH)
 # Every runnable script in bench/ (bench/README.md lists them); the collectives' subcommands are checked in-process.
 SCRIPTS = ["collectives.py", "train.py", "step_prediction.py", "plot_train.py", "cost_model_validation.py",
            "capture_speed.py", "capture_devices.py", "plan_speed.py", "fault_repeats.py", "pipeline.py", "repro_nccl_unbatched_p2p.py", "timeline.py",
-           "torchtitan_fsdp2.py", "copy_timeline.py"]
+           "torchtitan_fsdp2.py", "copy_timeline.py", "clocks.py"]
 SUBCOMMANDS = ["all-gather", "reduce-scatter", "all-to-all", "broadcast", "all", "p2p", "overlap", "probe"]
 
 
@@ -751,3 +751,30 @@ def test_timeline_splits_the_last_step_and_names_what_the_compute_stream_waited_
     _chrome_trace(one_step, events[:5])
     assert timeline.main([str(one_step)]) == 2
     assert "need 2" in capsys.readouterr().err
+
+
+def test_clocks_reads_each_modes_windows_and_skips_what_nvidia_smi_could_not_fill(tmp_path, capsys):
+    """bench/clocks.py: per mode, the mean SM clock / power / temperature of each GPU's samples inside the mode's
+    timed and profiled windows (train.json `windows`), from clocks.csv or clocks.csv.gz; a missing file is an error
+    naming it, not a traceback."""
+    import gzip
+
+    import clocks
+
+    run = {"results": [{"mode": "no-comm", "median_ms": 380.8,
+                        "windows": {"timed": [100.0, 102.0], "profiled": [103.0, 104.0]}},
+                       {"mode": "old", "median_ms": 1.0}]}  # a train.json from before `windows`: no row
+    (tmp_path / "train.json").write_text(json.dumps(run))
+    lines = [f"{t}, {g}, {1500 + 10 * g + t}, 690, 60" for t in (100.5, 101.5, 103.5, 105.0) for g in (0, 1)]
+    lines += ["101.0, 0, [N/A], 690, 60", "garbage"]
+    with gzip.open(tmp_path / "clocks.csv.gz", "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    rows = clocks.report(run, clocks.read_samples(str(tmp_path / "clocks.csv.gz")))
+    assert [(r["mode"], r["window"]) for r in rows] == [("no-comm", "timed"), ("no-comm", "profiled")]
+    assert rows[0]["gpus"][1]["mhz"] == pytest.approx(1500 + 10 + 101.0) and rows[0]["gpus"][0]["samples"] == 2
+    assert rows[1]["gpus"][0] == {"mhz": 1603.5, "w": 690.0, "c": 60.0, "samples": 1}
+    assert clocks.main([str(tmp_path)]) == 0
+    assert "no-comm" in capsys.readouterr().out
+    os.remove(tmp_path / "clocks.csv.gz")
+    assert clocks.main([str(tmp_path)]) == 2
+    assert "clocks.csv" in capsys.readouterr().err
