@@ -7,6 +7,7 @@ import time
 from _common import log0  # first: it sets the NCCL / symm-mem environment before torch loads
 
 import torch  # noqa: E402
+from ce_overlap.calibrate.timing import sm_clock_and_power  # noqa: E402
 from ce_overlap.gpu_trace import (  # noqa: E402
     compute_stream_wait, gpu_activities, idle_between, kernel_class, largest_gaps, time_by_class)
 
@@ -23,8 +24,11 @@ def profile_kernels(run_step, steps: int, lead: int = 0) -> dict:
     with profile(activities=[ProfilerActivity.CUDA],
                  schedule=schedule(wait=lead, warmup=1, active=steps, repeat=1) if lead else None) as prof:
         t0 = time.perf_counter()
+        clock = None
         for i in range(lead + 1 + steps if lead else steps):
             run_step()
+            if i == (lead + steps if lead else steps - 1):
+                clock = sm_clock_and_power()  # the recorded steps are queued: the GPU runs them meanwhile
             if lead and i in (lead, lead + steps):
                 # The host runs a step ahead of the GPU, and prof.step() starts or stops recording at once: without
                 # a sync the warm-up step's kernels would be counted (2026-11-27-c: busy 472 ms in a 381 ms no-comm
@@ -54,6 +58,7 @@ def profile_kernels(run_step, steps: int, lead: int = 0) -> dict:
     return {"steps": steps, "wall_ms": round(wall_ms, 3), "by_class_ms": {k: round(v, 3) for k, v in
                                                                          sorted(by_class.items())},
             "busy_ms": round(sum(by_class.values()), 3),
+            "clock": clock,  # SM MHz and board W while the recorded steps ran (None where nothing could say)
             "activities_per_step": round(len(spans) / steps, 1),
             "gpu_idle_ms": round(idle_between(spans) / 1e3 / steps, 3),
             # The compute stream (most compute-class kernel time) idle while another stream works: mostly waiting

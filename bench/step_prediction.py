@@ -157,6 +157,7 @@ def main() -> int:
               "sets the step")
         for mode, ranks in by_rank.items():
             print(f"{mode:<26}" + "  ".join(f"{r['busy_ms']:.1f} / {r['by_class_ms'].get('gemm', 0.0):.1f}"
+                                            + (f" ({r['clock']['sm_mhz']:.0f} MHz)" if r.get("clock") else "")
                                             for r in ranks))
     ce_kernels = kernels.get("ce_overlap") or {}
     if ce_kernels.get("compute_wait_ms") is not None:

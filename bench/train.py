@@ -514,7 +514,8 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
         res.windows["profiled"] = [t_profile, time.time()]
         # Every rank's kernel time: a synchronous step runs at the pace of its slowest GPU, which rank 0's profile
         # alone cannot show.
-        mine = {k: res.kernels[k] for k in ("busy_ms", "wall_ms", "gpu_idle_ms", "compute_wait_ms", "by_class_ms")}
+        mine = {k: res.kernels[k] for k in ("busy_ms", "wall_ms", "gpu_idle_ms", "compute_wait_ms", "by_class_ms",
+                                            "clock")}
         by_rank = [None] * dist.get_world_size()
         dist.all_gather_object(by_rank, mine)
         res.kernels["by_rank"] = by_rank
@@ -526,8 +527,10 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
              + f"; wall {res.kernels['wall_ms']:.1f} under the profiler, GPU idle {res.kernels['gpu_idle_ms']:.1f} "
                f"between {res.kernels['activities_per_step']:.0f} kernels and copies; longest: "
              + ", ".join(f"{g['us'] / 1e3:.2f} ms after {g['after'][:40]}" for g in res.kernels["largest_gaps"][:3]))
-        log0(f"[{mode}] per rank, kernel busy / GEMM ms per step: " + ", ".join(
-            f"{r['busy_ms']:.1f} / {r['by_class_ms'].get('gemm', 0.0):.1f}" for r in res.kernels["by_rank"]))
+        log0(f"[{mode}] per rank, kernel busy / GEMM ms per step (SM MHz, W): " + ", ".join(
+            f"{r['busy_ms']:.1f} / {r['by_class_ms'].get('gemm', 0.0):.1f}"
+            + (f" ({r['clock']['sm_mhz']:.0f}, {r['clock']['power_w']:.0f})" if r.get("clock") else "")
+            for r in res.kernels["by_rank"]))
     res.median_ms = statistics.median(res.step_ms)
     res.tps = tokens_per_step / (res.median_ms / 1e3)
     res.tflops = flops_per_token * res.tps / 1e12

@@ -341,6 +341,23 @@ def test_training_step_scales_the_burst_efficiencies_to_steady_clocks(base):
     m["training_step"]["gemms"][0] = [4096, 0, 4096, 1]
     with pytest.raises(CeOverlapError, match=r"training_step.gemms\[0\]: expected \[m, n, k, count\]"):
         calibrate.build_profile(base, m)
+    # The clock the step ran at, where measured, is said beside the efficiencies it holds for; a malformed one is an
+    # error naming it.
+    m["training_step"] = {**_training_step(base, 1.10, 1.20), "clock": {"sm_mhz": 1540.0, "power_w": 690.2}}
+    assert any("steady clocks, SM 1540 MHz at 690 W" in n for n in calibrate.build_profile(base, m)[1])
+    m["training_step"]["clock"] = {"sm_mhz": "fast", "power_w": 690.2}
+    with pytest.raises(CeOverlapError, match="training_step.clock.sm_mhz: expected a finite number"):
+        calibrate.build_profile(base, m)
+    m["training_step"]["clock"] = [1540.0]
+    with pytest.raises(CeOverlapError, match="training_step.clock: expected an object"):
+        calibrate.build_profile(base, m)
+
+
+def test_clock_and_power_is_none_without_a_gpu_to_ask():
+    """sm_clock_and_power answers None, never raises, where neither NVML nor nvidia-smi can say (this CPU machine)."""
+    from ce_overlap.calibrate.timing import sm_clock_and_power
+
+    assert sm_clock_and_power() is None
 
 
 def test_step_gemms_are_every_linear_three_times():

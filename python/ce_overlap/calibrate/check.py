@@ -125,6 +125,11 @@ def _check_training_step(ts) -> None:
         raise CeOverlapError(f"measurements: training_step.attention.causal: expected true or false, got "
                              f"{a.get('causal')!r}")
     _path_num(ts, "attention_us", "training_step")
+    if ts.get("clock") is not None:  # optional: the SM clock and power the step ran at
+        if not isinstance(ts["clock"], dict):
+            raise CeOverlapError("measurements: training_step.clock: expected an object {sm_mhz, power_w}")
+        for key in ("sm_mhz", "power_w"):
+            _path_num(ts["clock"], key, "training_step.clock")
     if ts.get("optimizer") is not None:
         _path_num(ts["optimizer"], "bytes", "training_step.optimizer")
         _path_num(ts["optimizer"], "us", "training_step.optimizer")

@@ -287,7 +287,9 @@ def _fit_training_step(p: dict, m: dict, fitted: list[str]) -> None:
         fitted.append(f"efficiency.gemm {eff['gemm']:.3f}, attention {eff['attention']:.3f} / attention_backward "
                       f"{eff['attention_backward']:.3f} inside a compiled training step (its GEMM kernels took "
                       f"{(g_scale - 1) * 100:+.1f}% and its attention {(a_scale - 1) * 100:+.1f}% against the bursts' "
-                      f"fit: steady clocks)")
+                      f"fit: steady clocks"
+                      + (f", SM {ts['clock']['sm_mhz']:.0f} MHz at {ts['clock']['power_w']:.0f} W" if ts.get("clock")
+                         else "") + ")")
 
 
 def _fit_optimizer(p: dict, m: dict, fitted: list[str], kept: list[str]) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from .common import ADAMW_BYTES_PER_PARAM
-from .timing import NotAvailable, torch_module
+from .timing import NotAvailable, sm_clock_and_power, torch_module
 
 
 # A training step in miniature: forward + backward of two Llama-3-8B-width blocks (with the embedding and the
@@ -76,6 +76,9 @@ def measure_training_step(warmup: int, steps: int = STEP_PROFILED) -> tuple[dict
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             one_step()
+        # Every profiled step is queued: the GPU runs them while the host asks (nvidia-smi takes ~0.1 s; asked
+        # before them, the GPU would idle and its clock rise).
+        clock = sm_clock_and_power()
         torch.cuda.synchronize()
     activities = gpu_activities(prof)
     del model, step_fn, opt
@@ -95,4 +98,6 @@ def measure_training_step(warmup: int, steps: int = STEP_PROFILED) -> tuple[dict
             "optimizer": {"params": params, "bytes": ADAMW_BYTES_PER_PARAM * params,
                           "us": round(by_class.get("optimizer", 0.0), 1)},
             "by_class_us": {k: round(v, 1) for k, v in sorted(by_class.items())}}
+    if clock:
+        step["clock"] = clock  # the SM clock and power the step ran at (what the fitted efficiencies hold for)
     return gap, step

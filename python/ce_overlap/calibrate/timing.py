@@ -25,6 +25,29 @@ def dist_if_initialized():
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
+def sm_clock_and_power() -> dict | None:
+    """This GPU's SM clock (MHz) and board power (W) now, from NVML through torch where pynvml is installed, else from
+    nvidia-smi; None where neither answers. A board at its power limit holds a lower clock under sustained load than
+    in a burst (4x H200, 32-layer steps: 1465-1850 MHz by what runs beside the compute, bench/results/
+    step-prediction-2026-11-27-c), so a measurement of kernel speed says at which clock it ran."""
+    import subprocess
+
+    torch = torch_module()
+    try:
+        return {"sm_mhz": float(torch.cuda.clock_rate()), "power_w": round(torch.cuda.power_draw() / 1e3, 1)}
+    except Exception:  # noqa: BLE001 (no pynvml here: ask nvidia-smi)
+        pass
+    try:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        bus = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"  # as nvidia-smi names it
+        out = subprocess.run(["nvidia-smi", f"--id={bus}", "--query-gpu=clocks.sm,power.draw",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+        mhz, watts = (float(v) for v in out.strip().split(","))
+        return {"sm_mhz": mhz, "power_w": watts}
+    except Exception:  # noqa: BLE001 (no nvidia-smi, or an answer that is not two numbers)
+        return None
+
+
 def max_over_ranks(value: float) -> float:
     torch, dist = torch_module(), dist_if_initialized()
     if dist is None:
