@@ -177,6 +177,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"unknown mode(s) {bad}; known: {MODES}")
     if args.kernel_profile < 0:
         p.error(f"--kernel-profile: steps must be >= 0 (0: off), got {args.kernel_profile}")
+    if not (args.kernel_profile_lead_s >= 0 and math.isfinite(args.kernel_profile_lead_s)):
+        p.error(f"--kernel-profile-lead-s: seconds must be >= 0 (0: no lead), got {args.kernel_profile_lead_s}")
     if args.lr_warmup_steps < 0:
         p.error(f"--lr-warmup-steps must be >= 0 (0: no warm-up), got {args.lr_warmup_steps}")
     try:

@@ -494,6 +494,10 @@ def test_train_lr_warmup_and_loss_agreement():
     assert train.lr_at(7, train.parse_args(["--lr-warmup-steps", "0", "--device", "cpu"])) == 3e-4
     with pytest.raises(SystemExit):
         train.parse_args(["--lr-warmup-steps", "-1", "--device", "cpu"])
+    for bad in ("-1", "nan"):  # the kernel profile's lead: seconds of unrecorded steps, never negative
+        with pytest.raises(SystemExit):
+            train.parse_args(["--kernel-profile-lead-s", bad, "--device", "cpu"])
+    assert "--kernel-profile-lead-s" in train.child_argv(train.parse_args(["--device", "cpu"]))  # children get it
     mode = lambda name, losses: types.SimpleNamespace(mode=name, losses=losses)  # noqa: E731
     # One bf16 spacing at 12.5 is 2^-7 * 12.5 ~= 0.098: 0.05 apart agrees, 0.25 apart does not.
     ok, why = train.losses_agree([mode("a", [12.5, 12.4]), mode("b", [12.5, 12.45])])
