@@ -71,6 +71,12 @@ def profile_kernels(run_step, steps: int, lead: int = 0) -> dict:
             "by_name_ms": {n[:200]: round(v, 4) for n, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:200]}}
 
 
+def rank_summary(r: dict) -> str:
+    """One rank's entry of a kernel profile's `by_rank`: busy / GEMM ms per step, and the SM MHz and W it ran at."""
+    clock = f" ({r['clock']['sm_mhz']:.0f}, {r['clock']['power_w']:.0f})" if r.get("clock") else ""
+    return f"{r['busy_ms']:.1f} / {r['by_class_ms'].get('gemm', 0.0):.1f}{clock}"
+
+
 def export_trace(run_step, steps: int, trace_dir: str, mode: str, rank: int) -> str:
     """`steps` steps under torch.profiler with CPU and GPU activities, written on rank 0 as Chrome trace JSON
     (gzip) to trace_dir/trace-MODE.json.gz (every rank runs the steps); returns the path ("" on other ranks)."""

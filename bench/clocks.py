@@ -60,8 +60,7 @@ def main(argv=None) -> int:
     ap.add_argument("run", help="a device run's folder holding train.json and clocks.csv")
     args = ap.parse_args(argv)
     csv = os.path.join(args.run, "clocks.csv")
-    paths = [os.path.join(args.run, "train.json"), csv if os.path.isfile(csv) or not os.path.isfile(csv + ".gz")
-             else csv + ".gz"]
+    paths = [os.path.join(args.run, "train.json"), next((p for p in (csv, csv + ".gz") if os.path.isfile(p)), csv)]
     for p in paths:
         if not os.path.isfile(p):
             print(f"clocks: {p} not found (bench/train_device.sh writes it with CE_TRAIN_CLOCKS=1)", file=sys.stderr)

@@ -153,12 +153,12 @@ def main() -> int:
     by_rank = {mode: k["by_rank"] for mode, k in kernels.items() if k.get("by_rank")}
     if by_rank:
         # A synchronous step runs at its slowest GPU's pace; the model predicts one GPU.
-        print("\n# per rank, the kernel profile's busy / GEMM ms per step (train.py --kernel-profile): the slowest GPU "
-              "sets the step")
+        from _kernel_profile import rank_summary
+
+        print("\n# per rank, the kernel profile's busy / GEMM ms per step (SM MHz, W) (train.py --kernel-profile): "
+              "the slowest GPU sets the step")
         for mode, ranks in by_rank.items():
-            print(f"{mode:<26}" + "  ".join(f"{r['busy_ms']:.1f} / {r['by_class_ms'].get('gemm', 0.0):.1f}"
-                                            + (f" ({r['clock']['sm_mhz']:.0f} MHz)" if r.get("clock") else "")
-                                            for r in ranks))
+            print(f"{mode:<26}" + "  ".join(rank_summary(r) for r in ranks))
     ce_kernels = kernels.get("ce_overlap") or {}
     if ce_kernels.get("compute_wait_ms") is not None:
         exposed = sum(p.get("exposed_comm_us_after", 0.0) for p in pieces["plan"].values()) / 1e3

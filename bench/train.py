@@ -71,7 +71,7 @@ from _common import format_exc_line, header, init, log0, write_json  # noqa: E40
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from _kernel_profile import export_trace, log_kernel_table, profile_kernels  # noqa: E402
+from _kernel_profile import export_trace, log_kernel_table, profile_kernels, rank_summary  # noqa: E402
 from _memory import ce_pool_gib, live_at_peak_by_site, live_blocks_by_site, memory_report  # noqa: E402
 
 # "cuda" normally; "cpu" (gloo, --device cpu) only for the smoke test that runs in CI (tests/test_train_bench.py).
@@ -529,10 +529,8 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
              + f"; wall {res.kernels['wall_ms']:.1f} under the profiler, GPU idle {res.kernels['gpu_idle_ms']:.1f} "
                f"between {res.kernels['activities_per_step']:.0f} kernels and copies; longest: "
              + ", ".join(f"{g['us'] / 1e3:.2f} ms after {g['after'][:40]}" for g in res.kernels["largest_gaps"][:3]))
-        log0(f"[{mode}] per rank, kernel busy / GEMM ms per step (SM MHz, W): " + ", ".join(
-            f"{r['busy_ms']:.1f} / {r['by_class_ms'].get('gemm', 0.0):.1f}"
-            + (f" ({r['clock']['sm_mhz']:.0f}, {r['clock']['power_w']:.0f})" if r.get("clock") else "")
-            for r in res.kernels["by_rank"]))
+        log0(f"[{mode}] per rank, kernel busy / GEMM ms per step (SM MHz, W): "
+             + ", ".join(rank_summary(r) for r in res.kernels["by_rank"]))
     res.median_ms = statistics.median(res.step_ms)
     res.tps = tokens_per_step / (res.median_ms / 1e3)
     res.tflops = flops_per_token * res.tps / 1e12

@@ -301,17 +301,17 @@ def test_step_model_pieces_add_up():
 def test_local_gather_bytes_follow_the_no_comm_stand_ins(tiny_ir):
     """_LocalGather: the forward gathers every parameter once in bf16, so its stand-ins (repeat: read the shard,
     write world x shard) move (1 + world) / world x 2 bytes per parameter, up to the shard padding."""
-    from ce_overlap.step_model import local_gather_us
+    from ce_overlap.step_model import collectives_by_graph, local_gather_us
 
     world, params = 8, tiny_ir.meta["num_params"]
-    got, kernels = local_gather_us(tiny_ir, 1.0)
+    got, kernels = local_gather_us(collectives_by_graph(tiny_ir), 1.0)
     assert got["forward"] == pytest.approx((1 + world) / world * 2 * params, rel=0.05)
     assert got["backward"] > 0  # the re-gathers and the reduce-scatters' narrow copies
     stand_ins = sum(n["collective"]["type"] in ("all_gather", "reduce_scatter")
                     for g in tiny_ir.to_dict()["graphs"] for n in g["nodes"] if n["kind"] == "collective")
     assert kernels == stand_ins > 0
     # Each stand-in is a kernel and pays the gap between kernels once.
-    with_gap, _ = local_gather_us(tiny_ir, 1.0, kernel_gap_us=3.0)
+    with_gap, _ = local_gather_us(collectives_by_graph(tiny_ir), 1.0, kernel_gap_us=3.0)
     assert sum(with_gap.values()) == pytest.approx(sum(got.values()) + 3.0 * stand_ins)
     # At world 1 the stand-ins are no copies: nothing to charge.
     import copy
@@ -322,7 +322,8 @@ def test_local_gather_bytes_follow_the_no_comm_stand_ins(tiny_ir):
             if n["kind"] == "collective":
                 n["collective"]["group_size"] = 1
     world1 = type("IR", (), {"to_dict": lambda self: one})()
-    assert local_gather_us(world1, 1.0, kernel_gap_us=3.0) == ({g["name"]: 0.0 for g in one["graphs"]}, 0)
+    assert local_gather_us(collectives_by_graph(world1), 1.0, kernel_gap_us=3.0) == \
+        ({g["name"]: 0.0 for g in one["graphs"]}, 0)
 
 
 def test_gpu_idle_between_kernels():

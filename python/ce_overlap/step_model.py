@@ -142,8 +142,9 @@ def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "
                     for name in ir.graph_names}
     out["optimizer_us"] = optimizer_us(ir.meta.get("num_params", 0), world, optimizer_us_per_byte)
     out["kernel_gap_us"] = spec["efficiency"].get("kernel_gap_us", 0.0)
-    out["local_gather_us"], out["local_gather_kernels"] = local_gather_us(ir, hbm_us_per_byte, out["kernel_gap_us"])
-    out["fsdp2_copy_us"] = fsdp2_copy_us(collective_bytes(ir), spec["gpu"]["hbm_gbps"])
+    colls = collectives_by_graph(ir)  # the IR serialized once for both
+    out["local_gather_us"], out["local_gather_kernels"] = local_gather_us(colls, hbm_us_per_byte, out["kernel_gap_us"])
+    out["fsdp2_copy_us"] = fsdp2_copy_us(collective_bytes(colls), spec["gpu"]["hbm_gbps"])
     out["fsdp2_loss_us"] = fsdp2_eager_loss_us(loss_logits, spec["gpu"]["hbm_gbps"])
     return out
 
@@ -154,10 +155,11 @@ def collectives_by_graph(ir) -> dict:
             for g in ir.to_dict()["graphs"]}
 
 
-def collective_bytes(ir) -> dict:
-    """Per step: the all-gathers' output bytes and the reduce-scatters' input bytes, every graph together."""
+def collective_bytes(colls_by_graph: dict) -> dict:
+    """Per step: the all-gathers' output bytes and the reduce-scatters' input bytes, every graph together
+    (`colls_by_graph`: collectives_by_graph's)."""
     total = {"all_gather": 0, "reduce_scatter": 0}
-    for colls in collectives_by_graph(ir).values():
+    for colls in colls_by_graph.values():
         for c in colls:
             if c["type"] == "all_gather":
                 total["all_gather"] += c["bytes"] * c["group_size"]
@@ -178,15 +180,15 @@ def fsdp2_eager_loss_us(logits: int, hbm_gbps: float) -> float:
     return logits * FSDP2["eager_loss_bytes_per_logit"] / (hbm_gbps * 1e3 * FSDP2["eager_loss_hbm_fraction"])
 
 
-def local_gather_us(ir, hbm_us_per_byte: float, kernel_gap_us: float = 0.0) -> tuple[dict, int]:
+def local_gather_us(colls_by_graph: dict, hbm_us_per_byte: float, kernel_gap_us: float = 0.0) -> tuple[dict, int]:
     """What the no-comm mode runs instead of the collectives, per graph (fx/fsdp.py _LocalGather): each all-gather
     becomes `shard.repeat(world)` (reads the shard, writes world x shard) and each reduce-scatter a
     `narrow(...).contiguous()` of the gradient (reads and writes this rank's rows), memory-bound kernels, each with
     the profile's gap between kernels. Returns the time per graph and the number of those kernels. At world 1
     `repeat(1)` and the narrow of all rows are no copies (Inductor fuses them away: one H200, 2026-11-24, no such
-    kernel in the profile), so groups of one rank cost nothing."""
+    kernel in the profile), so groups of one rank cost nothing. `colls_by_graph`: collectives_by_graph's."""
     out, total_kernels = {}, 0
-    for name, colls in collectives_by_graph(ir).items():
+    for name, colls in colls_by_graph.items():
         moved = kernels = 0
         for c in colls:
             if c["group_size"] <= 1:
