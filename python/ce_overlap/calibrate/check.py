@@ -6,7 +6,8 @@ import copy
 import math
 
 from ..errors import CeOverlapError
-from .common import COLLECTIVES, COMPUTE_KINDS, MAX_DECREASE, MEASUREMENTS_SCHEMA, MIN_SLOWDOWN, format_bytes
+from .common import (COLLECTIVES, COMPUTE_KINDS, MAX_DECREASE, MAX_DECREASE_US, MEASUREMENTS_SCHEMA, MIN_SLOWDOWN,
+                     format_bytes)
 
 
 def _path_num(obj: dict, key: str, path: str, *, minimum: float | None = 0.0, strict: bool = True) -> float:
@@ -175,8 +176,8 @@ def _check_collectives(m: dict, world: int, notes: list[str]) -> None:
 
 
 def _clean_points(pts, p: str, key: tuple, notes: list[str]) -> list[list]:
-    """A curve's [bytes, us] points: sizes increasing, times never dropping by more than MAX_DECREASE (smaller dips
-    raised to the running maximum, with a note)."""
+    """A curve's [bytes, us] points: sizes increasing, times never dropping by more than MAX_DECREASE or
+    MAX_DECREASE_US, whichever is more (smaller dips raised to the running maximum, with a note)."""
     if not isinstance(pts, list) or len(pts) < 2:
         raise CeOverlapError(f"measurements: {p}.points: expected at least 2 [bytes, us] points")
     clean, running = [], 0.0
@@ -194,11 +195,11 @@ def _clean_points(pts, p: str, key: tuple, notes: list[str]) -> list[list]:
             raise CeOverlapError(f"measurements: {pp}[0]: sizes must increase, got {format_bytes(b)} after "
                                  f"{format_bytes(clean[-1][0])}")
         if us < running:
-            if us < (1 - MAX_DECREASE) * running:
+            if us < (1 - MAX_DECREASE) * running and running - us > MAX_DECREASE_US:
                 raise CeOverlapError(
                     f"measurements: {pp}[1]: {key[0]} on {key[1]} took {us:.1f} us at {format_bytes(b)}, "
                     f"{(1 - us / running) * 100:.0f}% less than {running:.1f} us at a smaller size: "
-                    f"inconsistent (more than {MAX_DECREASE:.0%}); measure again")
+                    f"inconsistent (more than {MAX_DECREASE:.0%} and {MAX_DECREASE_US:.0f} us); measure again")
             notes.append(f"{key[0]}/{key[1]}/{key[2]}: {us:.1f} us at {format_bytes(b)} raised to {running:.1f} us "
                          f"(below a smaller size's time, within noise)")
             us = running

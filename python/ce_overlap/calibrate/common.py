@@ -26,7 +26,9 @@ TRANSFORMER_GEMMS = ((4096, 4096, 4096), (4096, 1024, 4096), (4096, 14336, 4096)
 MEMBOUND_BYTES_PER_OPERAND = 1 << 30  # add of two 1 GiB bf16 tensors into a third: 3 GiB through HBM
 COMPUTE_KINDS = {"gemm": "compute_bound", "memory_bound": "memory_bound"}  # measurement -> kernel class
 COLLECTIVES = ("all_gather", "reduce_scatter", "send", "recv")
-MAX_DECREASE = 0.10  # a curve's time may dip this much below a smaller size's (noise), then it is raised to it
+MAX_DECREASE = 0.10  # a curve's time may dip this much below a smaller size's (noise), then it is raised to it,
+MAX_DECREASE_US = 10.0  # or this many us, whichever is more: the latency floor's jitter (2x H100's CE all-gather
+# read 38.0 us at 256 KiB and 29.8 at 1 MiB, medians of 10, bench/results/step-prediction-2026-11-27-d)
 MIN_SLOWDOWN = -0.10  # compute beside a collective faster than alone by more than this: a broken measurement
 
 
