@@ -71,7 +71,8 @@ def init() -> tuple[int, int, int]:
 def header(title: str) -> dict:
     import ce_overlap.runtime as rt
 
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    # This rank's GPU, current or not (a parent that only coordinates child processes never makes it current)
+    props = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
     try:
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
     except Exception:  # noqa: BLE001

@@ -620,14 +620,23 @@ def main(argv=None) -> int:
     # The pass's one-line summary per compiled graph (buckets, CE, predicted exposed comm) goes to the log.
     logging.basicConfig(format="%(message)s")
     logging.getLogger("ce_overlap").setLevel(logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING)
-    if DEVICE == "cuda":
+    modes = args.modes.split(",")
+    isolate = (DEVICE == "cuda" or args.isolate) and not args.same_process and len(modes) > 1
+    if DEVICE == "cuda" and not isolate:
         rank, world, _ = init()
         info = header("ce_overlap training benchmark (bench/train.py)")
     else:
+        # A parent that runs each mode in its own process only coordinates them: a CPU group, and no CUDA context or
+        # NCCL buffers of its own on the GPUs the modes measure (on 2x H100 they held 1.43 GiB of each GPU beside
+        # every mode; bench/results/step-prediction-2026-11-27-d). header() reads the device's properties without
+        # making it current.
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
-        info = {"gpu": "cpu", "world_size": world, "torch": torch.__version__, "command": " ".join(sys.argv)}
-        log0("# ce_overlap training benchmark (bench/train.py) -- CPU smoke run, numbers mean nothing")
+        if DEVICE == "cuda":
+            info = header("ce_overlap training benchmark (bench/train.py)")
+        else:
+            info = {"gpu": "cpu", "world_size": world, "torch": torch.__version__, "command": " ".join(sys.argv)}
+            log0("# ce_overlap training benchmark (bench/train.py) -- CPU smoke run, numbers mean nothing")
     group = dist.group.WORLD
     cfg = model_config(args)
     peak = peak_tflops(info["gpu"])
@@ -641,8 +650,6 @@ def main(argv=None) -> int:
                               "results": [dataclasses.asdict(r) for r in results], "prediction": prediction,
                               "info": info})
 
-    modes = args.modes.split(",")
-    isolate = (DEVICE == "cuda" or args.isolate) and not args.same_process and len(modes) > 1
     for mode in modes:
         log0(f"# === mode {mode}" + (" (in its own process)" if isolate else ""))
         try:
@@ -650,7 +657,8 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 (a failing mode is reported; the others still run)
             _common.print_exc_rank()
             results.append(ModeResult(mode, ok=False, error=format_exc_line(e)))
-            sync()
+            if not isolate:
+                sync()
             dist.barrier()
         save()  # after every mode: a run cut short by its time limit keeps what it measured
 
