@@ -624,7 +624,6 @@ def main(argv=None) -> int:
     isolate = (DEVICE == "cuda" or args.isolate) and not args.same_process and len(modes) > 1
     if DEVICE == "cuda" and not isolate:
         rank, world, _ = init()
-        info = header("ce_overlap training benchmark (bench/train.py)")
     else:
         # A parent that runs each mode in its own process only coordinates them: a CPU group, and no CUDA context or
         # NCCL buffers of its own on the GPUs the modes measure (on 2x H100 they held 1.43 GiB of each GPU beside
@@ -632,11 +631,11 @@ def main(argv=None) -> int:
         # making it current.
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
-        if DEVICE == "cuda":
-            info = header("ce_overlap training benchmark (bench/train.py)")
-        else:
-            info = {"gpu": "cpu", "world_size": world, "torch": torch.__version__, "command": " ".join(sys.argv)}
-            log0("# ce_overlap training benchmark (bench/train.py) -- CPU smoke run, numbers mean nothing")
+    if DEVICE == "cuda":
+        info = header("ce_overlap training benchmark (bench/train.py)")
+    else:
+        info = {"gpu": "cpu", "world_size": world, "torch": torch.__version__, "command": " ".join(sys.argv)}
+        log0("# ce_overlap training benchmark (bench/train.py) -- CPU smoke run, numbers mean nothing")
     group = dist.group.WORLD
     cfg = model_config(args)
     peak = peak_tflops(info["gpu"])
