@@ -78,8 +78,9 @@ def rank_summary(r: dict) -> str:
 
 
 def export_trace(run_step, steps: int, trace_dir: str, mode: str, rank: int) -> str:
-    """`steps` steps under torch.profiler with CPU and GPU activities, written on rank 0 as Chrome trace JSON
-    (gzip) to trace_dir/trace-MODE.json.gz (every rank runs the steps); returns the path ("" on other ranks)."""
+    """`steps` steps under torch.profiler with CPU and GPU activities, written by every rank as Chrome trace JSON
+    (gzip): rank 0 to trace_dir/trace-MODE.json.gz, rank R to trace-MODE-rankR.json.gz (a wait on a peer shows in
+    both ranks' timelines); returns the path."""
     import os
 
     from torch.profiler import ProfilerActivity, profile
@@ -89,9 +90,8 @@ def export_trace(run_step, steps: int, trace_dir: str, mode: str, rank: int) -> 
         for _ in range(steps):
             run_step()
         torch.cuda.synchronize()
-    if rank != 0:
-        return ""
-    path = os.path.join(trace_dir, f"trace-{mode.replace('+', '_')}.json.gz")
+    suffix = "" if rank == 0 else f"-rank{rank}"
+    path = os.path.join(trace_dir, f"trace-{mode.replace('+', '_')}{suffix}.json.gz")
     write_trace(prof, path)
     return path
 

@@ -146,8 +146,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "not resharded after forward, root) or blocks (each block, then the root holding embedding, "
                         "norm and output: the pattern of results before 2026-11-26)")
     p.add_argument("--trace-dir", default=None,
-                   help="after each mode (GPU), write rank 0's torch.profiler trace of 2 steps (CPU and GPU, Chrome "
-                        "format, gzip) to DIR/trace-MODE.json.gz, for a timeline")
+                   help="after each mode (GPU), write every rank's torch.profiler trace of 2 steps (CPU and GPU, Chrome "
+                        "format, gzip) to DIR/trace-MODE.json.gz (rank 0) and DIR/trace-MODE-rankR.json.gz, for a "
+                        "timeline")
     p.add_argument("--sync-every-step", action="store_true",
                    help="time each step on the host, synchronized before and after (the method of results before "
                         "2026-11-24; adds the host's launch latency to every step). Default: CUDA events between "
@@ -523,7 +524,7 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
         res.kernels["by_rank"] = by_rank
         if args.trace_dir:
             path = export_trace(one_step, 2, args.trace_dir, mode, rank)
-            log0(f"[{mode}] trace of 2 steps (rank 0): {path}")
+            log0(f"[{mode}] trace of 2 steps (rank 0; the other ranks' beside it): {path}")
         log0(f"[{mode}] kernels per step (ms, busy time by class): "
              + ", ".join(f"{k} {v:.1f}" for k, v in res.kernels["by_class_ms"].items())
              + f"; wall {res.kernels['wall_ms']:.1f} under the profiler, GPU idle {res.kernels['gpu_idle_ms']:.1f} "
