@@ -20,7 +20,7 @@ sys.path.insert(0, BENCH)
 # Every runnable script in bench/ (bench/README.md lists them); the collectives' subcommands are checked in-process.
 SCRIPTS = ["collectives.py", "train.py", "step_prediction.py", "plot_train.py", "cost_model_validation.py",
            "capture_speed.py", "capture_devices.py", "plan_speed.py", "fault_repeats.py", "pipeline.py", "repro_nccl_unbatched_p2p.py", "timeline.py",
-           "torchtitan_fsdp2.py", "copy_timeline.py", "clocks.py"]
+           "torchtitan_fsdp2.py", "copy_timeline.py", "clocks.py", "ce_ops.py"]
 SUBCOMMANDS = ["all-gather", "reduce-scatter", "all-to-all", "broadcast", "all", "p2p", "overlap", "probe"]
 
 
@@ -783,3 +783,52 @@ def test_clocks_reads_each_modes_windows_and_skips_what_nvidia_smi_could_not_fil
     os.remove(tmp_path / "clocks.csv.gz")
     assert clocks.main([str(tmp_path)]) == 2
     assert "clocks.csv" in capsys.readouterr().err
+
+
+def test_ce_ops_owns_copies_by_correlation_and_names_the_copy_that_ended_each_wait(tmp_path, capsys):
+    """bench/ce_ops.py on two synthetic ranks: an op owns the copies its runtime calls enqueued (correlation ids), on
+    rank 0's clock; the compute stream's 0.2 ms wait ends 10 us after the peer's 4-byte signal, which is named."""
+    import gzip
+
+    import ce_ops
+
+    adam = "void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata<4>, FusedAdamMathFunctor>"
+
+    def trace(path, shift, with_wait):
+        ev = [{"ph": "X", "cat": "kernel", "name": adam, "ts": shift, "dur": 1000, "tid": 7, "args": {}},
+              {"ph": "X", "cat": "kernel", "name": "nvjet_gemm", "ts": shift + 1000, "dur": 3000, "tid": 7, "args": {}},
+              {"ph": "X", "cat": "kernel", "name": "nvjet_gemm", "ts": shift + (4200 if with_wait else 4000),
+               "dur": 2000, "tid": 7, "args": {}},
+              {"ph": "X", "cat": "kernel", "name": adam, "ts": shift + 40000, "dur": 1000, "tid": 7, "args": {}},
+              {"ph": "X", "cat": "cpu_op", "name": "ce_overlap::all_gather_into_tensors", "ts": shift + 100,
+               "dur": 50, "tid": 1, "args": {}},
+              {"ph": "X", "cat": "cpu_op", "name": "ce_overlap::wait_tensor", "ts": shift + 160, "dur": 5, "tid": 1,
+               "args": {}},
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": shift + 110, "dur": 5, "tid": 1,
+               "args": {"correlation": 1}},
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": shift + 120, "dur": 5, "tid": 1,
+               "args": {"correlation": 2}},
+              {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "ts": shift + 2000,
+               "dur": 100, "tid": 147, "args": {"correlation": 1, "bytes": 1 << 20, "stream": 147}},
+              {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy PtoP (Device -> Device)", "ts": shift + 3000,
+               "dur": 1000 if with_wait else 190, "tid": 146,
+               "args": {"correlation": 2, "bytes": 4 if not with_wait else 1 << 22, "stream": 146}}]
+        with gzip.open(path, "wt") as f:
+            json.dump({"traceEvents": ev}, f)
+
+    r0, r1 = tmp_path / "trace-ce_overlap.json.gz", tmp_path / "trace-ce_overlap-rank1.json.gz"
+    trace(r0, 0, with_wait=True)   # rank 0 waits 4.0 .. 4.2 ms (trace time) for its op
+    trace(r1, 1000, with_wait=False)  # rank 1, 1 ms later on the clock: its 4-byte signal ends at 4.19 ms
+    ops = ce_ops.ce_ops(ce_ops._events(str(r0)))
+    assert [(o["name"], o["bytes"], o["streams"]) for o in ops] == [
+        ("all_gather_into_tensors", {"DtoD": 1 << 20, "PtoP": 1 << 22}, [146, 147])]
+    assert (ops[0]["start_us"], ops[0]["end_us"]) == (2000.0, 4000.0)
+    assert ce_ops.main([str(r0), str(r1), "--min-wait-ms", "0.1", "--slack-us", "15"]) == 0
+    out = capsys.readouterr().out
+    assert "[1] trace-ce_overlap-rank1.json.gz: its step starts at 1.000 ms" in out
+    # Rank 0's step starts after its first optimizer (1 ms): the clock's zero for both traces.
+    assert "copies     1.000 ..     3.000 ( 2.000 ms)  DtoD 1.0 MB, PtoP 4.2 MB  streams [146, 147]" in out
+    assert "wait  0.200 ms at     3.000 before nvjet_gemm: ended by a 4-byte copy at 3.190 of [1]" in out
+    assert ce_ops.main([str(r0), "--slack-us", "5", "--min-wait-ms", "0.1"]) == 0
+    assert "no copy ended just before it" in capsys.readouterr().out
+    assert ce_ops.main([str(tmp_path / "missing.json.gz")]) == 2
