@@ -145,6 +145,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="how the FSDP2 modes shard: torchtitan (its apply_fsdp: embedding, each block, [norm, output] "
                         "not resharded after forward, root) or blocks (each block, then the root holding embedding, "
                         "norm and output: the pattern of results before 2026-11-26)")
+    p.add_argument("--vocab-parallel-embeddings", action="store_true",
+                   help="the in-graph modes shard the token embedding by rows and look tokens up where they are stored "
+                        "(ce_overlap.fully_shard's vocab_parallel_embeddings: no all-gather of the table, no "
+                        "reduce-scatter of its gradient); the FSDP2 modes and no-comm are unchanged")
     p.add_argument("--trace-dir", default=None,
                    help="after each mode (GPU), write every rank's torch.profiler trace of 2 steps (CPU and GPU, Chrome "
                         "format, gzip) to DIR/trace-MODE.json.gz (rank 0) and DIR/trace-MODE-rankR.json.gz, for a "
@@ -197,7 +201,7 @@ def model_config(args):
                                expand_kv=args.gqa == "expand")
 
 
-def build_model(cfg, mode: str, group, ce: str = "auto", wrap: str = "torchtitan"):
+def build_model(cfg, mode: str, group, ce: str = "auto", wrap: str = "torchtitan", vocab_parallel: bool = False):
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     import ce_overlap
@@ -217,8 +221,10 @@ def build_model(cfg, mode: str, group, ce: str = "auto", wrap: str = "torchtitan
         for i, block in enumerate(model.layers):
             model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)  # the reduce-scatters in bf16 too (reduce_dtype None)
-    for module in (*model.layers, model):
+    for module in model.layers:
         ce_overlap.fully_shard(module, group, mp_policy=mp, _local_gather=mode == "no-comm")
+    ce_overlap.fully_shard(model, group, mp_policy=mp, vocab_parallel_embeddings=vocab_parallel,
+                           _local_gather=mode == "no-comm")
     return model
 
 
@@ -387,6 +393,7 @@ def child_argv(args) -> list[str]:
     argv += ["--memory-history"] if args.memory_history else []
     argv += ["--sync-every-step"] if args.sync_every_step else []
     argv += ["--trace-dir", args.trace_dir] if args.trace_dir else []
+    argv += ["--vocab-parallel-embeddings"] if args.vocab_parallel_embeddings else []
     return argv
 
 
@@ -424,7 +431,7 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    model = build_model(cfg, mode, group, args.ce, args.fsdp2_wrap)
+    model = build_model(cfg, mode, group, args.ce, args.fsdp2_wrap, args.vocab_parallel_embeddings)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=DEVICE == "cuda")
     step_fn = model
     if mode != "eager" and not mode.startswith("fsdp2"):  # FSDP2 modes compile their blocks themselves
@@ -574,7 +581,8 @@ def predict(args, world: int, profile: str) -> dict:
     process, then plan (ce_overlap's pass) or, before planning existed, analyze."""
     cmd = [sys.executable, os.path.abspath(__file__), "--predict-only", "--model", args.model,
            "--layers", str(args.layers or 0), "--seq-len", str(args.seq_len), "--batch", str(args.batch),
-           "--gqa", args.gqa, "--profile", profile, "--out", "-"]
+           "--gqa", args.gqa, "--profile", profile, "--out", "-"] + \
+        (["--vocab-parallel-embeddings"] if args.vocab_parallel_embeddings else [])
     env = {**os.environ, "CE_OVERLAP_PREDICT_WORLD": str(world), "CUDA_VISIBLE_DEVICES": ""}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
         env.pop(k, None)
@@ -596,7 +604,8 @@ def capture_step(args, world: int):
     with torch.device("meta"):
         model = Llama(model_config(args))
     tokens = torch.zeros((args.batch, args.seq_len), dtype=torch.long, device="meta")
-    return ce_overlap.capture(model, (tokens, tokens), world_size=world)
+    return ce_overlap.capture(model, (tokens, tokens), world_size=world,
+                              vocab_parallel_embeddings=args.vocab_parallel_embeddings)
 
 
 def loss_logits(args) -> int:

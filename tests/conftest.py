@@ -24,12 +24,14 @@ def load_data_module(name: str):
 
 
 @functools.cache
-def _capture_zoo(name: str, world_size: int, reshard: bool = True, seq_len: int | None = None, full: bool = False):
+def _capture_zoo(name: str, world_size: int, reshard: bool = True, seq_len: int | None = None, full: bool = False,
+                 vocab_parallel: bool = False):
     """A zoo model's IR as the CLI captures it: deep models extrapolated from 3 and 4 blocks unless `full`
     (tests/test_extrapolate.py holds the two to be identical)."""
     from ce_overlap.ir import capture_named
 
-    return capture_named(name, world_size=world_size, reshard_after_forward=reshard, seq_len=seq_len, full=full)
+    return capture_named(name, world_size=world_size, reshard_after_forward=reshard, seq_len=seq_len, full=full,
+                         vocab_parallel_embeddings=vocab_parallel)
 
 
 @pytest.fixture(scope="session")

@@ -111,6 +111,34 @@ def test_without_reshard_the_backward_does_not_regather(capture_zoo):
     assert not [n for n in bwd if n["kind"] == "collective" and n["collective"]["type"] == "all_gather"]
 
 
+def test_vocab_parallel_embedding_moves_tokens_and_activations_not_the_table(capture_zoo):
+    """fully_shard's vocab_parallel_embeddings in the captured step: the forward starts with the token ids' all-gather
+    and reduce-scatters the partial embeddings (world x tokens x dim), the backward gathers their gradient, and the
+    table is neither gathered nor its gradient reduce-scattered."""
+    cfg = LLAMA_CONFIGS["llama3-tiny"]
+    plain, vocab = capture_zoo("llama3-tiny", 2), capture_zoo("llama3-tiny", 2, vocab_parallel=True)
+    assert vocab.meta["vocab_parallel_embeddings"] is True and "vocab_parallel_embeddings" not in plain.meta
+
+    def colls(ir, graph):
+        return [n for n in _nodes(ir, graph) if n["kind"] == "collective"]
+
+    table = cfg.vocab_size * cfg.dim * 2  # the gathered bf16 table
+    tokens = 1 * models.build_named("llama3-tiny").example_inputs[0].shape[1]
+    fwd, bwd = colls(vocab, "forward"), colls(plain, "backward")
+    assert fwd[0]["collective"]["type"] == "all_gather" and fwd[0]["outputs"][0]["dtype"] == "int64"
+    rs = [n for n in fwd if n["collective"]["type"] == "reduce_scatter"]
+    assert len(rs) == 1 and rs[0]["collective"]["bytes"] == 2 * tokens * cfg.dim * 2
+    def tables(nodes):  # the embedding's and the output projection's (the same shape here)
+        return sum(n["collective"]["type"] == "all_gather" and n["outputs"][0]["bytes"] == table for n in nodes)
+
+    assert (tables(colls(plain, "forward")), tables(fwd)) == (2, 1)
+    vb = colls(vocab, "backward")
+    assert sum(n["collective"]["type"] == "reduce_scatter" for n in vb) == \
+        sum(n["collective"]["type"] == "reduce_scatter" for n in bwd) - 1
+    assert [n for n in vb if n["collective"]["type"] == "all_gather"
+            and n["outputs"][0]["bytes"] == 2 * tokens * cfg.dim * 2]
+
+
 def test_world_size_one_and_uneven_sharding(capture_zoo):
     # world size 3 does not divide the tiny model's dims: shards are padded, gathered then trimmed.
     ir = capture_zoo("llama3-tiny", 3)

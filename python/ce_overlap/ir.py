@@ -59,7 +59,7 @@ class Ir:
 
 
 def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
-                     cast_forward_inputs=True, device=None):
+                     cast_forward_inputs=True, device=None, vocab_parallel_embeddings=False):
     import torch
 
     from .fx.capture import CaptureOptions
@@ -74,7 +74,8 @@ def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward,
     device, reason = capture_device(device)
     return CaptureOptions(world_size=world_size, rank=rank, fsdp=fsdp, param_dtype=dtype,
                           reshard_after_forward=reshard_after_forward, inductor_config=dict(inductor_config or {}),
-                          cast_forward_inputs=bool(cast_forward_inputs), device=device, device_reason=reason)
+                          cast_forward_inputs=bool(cast_forward_inputs), device=device, device_reason=reason,
+                          vocab_parallel_embeddings=bool(vocab_parallel_embeddings))
 
 
 def capture_device(device: str | None) -> tuple[str, str | None]:
@@ -114,7 +115,7 @@ def _from_doc(doc: dict) -> Ir:
 def capture(model, example_inputs: Sequence[Any], *, world_size: int, rank: int = 0, fsdp: bool = True,
             param_dtype="bfloat16", reshard_after_forward: bool = True, cast_forward_inputs: bool = True,
             inductor_config: dict | None = None, name: str | None = None, meta: dict | None = None,
-            device: str | None = None) -> Ir:
+            device: str | None = None, vocab_parallel_embeddings: bool = False) -> Ir:
     """Capture one training step of `model` as Inductor's post-grad graphs, as IR.
 
     Runs on any machine (fake process group, fake tensors): build the model on the meta device to
@@ -122,13 +123,14 @@ def capture(model, example_inputs: Sequence[Any], *, world_size: int, rank: int 
     over `world_size` ranks (modified in place); with `cast_forward_inputs` (FSDP2's default) its floating
     forward inputs are cast to `param_dtype`. The fake tensors are CUDA tensors (no GPU needed), so the graphs hold
     the kernels Inductor uses on a GPU (SDPA's flash / cuDNN ops, flex attention), unless `device` is "cpu" or this
-    torch cannot make them (meta["capture_device"] says which, meta["capture_device_reason"] why). The loss is
+    torch cannot make them (meta["capture_device"] says which, meta["capture_device_reason"] why).
+    `vocab_parallel_embeddings`: fully_shard's (embeddings look up on their row shards). The loss is
     the forward's output, or the first tensor of a tuple, list or dict it returns, summed unless it is a scalar
     (meta["loss"] says which). Raises CeOverlapError for bad arguments or a model that does not compile to one
     graph.
     """
     options = _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
-                               cast_forward_inputs, device)
+                               cast_forward_inputs, device, vocab_parallel_embeddings)
     return _from_doc(_capture_doc(model, example_inputs, options,
                                   {"model": name or type(model).__name__, **(meta or {})}))
 
@@ -140,7 +142,7 @@ EXTRAPOLATE_FROM_BLOCKS = 3
 def capture_named(name: str, *, world_size: int, seq_len: int | None = None, batch: int = 1, rank: int = 0,
                   fsdp: bool = True, param_dtype="bfloat16", reshard_after_forward: bool = True,
                   cast_forward_inputs: bool = True, inductor_config: dict | None = None, full: bool = False,
-                  device: str | None = None) -> Ir:
+                  device: str | None = None, vocab_parallel_embeddings: bool = False) -> Ir:
     """Capture a zoo model (ce_overlap.models) by name.
 
     Its blocks are identical, so unless `full` the model is captured at 3 and 4 blocks and the graphs of all
@@ -155,7 +157,7 @@ def capture_named(name: str, *, world_size: int, seq_len: int | None = None, bat
     from .extrapolate import NeedsDeeperCaptures, NotExtrapolable, extrapolate
 
     options = _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
-                               cast_forward_inputs, device)
+                               cast_forward_inputs, device, vocab_parallel_embeddings)
     built = models.build_named(name, seq_len=seq_len, batch=batch)
     tokens = built.example_inputs[0]
     meta = {"model": name, "batch": int(tokens.shape[0]), "seq_len": int(tokens.shape[1])}

@@ -63,15 +63,16 @@ def unsharded() -> Llama:
     return model
 
 
-def shard(model: Llama, impl: str, mesh, bf16: bool) -> Llama:
+def shard(model: Llama, impl: str, mesh, bf16: bool, vocab: bool = False) -> Llama:
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if bf16 else MixedPrecisionPolicy()
     if impl == "fsdp2":
         from torch.distributed.fsdp import fully_shard
     else:
         fully_shard = ce_overlap.fully_shard
+    extra = {"vocab_parallel_embeddings": True} if vocab else {}
     for block in model.layers:
         fully_shard(block, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp, **extra)
     return model
 
 
@@ -153,17 +154,21 @@ def run_check(args, mesh) -> None:
           set(full) == set(ref_keys)
           and all(torch.equal(full[k], v.float().cpu()) for k, v in ref.state_dict().items()))
 
-    variants = [("eager", False, False)]
+    variants = [("eager", False, False, False), ("eager, vocabulary-parallel embedding", False, False, True)]
     if args.compile:
-        variants += [("compiled", True, False), ("compiled, activation checkpointing per block", True, True)]
-    for label, compiled, ac in variants:
+        variants += [("compiled", True, False, False), ("compiled, activation checkpointing per block", True, True, False),
+                     ("compiled, vocabulary-parallel embedding", True, False, True)]
+    for label, compiled, ac, vocab in variants:
         model = copy.deepcopy(ref)
         if ac:  # torchtitan's order: checkpoint_wrapper on each block, then fully_shard
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
             for i, block in enumerate(model.layers):
                 model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
-        model = shard(model, "ce", mesh, bf16=False)
+        model = shard(model, "ce", mesh, bf16=False, vocab=vocab)
+        if vocab:
+            check(f"{label}: the embedding looks up on its row shard",
+                  getattr(model.tok_embeddings, "_ce_overlap_vocab_parallel", False))
         reference = copy.deepcopy(ref)
         run = torch.compile(model, fullgraph=True) if compiled else model
         opt, ref_opt = optimizer(model), optimizer(reference)

@@ -42,6 +42,8 @@ class CaptureOptions:
     """Dtype parameters are cast to before the all-gather (bf16 mixed precision); None keeps them."""
     reshard_after_forward: bool = True
     """Re-gather parameters in the backward instead of saving them (FSDP's default)."""
+    vocab_parallel_embeddings: bool = False
+    """With FSDP: embeddings look up their tokens on their row shards (fully_shard's vocab_parallel_embeddings)."""
     cast_forward_inputs: bool = True
     """With FSDP and a param_dtype: cast the model's floating-point forward inputs to param_dtype, as FSDP2's
     MixedPrecisionPolicy does by default (a float32 image meets bf16 conv weights as bf16)."""
@@ -149,8 +151,8 @@ def _fakeify_module(model: nn.Module, fsdp: bool, group, options: CaptureOptions
             mesh = DeviceMesh.from_group(group, options.device,
                                           mesh_dim_names=(f"ce_overlap_capture_{next(_CAPTURES)}",))
         mp = MixedPrecisionPolicy(param_dtype=options.param_dtype, cast_forward_inputs=options.cast_forward_inputs)
-        return fully_shard(model, mesh, mp_policy=mp,
-                           reshard_after_forward=options.reshard_after_forward, device=options.device)
+        return fully_shard(model, mesh, mp_policy=mp, reshard_after_forward=options.reshard_after_forward,
+                           device=options.device, vocab_parallel_embeddings=options.vocab_parallel_embeddings)
     for module in model.modules():
         for name, p in list(module.named_parameters(recurse=False)):
             module._parameters[name] = nn.Parameter(_to_fake(p, options.device), requires_grad=p.requires_grad)
@@ -308,6 +310,7 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
         "fsdp": options.fsdp,
         "param_dtype": str(options.param_dtype).removeprefix("torch.") if options.param_dtype else "none",
         "reshard_after_forward": options.reshard_after_forward,
+        **({"vocab_parallel_embeddings": True} if options.fsdp and options.vocab_parallel_embeddings else {}),
         "num_params": num_params,
         "torch": torch.__version__,
         "capture_device": options.device,
