@@ -81,6 +81,45 @@ def test_tied_parameters_stay_one_shard(world8):
     assert len(list(model.parameters())) == 1
 
 
+def test_vocab_parallel_lookup_takes_only_the_embeddings_it_can_and_says_why_not(world8, caplog):
+    """vocab_parallel_embeddings marks a plain embedding; a tied one, one with padding_idx, a subclass with its own
+    forward, a table that leaves a rank without rows and a reduce_dtype other than param_dtype are gathered as
+    before, each named in the log (the lookup itself: tests/fully_shard/worker.py against the unsharded model)."""
+    import logging
+
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    _, mesh = world8
+
+    class Scaled(nn.Embedding):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.plain = nn.Embedding(64, 8)
+            self.tied = nn.Embedding(64, 8)
+            self.out = nn.Linear(8, 64, bias=False)
+            self.out.weight = self.tied.weight
+            self.padded = nn.Embedding(64, 8, padding_idx=0)
+            self.scaled = Scaled(64, 8)
+            self.few = nn.Embedding(7, 8)  # 1 row per rank of 8: rank 7 has none
+
+    def marked(model):
+        return {name for name, m in model.named_children() if getattr(m, "_ce_overlap_vocab_parallel", False)}
+
+    with torch.device("meta"), caplog.at_level(logging.WARNING, logger="ce_overlap"):
+        model = ce_overlap.fully_shard(Model(), mesh, vocab_parallel_embeddings=True)
+    assert marked(model) == {"plain"}
+    for why in ("tied", "padding_idx", "its forward is not nn.Embedding's", "7 rows leave a rank of 8 without rows"):
+        assert why in caplog.text, why
+    with torch.device("meta"):
+        fp32 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        assert marked(ce_overlap.fully_shard(Model(), mesh, mp_policy=fp32, vocab_parallel_embeddings=True)) == set()
+        assert marked(ce_overlap.fully_shard(Model(), mesh)) == set()  # off by default
+
+
 def test_bad_input_is_refused_by_name(world8):
     group, mesh = world8
     from torch.distributed.device_mesh import init_device_mesh

@@ -110,8 +110,12 @@ def _vocab_parallel_lookup(module: nn.Embedding, tokens: torch.Tensor) -> torch.
     return out.view(*tokens.shape, w.shape[-1])
 
 
-def _vocab_parallel_ok(sub: nn.Module, param: nn.Parameter, registrations: int, rows: int, n: int) -> str | None:
+def _vocab_parallel_ok(sub: nn.Module, spec: _ShardSpec, registrations: int, n: int) -> str | None:
     """Why `sub` cannot look up on its row shard (None: it can)."""
+    rows = spec.rows
+    if spec.reduce_dtype != spec.param_dtype:
+        # The table's gradient is summed over ranks inside the lookup's backward, in the gathered weight's dtype.
+        return f"its gradient reduces in {spec.reduce_dtype}, not in the gathered {spec.param_dtype}"
     if user_class(type(sub)).forward is not nn.Embedding.forward:
         return "its forward is not nn.Embedding's"
     if registrations > 1:
@@ -332,8 +336,8 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
     A Parameter registered in several modules (tied) stays one shard, gathered once per forward.
     vocab_parallel_embeddings: the nn.Embedding modules this call shards look up their tokens on their row shards
     instead of gathering the table (the module docstring); one that cannot (a tied weight, padding_idx, max_norm,
-    scale_grad_by_freq, sparse, a subclass's forward, a rank without rows) is gathered as any weight, said once in
-    the log. _local_gather:
+    scale_grad_by_freq, sparse, a subclass's forward, a rank without rows, a reduce_dtype other than param_dtype) is
+    gathered as any weight, said once in the log. _local_gather:
     bench/train.py's no-communication bound (local ops of the gathers' shapes), not a sharded model.
     Returns the module; its modules' classes are swapped for subclasses of the same names that gather (state-dict
     keys unchanged).
@@ -412,7 +416,7 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
             if not isinstance(sub, nn.Embedding) or name != "weight":
                 continue
             shard = sharded[id(param)]
-            why = _vocab_parallel_ok(sub, shard, registrations[id(shard)], param.shape[0], mesh.size())
+            why = _vocab_parallel_ok(sub, specs[id(shard)], registrations[id(shard)], mesh.size())
             if why is None:
                 sub._ce_overlap_vocab_parallel = True
             else:
