@@ -25,6 +25,8 @@ rows, and the partial embeddings are reduce-scattered back to the ranks that own
 nonzero term). Its backward all-gathers the output gradient and accumulates the rank's own rows, so the table's
 gradient needs no reduce-scatter. Per step that moves 2 x world x tokens x dim elements instead of the table's
 all-gather and its gradient's reduce-scatter (Llama-3-8B at 2 ranks, 4096 tokens: 64 + 64 MiB against 501 + 1002 MiB).
+Every rank must then look up as many tokens per step as the others (the token ids are all-gathered), as the inputs of
+any collective must match.
 """
 from __future__ import annotations
 
@@ -113,6 +115,8 @@ def _vocab_parallel_lookup(module: nn.Embedding, tokens: torch.Tensor) -> torch.
 def _vocab_parallel_ok(sub: nn.Module, spec: _ShardSpec, registrations: int, n: int) -> str | None:
     """Why `sub` cannot look up on its row shard (None: it can)."""
     rows = spec.rows
+    if n == 1:
+        return "a world of one rank has no table to gather"
     if spec.reduce_dtype != spec.param_dtype:
         # The table's gradient is summed over ranks inside the lookup's backward, in the gathered weight's dtype.
         return f"its gradient reduces in {spec.reduce_dtype}, not in the gathered {spec.param_dtype}"
