@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import gzip
-import json
 import os
 import sys
 
-from timeline import analyze, last_step, load
+from timeline import analyze, last_step, load, trace_events
 
 SKIP_OPS = ("ce_overlap::stored", "ce_overlap::wait_tensor")
 COPY_CATEGORIES = ("gpu_memcpy", "gpu_memset")
@@ -47,15 +45,16 @@ def ce_ops(events: list[dict]) -> list[dict]:
         if not mine:
             continue
         by_kind: dict[str, int] = {}
+        ends = []  # (end_us, bytes) per copy
         for c in mine:
+            nbytes = int(c.get("args", {}).get("bytes", 0))
             kind = "PtoP" if "PtoP" in c["name"] else "DtoD" if "DtoD" in c["name"] else c["name"].split()[0]
-            by_kind[kind] = by_kind.get(kind, 0) + int(c.get("args", {}).get("bytes", 0))
+            by_kind[kind] = by_kind.get(kind, 0) + nbytes
+            ends.append((float(c["ts"]) + float(c.get("dur", 0.0)), nbytes))
         out.append({"name": op["name"][len("ce_overlap::"):], "host_us": float(op["ts"]),
-                    "start_us": min(float(c["ts"]) for c in mine),
-                    "end_us": max(float(c["ts"]) + float(c.get("dur", 0.0)) for c in mine),
+                    "start_us": min(float(c["ts"]) for c in mine), "end_us": max(end for end, _ in ends),
                     "bytes": by_kind, "streams": sorted({c.get("args", {}).get("stream", c.get("tid")) for c in mine}),
-                    "copies": [(float(c["ts"]) + float(c.get("dur", 0.0)), int(c.get("args", {}).get("bytes", 0)))
-                               for c in mine]})
+                    "copies": ends})
     return out
 
 
@@ -71,12 +70,6 @@ def ended_by(ops: list[dict], wait_end_us: float, slack_us: float) -> tuple[dict
     return best
 
 
-def _events(path: str) -> list[dict]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        return json.load(f)["traceEvents"]
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("traces", nargs="+", help="train.py --trace-dir traces; the first one's step sets the clock's zero")
@@ -84,15 +77,21 @@ def main(argv=None) -> int:
     p.add_argument("--to-ms", type=float, default=float("inf"), help="window end (default: the step's end)")
     p.add_argument("--min-wait-ms", type=float, default=0.05, help="compute-stream waits shorter than this are left out")
     p.add_argument("--slack-us", type=float, default=60.0,
-                   help="a wait is ended by an op whose last copy finished at most this long before it (default 60)")
+                   help="a wait is ended by a copy, of any op of any rank, that finished at most this long before it "
+                        "(default 60)")
     p.add_argument("--step-gap-ms", type=float, default=20.0, help="as bench/timeline.py's (default 20)")
     args = p.parse_args(argv)
+    for flag, value in (("--min-wait-ms", args.min_wait_ms), ("--slack-us", args.slack_us)):
+        if value < 0:
+            p.error(f"{flag} must be >= 0, got {value:g}")
+    if args.from_ms > args.to_ms:
+        p.error(f"--from-ms {args.from_ms:g} is after --to-ms {args.to_ms:g}")
     loaded = []
     for path in args.traces:
         try:
-            acts = load(path)
-            step, start, end = last_step(acts, args.step_gap_ms)
-            loaded.append((path, step, start, end, ce_ops(_events(path))))
+            events = trace_events(path)  # read once: the GPU activities and the ops' runtime calls
+            step, start, end = last_step(load(path, events), args.step_gap_ms)
+            loaded.append((path, step, start, end, ce_ops(events)))
         except (OSError, ValueError, KeyError) as e:
             print(f"ce_ops: {path}: {e}", file=sys.stderr)
             return 2

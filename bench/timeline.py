@@ -23,20 +23,25 @@ LETTERS = {"gemm": "G", "attention": "A", "fused": "F", "optimizer": "O", "colle
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def gpu_events(path: str) -> list[dict]:
-    """The GPU activities (kernels, copies, memsets) of a Chrome trace (.json or .json.gz), as the trace's event
-    dicts, sorted by start."""
+def trace_events(path: str) -> list[dict]:
+    """Every event of a Chrome trace (.json or .json.gz), as the trace's dicts."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
-        events = json.load(f)["traceEvents"]
+        return json.load(f)["traceEvents"]
+
+
+def gpu_events(path: str, events: list[dict] | None = None) -> list[dict]:
+    """The GPU activities (kernels, copies, memsets) of a Chrome trace (.json or .json.gz), as the trace's event
+    dicts, sorted by start; from `events` (trace_events') where the caller has read them already."""
+    events = trace_events(path) if events is None else events
     return sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES),
                   key=lambda e: float(e["ts"]))
 
 
-def load(path: str) -> list[tuple[float, float, str, int]]:
-    """(start_us, end_us, name, stream) of every GPU activity in the trace."""
+def load(path: str, events: list[dict] | None = None) -> list[tuple[float, float, str, int]]:
+    """(start_us, end_us, name, stream) of every GPU activity in the trace (or in its already read `events`)."""
     return sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e.get("name", ""), int(e.get("tid", -1)))
-                  for e in gpu_events(path))
+                  for e in gpu_events(path, events))
 
 
 def last_step(acts, step_gap_ms: float = 20.0):

@@ -791,6 +791,7 @@ def test_ce_ops_owns_copies_by_correlation_and_names_the_copy_that_ended_each_wa
     import gzip
 
     import ce_ops
+    import timeline
 
     adam = "void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata<4>, FusedAdamMathFunctor>"
 
@@ -819,7 +820,7 @@ def test_ce_ops_owns_copies_by_correlation_and_names_the_copy_that_ended_each_wa
     r0, r1 = tmp_path / "trace-ce_overlap.json.gz", tmp_path / "trace-ce_overlap-rank1.json.gz"
     trace(r0, 0, with_wait=True)   # rank 0 waits 4.0 .. 4.2 ms (trace time) for its op
     trace(r1, 1000, with_wait=False)  # rank 1, 1 ms later on the clock: its 4-byte signal ends at 4.19 ms
-    ops = ce_ops.ce_ops(ce_ops._events(str(r0)))
+    ops = ce_ops.ce_ops(timeline.trace_events(str(r0)))
     assert [(o["name"], o["bytes"], o["streams"]) for o in ops] == [
         ("all_gather_into_tensors", {"DtoD": 1 << 20, "PtoP": 1 << 22}, [146, 147])]
     assert (ops[0]["start_us"], ops[0]["end_us"]) == (2000.0, 4000.0)
@@ -832,3 +833,10 @@ def test_ce_ops_owns_copies_by_correlation_and_names_the_copy_that_ended_each_wa
     assert ce_ops.main([str(r0), "--slack-us", "5", "--min-wait-ms", "0.1"]) == 0
     assert "no copy ended just before it" in capsys.readouterr().out
     assert ce_ops.main([str(tmp_path / "missing.json.gz")]) == 2
+    capsys.readouterr()
+    for bad, why in ((["--slack-us", "-1"], "--slack-us must be >= 0, got -1"),
+                     (["--min-wait-ms", "-0.1"], "--min-wait-ms must be >= 0, got -0.1"),
+                     (["--from-ms", "5", "--to-ms", "1"], "--from-ms 5 is after --to-ms 1")):
+        with pytest.raises(SystemExit):
+            ce_ops.main([str(r0), *bad])
+        assert why in capsys.readouterr().err
