@@ -72,7 +72,8 @@ def header(title: str) -> dict:
     import ce_overlap.runtime as rt
 
     # This rank's GPU, current or not (a parent that only coordinates child processes never makes it current)
-    props = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
+    local = os.environ.get("LOCAL_RANK")
+    props = torch.cuda.get_device_properties(int(local) if local is not None else torch.cuda.current_device())
     try:
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
     except Exception:  # noqa: BLE001

@@ -139,6 +139,12 @@ def test_vocab_parallel_embedding_moves_tokens_and_activations_not_the_table(cap
             and n["outputs"][0]["bytes"] == 2 * tokens * cfg.dim * 2]
 
 
+def test_vocab_parallel_embedding_without_fsdp_is_refused():
+    with pytest.raises(ce_overlap.CeOverlapError, match="vocab_parallel_embeddings .* needs fsdp"):
+        ce_overlap.capture(torch.nn.Embedding(4, 2), (torch.zeros(2, dtype=torch.long),), world_size=2, fsdp=False,
+                           vocab_parallel_embeddings=True)
+
+
 def test_world_size_one_and_uneven_sharding(capture_zoo):
     # world size 3 does not divide the tiny model's dims: shards are padded, gathered then trimmed.
     ir = capture_zoo("llama3-tiny", 3)

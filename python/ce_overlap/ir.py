@@ -66,6 +66,9 @@ def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward,
 
     if not isinstance(world_size, int) or world_size < 1:
         raise CeOverlapError(f"world_size must be an integer >= 1, got {world_size!r}")
+    if vocab_parallel_embeddings and not fsdp:
+        raise CeOverlapError("vocab_parallel_embeddings shards embeddings by rows, which needs fsdp (in-graph FSDP); "
+                             "without it there is no table to gather")
     dtype = None
     if param_dtype is not None:
         dtype = param_dtype if isinstance(param_dtype, torch.dtype) else getattr(torch, str(param_dtype), None)

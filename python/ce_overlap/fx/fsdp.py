@@ -114,7 +114,6 @@ def _vocab_parallel_lookup(module: nn.Embedding, tokens: torch.Tensor) -> torch.
 
 def _vocab_parallel_ok(sub: nn.Module, spec: _ShardSpec, registrations: int, n: int) -> str | None:
     """Why `sub` cannot look up on its row shard (None: it can)."""
-    rows = spec.rows
     if n == 1:
         return "a world of one rank has no table to gather"
     if spec.reduce_dtype != spec.param_dtype:
@@ -126,8 +125,8 @@ def _vocab_parallel_ok(sub: nn.Module, spec: _ShardSpec, registrations: int, n: 
         return "its weight is tied (another module reads it whole)"
     if sub.padding_idx is not None or sub.max_norm is not None or sub.scale_grad_by_freq or sub.sparse:
         return "it uses padding_idx, max_norm, scale_grad_by_freq or sparse"
-    if rows - (n - 1) * shard_rows(rows, n) <= 0:
-        return f"{rows} rows leave a rank of {n} without rows"
+    if spec.rows - (n - 1) * spec.chunk <= 0:
+        return f"{spec.rows} rows leave a rank of {n} without rows"
     return None
 
 
