@@ -171,10 +171,12 @@ sanitize() {
 export -f env_info runtime_ready source_hash build torchrun_all torchrun2 sanitize
 
 # pass_gpu_stage MODELS CAP_S: the pass's GPU check (tests/pass_gpu/run_pass_gpu.py) on 2 ranks, with this driver's
-# default models and timeout; CE_DEVICE_PASS_MODELS, CE_DEVICE_PASS_VARIANTS and CE_DEVICE_PASS_S override them.
+# default models and timeout; CE_DEVICE_PASS_MODELS, CE_DEVICE_PASS_VARIANTS and CE_DEVICE_PASS_S override them;
+# CE_DEVICE_PASS_VOCAB_PARALLEL=1 shards every variant with vocab_parallel_embeddings.
 pass_gpu_stage() {
   stage pass_gpu "${CE_DEVICE_PASS_S:-$2}" torchrun2 tests/pass_gpu/run_pass_gpu.py \
     --models "${CE_DEVICE_PASS_MODELS:-$1}" ${CE_DEVICE_PASS_VARIANTS:+--variants "$CE_DEVICE_PASS_VARIANTS"} \
+    $([ "${CE_DEVICE_PASS_VOCAB_PARALLEL:-0}" = 1 ] && echo --vocab-parallel-embeddings) \
     --out "$OUT/pass_gpu.json"
 }
 

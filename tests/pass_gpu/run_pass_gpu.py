@@ -185,7 +185,8 @@ def run_variant(model_name: str, variant: str, args) -> dict:
     torch._dynamo.reset()
     torch.manual_seed(1234)
     model, vocab_size, seq_len = build_model(model_name, args)
-    fully_shard(model, dist.group.WORLD, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+    fully_shard(model, dist.group.WORLD, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16),
+                vocab_parallel_embeddings=args.vocab_parallel_embeddings)
     named = list(model.named_parameters())
     params = [p for _, p in named]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.1)
@@ -301,6 +302,9 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--bucket-cap-mb", type=float, default=4096.0)
     p.add_argument("--verbose", action="store_true", help="log every bucket decision")
+    p.add_argument("--vocab-parallel-embeddings", action="store_true",
+                   help="every variant shards with vocab_parallel_embeddings=True (the token embedding looked up on "
+                        "its row shards: a token all-gather and a forward reduce-scatter instead of the table's)")
     p.add_argument("--shared-gpu", action="store_true", default=SHARED_GPU,
                    help="every rank on GPU 0 over gloo (default: CE_TEST_SHARED_GPU=1, or more local ranks than GPUs); "
                         "all-CE variants only")
