@@ -12,7 +12,11 @@ runtime calls enqueued (matched by the profiler's correlation ids); its line giv
 first copy's start to its last copy's end, and its bytes by kind (PtoP: between GPUs; DtoD: within one). A wait of
 the compute stream is "ended by" the copy, of any op of any of the traces, that finished closest before the compute
 stream went on (within --slack-us): the last bytes of the op it waited for, or a peer's signal (a ready or done flag
-is a 4- or 32-byte copy into this rank) that let this rank's op complete.
+is a 4- or 32-byte copy into this rank) that let this rank's op complete. That is a proximity: a wait is a data wait
+only if the host made the compute stream wait between launching the kernel before it and the one after it (a
+cudaStreamWaitEvent outside the ce_overlap ops' own launches, which make their copy streams wait on the compute
+stream). Where none was launched the line says so: the compute stream stalled beside the copies with nothing to wait
+for (2x H100, 8 layers: most block-boundary waits, bench/results/step-prediction-2026-11-28).
 """
 from __future__ import annotations
 
@@ -70,6 +74,48 @@ def ended_by(ops: list[dict], wait_end_us: float, slack_us: float) -> tuple[dict
     return best
 
 
+class LaunchOrder:
+    """Which host calls came between two GPU activities' launches, from one trace's events: the launch time of an
+    activity (by its correlation id) and the cudaStreamWaitEvent calls that are not a ce_overlap op's own (an op's
+    launch makes its copy streams wait on the caller's stream; its wait_tensor makes the caller's stream wait)."""
+
+    def __init__(self, events: list[dict]):
+        runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+        self.launch = {e.get("args", {}).get("correlation"): float(e["ts"]) for e in runtime}
+        ops = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in events
+                     if e.get("cat") == "cpu_op" and str(e.get("name", "")).startswith("ce_overlap::")
+                     and e["name"] != "ce_overlap::wait_tensor")
+        starts = [a for a, _ in ops]
+
+        def inside_op(t: float) -> bool:
+            i = bisect.bisect_right(starts, t) - 1
+            return i >= 0 and t <= ops[i][1]
+
+        self.waits = sorted(float(e["ts"]) for e in runtime
+                            if e.get("name") == "cudaStreamWaitEvent" and not inside_op(float(e["ts"])))
+        self.gpu = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e.get("tid"),
+                           e.get("args", {}).get("correlation")) for e in events
+                          if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+
+    def gap_kind(self, end_before_us: float, start_after_us: float, tol_us: float = 1.0) -> str | None:
+        """Why a stream sat idle between the activity that ended at `end_before_us` and the one of the same stream
+        that started at `start_after_us`: "host" (the next one was launched only after the gap began), "stall" (launched
+        in time, and no stream wait launched between the two: nothing to wait for), or None (a stream wait came
+        between them, or either activity or its launch is not in the trace)."""
+        after = next((g for g in self.gpu if abs(g[0] - start_after_us) <= tol_us), None)
+        if after is None:
+            return None
+        before = max((g for g in self.gpu if g[2] == after[2] and abs(g[1] - end_before_us) <= tol_us),
+                     key=lambda g: g[0], default=None)
+        if before is None or before[3] not in self.launch or after[3] not in self.launch:
+            return None
+        lo, hi = self.launch[before[3]], self.launch[after[3]]
+        if hi > end_before_us:
+            return "host"
+        waits = bisect.bisect_left(self.waits, hi) - bisect.bisect_right(self.waits, lo)
+        return "stall" if waits == 0 else None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("traces", nargs="+", help="train.py --trace-dir traces; the first one's step sets the clock's zero")
@@ -91,7 +137,7 @@ def main(argv=None) -> int:
         try:
             events = trace_events(path)  # read once: the GPU activities and the ops' runtime calls
             step, start, end = last_step(load(path, events), args.step_gap_ms)
-            loaded.append((path, step, start, end, ce_ops(events)))
+            loaded.append((path, step, start, end, ce_ops(events), LaunchOrder(events)))
         except (OSError, ValueError, KeyError) as e:
             print(f"ce_ops: {path}: {e}", file=sys.stderr)
             return 2
@@ -99,8 +145,8 @@ def main(argv=None) -> int:
     ms = lambda t: (t - zero) / 1e3  # noqa: E731
     inside = lambda t: args.from_ms <= ms(t) <= args.to_ms  # noqa: E731
     # A peer's op can end a wait too: its last copy is the signal that lets this rank's op complete.
-    every_op = [dict(op, trace=i) for i, (*_, ops) in enumerate(loaded) for op in ops]
-    for i, (path, step, start, end, ops) in enumerate(loaded):
+    every_op = [dict(op, trace=i) for i, (*_, ops, _) in enumerate(loaded) for op in ops]
+    for i, (path, step, start, end, ops, order) in enumerate(loaded):
         print(f"# [{i}] {os.path.basename(path)}: its step starts at {ms(start):.3f} ms; ce_overlap ops whose copies "
               f"start in [{args.from_ms:g}, {args.to_ms:g}] ms")
         for op in ops:
@@ -122,6 +168,11 @@ def main(argv=None) -> int:
                        f"{ms(op['host_us']):.3f}, copies {ms(op['start_us']):.3f} .. {ms(op['end_us']):.3f})")
             else:
                 why = "no copy ended just before it"
+            kind = order.gap_kind(t0, t1)
+            if kind == "host":
+                why = f"the host launched the next kernel after the gap began (not a data wait); {why}"
+            elif kind == "stall":
+                why = f"no stream wait launched between the two kernels (a stall, not a data wait); {why}"
             print(f"  wait {w['ms']:6.3f} ms at {ms(t0):9.3f} before {w['before'][:40]}: {why}")
     return 0
 

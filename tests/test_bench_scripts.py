@@ -848,3 +848,49 @@ def test_ce_ops_owns_copies_by_correlation_and_names_the_copy_that_ended_each_wa
         with pytest.raises(SystemExit):
             ce_ops.main([str(r0), *bad])
         assert why in capsys.readouterr().err
+
+
+def test_ce_ops_tells_a_stall_from_a_data_wait_by_the_host_launches_between_the_kernels(tmp_path, capsys):
+    """A compute-stream gap is a data wait only if the host made the stream wait between launching the kernels around
+    it; a ce_overlap op's own cudaStreamWaitEvent (its copy streams waiting on the caller's) does not count."""
+    import gzip
+
+    import ce_ops
+
+    adam = "void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata<4>, FusedAdamMathFunctor>"
+
+    def trace(path, data_wait):
+        kernels = [(adam, 0, 1000), ("nvjet_a", 1000, 3000), ("nvjet_b", 4300, 2000), (adam, 40000, 1000)]
+        ev = []
+        for i, (name, ts, dur) in enumerate(kernels):
+            ev.append({"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "tid": 7,
+                       "args": {"correlation": 10 + i}})
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": -500 + 100 * i, "dur": 5,
+                       "tid": 1, "args": {"correlation": 10 + i}})
+        # Between nvjet_a's launch (-400) and nvjet_b's (-300): a ce_overlap op whose launch makes its copy stream wait
+        # on the compute stream, and (data_wait) a wait of the compute stream outside it (a wait_tensor's).
+        ev.append({"ph": "X", "cat": "cpu_op", "name": "ce_overlap::all_gather_into_tensors", "ts": -390, "dur": 40,
+                   "tid": 1, "args": {}})
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamWaitEvent", "ts": -380, "dur": 2, "tid": 1,
+                   "args": {"correlation": 50}})
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": -370, "dur": 5, "tid": 1,
+                   "args": {"correlation": 51}})
+        ev.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy PtoP (Device -> Device)", "ts": 3000, "dur": 1290,
+                   "tid": 146, "args": {"correlation": 51, "bytes": 1 << 22, "stream": 146}})
+        if data_wait:
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamWaitEvent", "ts": -320, "dur": 2,
+                       "tid": 1, "args": {"correlation": 52}})
+        with gzip.open(path, "wt") as f:
+            json.dump({"traceEvents": ev}, f)
+
+    stall, wait = tmp_path / "stall.json.gz", tmp_path / "wait.json.gz"
+    trace(stall, data_wait=False)
+    trace(wait, data_wait=True)
+    assert ce_ops.main([str(stall), "--min-wait-ms", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "wait  0.300 ms at     3.000 before nvjet_b: no stream wait launched between the two kernels" in out
+    assert ce_ops.main([str(wait), "--min-wait-ms", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "wait  0.300 ms at     3.000 before nvjet_b: ended by a 4,194,304-byte copy" in out
+    # The next step's optimizer, launched at -200 us, waited for nothing: the stream had run out of work.
+    assert "before void at::native::multi_tensor_apply_kern: no stream wait launched" in out
