@@ -149,6 +149,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the in-graph modes shard the token embedding by rows and look tokens up where they are stored "
                         "(ce_overlap.fully_shard's vocab_parallel_embeddings: no all-gather of the table, no "
                         "reduce-scatter of its gradient); the FSDP2 modes and no-comm are unchanged")
+    p.add_argument("--in-graph-wrap", choices=["blocks", "torchtitan"], default="blocks",
+                   help="how the in-graph modes shard (ce_overlap.fully_shard): blocks (each block, then the root "
+                        "holding embedding, norm and output, every weight gathered again in the backward) or "
+                        "torchtitan (as --fsdp2-wrap torchtitan keeps them: [norm, output] by a call of their own, not "
+                        "resharded after forward, gathered once per step); the prediction captures the same")
     p.add_argument("--trace-dir", default=None,
                    help="after each mode (GPU), write every rank's torch.profiler trace of 2 steps (CPU and GPU, Chrome "
                         "format, gzip) to DIR/trace-MODE.json.gz (rank 0) and DIR/trace-MODE-rankR.json.gz, for a "
@@ -201,7 +206,13 @@ def model_config(args):
                                expand_kv=args.gqa == "expand")
 
 
-def build_model(cfg, mode: str, group, ce: str = "auto", wrap: str = "torchtitan", vocab_parallel: bool = False):
+# --in-graph-wrap torchtitan: the submodules sharded by a call of their own, not resharded after forward (torchtitan's
+# FSDP2 wrap does this for [norm, output], bench/_fsdp2.py): the backward starts with them.
+KEEP_GATHERED = {"blocks": (), "torchtitan": ("norm", "output")}
+
+
+def build_model(cfg, mode: str, group, ce: str = "auto", wrap: str = "torchtitan", vocab_parallel: bool = False,
+                in_graph_wrap: str = "blocks"):
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     import ce_overlap
@@ -223,6 +234,9 @@ def build_model(cfg, mode: str, group, ce: str = "auto", wrap: str = "torchtitan
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)  # the reduce-scatters in bf16 too (reduce_dtype None)
     for module in model.layers:
         ce_overlap.fully_shard(module, group, mp_policy=mp, _local_gather=mode == "no-comm")
+    for path in KEEP_GATHERED[in_graph_wrap]:
+        ce_overlap.fully_shard(model.get_submodule(path), group, mp_policy=mp, reshard_after_forward=False,
+                               _local_gather=mode == "no-comm")
     ce_overlap.fully_shard(model, group, mp_policy=mp, vocab_parallel_embeddings=vocab_parallel,
                            _local_gather=mode == "no-comm")
     return model
@@ -385,7 +399,8 @@ def child_argv(args) -> list[str]:
             str(args.steps), "--warmup", str(args.warmup), "--lr", repr(args.lr), "--lr-warmup-steps",
             str(args.lr_warmup_steps), "--gqa", args.gqa, "--kernel-profile", str(args.kernel_profile),
             "--kernel-profile-lead-s", str(args.kernel_profile_lead_s), "--ce", args.ce,
-            "--device", args.device, "--fsdp2-wrap", args.fsdp2_wrap, "--same-process"]
+            "--device", args.device, "--fsdp2-wrap", args.fsdp2_wrap, "--in-graph-wrap", args.in_graph_wrap,
+            "--same-process"]
     if args.layers:
         argv += ["--layers", str(args.layers)]
     for item in args.inductor_config:
@@ -431,7 +446,8 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    model = build_model(cfg, mode, group, args.ce, args.fsdp2_wrap, args.vocab_parallel_embeddings)
+    model = build_model(cfg, mode, group, args.ce, args.fsdp2_wrap, args.vocab_parallel_embeddings,
+                        args.in_graph_wrap)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=DEVICE == "cuda")
     step_fn = model
     if mode != "eager" and not mode.startswith("fsdp2"):  # FSDP2 modes compile their blocks themselves
@@ -581,7 +597,7 @@ def predict(args, world: int, profile: str) -> dict:
     process, then plan (ce_overlap's pass) or, before planning existed, analyze."""
     cmd = [sys.executable, os.path.abspath(__file__), "--predict-only", "--model", args.model,
            "--layers", str(args.layers or 0), "--seq-len", str(args.seq_len), "--batch", str(args.batch),
-           "--gqa", args.gqa, "--profile", profile, "--out", "-"] + \
+           "--gqa", args.gqa, "--profile", profile, "--in-graph-wrap", args.in_graph_wrap, "--out", "-"] + \
         (["--vocab-parallel-embeddings"] if args.vocab_parallel_embeddings else [])
     env = {**os.environ, "CE_OVERLAP_PREDICT_WORLD": str(world), "CUDA_VISIBLE_DEVICES": ""}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
@@ -605,7 +621,8 @@ def capture_step(args, world: int):
         model = Llama(model_config(args))
     tokens = torch.zeros((args.batch, args.seq_len), dtype=torch.long, device="meta")
     return ce_overlap.capture(model, (tokens, tokens), world_size=world,
-                              vocab_parallel_embeddings=args.vocab_parallel_embeddings)
+                              vocab_parallel_embeddings=args.vocab_parallel_embeddings,
+                              keep_gathered=KEEP_GATHERED[getattr(args, "in_graph_wrap", "blocks")])
 
 
 def loss_logits(args) -> int:

@@ -593,11 +593,11 @@ def test_driver_invocations_from_the_notes(tmp_path):
 
     out = tmp_path / "d-vocab"  # the vocabulary-parallel lookup in the pass check and in every training mode
     proc = _driver("train_device.sh", out, {"CE_TRAIN_PASS_CHECK": "1", "CE_DEVICE_PASS_VOCAB_PARALLEL": "1",
-                                            "CE_TRAIN_VOCAB_PARALLEL": "1"})
+                                            "CE_TRAIN_VOCAB_PARALLEL": "1", "CE_TRAIN_IN_GRAPH_WRAP": "torchtitan"})
     assert proc.returncode == 0, proc.stderr
     assert _stage_commands(out)["pass_gpu"] == (f"torchrun2 tests/pass_gpu/run_pass_gpu.py --models llama3-tiny "
                                                 f"--vocab-parallel-embeddings --out {out}/pass_gpu.json")
-    assert " --vocab-parallel-embeddings " in _stage_commands(out)["train"]
+    assert " --vocab-parallel-embeddings --in-graph-wrap torchtitan " in _stage_commands(out)["train"]
 
     out = tmp_path / "e"
     proc = _driver("calibrate_device.sh", out, {})

@@ -139,6 +139,43 @@ def test_vocab_parallel_embedding_moves_tokens_and_activations_not_the_table(cap
             and n["outputs"][0]["bytes"] == 2 * tokens * cfg.dim * 2]
 
 
+def test_keep_gathered_gathers_norm_and_output_once_per_step():
+    """keep_gathered=("norm", "output") (train.py --in-graph-wrap torchtitan): the output projection is gathered in the
+    forward and not again in the backward, where the default wrap gathers it twice; bad paths are refused by name."""
+    from ce_overlap.models.llama import Llama
+
+    cfg = LLAMA_CONFIGS["llama3-tiny"]
+
+    def capture(**kw):
+        with torch.device("meta"):
+            model = Llama(cfg)
+        tokens = torch.zeros((1, cfg.seq_len), dtype=torch.long, device="meta")
+        return ce_overlap.capture(model, (tokens, tokens), world_size=2, **kw)
+
+    table = cfg.vocab_size * cfg.dim * 2  # a gathered bf16 [vocab, dim] weight: the embedding's or the output's
+
+    def gathers(ir, graph):
+        return sum(n["kind"] == "collective" and n["collective"]["type"] == "all_gather"
+                   and n["outputs"][0]["bytes"] == table for n in _nodes(ir, graph))
+
+    plain, kept = capture(), capture(keep_gathered=("norm", "output"))
+    assert kept.meta["keep_gathered"] == "norm,output" and "keep_gathered" not in plain.meta
+    assert (gathers(plain, "forward"), gathers(plain, "backward")) == (2, 1)  # the output's again in the backward
+    assert (gathers(kept, "forward"), gathers(kept, "backward")) == (2, 0)
+    # Every parameter's gradient is still reduce-scattered once.
+    def rs_bytes(ir):
+        return sum(n["collective"]["bytes"] for n in _nodes(ir, "backward")
+                   if n["kind"] == "collective" and n["collective"]["type"] == "reduce_scatter")
+
+    assert rs_bytes(kept) == rs_bytes(plain)
+    with pytest.raises(ce_overlap.CeOverlapError, match="no submodule 'head'"):
+        capture(keep_gathered=("head",))
+    with pytest.raises(ce_overlap.CeOverlapError, match="sequence of submodule paths"):
+        capture(keep_gathered="output")
+    with pytest.raises(ce_overlap.CeOverlapError, match="keep_gathered .* needs fsdp"):
+        capture(keep_gathered=("output",), fsdp=False)
+
+
 def test_vocab_parallel_embedding_without_fsdp_is_refused():
     with pytest.raises(ce_overlap.CeOverlapError, match="vocab_parallel_embeddings .* needs fsdp"):
         ce_overlap.capture(torch.nn.Embedding(4, 2), (torch.zeros(2, dtype=torch.long),), world_size=2, fsdp=False,

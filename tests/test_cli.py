@@ -153,6 +153,9 @@ def test_bad_inputs_exit_2_with_one_line(cli, tmp_path, tiny_doc):
         (["analyze", os.path.join(DATA, "raises.py") + ":build"], ["build() raised RuntimeError", "checkpoint not found"]),
         (["analyze", os.path.join(DATA, "resnetish.py") + ":nothing"], ["no callable"]),
         (["analyze", str(tmp_path / "absent.json")], ["absent.json"]),
+        (["analyze", "llama3-tiny", "--world-size", "2", "--keep-gathered", "head"], ["no submodule 'head'"]),
+        (["analyze", "llama3-tiny", "--world-size", "2", "--no-fsdp", "--keep-gathered", "output"],
+         ["keep_gathered", "needs fsdp"]),
     ]
     for args, fragments in cases:
         _assert_clean_error(cli(*args), *fragments)

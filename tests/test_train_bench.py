@@ -76,3 +76,26 @@ def test_memory_peak_replay_finds_the_live_blocks_at_the_maximum():
     assert (peak, index, base) == (140, 1, 100)
     assert sorted(size for size, _ in live) == [10, 30]
     assert replay_peak([], allocated_now=7) == (7, -1, 7, [])
+
+
+def test_train_harness_in_graph_torchtitan_wrap_with_the_vocabulary_parallel_lookup_on_cpu(tmp_path):
+    """--in-graph-wrap torchtitan ([norm, output] sharded by a call of their own, kept gathered into the backward)
+    with --vocab-parallel-embeddings: eager and compiled with the pass train the same losses as the plain wrap's eager
+    run, up to fp32 rounding."""
+    def run(name, *extra):
+        out = tmp_path / f"{name}.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               os.path.join(REPO, "bench", "train.py"), "--device", "cpu", "--model", "llama3-tiny", "--seq-len", "32",
+               "--steps", "2", "--warmup", "1", "--out", str(out), *extra]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        result = json.loads(out.read_text())
+        return result, {r["mode"]: r["losses"] for r in result["results"] if r["ok"]}
+
+    result, kept = run("kept", "--modes", "eager,ce_overlap-nccl", "--in-graph-wrap", "torchtitan",
+                       "--vocab-parallel-embeddings")
+    assert result["args"]["in_graph_wrap"] == "torchtitan" and set(kept) == {"eager", "ce_overlap-nccl"}
+    _, plain = run("plain", "--modes", "eager")
+    for mode in ("eager", "ce_overlap-nccl"):
+        assert all(abs(a - b) < 1e-3 for a, b in zip(kept[mode], plain["eager"])), (mode, kept[mode], plain["eager"])

@@ -59,6 +59,10 @@ def _add_capture_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-parallel-embeddings", action="store_true",
                    help="embeddings look up their tokens on their row shards instead of all-gathering the table "
                         "(ce_overlap.fully_shard's vocab_parallel_embeddings)")
+    p.add_argument("--keep-gathered", type=lambda v: tuple(x for x in v.split(",") if x), default=(),
+                   metavar="MODULE[,MODULE]",
+                   help="submodules (dotted paths, e.g. norm,output) sharded by a call of their own and kept gathered "
+                        "from the forward into the backward, as torchtitan's FSDP2 wrap keeps [norm, output]")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="where capture's fake tensors live. Default: cuda (fake, no GPU needed: the graphs Inductor "
                         "compiles for a GPU, its SDPA kernels, flex attention), the CPU where this torch cannot make "
@@ -174,7 +178,7 @@ def _cache_path(args, target: str) -> str | None:
     key = {"target": target, "world_size": args.world_size, "seq_len": args.seq_len, "batch": args.batch,
            "param_dtype": args.param_dtype, "reshard": not args.no_reshard, "fsdp": not args.no_fsdp,
            "cast_inputs": not args.no_cast_inputs, "device": args.device,
-           "vocab_parallel": args.vocab_parallel_embeddings,
+           "vocab_parallel": args.vocab_parallel_embeddings, "keep_gathered": list(args.keep_gathered),
            "full_capture": args.full_capture, "torch": torch.__version__, "code": _source_fingerprint()}
     if models.is_build_target(target):
         path = target.rpartition(":")[0]
@@ -201,7 +205,7 @@ def _capture_target(args, target: str):
             pass  # a damaged cache entry is recaptured and overwritten
     common = dict(world_size=args.world_size, fsdp=not args.no_fsdp, param_dtype=args.param_dtype,
                   reshard_after_forward=not args.no_reshard, cast_forward_inputs=not args.no_cast_inputs,
-                  vocab_parallel_embeddings=args.vocab_parallel_embeddings,
+                  vocab_parallel_embeddings=args.vocab_parallel_embeddings, keep_gathered=args.keep_gathered,
                   device=args.device)
     if models.is_build_target(target):
         if args.seq_len is not None:

@@ -59,7 +59,7 @@ class Ir:
 
 
 def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
-                     cast_forward_inputs=True, device=None, vocab_parallel_embeddings=False):
+                     cast_forward_inputs=True, device=None, vocab_parallel_embeddings=False, keep_gathered=()):
     import torch
 
     from .fx.capture import CaptureOptions
@@ -69,6 +69,11 @@ def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward,
     if vocab_parallel_embeddings and not fsdp:
         raise CeOverlapError("vocab_parallel_embeddings shards embeddings by rows, which needs fsdp (in-graph FSDP); "
                              "without it there is no table to gather")
+    if isinstance(keep_gathered, str) or not all(isinstance(p, str) and p for p in keep_gathered):
+        raise CeOverlapError(f"keep_gathered must be a sequence of submodule paths, got {keep_gathered!r}")
+    if keep_gathered and not fsdp:
+        raise CeOverlapError("keep_gathered names modules whose gathered weights in-graph FSDP keeps for the "
+                             "backward, which needs fsdp")
     dtype = None
     if param_dtype is not None:
         dtype = param_dtype if isinstance(param_dtype, torch.dtype) else getattr(torch, str(param_dtype), None)
@@ -78,7 +83,8 @@ def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward,
     return CaptureOptions(world_size=world_size, rank=rank, fsdp=fsdp, param_dtype=dtype,
                           reshard_after_forward=reshard_after_forward, inductor_config=dict(inductor_config or {}),
                           cast_forward_inputs=bool(cast_forward_inputs), device=device, device_reason=reason,
-                          vocab_parallel_embeddings=bool(vocab_parallel_embeddings))
+                          vocab_parallel_embeddings=bool(vocab_parallel_embeddings),
+                          keep_gathered=tuple(keep_gathered))
 
 
 def capture_device(device: str | None) -> tuple[str, str | None]:
@@ -118,7 +124,8 @@ def _from_doc(doc: dict) -> Ir:
 def capture(model, example_inputs: Sequence[Any], *, world_size: int, rank: int = 0, fsdp: bool = True,
             param_dtype="bfloat16", reshard_after_forward: bool = True, cast_forward_inputs: bool = True,
             inductor_config: dict | None = None, name: str | None = None, meta: dict | None = None,
-            device: str | None = None, vocab_parallel_embeddings: bool = False) -> Ir:
+            device: str | None = None, vocab_parallel_embeddings: bool = False,
+            keep_gathered: Sequence[str] = ()) -> Ir:
     """Capture one training step of `model` as Inductor's post-grad graphs, as IR.
 
     Runs on any machine (fake process group, fake tensors): build the model on the meta device to
@@ -127,13 +134,15 @@ def capture(model, example_inputs: Sequence[Any], *, world_size: int, rank: int 
     forward inputs are cast to `param_dtype`. The fake tensors are CUDA tensors (no GPU needed), so the graphs hold
     the kernels Inductor uses on a GPU (SDPA's flash / cuDNN ops, flex attention), unless `device` is "cpu" or this
     torch cannot make them (meta["capture_device"] says which, meta["capture_device_reason"] why).
-    `vocab_parallel_embeddings`: fully_shard's (embeddings look up on their row shards). The loss is
+    `vocab_parallel_embeddings`: fully_shard's (embeddings look up on their row shards). `keep_gathered`: submodules
+    (dotted paths) sharded first by a call of their own with reshard_after_forward=False, as torchtitan's FSDP2 wrap
+    does for ("norm", "output"): their weights are gathered once per step. The loss is
     the forward's output, or the first tensor of a tuple, list or dict it returns, summed unless it is a scalar
     (meta["loss"] says which). Raises CeOverlapError for bad arguments or a model that does not compile to one
     graph.
     """
     options = _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
-                               cast_forward_inputs, device, vocab_parallel_embeddings)
+                               cast_forward_inputs, device, vocab_parallel_embeddings, keep_gathered)
     return _from_doc(_capture_doc(model, example_inputs, options,
                                   {"model": name or type(model).__name__, **(meta or {})}))
 
@@ -145,7 +154,8 @@ EXTRAPOLATE_FROM_BLOCKS = 3
 def capture_named(name: str, *, world_size: int, seq_len: int | None = None, batch: int = 1, rank: int = 0,
                   fsdp: bool = True, param_dtype="bfloat16", reshard_after_forward: bool = True,
                   cast_forward_inputs: bool = True, inductor_config: dict | None = None, full: bool = False,
-                  device: str | None = None, vocab_parallel_embeddings: bool = False) -> Ir:
+                  device: str | None = None, vocab_parallel_embeddings: bool = False,
+                  keep_gathered: Sequence[str] = ()) -> Ir:
     """Capture a zoo model (ce_overlap.models) by name.
 
     Its blocks are identical, so unless `full` the model is captured at 3 and 4 blocks and the graphs of all
@@ -160,7 +170,7 @@ def capture_named(name: str, *, world_size: int, seq_len: int | None = None, bat
     from .extrapolate import NeedsDeeperCaptures, NotExtrapolable, extrapolate
 
     options = _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
-                               cast_forward_inputs, device, vocab_parallel_embeddings)
+                               cast_forward_inputs, device, vocab_parallel_embeddings, keep_gathered)
     built = models.build_named(name, seq_len=seq_len, batch=batch)
     tokens = built.example_inputs[0]
     meta = {"model": name, "batch": int(tokens.shape[0]), "seq_len": int(tokens.shape[1])}

@@ -44,6 +44,10 @@ class CaptureOptions:
     """Re-gather parameters in the backward instead of saving them (FSDP's default)."""
     vocab_parallel_embeddings: bool = False
     """With FSDP: embeddings look up their tokens on their row shards (fully_shard's vocab_parallel_embeddings)."""
+    keep_gathered: tuple[str, ...] = ()
+    """With FSDP: submodules (dotted paths in the model) sharded by a call of their own with reshard_after_forward=False
+    before the model's: their gathered weights are kept from the forward to the backward (torchtitan's FSDP2 wrap keeps
+    [norm, output] this way: the backward starts with them)."""
     cast_forward_inputs: bool = True
     """With FSDP and a param_dtype: cast the model's floating-point forward inputs to param_dtype, as FSDP2's
     MixedPrecisionPolicy does by default (a float32 image meets bf16 conv weights as bf16)."""
@@ -135,6 +139,13 @@ def _to_fake(t: torch.Tensor, device: str) -> torch.Tensor:
         torch.empty(t.shape, dtype=t.dtype, device=device)
 
 
+def _submodule(model: nn.Module, path: str) -> nn.Module:
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        raise CaptureError(f"keep_gathered: the model has no submodule {path!r}") from None
+
+
 def _fakeify_module(model: nn.Module, fsdp: bool, group, options: CaptureOptions) -> nn.Module:
     for module in model.modules():
         for name, buf in list(module.named_buffers(recurse=False)):
@@ -151,6 +162,8 @@ def _fakeify_module(model: nn.Module, fsdp: bool, group, options: CaptureOptions
             mesh = DeviceMesh.from_group(group, options.device,
                                           mesh_dim_names=(f"ce_overlap_capture_{next(_CAPTURES)}",))
         mp = MixedPrecisionPolicy(param_dtype=options.param_dtype, cast_forward_inputs=options.cast_forward_inputs)
+        for path in options.keep_gathered:
+            fully_shard(_submodule(model, path), mesh, mp_policy=mp, reshard_after_forward=False, device=options.device)
         return fully_shard(model, mesh, mp_policy=mp, reshard_after_forward=options.reshard_after_forward,
                            device=options.device, vocab_parallel_embeddings=options.vocab_parallel_embeddings)
     for module in model.modules():
@@ -311,6 +324,7 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
         "param_dtype": str(options.param_dtype).removeprefix("torch.") if options.param_dtype else "none",
         "reshard_after_forward": options.reshard_after_forward,
         **({"vocab_parallel_embeddings": True} if options.fsdp and options.vocab_parallel_embeddings else {}),
+        **({"keep_gathered": ",".join(options.keep_gathered)} if options.fsdp and options.keep_gathered else {}),
         "num_params": num_params,
         "torch": torch.__version__,
         "capture_device": options.device,
