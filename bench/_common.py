@@ -68,6 +68,21 @@ def init() -> tuple[int, int, int]:
     return dist.get_rank(), dist.get_world_size(), local_rank
 
 
+# Always recorded (unset: None): what the device drivers set, and the CUDA setting that decides whether the copy
+# streams and the compute stream can share a hardware queue.
+RUN_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "CUDA_DEVICE_MAX_CONNECTIONS")
+
+
+def run_env(environ=None) -> dict:
+    """The environment a run's numbers depend on: RUN_ENV, and every ce_overlap override that is set
+    (ce_overlap.environment's table, the one list of them)."""
+    from ce_overlap import environment
+
+    environ = os.environ if environ is None else environ
+    return {**{k: environ.get(k) for k in RUN_ENV},
+            **{k: v for k, v in sorted(environ.items()) if k.startswith("CE_OVERLAP_") and environment.known(k)}}
+
+
 def header(title: str) -> dict:
     import ce_overlap.runtime as rt
 
@@ -83,9 +98,7 @@ def header(title: str) -> dict:
         "gpus": torch.cuda.device_count(),
         "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl, "host": platform.node(),
         "ce_runtime": rt.available().reason,
-        "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "CE_OVERLAP_POOL_MB",
-                                               "CE_OVERLAP_STAGING_MB", "CE_OVERLAP_TIMEOUT_S", "CE_OVERLAP_KEEP_ALIVE",
-                                               "CE_OVERLAP_AG_MODE")},
+        "env": run_env(),
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }

@@ -668,7 +668,8 @@ def main(argv=None) -> int:
     peak = peak_tflops(info["gpu"])
     log0(f"# model {args.model} widths, {cfg.n_layers} layers, seq {args.seq_len}, batch {args.batch}/GPU, "
          f"gqa={args.gqa}, {world} GPUs, peak {peak} TFLOP/s (torchtitan table), {args.steps} steps after "
-         f"{args.warmup} warm-up")
+         f"{args.warmup} warm-up; in-graph modes: {args.in_graph_wrap} wrap"
+         f"{', vocabulary-parallel embeddings' if args.vocab_parallel_embeddings else ''}")
     results: list[ModeResult] = []
 
     def save(prediction=None):

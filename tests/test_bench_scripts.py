@@ -894,3 +894,24 @@ def test_ce_ops_tells_a_stall_from_a_data_wait_by_the_host_launches_between_the_
     assert "wait  0.300 ms at     3.000 before nvjet_b: ended by a 4,194,304-byte copy" in out
     # The next step's optimizer, launched at -200 us, waited for nothing: the stream had run out of work.
     assert "before void at::native::multi_tensor_apply_kern: no stream wait launched" in out
+    # A kernel the host launched only after the stream ran dry is the host's gap, whatever copies ran beside it.
+    late = tmp_path / "late.json.gz"
+    with gzip.open(wait, "rt") as f:
+        ev = json.load(f)["traceEvents"]
+    for e in ev:
+        if e.get("name") == "cudaLaunchKernel" and e["args"]["correlation"] == 12:  # nvjet_b's launch
+            e["ts"] = 4100  # after nvjet_a ended (4000)
+    with gzip.open(late, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+    assert ce_ops.main([str(late), "--min-wait-ms", "0.1"]) == 0
+    assert "before nvjet_b: the host launched the next kernel after the gap began" in capsys.readouterr().out
+
+
+def test_run_env_records_the_cuda_queue_setting_and_every_override_that_is_set():
+    import _common
+
+    env = _common.run_env({"CE_OVERLAP_LOCAL_COPY": "memcpy", "CE_OVERLAP_PASS_PREFETCH_BLOCKS": "2",
+                           "CE_OVERLAP_NOT_A_VARIABLE": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "32", "HOME": "/root"})
+    assert env == {"NCCL_NVLS_ENABLE": None, "TORCH_SYMM_MEM_DISABLE_MULTICAST": None,
+                   "CUDA_DEVICE_MAX_CONNECTIONS": "32", "CE_OVERLAP_LOCAL_COPY": "memcpy",
+                   "CE_OVERLAP_PASS_PREFETCH_BLOCKS": "2"}
