@@ -25,16 +25,21 @@ import bisect
 import os
 import sys
 
-from timeline import analyze, last_step, load, trace_events
+from timeline import analyze, gpu_events, last_step, load, trace_events
 
 SKIP_OPS = ("ce_overlap::stored", "ce_overlap::wait_tensor")
 COPY_CATEGORIES = ("gpu_memcpy", "gpu_memset")
 
 
+def runtime_calls(events: list[dict]) -> list[dict]:
+    """The trace's CUDA runtime and driver API calls (host side), by start."""
+    return sorted((e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")), key=lambda e: e["ts"])
+
+
 def ce_ops(events: list[dict]) -> list[dict]:
     """Every ce_overlap op of the trace's events (Chrome trace dicts) that enqueued copies: {"name", "host_us",
     "start_us", "end_us", "bytes": {kind: bytes}, "streams", "copies": [(end_us, bytes)]}, by host launch."""
-    runtime = sorted((e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")), key=lambda e: e["ts"])
+    runtime = runtime_calls(events)
     starts = [e["ts"] for e in runtime]
     copies: dict[int, list[dict]] = {}
     for e in events:
@@ -79,8 +84,8 @@ class LaunchOrder:
     activity (by its correlation id) and the cudaStreamWaitEvent calls that are not a ce_overlap op's own (an op's
     launch makes its copy streams wait on the caller's stream; its wait_tensor makes the caller's stream wait)."""
 
-    def __init__(self, events: list[dict]):
-        runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    def __init__(self, path: str, events: list[dict]):
+        runtime = runtime_calls(events)
         self.launch = {e.get("args", {}).get("correlation"): float(e["ts"]) for e in runtime}
         ops = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in events
                      if e.get("cat") == "cpu_op" and str(e.get("name", "")).startswith("ce_overlap::")
@@ -91,11 +96,10 @@ class LaunchOrder:
             i = bisect.bisect_right(starts, t) - 1
             return i >= 0 and t <= ops[i][1]
 
-        self.waits = sorted(float(e["ts"]) for e in runtime
-                            if e.get("name") == "cudaStreamWaitEvent" and not inside_op(float(e["ts"])))
-        self.gpu = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e.get("tid"),
-                           e.get("args", {}).get("correlation")) for e in events
-                          if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+        self.waits = [float(e["ts"]) for e in runtime
+                      if e.get("name") == "cudaStreamWaitEvent" and not inside_op(float(e["ts"]))]
+        self.gpu = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e.get("tid"),
+                     e.get("args", {}).get("correlation")) for e in gpu_events(path, events)]
 
     def gap_kind(self, end_before_us: float, start_after_us: float, tol_us: float = 1.0) -> str | None:
         """Why a stream sat idle between the activity that ended at `end_before_us` and the one of the same stream
@@ -137,7 +141,7 @@ def main(argv=None) -> int:
         try:
             events = trace_events(path)  # read once: the GPU activities and the ops' runtime calls
             step, start, end = last_step(load(path, events), args.step_gap_ms)
-            loaded.append((path, step, start, end, ce_ops(events), LaunchOrder(events)))
+            loaded.append((path, step, start, end, ce_ops(events), LaunchOrder(path, events)))
         except (OSError, ValueError, KeyError) as e:
             print(f"ce_ops: {path}: {e}", file=sys.stderr)
             return 2

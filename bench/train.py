@@ -622,7 +622,7 @@ def capture_step(args, world: int):
     tokens = torch.zeros((args.batch, args.seq_len), dtype=torch.long, device="meta")
     return ce_overlap.capture(model, (tokens, tokens), world_size=world,
                               vocab_parallel_embeddings=args.vocab_parallel_embeddings,
-                              keep_gathered=KEEP_GATHERED[getattr(args, "in_graph_wrap", "blocks")])
+                              keep_gathered=KEEP_GATHERED[args.in_graph_wrap])
 
 
 def loss_logits(args) -> int:
