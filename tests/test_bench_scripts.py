@@ -299,31 +299,45 @@ def test_step_model_pieces_add_up():
 
 
 def test_local_gather_bytes_follow_the_no_comm_stand_ins(tiny_ir):
-    """_LocalGather: the forward gathers every parameter once in bf16, so its stand-ins (repeat: read the shard,
-    write world x shard) move (1 + world) / world x 2 bytes per parameter, up to the shard padding."""
+    """_LocalGather's stand-ins as Inductor runs them (the no-comm traces: `..._to_copy_repeat`, `..._to_copy_slice`):
+    each all-gather's repeat fused into the cast that produces its shard, which writes (world - 1) x shard bytes more,
+    no kernel of its own; each reduce-scatter's narrow fused into the cast that reads the gradient, nothing more. A
+    stand-in without a pointwise neighbour is a kernel: repeat reads the shard and writes world x shard, narrow reads
+    and writes this rank's rows."""
+    import copy
+
     from ce_overlap.step_model import collectives_by_graph, local_gather_us
 
     world, params = 8, tiny_ir.meta["num_params"]
-    got, kernels = local_gather_us(collectives_by_graph(tiny_ir), 1.0)
-    assert got["forward"] == pytest.approx((1 + world) / world * 2 * params, rel=0.05)
-    assert got["backward"] > 0  # the re-gathers and the reduce-scatters' narrow copies
-    stand_ins = sum(n["collective"]["type"] in ("all_gather", "reduce_scatter")
-                    for g in tiny_ir.to_dict()["graphs"] for n in g["nodes"] if n["kind"] == "collective")
-    assert kernels == stand_ins > 0
-    # Each stand-in is a kernel and pays the gap between kernels once.
-    with_gap, _ = local_gather_us(collectives_by_graph(tiny_ir), 1.0, kernel_gap_us=3.0)
-    assert sum(with_gap.values()) == pytest.approx(sum(got.values()) + 3.0 * stand_ins)
-    # At world 1 the stand-ins are no copies: nothing to charge.
-    import copy
+    graphs = tiny_ir.to_dict()["graphs"]
+    got, kernels = local_gather_us(graphs, 1.0, kernel_gap_us=3.0)
+    # The forward casts every parameter's shard to bf16 and gathers it once: (world - 1) / world x 2 bytes per
+    # parameter written more, up to the shard padding, and no stand-in kernel anywhere.
+    assert got["forward"] == pytest.approx((world - 1) / world * 2 * params, rel=0.05)
+    assert kernels == 0 and got["backward"] > 0  # the backward's re-gathers; its narrows are fused
+    colls = [c for cs in collectives_by_graph(graphs).values() for c in cs]
+    assert sum(got.values()) == pytest.approx(sum((c["group_size"] - 1) * c["bytes"] for c in colls
+                                                  if c["type"] == "all_gather"))
 
-    one = copy.deepcopy(tiny_ir.to_dict())
-    for g in one["graphs"]:
+    # Without pointwise neighbours (the shards gathered as they are, the reduce-scatters' results read by a GEMM):
+    # every stand-in is a kernel of its own and pays the gap between kernels once.
+    alone = copy.deepcopy(graphs)
+    for g in alone:
+        for n in g["nodes"]:
+            if n["kind"] == "compute" and not n["flops"]:
+                n["flops"] = 1
+    got, kernels = local_gather_us(alone, 1.0, kernel_gap_us=3.0)
+    colls = [c for cs in collectives_by_graph(alone).values() for c in cs]
+    assert kernels == sum(c["type"] in ("all_gather", "reduce_scatter") for c in colls) > 0
+    assert sum(got.values()) == pytest.approx(
+        sum(c["bytes"] * (1 + c["group_size"]) for c in colls if c["type"] == "all_gather")
+        + sum(2 * c["bytes"] // c["group_size"] for c in colls if c["type"] == "reduce_scatter") + 3.0 * kernels)
+    # At world 1 the stand-ins are no copies: nothing to charge.
+    for g in alone:
         for n in g["nodes"]:
             if n["kind"] == "collective":
                 n["collective"]["group_size"] = 1
-    world1 = type("IR", (), {"to_dict": lambda self: one})()
-    assert local_gather_us(collectives_by_graph(world1), 1.0, kernel_gap_us=3.0) == \
-        ({g["name"]: 0.0 for g in one["graphs"]}, 0)
+    assert local_gather_us(alone, 1.0, kernel_gap_us=3.0) == ({g["name"]: 0.0 for g in alone}, 0)
 
 
 def test_gpu_idle_between_kernels():
