@@ -67,8 +67,8 @@ def main() -> int:
     ap.add_argument("--gqa", choices=["expand", "native"], default="expand")
     ap.add_argument("--vocab-parallel-embeddings", action="store_true",
                     help="the step as train.py --vocab-parallel-embeddings runs it (default: the result's)")
-    ap.add_argument("--in-graph-wrap", choices=["blocks", "torchtitan"], default="blocks",
-                    help="the step as train.py --in-graph-wrap shards it (default: the result's)")
+    ap.add_argument("--in-graph-wrap", choices=["blocks", "torchtitan"],
+                    help="the step as train.py --in-graph-wrap shards it (default: the result's, else train.py's)")
     ap.add_argument("--world-size", type=int)
     ap.add_argument("--profile", help="default: the built-in profile of the result's GPU")
     ap.add_argument("--measured", action="append", default=[], metavar="MODE=MS",
@@ -92,8 +92,9 @@ def main() -> int:
     if args.train_json:
         with open(args.train_json) as f:
             run = json.load(f)
-        for key in ("model", "seq_len", "batch", "gqa", "vocab_parallel_embeddings", "in_graph_wrap"):
+        for key in ("model", "seq_len", "batch", "gqa", "vocab_parallel_embeddings"):
             setattr(args, key, run["args"].get(key, getattr(args, key)))
+        args.in_graph_wrap = run["args"].get("in_graph_wrap", train.IN_GRAPH_WRAP_BEFORE)  # recorded since it exists
         args.layers = args.layers or run["args"].get("layers")
         args.world_size = args.world_size or run["info"]["world_size"]
         args.profile = args.profile or builtin_for_device(run["info"]["gpu"], default=DEFAULT)
@@ -103,6 +104,7 @@ def main() -> int:
     for item in args.measured:
         mode, _, ms = item.partition("=")
         measured[mode] = float(ms)
+    args.in_graph_wrap = args.in_graph_wrap or train.IN_GRAPH_WRAP
     if not args.world_size or not args.profile:
         ap.error("give --train-json, or --world-size and --profile")
 
@@ -115,7 +117,7 @@ def main() -> int:
     print(f"# {args.model} widths, {cfg.n_layers} layers, seq {args.seq_len}, batch {args.batch}, world {args.world_size}, "
           f"profile {args.profile}, CE reduce-scatter summed in the {args.ce_reduction}"
           f"{', vocabulary-parallel embeddings' if args.vocab_parallel_embeddings else ''}"
-          f"{', in-graph wrap ' + args.in_graph_wrap if args.in_graph_wrap != 'blocks' else ''}; measured: {source}")
+          f", in-graph wrap {args.in_graph_wrap}; measured: {source}")
     print(f"{'graph':<10}{'compute ms':>11}{'exposed ms':>11}{'slowdown ms':>12}{'copies ms':>10}")
     for name, g in pieces["analyze"].items():
         plan = pieces["plan"][name]

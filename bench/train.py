@@ -149,11 +149,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the in-graph modes shard the token embedding by rows and look tokens up where they are stored "
                         "(ce_overlap.fully_shard's vocab_parallel_embeddings: no all-gather of the table, no "
                         "reduce-scatter of its gradient); the FSDP2 modes and no-comm are unchanged")
-    p.add_argument("--in-graph-wrap", choices=["blocks", "torchtitan"], default="blocks",
-                   help="how the in-graph modes shard (ce_overlap.fully_shard): blocks (each block, then the root "
-                        "holding embedding, norm and output, every weight gathered again in the backward) or "
-                        "torchtitan (as --fsdp2-wrap torchtitan keeps them: [norm, output] by a call of their own, not "
-                        "resharded after forward, gathered once per step); the prediction captures the same")
+    p.add_argument("--in-graph-wrap", choices=sorted(KEEP_GATHERED), default=IN_GRAPH_WRAP,
+                   help="how the in-graph modes shard (ce_overlap.fully_shard): torchtitan (default; as --fsdp2-wrap "
+                        "torchtitan keeps them: [norm, output] by a call of their own, not resharded after forward, "
+                        "gathered once per step) or blocks (each block, then the root holding embedding, norm and "
+                        "output, every weight gathered again in the backward: results before 2026-11-28-b); the "
+                        "prediction captures the same")
     p.add_argument("--trace-dir", default=None,
                    help="after each mode (GPU), write every rank's torch.profiler trace of 2 steps (CPU and GPU, Chrome "
                         "format, gzip) to DIR/trace-MODE.json.gz (rank 0) and DIR/trace-MODE-rankR.json.gz, for a "
@@ -209,10 +210,15 @@ def model_config(args):
 # --in-graph-wrap torchtitan: the submodules sharded by a call of their own, not resharded after forward (torchtitan's
 # FSDP2 wrap does this for [norm, output], bench/_fsdp2.py): the backward starts with them.
 KEEP_GATHERED = {"blocks": (), "torchtitan": ("norm", "output")}
+# The default: the wrap the FSDP2 modes use too, and on 2x H200 (bench/results/step-prediction-2026-11-28-b) the faster
+# one for ce_overlap (-1.4%) and for the overlap scheduler, with less memory allocated. A result that does not record
+# its wrap ran "blocks" (IN_GRAPH_WRAP_BEFORE).
+IN_GRAPH_WRAP = "torchtitan"
+IN_GRAPH_WRAP_BEFORE = "blocks"
 
 
 def build_model(cfg, mode: str, group, ce: str = "auto", wrap: str = "torchtitan", vocab_parallel: bool = False,
-                in_graph_wrap: str = "blocks"):
+                in_graph_wrap: str = IN_GRAPH_WRAP):
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     import ce_overlap

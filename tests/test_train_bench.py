@@ -79,9 +79,9 @@ def test_memory_peak_replay_finds_the_live_blocks_at_the_maximum():
 
 
 def test_train_harness_in_graph_torchtitan_wrap_with_the_vocabulary_parallel_lookup_on_cpu(tmp_path):
-    """--in-graph-wrap torchtitan ([norm, output] sharded by a call of their own, kept gathered into the backward)
-    with --vocab-parallel-embeddings: eager and compiled with the pass train the same losses as the plain wrap's eager
-    run, up to fp32 rounding."""
+    """--in-graph-wrap torchtitan (the default: [norm, output] sharded by a call of their own, kept gathered into the
+    backward) with --vocab-parallel-embeddings: eager and compiled with the pass train the same losses as the blocks
+    wrap's eager run, up to fp32 rounding."""
     def run(name, *extra):
         out = tmp_path / f"{name}.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -93,9 +93,9 @@ def test_train_harness_in_graph_torchtitan_wrap_with_the_vocabulary_parallel_loo
         result = json.loads(out.read_text())
         return result, {r["mode"]: r["losses"] for r in result["results"] if r["ok"]}
 
-    result, kept = run("kept", "--modes", "eager,ce_overlap-nccl", "--in-graph-wrap", "torchtitan",
-                       "--vocab-parallel-embeddings")
+    result, kept = run("kept", "--modes", "eager,ce_overlap-nccl", "--vocab-parallel-embeddings")
     assert result["args"]["in_graph_wrap"] == "torchtitan" and set(kept) == {"eager", "ce_overlap-nccl"}
-    _, plain = run("plain", "--modes", "eager")
+    plain_result, plain = run("plain", "--modes", "eager", "--in-graph-wrap", "blocks")
+    assert plain_result["args"]["in_graph_wrap"] == "blocks"
     for mode in ("eager", "ce_overlap-nccl"):
         assert all(abs(a - b) < 1e-3 for a, b in zip(kept[mode], plain["eager"])), (mode, kept[mode], plain["eager"])
