@@ -195,6 +195,19 @@ PYBIND11_MODULE(_core, m) {
       py::call_guard<py::gil_scoped_release>());
 
   m.def(
+      "graph_kernels",
+      [](const py::object& ir, const std::string& graph, const Profile& profile) {
+        Document storage;
+        const Document& doc = ir_arg(ir, storage);
+        py::gil_scoped_release release;
+        return graph_kernels(doc, graph, CostModel(profile)).dump();
+      },
+      py::arg("ir"), py::arg("graph"), py::arg("profile"),
+      "The kernels the model runs for one graph, as JSON text: per fusion group and per compute node outside one, "
+      "its node ids, op names, bytes and time in us (graph_kernels in csrc/cost_model/analyze.h). ir: an IrDocument "
+      "or IR JSON text.");
+
+  m.def(
       "plan",
       [](const py::object& ir, const std::string& graph, const Profile& profile, const py::object& config) {
         const PlanConfig cfg = config_arg(config);

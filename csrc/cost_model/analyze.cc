@@ -7,6 +7,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../graph/analysis.h"
@@ -252,6 +253,50 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
   report["totals"] = row_json(-1, "", "", totals);
   report["timeline"] = std::move(timeline);
   return report;
+}
+
+ordered_json graph_kernels(const Document& doc, const std::string& graph, const CostModel& model) {
+  validate(doc);
+  const Graph* found = nullptr;
+  std::string names;
+  for (const Graph& g : doc.graphs) {
+    if (g.name == graph) found = &g;
+    names += (names.empty() ? "" : ", ") + g.name;
+  }
+  if (found == nullptr) throw IrError("no graph named \"" + graph + "\" (the document has: " + names + ")");
+  const Graph& g = *found;
+  const std::vector<double> durations = model.durations_us(g);
+  std::vector<std::pair<int, ordered_json>> kernels;  // (first node, kernel)
+  auto add = [&](const std::vector<int>& nodes, int64_t bytes, bool fused) {
+    ordered_json k = object_with_capacity(5);
+    ordered_json ids = ordered_json::array();
+    ordered_json ops = ordered_json::array();
+    double us = 0;
+    for (int m : nodes) {
+      ids.push_back(g.nodes[static_cast<size_t>(m)].id);
+      ops.push_back(g.nodes[static_cast<size_t>(m)].op);
+      us += durations[static_cast<size_t>(m)];
+    }
+    k["nodes"] = std::move(ids);
+    k["ops"] = std::move(ops);
+    k["bytes"] = bytes;
+    k["us"] = us;
+    k["fused"] = fused;
+    kernels.emplace_back(nodes.front(), std::move(k));
+  };
+  std::vector<char> grouped(g.nodes.size(), 0);
+  for (const FusionGroup& fg : fusion_groups(g)) {
+    for (int m : fg.compute_nodes) grouped[static_cast<size_t>(m)] = 1;
+    add(fg.compute_nodes, sat_add(fg.bytes_in, fg.bytes_out), true);
+  }
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (g.nodes[i].kind == NodeKind::Compute && !grouped[i]) add({static_cast<int>(i)}, g.nodes[i].bytes_accessed, false);
+  }
+  std::stable_sort(kernels.begin(), kernels.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  ordered_json out = ordered_json::array();
+  out.get_ref<ordered_json::array_t&>().reserve(kernels.size());
+  for (auto& k : kernels) out.push_back(std::move(k.second));
+  return out;
 }
 
 }  // namespace ce_overlap

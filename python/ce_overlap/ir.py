@@ -210,6 +210,13 @@ def analyze(ir: Ir, profile=profiles.DEFAULT) -> dict:
     return json.loads(_core.analyze(ir._doc, _profile_arg(profile)))
 
 
+def kernels(ir, graph: str = "forward", profile=profiles.DEFAULT) -> list[dict]:
+    """The kernels the cost model runs for one graph of `ir` (an Ir, IrDocument or IR JSON text), in order: one per
+    fusion group (Inductor's generated kernels, as the analysis groups them) and one per other compute node (GEMMs,
+    attention), each {nodes, ops, bytes, us, fused}: what bench/kernel_kinds.py holds against a GPU trace."""
+    return json.loads(_core.graph_kernels(_ir_arg(ir), graph, _profile_arg(profile)))
+
+
 def _profile_arg(profile):
     return profile if isinstance(profile, _core.Profile) else profiles.load(profile)
 

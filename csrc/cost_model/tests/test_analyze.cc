@@ -123,6 +123,49 @@ std::vector<std::string> keys_of(const ordered_json& j) {
   return k;
 }
 
+TEST(Analyze, GraphKernelsOnePerFusionGroupAndPerOtherComputeNode) {
+  // mm -> mul -> add -> mm2 on 2 MiB tensors: the two pointwise nodes are one fusion group, which reads mm's output
+  // and writes add's (4 MiB at 1000 GB/s: 4.19 us, under the 5 us launch floor, so 5 us, half of their unfused 10).
+  Document doc;
+  doc.meta = {{"model", "tiny"}, {"world_size", 1}};
+  const std::string bf16 = "bfloat16";
+  Graph fwd;
+  fwd.name = "forward";
+  add(fwd, "x", NodeKind::Other, "placeholder", {}, {{1024, 1024}}, bf16, -1);
+  add(fwd, "mm", NodeKind::Compute, "aten.mm.default", {0, 0}, {{1024, 1024}}, bf16, -1, 2 * 1024 * 1024 * 1024LL,
+      6 * kMiB);
+  add(fwd, "mul", NodeKind::Compute, "aten.mul.Tensor", {1}, {{1024, 1024}}, bf16, -1, 0, 4 * kMiB);
+  add(fwd, "add", NodeKind::Compute, "aten.add.Tensor", {2}, {{1024, 1024}}, bf16, -1, 0, 4 * kMiB);
+  add(fwd, "mm_1", NodeKind::Compute, "aten.mm.default", {3, 0}, {{1024, 1024}}, bf16, -1, 2 * 1024 * 1024 * 1024LL,
+      6 * kMiB);
+  add(fwd, "output", NodeKind::Other, "output", {4}, {}, bf16, -1);
+  doc.graphs = {fwd};
+  const CostModel m(round_profile());
+  const ordered_json k = graph_kernels(doc, "forward", m);
+  ASSERT_EQ(k.size(), 3u);
+  EXPECT_EQ(k[0]["nodes"], ordered_json::array({1}));
+  EXPECT_EQ(k[0]["fused"], false);
+  EXPECT_EQ(k[0]["bytes"], 6 * kMiB);
+  EXPECT_NEAR(k[0]["us"].get<double>(), kMmUs, kEps);
+  EXPECT_EQ(k[1]["nodes"], ordered_json::array({2, 3}));
+  EXPECT_EQ(k[1]["ops"], ordered_json::array({"aten.mul.Tensor", "aten.add.Tensor"}));
+  EXPECT_EQ(k[1]["fused"], true);
+  EXPECT_EQ(k[1]["bytes"], 4 * kMiB);
+  EXPECT_NEAR(k[1]["us"].get<double>(), 5.0, kEps);
+  EXPECT_EQ(k[2]["nodes"], ordered_json::array({4}));
+  // The kernels' times are the graph's compute time in the analysis report.
+  double sum = 0;
+  for (const auto& kernel : k) sum += kernel["us"].get<double>();
+  EXPECT_NEAR(sum, analyze(doc, m)["graphs"][0]["compute_us"].get<double>(), kEps);
+  try {
+    graph_kernels(doc, "backward", m);
+    FAIL() << "an unknown graph name must throw";
+  } catch (const IrError& e) {
+    EXPECT_NE(std::string(e.what()).find("no graph named \"backward\" (the document has: forward)"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Analyze, TwoBlockDocument) {
   CostModel m(round_profile());
   ordered_json r = analyze(two_block_doc(), m);
