@@ -5,6 +5,10 @@ writes JSON. Re-run it after a cost-model change to see what the change does to 
 
     python bench/step_prediction.py --train-json bench/results/train-2026-11-24-b/train.json --buckets
     python bench/step_prediction.py --layers 32 --world-size 2 --profile h200-sxm --measured no-comm=377.0
+    python bench/step_prediction.py --train-json RUN/train.json --trace RUN/traces/trace-ce_overlap.json.gz
+
+--trace: the model's kernels against the trace's by kind (casts, RMSNorm, SiLU, RoPE, loss, ...; bench/_kernel_kinds.py),
+with the rate each kind's kernels reached on the bytes the model counts: where its memory-bound time goes missing.
 """
 from __future__ import annotations
 
@@ -57,6 +61,18 @@ def compare_classes(pieces: dict, kernels: dict | None) -> list[dict]:
     return rows
 
 
+def kernel_kinds(ir, profile: str, trace: str, steps: int) -> list[dict]:
+    """The model's kernels of every graph of `ir` against `trace`'s kernels, by kind (_kernel_kinds.table)."""
+    import ce_overlap
+    from _kernel_kinds import table
+    from ce_overlap import profiles
+    from timeline import gpu_events
+
+    model = [k for name in ir.graph_names for k in ce_overlap.ir.kernels(ir, name, profile)]
+    hbm = json.loads(profiles.read_text(profile))["gpu"]["hbm_gbps"]
+    return table(model, [e for e in gpu_events(trace) if e.get("cat") == "kernel"], steps, hbm)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--train-json", help="a bench/train.py result: its shape, world size, GPU and medians")
@@ -77,6 +93,9 @@ def main() -> int:
                     help="how the plan runs a CE reduce-scatter (PassConfig.ce_reduction; default: the pass's)")
     ap.add_argument("--buckets", action="store_true",
                     help="also list every planned bucket: backend, predicted NCCL / CE cost, window, reason")
+    ap.add_argument("--trace", help="a torch.profiler trace of this step (train.py --trace-dir): the model's kernels "
+                                    "against the trace's, by kind")
+    ap.add_argument("--trace-steps", type=int, default=2, help="steps the trace holds (train.py traces 2)")
     ap.add_argument("--out")
     args = ap.parse_args()
 
@@ -172,6 +191,16 @@ def main() -> int:
         exposed = sum(p.get("exposed_comm_us_after", 0.0) for p in pieces["plan"].values()) / 1e3
         print(f"\n# ce_overlap: the compute stream waiting while other streams work (train.py --kernel-profile) vs the "
               f"plan's exposed communication: measured {ce_kernels['compute_wait_ms']:.1f} ms, predicted {exposed:.1f} ms")
+    kinds = kernel_kinds(ir, args.profile, args.trace, args.trace_steps) if args.trace else []
+    if kinds:
+        print(f"\n# the model's kernels against {os.path.basename(args.trace)}'s by kind, per step (rate: the model's bytes "
+              f"over the measured time, of the HBM peak; the profile charges memory-bound kernels at its "
+              f"efficiency.memory)")
+        print(f"{'kind':<20}{'model ms':>9}{'kernels':>8}{'GB':>7}{'measured ms':>12}{'kernels':>8}{'rate':>6}")
+        for r in kinds:
+            rate = f"{r['rate']:.2f}" if r["rate"] is not None else "-"
+            print(f"{r['kind']:<20}{r['model_ms']:9.2f}{r['model_kernels']:8d}{r['gb']:7.2f}{r['measured_ms']:12.2f}"
+                  f"{r['measured_kernels']:8.0f}{rate:>6}")
     if args.out:
         git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         with open(args.out, "w") as f:
@@ -180,7 +209,7 @@ def main() -> int:
                        "seq_len": args.seq_len, "batch": args.batch, "gqa": args.gqa, "world_size": args.world_size,
                        "ce_reduction": args.ce_reduction},
                        "profile": args.profile, "measured_source": source, "capture_s": round(capture_s, 1),
-                       "pieces": pieces, "rows": rows, "by_class": by_class}, f, indent=1)
+                       "pieces": pieces, "rows": rows, "by_class": by_class, "kinds": kinds}, f, indent=1)
         print(f"# wrote {args.out}")
     return 0
 

@@ -340,6 +340,45 @@ def test_local_gather_bytes_follow_the_no_comm_stand_ins(tiny_ir):
     assert local_gather_us(alone, 1.0, kernel_gap_us=3.0) == ({g["name"]: 0.0 for g in alone}, 0)
 
 
+def test_kernel_kinds_hold_the_models_kernels_against_a_traces_by_kind(tiny_ir):
+    """bench/_kernel_kinds.py (step_prediction.py --trace): each side's kernels sorted into kinds by name, per step,
+    and the rate a memory-bound kind's measured kernels reached on the bytes the model counts."""
+    import ce_overlap
+    from _kernel_kinds import model_kind, table, trace_kind
+
+    assert trace_kind("triton_poi_fused__to_copy_3") == trace_kind("triton_poi_fused__to_copy_repeat_1") == "cast"
+    assert trace_kind("triton_red_fused__fused_rms_norm__unsafe_view_add_6") == "RMSNorm + residual"
+    assert trace_kind("triton_red_fused__log_softmax__to_copy_prepare_softmax_online_0") == "loss"
+    assert trace_kind("triton_poi_fused__to_copy_add_cat_mul_neg_slice_4") == "RoPE"
+    assert trace_kind("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coo") == "GEMM"
+    assert trace_kind("triton_poi_fused_clone_squeeze_sum_transpose_view_2") == "other fused"
+    for left_out in ("Memcpy PtoP (Device -> Device)", "ncclDevKernel_AllGather_RING_LL(x)",
+                     "void at::native::multi_tensor_apply_kernel<adam>"):
+        assert trace_kind(left_out) is None
+    assert model_kind({"ops": ["aten.mm.default"], "fused": False}) == "GEMM"
+    assert model_kind({"ops": ["prims.convert_element_type.default"], "fused": True}) == "cast"
+    assert model_kind({"ops": ["aten.pow.Tensor_Scalar", "aten.mean.dim", "aten.rsqrt.default"], "fused": True}) == \
+        "RMSNorm + residual"
+    assert model_kind({"ops": ["aten.sigmoid.default", "aten.mul.Tensor"], "fused": True}) == "SiLU"
+
+    # The model's kernels of a real capture: every graph's kernels, their times the analysis's compute.
+    model = [k for name in tiny_ir.graph_names for k in ce_overlap.ir.kernels(tiny_ir, name, "h200-sxm")]
+    report = ce_overlap.ir.analyze(tiny_ir, "h200-sxm")
+    assert sum(k["us"] for k in model) == pytest.approx(sum(g["compute_us"] for g in report["graphs"]))
+    assert {model_kind(k) for k in model} >= {"GEMM", "cast"}
+    casts = [k for k in model if model_kind(k) == "cast"]
+    gb = sum(k["bytes"] for k in casts) / 1e9
+    # Two steps of a trace whose casts took 1 ms per step: the rate is the casts' bytes per ms of the HBM peak.
+    trace = [{"name": "triton_poi_fused__to_copy_0", "dur": 500.0}] * 4 + \
+            [{"name": "Memcpy DtoD (Device -> Device)", "dur": 9999.0}]
+    rows = {r["kind"]: r for r in table(model, trace, steps=2, hbm_gbps=4800.0)}
+    assert rows["cast"]["measured_ms"] == pytest.approx(1.0) and rows["cast"]["measured_kernels"] == 2
+    assert rows["cast"]["rate"] == pytest.approx(gb / 1.0 * 1e3 / 4800.0)
+    assert rows["cast"]["model_kernels"] == len(casts)
+    assert rows["GEMM"]["rate"] is None and rows["GEMM"]["measured_ms"] == 0.0
+    assert "copy" not in rows  # copies are the step model's, not a kernel kind
+
+
 def test_gpu_idle_between_kernels():
     """The GPU timeline's idle time (ce_overlap.gpu_trace, used by train.py and calibrate): what no kernel or copy
     covers between the first start and the last end (overlapping streams count once)."""
