@@ -344,7 +344,8 @@ def test_kernel_kinds_hold_the_models_kernels_against_a_traces_by_kind(tiny_ir):
     """bench/_kernel_kinds.py (step_prediction.py --trace): each side's kernels sorted into kinds by name, per step,
     and the rate a memory-bound kind's measured kernels reached on the bytes the model counts."""
     import ce_overlap
-    from _kernel_kinds import model_kind, table, trace_kind
+    from _kernel_kinds import table
+    from ce_overlap.kernel_kinds import model_kind, time_by_kind, trace_kind
 
     assert trace_kind("triton_poi_fused__to_copy_3") == trace_kind("triton_poi_fused__to_copy_repeat_1") == "cast"
     assert trace_kind("triton_red_fused__fused_rms_norm__unsafe_view_add_6") == "RMSNorm + residual"
@@ -377,6 +378,10 @@ def test_kernel_kinds_hold_the_models_kernels_against_a_traces_by_kind(tiny_ir):
     assert rows["cast"]["model_kernels"] == len(casts)
     assert rows["GEMM"]["rate"] is None and rows["GEMM"]["measured_ms"] == 0.0
     assert "copy" not in rows  # copies are the step model's, not a kernel kind
+    # calibrate's compiled step records its time by kind the same way (activities: start, end, name, stream).
+    acts = [(0.0, 30.0, "triton_red_fused__fused_rms_norm_view_6", 7), (30.0, 40.0, "triton_poi_fused__to_copy_0", 7),
+            (40.0, 90.0, "Memcpy DtoD (Device -> Device)", 9), (90.0, 110.0, "triton_red_fused__fused_rms_norm_3", 7)]
+    assert time_by_kind(acts, steps=2) == {"RMSNorm + residual": 25.0, "cast": 5.0}
 
 
 def test_gpu_idle_between_kernels():

@@ -42,6 +42,7 @@ def measure_training_step(warmup: int, steps: int = STEP_PROFILED) -> tuple[dict
     from torch.profiler import ProfilerActivity, profile
 
     from ..gpu_trace import gpu_activities, idle_between, largest_gaps, time_by_class
+    from ..kernel_kinds import time_by_kind
     from ..models.llama import Llama, LlamaConfig, init_weights
 
     cfg = LlamaConfig(**STEP_MODEL)
@@ -97,7 +98,10 @@ def measure_training_step(warmup: int, steps: int = STEP_PROFILED) -> tuple[dict
             "attention_us": round(by_class.get("attention", 0.0), 1),
             "optimizer": {"params": params, "bytes": ADAMW_BYTES_PER_PARAM * params,
                           "us": round(by_class.get("optimizer", 0.0), 1)},
-            "by_class_us": {k: round(v, 1) for k, v in sorted(by_class.items())}}
+            "by_class_us": {k: round(v, 1) for k, v in sorted(by_class.items())},
+            # Per kind of kernel (casts, RMSNorm, SiLU, RoPE, loss, ...): what each reaches inside a compiled step,
+            # against the model's bytes of the same kernels (bench/step_prediction.py --trace does it for a run).
+            "by_kind_us": {k: round(v, 1) for k, v in sorted(time_by_kind(activities, steps).items())}}
     if clock:
         step["clock"] = clock  # the SM clock and power the step ran at (what the fitted efficiencies hold for)
     return gap, step
