@@ -7,7 +7,7 @@ writes JSON. Re-run it after a cost-model change to see what the change does to 
     python bench/step_prediction.py --layers 32 --world-size 2 --profile h200-sxm --measured no-comm=377.0
     python bench/step_prediction.py --train-json RUN/train.json --trace RUN/traces/trace-ce_overlap.json.gz
 
---trace: the model's kernels against the trace's by kind (casts, RMSNorm, SiLU, RoPE, loss, ...; bench/_kernel_kinds.py),
+--trace: the model's kernels against the trace's by kind (casts, RMSNorm, SiLU, RoPE, loss, ...; ce_overlap.kernel_kinds),
 with the rate each kind's kernels reached on the bytes the model counts: where its memory-bound time goes missing.
 """
 from __future__ import annotations
@@ -98,6 +98,10 @@ def main() -> int:
     ap.add_argument("--trace-steps", type=int, default=2, help="steps the trace holds (train.py traces 2)")
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.trace and not os.path.isfile(args.trace):
+        ap.error(f"--trace: no such file: {args.trace}")
+    if args.trace_steps < 1:
+        ap.error(f"--trace-steps: must be at least 1, got {args.trace_steps}")
 
     import torch
 

@@ -382,6 +382,12 @@ def test_kernel_kinds_hold_the_models_kernels_against_a_traces_by_kind(tiny_ir):
     acts = [(0.0, 30.0, "triton_red_fused__fused_rms_norm_view_6", 7), (30.0, 40.0, "triton_poi_fused__to_copy_0", 7),
             (40.0, 90.0, "Memcpy DtoD (Device -> Device)", 9), (90.0, 110.0, "triton_red_fused__fused_rms_norm_3", 7)]
     assert time_by_kind(acts, steps=2) == {"RMSNorm + residual": 25.0, "cast": 5.0}
+    # A missing trace or no steps: one line naming the option, exit 2, before any capture.
+    for bad, says in ((["--trace", "/nonexistent.json.gz"], "--trace: no such file"),
+                      (["--trace", __file__, "--trace-steps", "0"], "--trace-steps: must be at least 1")):
+        proc = subprocess.run([sys.executable, os.path.join(BENCH, "step_prediction.py"), "--layers", "2",
+                               "--world-size", "2", "--profile", "h200-sxm", *bad], capture_output=True, text=True)
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
 
 
 def test_gpu_idle_between_kernels():
