@@ -117,6 +117,19 @@ void expect_row(const ordered_json& r, int block, const std::string& path, int64
   EXPECT_NEAR(r["exposed_comm_us"].get<double>(), exposed_us, kEps);
 }
 
+// An empty document of `model` at `world_size` ranks, and an empty graph named `name`.
+Document doc_for(const std::string& model, int world_size) {
+  Document doc;
+  doc.meta = {{"model", model}, {"world_size", world_size}};
+  return doc;
+}
+
+Graph graph_named(const std::string& name) {
+  Graph g;
+  g.name = name;
+  return g;
+}
+
 std::vector<std::string> keys_of(const ordered_json& j) {
   std::vector<std::string> k;
   for (auto it = j.begin(); it != j.end(); ++it) k.push_back(it.key());
@@ -126,11 +139,9 @@ std::vector<std::string> keys_of(const ordered_json& j) {
 TEST(Analyze, GraphKernelsOnePerFusionGroupAndPerOtherComputeNode) {
   // mm -> mul -> add -> mm2 on 2 MiB tensors: the two pointwise nodes are one fusion group, which reads mm's output
   // and writes add's (4 MiB at 1000 GB/s: 4.19 us, under the 5 us launch floor, so 5 us, half of their unfused 10).
-  Document doc;
-  doc.meta = {{"model", "tiny"}, {"world_size", 1}};
+  Document doc = doc_for("tiny", 1);
   const std::string bf16 = "bfloat16";
-  Graph fwd;
-  fwd.name = "forward";
+  Graph fwd = graph_named("forward");
   add(fwd, "x", NodeKind::Other, "placeholder", {}, {{1024, 1024}}, bf16, -1);
   add(fwd, "mm", NodeKind::Compute, "aten.mm.default", {0, 0}, {{1024, 1024}}, bf16, -1, 2 * 1024 * 1024 * 1024LL,
       6 * kMiB);
@@ -400,11 +411,9 @@ TEST(Analyze, TwentyThousandNodes) {
 // that graph input again. Its bytes count once (the forward's all-gather); the backward's wait has no collective
 // of its graph: no comm, no exposure, no bucket, and the plans keep the tied all-gather where it was captured.
 TEST(Analyze, TiedWeightGatheredOnceAndWaitedOnInTheBackward) {
-  Document doc;
-  doc.meta = {{"model", "tied"}, {"world_size", 2}};
+  Document doc = doc_for("tied", 2);
   const std::string bf16 = "bfloat16";
-  Graph fwd;
-  fwd.name = "forward";
+  Graph fwd = graph_named("forward");
   add(fwd, "primals_1", NodeKind::Other, "placeholder", {}, {{512, 1024}}, bf16, -1);   // 0: the shard
   add(fwd, "tokens", NodeKind::Other, "placeholder", {}, {{1024, 1024}}, bf16, -1);     // 1
   add(fwd, "all_gather_into_tensor", NodeKind::Collective, "_c10d_functional.all_gather_into_tensor.default", {0},
