@@ -47,7 +47,9 @@ MemoryEstimate peak_memory(const Graph& g, const std::vector<int>& order);
 // chain from HBM once and writes only what leaves it. The IR keeps the unfused post-grad nodes, so memory time summed
 // node by node counts every intermediate twice (written, read back). A fusion group approximates Inductor's fusion:
 // FLOP-free compute nodes (torch's flop counter counts only GEMMs, convolutions and attention, which stay separate
-// kernels) joined producer -> consumer, directly or through views, form one group.
+// kernels) joined producer -> consumer, directly or through views, form one group, unless another kernel (a GEMM,
+// attention, a collective or its wait) lies on a path from one of them to the other: Inductor cannot run one kernel
+// both before and after it.
 struct FusionGroup {
   std::vector<int> compute_nodes;  // positions of the group's kernels (its views cost nothing)
   int64_t bytes_in = 0;   // what enters: each outside producer's output once; read through a view, the view's bytes

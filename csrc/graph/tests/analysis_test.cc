@@ -411,6 +411,43 @@ TEST(FusionGroups, GemmsCollectivesAndWaitsSeparateGroups) {
   EXPECT_EQ(groups[1].compute_nodes, (std::vector<int>{b}));
 }
 
+TEST(FusionGroups, NoGroupSpansAKernelBetweenItsNodes) {
+  // A residual stream: x -> norm -> mm -> add(x, mm) -> norm2 -> mm2. x's norm and the add are joined by the edge
+  // x -> add, but mm runs between them (norm -> mm -> add): Inductor runs norm, then mm, then add + norm2. Two
+  // groups, not one; the add's group reads x again (bytes_in) and writes its sum for mm2's neighbour (bytes_out).
+  GraphBuilder g;
+  const int p = g.placeholder("p", bytes_tensor(8));
+  const int x = g.compute("x", {p}, bytes_tensor(8));
+  const int norm = g.compute("norm", {x}, bytes_tensor(8));
+  const int mm = g.compute("mm", {norm}, bytes_tensor(8), /*flops=*/100);
+  const int add = g.compute("add", {x, mm}, bytes_tensor(8));
+  const int norm2 = g.compute("norm2", {add}, bytes_tensor(8));
+  const int mm2 = g.compute("mm2", {norm2}, bytes_tensor(8), /*flops=*/100);
+  g.output({mm2, add});
+  validate(make_doc({g.graph()}));
+  const std::vector<FusionGroup> groups = fusion_groups(g.graph());
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].compute_nodes, (std::vector<int>{x, norm}));
+  EXPECT_EQ(groups[0].bytes_in, 8);       // p
+  EXPECT_EQ(groups[0].bytes_out, 8 + 8);  // x (read by add) and norm (read by mm)
+  EXPECT_EQ(groups[1].compute_nodes, (std::vector<int>{add, norm2}));
+  EXPECT_EQ(groups[1].bytes_in, 8 + 8);   // x and mm
+  EXPECT_EQ(groups[1].bytes_out, 8 + 8);  // add (an output) and norm2 (read by mm2)
+  // A collective and its wait between two pointwise nodes keep them apart the same way.
+  GraphBuilder c;
+  const int q = c.placeholder("q");
+  const int a = c.compute("a", {q});
+  const int ag = c.collective("ag", {a});
+  const int w = c.wait("w", ag);
+  const int b = c.compute("b", {a, w});
+  c.output({b});
+  validate(make_doc({c.graph()}));
+  const std::vector<FusionGroup> split = fusion_groups(c.graph());
+  ASSERT_EQ(split.size(), 2u);
+  EXPECT_EQ(split[0].compute_nodes, (std::vector<int>{a}));
+  EXPECT_EQ(split[1].compute_nodes, (std::vector<int>{b}));
+}
+
 TEST(Simulate, OverlappedAndExposedCollectives) {
   // c1 (10 us) overlaps m1 (15 us): its wait finds it done, exposed 0.
   // c2 (8 us) needs m2 and is waited on at once: the compute stream idles 8 us, all exposed.
