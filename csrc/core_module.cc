@@ -175,9 +175,7 @@ PYBIND11_MODULE(_core, m) {
         return names;
       })
       .def("num_nodes", [](const Document& d, const std::string& graph) -> size_t {
-        for (const Graph& g : d.graphs)
-          if (g.name == graph) return g.nodes.size();
-        throw IrError("no graph named \"" + graph + "\"");
+        return find_graph(d, graph).nodes.size();
       });
 
   py::class_<Profile>(m, "Profile")

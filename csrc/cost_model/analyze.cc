@@ -257,14 +257,7 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
 
 ordered_json graph_kernels(const Document& doc, const std::string& graph, const CostModel& model) {
   validate(doc);
-  const Graph* found = nullptr;
-  std::string names;
-  for (const Graph& g : doc.graphs) {
-    if (g.name == graph) found = &g;
-    names += (names.empty() ? "" : ", ") + g.name;
-  }
-  if (found == nullptr) throw IrError("no graph named \"" + graph + "\" (the document has: " + names + ")");
-  const Graph& g = *found;
+  const Graph& g = find_graph(doc, graph);
   const std::vector<double> durations = model.durations_us(g);
   std::vector<std::pair<int, ordered_json>> kernels;  // (first node, kernel)
   auto add = [&](const std::vector<int>& nodes, int64_t bytes, bool fused) {

@@ -22,7 +22,7 @@ nlohmann::ordered_json analyze(const Document& doc, const CostModel& model);
 // node outside a group (GEMM, attention) one more. Per kernel: "nodes" (ids), "ops" (their op names), "bytes" (a
 // group's bytes in + out, what durations_us charges; a node's bytes_accessed), "us" (the sum of its nodes'
 // durations_us, the gap between kernels included), "fused" (a fusion group). Validates doc; an unknown graph name
-// throws IrError naming the graphs there are.
+// throws find_graph's IrError.
 nlohmann::ordered_json graph_kernels(const Document& doc, const std::string& graph, const CostModel& model);
 
 }  // namespace ce_overlap

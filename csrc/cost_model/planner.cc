@@ -12,15 +12,6 @@
 namespace ce_overlap {
 namespace {
 
-const Graph& find_graph(const Document& doc, const std::string& name) {
-  std::string names;
-  for (const Graph& g : doc.graphs) {
-    if (g.name == name) return g;
-    names += (names.empty() ? "" : ", ") + g.name;
-  }
-  throw IrError("graph: no graph named \"" + name + "\" in the IR (it has: " + names + ")");
-}
-
 struct Choice {
   Backend backend = Backend::Nccl;
   std::string reason;

@@ -314,6 +314,15 @@ int64_t Node::output_bytes() const {
   return total_bytes;
 }
 
+const Graph& find_graph(const Document& doc, const std::string& name) {
+  std::string names;
+  for (const Graph& g : doc.graphs) {
+    if (g.name == name) return g;
+    names += (names.empty() ? "" : ", ") + g.name;
+  }
+  throw IrError("graph: no graph named \"" + name + "\" in the IR (it has: " + names + ")");
+}
+
 void validate(const Document& doc) {
   const JsonPath root;
   validate_meta(JsonPath(root, "meta"), doc.meta);

@@ -93,5 +93,7 @@ std::string save_ir(const Document& doc);
 nlohmann::json ir_to_json(const Document& doc);
 // Re-checks a document built in memory (same rules as the loader); throws IrError.
 void validate(const Document& doc);
+// The graph named `name`; throws IrError("graph: no graph named ... (it has: ...)") naming the graphs there are.
+const Graph& find_graph(const Document& doc, const std::string& name);
 
 }  // namespace ce_overlap
