@@ -42,12 +42,14 @@ def gpu_activities(prof) -> list[tuple[float, float, str, int]]:
             for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA]
 
 
-def time_by_class(activities, steps: int = 1) -> dict[str, float]:
-    """Activity time per kernel class (kernel_class), per step, in the activities' unit."""
+def time_by_class(activities, steps: int = 1, classify=kernel_class) -> dict[str, float]:
+    """Activity time per class, per step, in the activities' unit: the class `classify` gives a kernel's name
+    (kernel_class by default; an activity it gives None is left out)."""
     out: dict[str, float] = {}
     for start, end, name, *_ in activities:
-        cls = kernel_class(name)
-        out[cls] = out.get(cls, 0.0) + (end - start) / steps
+        cls = classify(name)
+        if cls is not None:
+            out[cls] = out.get(cls, 0.0) + (end - start) / steps
     return out
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .gpu_trace import kernel_class
+from .gpu_trace import kernel_class, time_by_class
 
 # (kind, how a trace kernel's name shows it, how a model fusion group's op names show it), first match wins. A cast is
 # a pointwise kernel of casts only (with the no-comm stand-ins fused into it: "_to_copy_repeat", "_to_copy_slice").
@@ -67,9 +67,4 @@ def trace_kind(name: str) -> str | None:
 def time_by_kind(activities, steps: int = 1) -> dict[str, float]:
     """Kernel time per kind (trace_kind), per step, in the activities' unit; `activities`: (start, end, name, ...)
     as gpu_trace.gpu_activities gives them. Copies, collectives and the optimizer are left out."""
-    out: dict[str, float] = {}
-    for start, end, name, *_ in activities:
-        kind = trace_kind(name)
-        if kind is not None:
-            out[kind] = out.get(kind, 0.0) + (end - start) / steps
-    return out
+    return time_by_class(activities, steps, trace_kind)
