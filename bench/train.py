@@ -93,6 +93,9 @@ MODES = ["eager", "compile", "compile+inductor-overlap", "compile+low-contention
          "ce_overlap-packed", "ce_overlap-rs-kernel", "no-comm", "compile+inductor-overlap+ac", "ce_overlap+ac",
          "fsdp2", "fsdp2-ce", "fsdp2-ce-hooks", "fsdp2-symm-mem", "fsdp2-no-comm", "fsdp2+ac"]
 CE_MODES = ("ce_overlap", "ce_overlap-packed", "ce_overlap-rs-kernel")  # modes that may run CE collectives
+# torchtitan's default training.gc_freq: with --gc torchtitan a generation-1 collection every GC_FREQ steps, the
+# automatic collector off (torchtitan/tools/utils.py GarbageCollection). A result without a recorded "gc" ran "python".
+GC_FREQ = 50
 AC = "+ac"  # a mode's suffix: activation checkpointing per block (torchtitan's full AC), then the same mode
 
 
@@ -163,6 +166,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="time each step on the host, synchronized before and after (the method of results before "
                         "2026-11-24; adds the host's launch latency to every step). Default: CUDA events between "
                         "step ends, no host wait inside the measured loop")
+    p.add_argument("--gc", choices=["torchtitan", "python"], default="torchtitan",
+                   help="Python's garbage collector in the step loop: torchtitan (default: off, a generation-1 "
+                        f"collection before the first step and every {GC_FREQ} steps, torchtitan's GarbageCollection "
+                        "at its default training.gc_freq) or python (automatic, Python's default: a full collection "
+                        "over torch.compile's objects stalls the host ~0.5 s, and the GPU with it; 2026-11-28-b's "
+                        "no-comm steps of 520-620 ms)")
     p.add_argument("--memory-history", action="store_true",
                    help="record the allocator's history in every mode and report the live blocks grouped by the "
                         "line that allocated them (with that line of Inductor's generated code), at the mode's end and "
@@ -313,6 +322,30 @@ class ModeResult:
     # When (host epoch seconds) the timed steps and the kernel profile ran: bench/clocks.py reads the GPUs' clocks and
     # power sampled beside the run (bench/train_device.sh, CE_TRAIN_CLOCKS=1) in these windows.
     windows: dict = dataclasses.field(default_factory=dict)
+    # Per timed step, the host's time to issue it and the part of that spent in Python's garbage collector (ms; rank
+    # 0's): a host stall longer than the work queued ahead of the GPU idles the GPU. Per rank, its median step (ms).
+    host_ms: list = dataclasses.field(default_factory=list)
+    gc_ms: list = dataclasses.field(default_factory=list)
+    step_ms_by_rank: list = dataclasses.field(default_factory=list)
+
+
+class GcPauses:
+    """Time Python's garbage collector holds the host, summed into `since` (seconds) from when the caller zeroes it
+    (gc.callbacks: a start and a stop per collection)."""
+
+    def __init__(self):
+        self.since, self._start = 0.0, None
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.since += time.perf_counter() - self._start
+            self._start = None
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._on_gc)
 
 
 def family_base_and_bound(mode: str) -> tuple[str, str]:
@@ -406,7 +439,7 @@ def child_argv(args) -> list[str]:
             str(args.lr_warmup_steps), "--gqa", args.gqa, "--kernel-profile", str(args.kernel_profile),
             "--kernel-profile-lead-s", str(args.kernel_profile_lead_s), "--ce", args.ce,
             "--device", args.device, "--fsdp2-wrap", args.fsdp2_wrap, "--in-graph-wrap", args.in_graph_wrap,
-            "--same-process"]
+            "--gc", args.gc, "--same-process"]
     if args.layers:
         argv += ["--layers", str(args.layers)]
     for item in args.inductor_config:
@@ -479,6 +512,11 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
     # before and after (what results before 2026-11-24 used; it adds the host's launch latency to every step).
     on_gpu = DEVICE == "cuda" and not args.sync_every_step
     ends, losses_dev, host_s = [], [], []
+    gc_pauses = GcPauses()
+    gc_was_enabled = gc.isenabled()
+    if args.gc == "torchtitan":
+        gc.disable()
+        gc.collect(1)
     sync()
     start = torch.cuda.Event(enable_timing=True) if on_gpu else None
     if on_gpu:
@@ -493,6 +531,9 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
         if not on_gpu:
             sync()
         t0 = time.perf_counter()
+        gc_pauses.since = 0.0
+        if args.gc == "torchtitan" and step > 1 and step % GC_FREQ == 0:
+            gc.collect(1)
         loss = step_fn(tokens, labels)
         loss.backward()
         opt.step()
@@ -503,6 +544,9 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
         else:
             sync()
         host_s.append(time.perf_counter() - t0)
+        if step > args.warmup:
+            res.host_ms.append(round(1e3 * host_s[-1], 3))
+            res.gc_ms.append(round(1e3 * gc_pauses.since, 3))
         if step == 1:
             sync()
             res.compile_s = time.perf_counter() - t_compile
@@ -510,10 +554,16 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
         dist.all_reduce(lv, op=dist.ReduceOp.AVG)
         losses_dev.append(lv)
     sync()
+    gc_pauses.close()
+    if gc_was_enabled:
+        gc.enable()
     res.windows["timed"] = [timed_from, time.time()]
     step_s = ([start.elapsed_time(ends[0]) / 1e3] + [a.elapsed_time(b) / 1e3 for a, b in zip(ends, ends[1:])]
               if on_gpu else host_s)
     step_s_max = torch.tensor(step_s, dtype=torch.float64, device=DEVICE)
+    by_rank = [None] * dist.get_world_size()
+    dist.all_gather_object(by_rank, round(1e3 * statistics.median(step_s[args.warmup:] or step_s), 3))
+    res.step_ms_by_rank = by_rank
     dist.all_reduce(step_s_max, op=dist.ReduceOp.MAX)
     mem = torch.cuda.max_memory_reserved() if DEVICE == "cuda" else 0
     for step, (dt_max, lv) in enumerate(zip(step_s_max.tolist(), losses_dev), 1):
@@ -562,6 +612,11 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
         log0(f"[{mode}] per rank, kernel busy / GEMM ms per step (SM MHz, W): "
              + ", ".join(rank_summary(r) for r in res.kernels["by_rank"]))
     res.median_ms = statistics.median(res.step_ms)
+    if res.host_ms:
+        log0(f"[{mode}] host per timed step (rank 0, gc {args.gc}): median {statistics.median(res.host_ms):.1f} ms, "
+             f"max {max(res.host_ms):.1f}; in the garbage collector {sum(res.gc_ms):.1f} ms over {len(res.gc_ms)} "
+             f"steps (max {max(res.gc_ms):.1f}); median step per rank "
+             + ", ".join(f"{v:.1f}" for v in res.step_ms_by_rank) + " ms")
     res.tps = tokens_per_step / (res.median_ms / 1e3)
     res.tflops = flops_per_token * res.tps / 1e12
     res.mfu = 100 * res.tflops / peak

@@ -30,6 +30,10 @@ def test_train_harness_runs_eager_no_comm_and_the_pass_on_cpu(tmp_path, isolate)
     for r in modes.values():
         assert r["ok"], r
         assert len(r["step_ms"]) == 2 and len(r["losses"]) == 3
+        # Per timed step the host's time and its part in the garbage collector; per rank its median step.
+        assert len(r["host_ms"]) == len(r["gc_ms"]) == 2 and len(r["step_ms_by_rank"]) == 2
+        assert all(0 <= g <= h for g, h in zip(r["gc_ms"], r["host_ms"]))
+    assert result["args"]["gc"] == "torchtitan"
     # Same weights and data: the pass (NCCL only) computes the same first loss as eager, up to fp32 rounding.
     assert abs(modes["eager"]["losses"][0] - modes["ce_overlap-nccl"]["losses"][0]) < 1e-3
     # Activation checkpointing per block recomputes the same forward: the same losses up to fp32 rounding.
@@ -55,6 +59,28 @@ def test_inductor_config_values_are_python_literals():
     for bad in ["no_equals_sign", "=3", "reorder_for_peak_memory=maybe"]:
         with pytest.raises(ValueError, match="--inductor-config"):
             train.inductor_config_items([bad])
+
+
+def test_gc_pauses_sum_the_collections_since_zeroed():
+    """The timed loop's measure of the host in Python's garbage collector: a collection forced inside the window
+    counts, one before it does not, and closing unhooks it."""
+    import gc
+    import time
+
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import train
+
+    pauses = train.GcPauses()
+    try:
+        gc.collect()
+        pauses.since = 0.0
+        t0 = time.perf_counter()
+        gc.collect()
+        elapsed = time.perf_counter() - t0
+        assert 0 < pauses.since <= elapsed
+    finally:
+        pauses.close()
+    assert pauses._on_gc not in gc.callbacks
 
 
 def test_memory_peak_replay_finds_the_live_blocks_at_the_maximum():
