@@ -172,6 +172,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "at its default training.gc_freq) or python (automatic, Python's default: a full collection "
                         "over torch.compile's objects stalls the host ~0.5 s, and the GPU with it; 2026-11-28-b's "
                         "no-comm steps of 520-620 ms)")
+    p.add_argument("--loss-reduce", choices=["end", "step"], default="end",
+                   help="when the ranks' losses are averaged: end (default: one collective after the timed loop; "
+                        "torchtitan reduces them only at its log steps) or step (an all-reduce on the side after "
+                        "every step, the results before 2026-11-28-c)")
     p.add_argument("--memory-history", action="store_true",
                    help="record the allocator's history in every mode and report the live blocks grouped by the "
                         "line that allocated them (with that line of Inductor's generated code), at the mode's end and "
@@ -439,7 +443,7 @@ def child_argv(args) -> list[str]:
             str(args.lr_warmup_steps), "--gqa", args.gqa, "--kernel-profile", str(args.kernel_profile),
             "--kernel-profile-lead-s", str(args.kernel_profile_lead_s), "--ce", args.ce,
             "--device", args.device, "--fsdp2-wrap", args.fsdp2_wrap, "--in-graph-wrap", args.in_graph_wrap,
-            "--gc", args.gc, "--same-process"]
+            "--gc", args.gc, "--loss-reduce", args.loss_reduce, "--same-process"]
     if args.layers:
         argv += ["--layers", str(args.layers)]
     for item in args.inductor_config:
@@ -551,8 +555,13 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
             sync()
             res.compile_s = time.perf_counter() - t_compile
         lv = loss.detach().float()
-        dist.all_reduce(lv, op=dist.ReduceOp.AVG)
+        if args.loss_reduce == "step":
+            dist.all_reduce(lv, op=dist.ReduceOp.AVG)
         losses_dev.append(lv)
+    if args.loss_reduce == "end":  # every step's loss averaged over the ranks in one collective after the loop
+        stacked = torch.stack(losses_dev)
+        dist.all_reduce(stacked, op=dist.ReduceOp.AVG)
+        losses_dev = list(stacked)
     sync()
     gc_pauses.close()
     if gc_was_enabled:

@@ -42,6 +42,7 @@ stage train 540 torchrun_all bench/train.py --layers "$LAYERS" --seq-len 4096 --
   $([ "${CE_TRAIN_TRACES:-0}" = 1 ] && echo --trace-dir "$OUT/traces") \
   $([ "${CE_TRAIN_VOCAB_PARALLEL:-0}" = 1 ] && echo --vocab-parallel-embeddings) \
   ${CE_TRAIN_IN_GRAPH_WRAP:+--in-graph-wrap "$CE_TRAIN_IN_GRAPH_WRAP"} ${CE_TRAIN_GC:+--gc "$CE_TRAIN_GC"} \
+  ${CE_TRAIN_LOSS_REDUCE:+--loss-reduce "$CE_TRAIN_LOSS_REDUCE"} \
   $([ "${CE_TRAIN_MEMORY_HISTORY:-0}" = 1 ] && echo --memory-history) --out "$OUT/train.json"
 if [ -n "${CLOCKS_PID:-}" ]; then kill "$CLOCKS_PID" 2>/dev/null; fi
 # The same board calibrated right after (CE_TRAIN_CALIBRATE=1): its profile predicts these runs on the CPU afterwards

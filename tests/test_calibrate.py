@@ -431,6 +431,35 @@ def test_inconsistent_measurements_are_rejected_naming_the_field(base, case):
     assert str(e.value).startswith("measurements: ")
 
 
+def test_a_stalled_size_is_measured_again_before_the_check_sees_it():
+    """The 4x H200 send curve of 2026-11-28: 42.6 us at a smaller size, 15.9 at 1 MiB. calibrate measures the stalled
+    size again (keeping the lower median) instead of stopping; one that stays inconsistent after REMEASURES tries is
+    left for the check to reject; a consistent curve is measured once."""
+    from ce_overlap.calibrate.common import REMEASURES
+    from ce_overlap.calibrate.measurements import remeasure_stalls
+
+    sizes = [1 << 16, 1 << 18, 1 << 20]
+    asked = []
+    again = {1 << 18: [14.0]}
+    pts = [[1 << 16, 12.0], [1 << 18, 42.6], [1 << 20, 15.9]]
+
+    def measure(nbytes):
+        asked.append(nbytes)
+        return again[nbytes].pop(0)
+
+    remeasure_stalls(pts, sizes, measure)
+    assert asked == [1 << 18] and pts[1][1] == 14.0 and pts[0][1] == 12.0 and pts[2][1] == 15.9
+
+    stuck = [[1 << 16, 12.0], [1 << 18, 42.6], [1 << 20, 15.9]]
+    asked.clear()
+    remeasure_stalls(stuck, sizes, lambda nbytes: asked.append(nbytes) or 50.0)
+    assert asked == [1 << 18] * REMEASURES and stuck[1][1] == 42.6  # the lower median kept; the check rejects it
+
+    asked.clear()
+    remeasure_stalls([[1 << 16, 12.0], [1 << 18, 13.0], [1 << 20, 15.9]], sizes, lambda nbytes: asked.append(nbytes))
+    assert asked == []
+
+
 def test_small_dips_are_raised_with_a_note(base):
     m = synthetic()
     pts = _curve(m, "all_gather", "ce")["points"]

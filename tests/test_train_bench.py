@@ -21,7 +21,7 @@ def test_train_harness_runs_eager_no_comm_and_the_pass_on_cpu(tmp_path, isolate)
            os.path.join(REPO, "bench", "train.py"), "--device", "cpu", "--model", "llama3-tiny", "--seq-len", "32",
            "--steps", "2", "--warmup", "1", "--modes",
            "eager,no-comm,ce_overlap-nccl,ce_overlap+ac,fsdp2,fsdp2-no-comm,fsdp2+ac", "--out", str(out)]
-    cmd += ["--isolate"] if isolate else []
+    cmd += ["--isolate", "--loss-reduce", "step"] if isolate else []  # both ways of averaging the losses
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -33,7 +33,7 @@ def test_train_harness_runs_eager_no_comm_and_the_pass_on_cpu(tmp_path, isolate)
         # Per timed step the host's time and its part in the garbage collector; per rank its median step.
         assert len(r["host_ms"]) == len(r["gc_ms"]) == 2 and len(r["step_ms_by_rank"]) == 2
         assert all(0 <= g <= h for g, h in zip(r["gc_ms"], r["host_ms"]))
-    assert result["args"]["gc"] == "torchtitan"
+    assert result["args"]["gc"] == "torchtitan" and result["args"]["loss_reduce"] == ("step" if isolate else "end")
     # Same weights and data: the pass (NCCL only) computes the same first loss as eager, up to fp32 rounding.
     assert abs(modes["eager"]["losses"][0] - modes["ce_overlap-nccl"]["losses"][0]) < 1e-3
     # Activation checkpointing per block recomputes the same forward: the same losses up to fp32 rounding.

@@ -7,7 +7,7 @@ import math
 
 from ..errors import CeOverlapError
 from .common import (COLLECTIVES, COMPUTE_KINDS, MAX_DECREASE, MAX_DECREASE_US, MEASUREMENTS_SCHEMA, MIN_SLOWDOWN,
-                     format_bytes)
+                     format_bytes, inconsistent_drop)
 
 
 def _path_num(obj: dict, key: str, path: str, *, minimum: float | None = 0.0, strict: bool = True) -> float:
@@ -195,7 +195,7 @@ def _clean_points(pts, p: str, key: tuple, notes: list[str]) -> list[list]:
             raise CeOverlapError(f"measurements: {pp}[0]: sizes must increase, got {format_bytes(b)} after "
                                  f"{format_bytes(clean[-1][0])}")
         if us < running:
-            if us < (1 - MAX_DECREASE) * running and running - us > MAX_DECREASE_US:
+            if inconsistent_drop(running, us):
                 raise CeOverlapError(
                     f"measurements: {pp}[1]: {key[0]} on {key[1]} took {us:.1f} us at {format_bytes(b)}, "
                     f"{(1 - us / running) * 100:.0f}% less than {running:.1f} us at a smaller size: "

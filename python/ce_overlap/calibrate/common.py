@@ -29,6 +29,15 @@ COLLECTIVES = ("all_gather", "reduce_scatter", "send", "recv")
 MAX_DECREASE = 0.10  # a curve's time may dip this much below a smaller size's (noise), then it is raised to it,
 MAX_DECREASE_US = 10.0  # or this many us, whichever is more: the latency floor's jitter (2x H100's CE all-gather
 # read 38.0 us at 256 KiB and 29.8 at 1 MiB, medians of 10, bench/results/step-prediction-2026-11-27-d)
+REMEASURES = 2  # times calibrate measures a size again whose time is inconsistent with a larger size's (a stall)
+
+
+def inconsistent_drop(smaller_us: float, larger_us: float) -> bool:
+    """A larger size's time this far below a smaller size's is not noise: more than MAX_DECREASE and MAX_DECREASE_US
+    below it (the rule the measurements' check applies; calibrate measures such a smaller size again first)."""
+    return larger_us < (1 - MAX_DECREASE) * smaller_us and smaller_us - larger_us > MAX_DECREASE_US
+
+
 MIN_SLOWDOWN = -0.10  # compute beside a collective faster than alone by more than this: a broken measurement
 
 

@@ -9,7 +9,8 @@ import sys
 import time
 
 from .collectives import Collectives, measure_slowdowns
-from .common import GEMM_SIZES, MEASUREMENTS_SCHEMA, Progress, format_bytes, one_line, parse_size
+from .common import (GEMM_SIZES, MEASUREMENTS_SCHEMA, REMEASURES, Progress, format_bytes, inconsistent_drop, one_line,
+                     parse_size)
 from .kernels import (make_compute, measure_attention, measure_memory_kernels, measure_optimizer, measure_peer_copy,
                       measure_reduction_kernel, measure_transformer_gemms)
 from .step import measure_training_step
@@ -130,6 +131,20 @@ def _measure_optional_kernels(m: dict, args, prog: Progress) -> None:
     prog.step("a compiled training step")
 
 
+def remeasure_stalls(pts: list, sizes: list[int], measure) -> None:
+    """A curve's points ([bytes, us] per size of `sizes`, in order) whose time is inconsistent with a larger size's
+    (check's rule, common.inconsistent_drop) measured again with `measure(size)`, up to REMEASURES times, each keeping
+    the lower median: a stall of the GPU or the host during one size's ops only adds time (4x H200, 2026-11-28: a
+    send took 42.6 us at a smaller size and 15.9 at 1 MiB, and the whole calibration stopped). The times are max over
+    ranks, so every rank picks the same points and the collectives stay matched."""
+    for _ in range(REMEASURES):
+        stalled = [i for i in range(len(pts)) if any(inconsistent_drop(pts[i][1], later[1]) for later in pts[i + 1:])]
+        if not stalled:
+            return
+        for i in stalled:
+            pts[i][1] = min(pts[i][1], measure(sizes[i]))
+
+
 def _measure_collectives(m: dict, args, prog: Progress, sizes: list[int], slow_bytes: int) -> None:
     """The NCCL and CE curves per size on the whole group, then the slowdowns beside them at `slow_bytes`."""
     torch, dist = torch_module(), dist_if_initialized()
@@ -147,15 +162,16 @@ def _measure_collectives(m: dict, args, prog: Progress, sizes: list[int], slow_b
                 for _ in sizes:
                     prog.step(f"{coll} {backend}: skipped")
                 continue
-            pts = []
-            for nbytes in sizes:
+            def measure(nbytes: int) -> float:
                 fn, settle = cols.runner(coll, backend, nbytes)
                 dist.barrier()
-                us = median_us(fn, args.iters, args.warmup, settle)
-                ir_bytes = world * nbytes if coll == "reduce_scatter" else nbytes
-                pts.append([ir_bytes, us])
-                del fn
+                return median_us(fn, args.iters, args.warmup, settle)
+
+            pts = []
+            for nbytes in sizes:
+                pts.append([world * nbytes if coll == "reduce_scatter" else nbytes, measure(nbytes)])
                 prog.step(f"{coll} {backend} {format_bytes(nbytes)}")
+            remeasure_stalls(pts, sizes, measure)
             if coll == "send":
                 m["collectives"].append({"collective": "send", "backend": backend, "group_size": world, "points": pts})
                 m["collectives"].append({"collective": "recv", "backend": backend, "group_size": world,
