@@ -606,15 +606,18 @@ std::vector<double> CostModel::durations_us(const Graph& g, std::vector<char>* k
   std::vector<double> out;
   out.reserve(g.nodes.size());
   for (const Node& n : g.nodes) out.push_back(node_us(n));
-  const double hbm_us_per_byte = 1.0 / (profile_.gpu.hbm_gbps * 1e3 * profile_.efficiency.memory);
+  // Fused kernels at the rate a compiled step's fused kernels reach (efficiency.fused_memory, else memory).
+  const double hbm_us_per_byte = 1.0 / (profile_.gpu.hbm_gbps * 1e3 * profile_.efficiency.fused_memory_or_memory());
   // A kernel's first node: the first compute node of a fusion group, or a compute node outside any group.
   std::vector<char> fused(g.nodes.size(), 0), starts(g.nodes.size(), 0);
   for (const FusionGroup& fg : fusion_groups(g)) {
     if (fg.compute_nodes.empty()) continue;
     starts[static_cast<size_t>(fg.compute_nodes.front())] = 1;
-    double unfused = 0;
+    double unfused = 0;  // the group's nodes as kernels of their own, at the same rate (a group holds no FLOPs)
     for (int m : fg.compute_nodes) {
       fused[static_cast<size_t>(m)] = 1;
+      out[m] = std::max(static_cast<double>(g.nodes[static_cast<size_t>(m)].bytes_accessed) * hbm_us_per_byte,
+                        profile_.efficiency.kernel_launch_us);
       unfused += out[m];
     }
     const double fused_us = std::max(static_cast<double>(fg.bytes_in + fg.bytes_out) * hbm_us_per_byte,

@@ -106,8 +106,9 @@ class CostModel {
   // compute_us for compute nodes, collective_us for collectives, 0 otherwise.
   double node_us(const Node& node) const;
   // Every node's time in the graph, kernel fusion included: each fusion group (analysis.h, fusion_groups) takes
-  // max(its bytes in + out at the HBM roofline, one launch), spread over its compute nodes in proportion to their
-  // node_us; GEMMs, attention and collectives keep node_us. Plus efficiency.kernel_gap_us per kernel.
+  // max(its bytes in + out at the fused kernels' HBM rate (efficiency.fused_memory, else memory), one launch), spread
+  // over its compute nodes in proportion to their own bytes' time at that rate (never more than that sum); GEMMs,
+  // attention, collectives and compute nodes in no group keep node_us. Plus efficiency.kernel_gap_us per kernel.
   // With `kernel_starts`, also marks the first node of every kernel the graph runs (a fusion group's first compute
   // node, or a compute node outside any group): the nodes that carry the gap.
   std::vector<double> durations_us(const Graph& g, std::vector<char>* kernel_starts = nullptr) const;

@@ -523,7 +523,8 @@ Profile profile_from_json(const json& j) {
   p.topology = read_topology(root.field("topology", "an object"), "topology");
 
   ObjectReader eff = root.object("efficiency", {"gemm", "gemm_ramp_flops", "memory", "kernel_launch_us", "attention",
-                                                "attention_backward", "optimizer", "kernel_gap_us"});
+                                                "attention_backward", "optimizer", "kernel_gap_us",
+                                                "fused_memory"});
   p.efficiency.gemm = eff.fraction("gemm");
   p.efficiency.gemm_ramp_flops = eff.non_negative_number("gemm_ramp_flops");
   p.efficiency.memory = eff.fraction("memory");
@@ -532,6 +533,7 @@ Profile profile_from_json(const json& j) {
   if (eff.has("attention_backward")) p.efficiency.attention_backward = eff.fraction("attention_backward");
   if (eff.has("optimizer")) p.efficiency.optimizer = eff.fraction("optimizer");
   if (eff.has("kernel_gap_us")) p.efficiency.kernel_gap_us = eff.non_negative_number("kernel_gap_us");
+  if (eff.has("fused_memory")) p.efficiency.fused_memory = eff.fraction("fused_memory");
 
   ObjectReader nccl = root.object("nccl", {"channels", "protocols", "reduction_bandwidth_factor",
                                            "inter_node_step_latency_us", "inter_node_bus_efficiency",
@@ -611,6 +613,7 @@ json efficiency_to_json(const EfficiencySpec& e) {
   if (e.attention_backward > 0) j["attention_backward"] = e.attention_backward;
   if (e.optimizer > 0) j["optimizer"] = e.optimizer;
   if (e.kernel_gap_us > 0) j["kernel_gap_us"] = e.kernel_gap_us;
+  if (e.fused_memory > 0) j["fused_memory"] = e.fused_memory;
   return j;
 }
 

@@ -68,7 +68,12 @@ struct EfficiencySpec {
   // Optional (0: absent). The GPU's idle time between two consecutive kernels of a stream (the next launch's
   // latency that back-to-back kernels still pay): charged once per kernel the graph runs (CostModel::durations_us).
   double kernel_gap_us = 0;
+  // Optional (0: absent). Of HBM bandwidth, what the fused kernels of a compiled step reach (Inductor's Triton
+  // kernels: casts, norms and their reductions, RoPE's strided halves, the loss): a fusion group's bytes are charged
+  // at it (CostModel::durations_us); absent: `memory`, the rate of a plain memory-bound kernel in a burst.
+  double fused_memory = 0;
 
+  double fused_memory_or_memory() const { return fused_memory > 0 ? fused_memory : memory; }
   double attention_or_gemm(bool backward) const {
     const double e = backward ? attention_backward : attention;
     return e > 0 ? e : gemm;

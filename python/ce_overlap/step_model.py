@@ -85,12 +85,15 @@ def _spec(profile: str) -> dict:
     return json.loads(profiles.read_text(profile))
 
 
-def bandwidths_us_per_byte(spec: dict) -> tuple[float, float]:
+def bandwidths_us_per_byte(spec: dict) -> tuple[float, float, float]:
     """(HBM us per byte at the profile's memory efficiency, the fused optimizer's us per byte: its own calibrated
-    efficiency where the profile has one, else the memory efficiency); `spec`: the profile's JSON."""
+    efficiency where the profile has one, else the memory efficiency, and a compiled step's fused kernels' us per
+    byte: efficiency.fused_memory, else the memory efficiency, as the C++ model charges fusion groups); `spec`: the
+    profile's JSON."""
     hbm = spec["gpu"]["hbm_gbps"] * 1e3
     eff = spec["efficiency"]
-    return 1.0 / (hbm * eff["memory"]), 1.0 / (hbm * eff.get("optimizer", eff["memory"]))
+    return (1.0 / (hbm * eff["memory"]), 1.0 / (hbm * eff.get("optimizer", eff["memory"])),
+            1.0 / (hbm * eff.get("fused_memory", eff["memory"])))
 
 
 def plan_costs(plan: dict, hbm_us_per_byte: float) -> dict:
@@ -130,7 +133,7 @@ def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "
 
     world = world or int(ir.meta.get("world_size", 1))
     spec = _spec(profile)
-    hbm_us_per_byte, optimizer_us_per_byte = bandwidths_us_per_byte(spec)
+    hbm_us_per_byte, optimizer_us_per_byte, fused_us_per_byte = bandwidths_us_per_byte(spec)
     report = analyze(ir, profile)
     out = {"profile": profile, "analyze": {}}
     for g in report.get("graphs", []):
@@ -144,7 +147,7 @@ def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "
     out["kernel_gap_us"] = spec["efficiency"].get("kernel_gap_us", 0.0)
     graphs = ir.to_dict()["graphs"]  # the IR serialized once for both
     colls = collectives_by_graph(graphs)
-    out["local_gather_us"], out["local_gather_kernels"] = local_gather_us(graphs, hbm_us_per_byte, out["kernel_gap_us"])
+    out["local_gather_us"], out["local_gather_kernels"] = local_gather_us(graphs, fused_us_per_byte, out["kernel_gap_us"])
     out["fsdp2_copy_us"] = fsdp2_copy_us(collective_bytes(colls), spec["gpu"]["hbm_gbps"])
     out["fsdp2_loss_us"] = fsdp2_eager_loss_us(loss_logits, spec["gpu"]["hbm_gbps"])
     return out
@@ -188,7 +191,7 @@ def _fusible(node: dict) -> bool:
     return node.get("kind") == "compute" and not node.get("flops")
 
 
-def local_gather_us(graphs: list[dict], hbm_us_per_byte: float, kernel_gap_us: float = 0.0) -> tuple[dict, int]:
+def local_gather_us(graphs: list[dict], us_per_byte: float, kernel_gap_us: float = 0.0) -> tuple[dict, int]:
     """What the no-comm mode runs instead of the collectives, per graph (fx/fsdp.py _LocalGather), beyond what the
     analysis already prices (`graphs`: the IR's JSON graphs). Each all-gather becomes `shard.repeat(world)` and each
     reduce-scatter a `narrow(...).contiguous()` of the gradient. Inductor fuses both into their neighbours where
@@ -200,8 +203,9 @@ def local_gather_us(graphs: list[dict], hbm_us_per_byte: float, kernel_gap_us: f
     on 2x H100 and 2x H200, the no-comm mode's memory-bound kernels take 21.3 / 15.4 ms per step against ce_overlap's
     21.4 / 15.7. A stand-in with no pointwise neighbour is a kernel of its own (repeat: reads the shard, writes world x
     shard; narrow: reads and writes this rank's rows) and pays the profile's gap between kernels. At world 1 the
-    stand-ins are no copies (Inductor removes `repeat(1)` and the narrow of all rows). Returns the time per graph and
-    the number of stand-in kernels."""
+    stand-ins are no copies (Inductor removes `repeat(1)` and the narrow of all rows). The bytes are charged at
+    `us_per_byte` (the profile's fused-kernel rate: the stand-ins are Inductor's kernels). Returns the time per graph
+    and the number of stand-in kernels."""
     out, total_kernels = {}, 0
     for g in graphs:
         nodes = {n["id"]: n for n in g["nodes"]}
@@ -242,7 +246,7 @@ def local_gather_us(graphs: list[dict], hbm_us_per_byte: float, kernel_gap_us: f
                 if not after or not all(_fusible(r) for r in after):
                     moved += 2 * c["bytes"] // c["group_size"]
                     kernels += 1
-        out[g["name"]] = moved * hbm_us_per_byte + kernels * kernel_gap_us
+        out[g["name"]] = moved * us_per_byte + kernels * kernel_gap_us
         total_kernels += kernels
     return out, total_kernels
 
@@ -251,7 +255,7 @@ def plans_step_us(report: dict, plans: list[dict], profile: str) -> dict:
     """One step under `plans` (ce_overlap.ir.plan results, one per graph of `report`, the analysis of the same IR),
     in predicted_step_ms's terms (for `ce-overlap analyze --plan`): {"step_us", "exposed_us": the plans' exposed
     communication, "optimizer_us"}."""
-    hbm_us_per_byte, optimizer_us_per_byte = bandwidths_us_per_byte(_spec(profile))
+    hbm_us_per_byte, optimizer_us_per_byte, _ = bandwidths_us_per_byte(_spec(profile))
     meta = report.get("meta", {})
     pieces = {"analyze": {g["name"]: g for g in report.get("graphs", [])},
               "plan": {p["graph"]: plan_costs(p, hbm_us_per_byte) for p in plans},

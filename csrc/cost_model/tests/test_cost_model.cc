@@ -932,6 +932,26 @@ TEST(CostModel, FusedPointwiseChainIsChargedItsBytesInAndOutOnly) {
   EXPECT_DOUBLE_EQ(d[mm2], m.node_us(g.nodes[mm2]));
 }
 
+TEST(CostModel, FusedKernelsAreChargedAtTheFusedMemoryRate) {
+  // efficiency.fused_memory 0.5 of 1 TB/s: the fused pair (a, b) takes twice its time at memory 1.0; the GEMMs and
+  // a memory-bound node outside any group keep `memory`. Absent, fused kernels run at `memory`; the field round-trips.
+  const Graph g = pointwise_chain();
+  const int mm = 0, a = 1, b = 2, mm2 = 3;
+  Profile p = round_profile();
+  const std::vector<double> at_memory = CostModel(p).durations_us(g);
+  p.efficiency.fused_memory = 0.5;
+  const CostModel m(p);
+  const std::vector<double> d = m.durations_us(g);
+  EXPECT_DOUBLE_EQ(d[a], 2 * at_memory[a]);
+  EXPECT_DOUBLE_EQ(d[b], 2 * at_memory[b]);
+  EXPECT_DOUBLE_EQ(d[mm], at_memory[mm]);
+  EXPECT_DOUBLE_EQ(d[mm2], at_memory[mm2]);
+  EXPECT_DOUBLE_EQ(m.node_us(g.nodes[a]), CostModel(round_profile()).node_us(g.nodes[a]));  // unfused: `memory`
+  EXPECT_DOUBLE_EQ(profile_from_json(profile_to_json(p)).efficiency.fused_memory, 0.5);
+  EXPECT_DOUBLE_EQ(profile_from_json(profile_to_json(round_profile())).efficiency.fused_memory, 0.0);
+  EXPECT_DOUBLE_EQ(round_profile().efficiency.fused_memory_or_memory(), round_profile().efficiency.memory);
+}
+
 TEST(CostModel, KernelGapIsChargedOncePerKernel) {
   // mm, the fused pair (a, b), mm2 = 3 kernels. A gap of 2 us adds 2 us to each kernel's first node: mm, a (not b)
   // and mm2; a collective is no kernel.

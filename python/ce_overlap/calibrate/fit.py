@@ -234,6 +234,8 @@ def _fit_memory(p: dict, m: dict, fitted: list[str], kept: list[str]) -> None:
         fitted.append(f"efficiency.memory {gbps / hbm:.3f} ({gbps:.0f} GB/s, memory-bound add)")
     else:
         kept.append("efficiency.memory")
+    if "fused_memory" in p["efficiency"]:  # measured from training steps' traces; calibrate does not measure it yet
+        kept.append("efficiency.fused_memory")
 
 
 def _fit_attention(p: dict, m: dict, fitted: list[str], kept: list[str]) -> None:
