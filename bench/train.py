@@ -42,8 +42,9 @@ their "vs base" and "gap recov." columns compare with fsdp2 and fsdp2-no-comm, t
 no-comm.
 
 Step time: CUDA events between consecutive step ends; the host never waits for the GPU inside the measured loop
-(losses are read after it), so the host's launch work overlaps the previous step as in a real training run
-(--sync-every-step: the earlier host-timed, synchronized steps). Per step a torchtitan-style line (printed after
+(losses are averaged over the ranks and read after it), so the host's launch work overlaps the previous step as in a
+real training run, with Python's automatic garbage collector off as torchtitan runs (--gc, --loss-reduce;
+--sync-every-step: the earlier host-timed, synchronized steps). Per step a torchtitan-style line (printed after
 the mode's run); at the end a table (median tokens/s per GPU, TFLOP/s, MFU by torchtitan's
 formula and peak table, peak memory, loss) and, with --predict, the cost model's step time next to the measured
 one. JSON results go to --out (bench/plot_train.py draws the chart from it).
