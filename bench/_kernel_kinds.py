@@ -1,7 +1,7 @@
 """The cost model's kernels (ce_overlap.ir.kernels) against a GPU trace's by kind (ce_overlap.kernel_kinds), for
 bench/step_prediction.py --trace: per kind the time, the kernel count, the bytes the model counts and the rate the
 measured kernels reached on those bytes as a fraction of the HBM peak. Where the model's memory-bound time goes missing
-(a kind far below the profile's efficiency.memory), without reading a trace by hand.
+(a kind far below the profile's efficiency.fused_memory), without reading a trace by hand.
 """
 from __future__ import annotations
 

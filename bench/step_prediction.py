@@ -198,8 +198,8 @@ def main() -> int:
     kinds = kernel_kinds(ir, args.profile, args.trace, args.trace_steps) if args.trace else []
     if kinds:
         print(f"\n# the model's kernels against {os.path.basename(args.trace)}'s by kind, per step (rate: the model's bytes "
-              f"over the measured time, of the HBM peak; the profile charges memory-bound kernels at its "
-              f"efficiency.memory)")
+              f"over the measured time, of the HBM peak; the profile charges fused kernels at its "
+              f"efficiency.fused_memory, else memory)")
         print(f"{'kind':<20}{'model ms':>9}{'kernels':>8}{'GB':>7}{'measured ms':>12}{'kernels':>8}{'rate':>6}")
         for r in kinds:
             rate = f"{r['rate']:.2f}" if r["rate"] is not None else "-"
