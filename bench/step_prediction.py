@@ -65,11 +65,11 @@ def kernel_kinds(ir, profile: str, trace: str, steps: int) -> list[dict]:
     """The model's kernels of every graph of `ir` against `trace`'s kernels, by kind (_kernel_kinds.table)."""
     import ce_overlap
     from _kernel_kinds import table
-    from ce_overlap import profiles
+    from ce_overlap.profiles import read_text
     from timeline import gpu_events
 
     model = [k for name in ir.graph_names for k in ce_overlap.ir.kernels(ir, name, profile)]
-    hbm = json.loads(profiles.read_text(profile))["gpu"]["hbm_gbps"]
+    hbm = json.loads(read_text(profile))["gpu"]["hbm_gbps"]
     return table(model, [e for e in gpu_events(trace) if e.get("cat") == "kernel"], steps, hbm)
 
 
@@ -85,6 +85,8 @@ def main() -> int:
                     help="the step as train.py --vocab-parallel-embeddings runs it (default: the result's)")
     ap.add_argument("--in-graph-wrap", choices=["blocks", "torchtitan"],
                     help="the step as train.py --in-graph-wrap shards it (default: the result's, else train.py's)")
+    ap.add_argument("--fsdp2-wrap", choices=["blocks", "torchtitan"],
+                    help="the FSDP2 modes' sharding, train.py --fsdp2-wrap (default: the result's, else train.py's)")
     ap.add_argument("--world-size", type=int)
     ap.add_argument("--profile", help="default: the built-in profile of the result's GPU")
     ap.add_argument("--measured", action="append", default=[], metavar="MODE=MS",
@@ -106,8 +108,8 @@ def main() -> int:
     import torch
 
     import train
-    from ce_overlap.profiles import DEFAULT, builtin_for_device
-    from ce_overlap.step_model import MODES, predicted_step_ms, step_model
+    from ce_overlap.profiles import DEFAULT, builtin_for_device, read_text
+    from ce_overlap.step_model import MODES
 
     measured: dict[str, float] = {}
     kernels: dict[str, dict] = {}  # mode -> its kernel profile (train.py --kernel-profile)
@@ -118,6 +120,7 @@ def main() -> int:
         for key in ("model", "seq_len", "batch", "gqa", "vocab_parallel_embeddings"):
             setattr(args, key, run["args"].get(key, getattr(args, key)))
         args.in_graph_wrap = run["args"].get("in_graph_wrap", train.IN_GRAPH_WRAP_BEFORE)  # recorded since it exists
+        args.fsdp2_wrap = args.fsdp2_wrap or run["args"].get("fsdp2_wrap")
         args.layers = args.layers or run["args"].get("layers")
         args.world_size = args.world_size or run["info"]["world_size"]
         args.profile = args.profile or builtin_for_device(run["info"]["gpu"], default=DEFAULT)
@@ -128,6 +131,7 @@ def main() -> int:
         mode, _, ms = item.partition("=")
         measured[mode] = float(ms)
     args.in_graph_wrap = args.in_graph_wrap or train.IN_GRAPH_WRAP
+    args.fsdp2_wrap = args.fsdp2_wrap or train.parse_args([]).fsdp2_wrap
     if not args.world_size or not args.profile:
         ap.error("give --train-json, or --world-size and --profile")
 
@@ -135,12 +139,14 @@ def main() -> int:
     t0 = time.perf_counter()
     ir = train.capture_step(args, args.world_size)
     capture_s = time.perf_counter() - t0
-    pieces = step_model(ir, args.profile, args.world_size, args.ce_reduction, loss_logits=train.loss_logits(args))
+    pieces, step_ms = train.predict_steps(args, args.world_size, args.profile, args.ce_reduction, ir)
 
     print(f"# {args.model} widths, {cfg.n_layers} layers, seq {args.seq_len}, batch {args.batch}, world {args.world_size}, "
           f"profile {args.profile}, CE reduce-scatter summed in the {args.ce_reduction}"
           f"{', vocabulary-parallel embeddings' if args.vocab_parallel_embeddings else ''}"
-          f", in-graph wrap {args.in_graph_wrap}; measured: {source}")
+          f", in-graph wrap {args.in_graph_wrap}"
+          + ("" if train.fsdp2_shards_alike(args) else f"; the FSDP2 modes captured as they shard (the table gathered, "
+             f"wrap {args.fsdp2_wrap})") + f"; measured: {source}")
     print(f"{'graph':<10}{'compute ms':>11}{'exposed ms':>11}{'slowdown ms':>12}{'copies ms':>10}")
     for name, g in pieces["analyze"].items():
         plan = pieces["plan"][name]
@@ -163,7 +169,7 @@ def main() -> int:
     rows = []
     print(f"\n{'mode':<26}{'predicted ms':>13}{'measured ms':>12}{'error':>8}  modelled as")
     for mode, (_, how) in MODES.items():
-        pred = predicted_step_ms(pieces, mode)
+        pred = step_ms[mode]
         meas = measured.get(mode)
         err = 100 * (pred / meas - 1) if meas else None
         rows.append({"mode": mode, "predicted_ms": pred, "measured_ms": meas, "error_pct": err})
@@ -205,6 +211,15 @@ def main() -> int:
             rate = f"{r['rate']:.2f}" if r["rate"] is not None else "-"
             print(f"{r['kind']:<20}{r['model_ms']:9.2f}{r['model_kernels']:8d}{r['gb']:7.2f}{r['measured_ms']:12.2f}"
                   f"{r['measured_kernels']:8.0f}{rate:>6}")
+        from _kernel_kinds import fused_rate
+
+        spec = json.loads(read_text(args.profile))
+        fused = fused_rate(kinds, spec["gpu"]["hbm_gbps"])
+        if fused:
+            eff = spec["efficiency"]
+            print(f"# the rated kinds together: {fused['gb']:.2f} GB in {fused['measured_ms']:.2f} ms, {fused['rate']:.3f} "
+                  f"of the HBM peak: efficiency.fused_memory on this trace (the profile: "
+                  f"{eff.get('fused_memory', eff['memory'])})")
     if args.out:
         git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         with open(args.out, "w") as f:

@@ -668,7 +668,8 @@ def predict(args, world: int, profile: str) -> dict:
     process, then plan (ce_overlap's pass) or, before planning existed, analyze."""
     cmd = [sys.executable, os.path.abspath(__file__), "--predict-only", "--model", args.model,
            "--layers", str(args.layers or 0), "--seq-len", str(args.seq_len), "--batch", str(args.batch),
-           "--gqa", args.gqa, "--profile", profile, "--in-graph-wrap", args.in_graph_wrap, "--out", "-"] + \
+           "--gqa", args.gqa, "--profile", profile, "--in-graph-wrap", args.in_graph_wrap, "--fsdp2-wrap",
+           args.fsdp2_wrap, "--out", "-"] + \
         (["--vocab-parallel-embeddings"] if args.vocab_parallel_embeddings else [])
     env = {**os.environ, "CE_OVERLAP_PREDICT_WORLD": str(world), "CUDA_VISIBLE_DEVICES": ""}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
@@ -682,9 +683,11 @@ def predict(args, world: int, profile: str) -> dict:
     return out
 
 
-def capture_step(args, world: int):
+def capture_step(args, world: int, fsdp2: bool = False):
     """The IR of this benchmark's training step for args' shape at `world` ranks: the model on the meta device,
-    captured on fake tensors over the fake process group (CPU, no memory)."""
+    captured on fake tensors over the fake process group (CPU, no memory). Sharded as the in-graph modes shard it, or
+    with `fsdp2` as the FSDP2 modes do (_fsdp2.build): the embedding table gathered (they have no vocabulary-parallel
+    lookup), [norm, output] kept gathered as --fsdp2-wrap says."""
     import ce_overlap
     from ce_overlap.models.llama import Llama
 
@@ -692,8 +695,29 @@ def capture_step(args, world: int):
         model = Llama(model_config(args))
     tokens = torch.zeros((args.batch, args.seq_len), dtype=torch.long, device="meta")
     return ce_overlap.capture(model, (tokens, tokens), world_size=world,
-                              vocab_parallel_embeddings=args.vocab_parallel_embeddings,
-                              keep_gathered=KEEP_GATHERED[args.in_graph_wrap])
+                              vocab_parallel_embeddings=args.vocab_parallel_embeddings and not fsdp2,
+                              keep_gathered=KEEP_GATHERED[args.fsdp2_wrap if fsdp2 else args.in_graph_wrap])
+
+
+def fsdp2_shards_alike(args) -> bool:
+    """Whether the FSDP2 modes shard the model as the in-graph modes do (then one capture predicts both)."""
+    return not args.vocab_parallel_embeddings and KEEP_GATHERED[args.fsdp2_wrap] == KEEP_GATHERED[args.in_graph_wrap]
+
+
+def predict_steps(args, world: int, profile: str, ce_reduction: str = "consumer", ir=None) -> tuple[dict, dict]:
+    """(ce_overlap.step_model's pieces of the in-graph capture (`ir` where the caller has it), the predicted step in ms
+    of every mode of step_model.MODES): the FSDP2 modes from a capture sharded as they shard (capture_step's fsdp2)
+    where that differs."""
+    from ce_overlap.step_model import MODES, predicted_step_ms, step_model
+
+    ir = ir if ir is not None else capture_step(args, world)
+    pieces = step_model(ir, profile, world, ce_reduction, loss_logits=loss_logits(args))
+    step_ms = {m: predicted_step_ms(pieces, m) for m in MODES}
+    if not fsdp2_shards_alike(args):
+        fsdp2 = step_model(capture_step(args, world, fsdp2=True), profile, world, ce_reduction,
+                           loss_logits=loss_logits(args))
+        step_ms.update({m: predicted_step_ms(fsdp2, m) for m in MODES if m.startswith("fsdp2")})
+    return pieces, step_ms
 
 
 def loss_logits(args) -> int:
@@ -702,10 +726,9 @@ def loss_logits(args) -> int:
 
 
 def predict_only(args) -> None:
-    from ce_overlap.step_model import step_model
-
     world = int(os.environ["CE_OVERLAP_PREDICT_WORLD"])
-    print(json.dumps(step_model(capture_step(args, world), args.profile, world, loss_logits=loss_logits(args))))
+    pieces, step_ms = predict_steps(args, world, args.profile)
+    print(json.dumps({**pieces, "step_ms": step_ms}))
 
 
 def main(argv=None) -> int:
@@ -798,9 +821,9 @@ def main(argv=None) -> int:
 
         profile = args.profile or builtin_for_device(info["gpu"], default=DEFAULT)
         prediction = predict(args, world, profile)
-        from ce_overlap.step_model import MODES, predicted_step_ms  # noqa: PLC0415
+        from ce_overlap.step_model import MODES  # noqa: PLC0415
 
-        prediction["step_ms"] = {m: predicted_step_ms(prediction, m) for m in MODES}
+        prediction.setdefault("step_ms", {})  # predict_steps' (absent where the prediction failed)
         log0(f"# the cost model's step (profile {profile}; ce_overlap.step_model) beside the measured one:")
         for r in results:
             r.predicted_ms = prediction["step_ms"].get(r.mode)
