@@ -33,3 +33,14 @@ def table(model_kernels: list[dict], trace_kernels: list[dict], steps: int, hbm_
         r["rate"] = (r["gb"] / r["measured_ms"] / hbm_gbps * 1e3
                      if r["kind"] not in COMPUTE_BOUND and r["gb"] and r["measured_ms"] else None)
     return sorted(rows.values(), key=lambda r: -max(r["measured_ms"], r["model_ms"]))
+
+
+def fused_rate(rows: list[dict], hbm_gbps: float) -> dict | None:
+    """Over the kinds `table` gave a rate (the memory-bound kinds the model has bytes for): {gb, measured_ms, rate},
+    the model's bytes over their kernels' measured time as a fraction of `hbm_gbps`: what efficiency.fused_memory is
+    on this trace (how the built-in profiles' values were fitted). None without such a kind."""
+    rated = [r for r in rows if r["rate"] is not None]
+    if not rated:
+        return None
+    gb, ms = sum(r["gb"] for r in rated), sum(r["measured_ms"] for r in rated)
+    return {"gb": gb, "measured_ms": ms, "rate": gb / ms / hbm_gbps * 1e3}

@@ -378,6 +378,12 @@ def test_kernel_kinds_hold_the_models_kernels_against_a_traces_by_kind(tiny_ir):
     assert rows["cast"]["model_kernels"] == len(casts)
     assert rows["GEMM"]["rate"] is None and rows["GEMM"]["measured_ms"] == 0.0
     assert "copy" not in rows  # copies are the step model's, not a kernel kind
+    # The rated kinds together: efficiency.fused_memory on this trace (here the casts alone).
+    from _kernel_kinds import fused_rate
+
+    fused = fused_rate(list(rows.values()), 4800.0)
+    assert fused["gb"] == pytest.approx(gb) and fused["rate"] == pytest.approx(rows["cast"]["rate"])
+    assert fused_rate([rows["GEMM"]], 4800.0) is None
     # calibrate's compiled step records its time by kind the same way (activities: start, end, name, stream).
     acts = [(0.0, 30.0, "triton_red_fused__fused_rms_norm_view_6", 7), (30.0, 40.0, "triton_poi_fused__to_copy_0", 7),
             (40.0, 90.0, "Memcpy DtoD (Device -> Device)", 9), (90.0, 110.0, "triton_red_fused__fused_rms_norm_3", 7)]
