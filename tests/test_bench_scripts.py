@@ -396,6 +396,34 @@ def test_kernel_kinds_hold_the_models_kernels_against_a_traces_by_kind(tiny_ir):
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr
 
 
+def test_fsdp2_modes_are_predicted_from_a_capture_sharded_as_fsdp2_shards():
+    """train.py's FSDP2 modes gather the embedding table (no vocabulary-parallel lookup) and keep [norm, output] as
+    --fsdp2-wrap says: with the lookup on, predict_steps prices them on a second capture that has the table's
+    all-gather, and the in-graph modes on the lookup's; without it one capture serves both."""
+    import argparse
+
+    import train
+    from ce_overlap.step_model import predicted_step_ms, step_model
+
+    args = argparse.Namespace(model="llama3-tiny", layers=2, seq_len=64, batch=1, gqa="expand",
+                              vocab_parallel_embeddings=True, in_graph_wrap="torchtitan", fsdp2_wrap="torchtitan")
+
+    def all_gather_bytes(ir):
+        return sum(n["collective"]["bytes"] for g in ir.to_dict()["graphs"] for n in g["nodes"]
+                   if n.get("kind") == "collective" and n["collective"]["type"] == "all_gather")
+
+    lookup, gathered = train.capture_step(args, 2), train.capture_step(args, 2, fsdp2=True)
+    assert all_gather_bytes(gathered) > all_gather_bytes(lookup)  # the table gathered
+    assert not train.fsdp2_shards_alike(args)
+    pieces, step_ms = train.predict_steps(args, 2, "h200-sxm", ir=lookup)
+    assert step_ms["ce_overlap"] == pytest.approx(predicted_step_ms(pieces, "ce_overlap"))
+    fsdp2 = step_model(gathered, "h200-sxm", 2, loss_logits=train.loss_logits(args))
+    assert step_ms["fsdp2"] == pytest.approx(predicted_step_ms(fsdp2, "fsdp2"))
+    assert step_ms["fsdp2"] != pytest.approx(predicted_step_ms(pieces, "fsdp2"), rel=1e-9)  # not the lookup's
+    args.vocab_parallel_embeddings = False
+    assert train.fsdp2_shards_alike(args)
+
+
 def test_gpu_idle_between_kernels():
     """The GPU timeline's idle time (ce_overlap.gpu_trace, used by train.py and calibrate): what no kernel or copy
     covers between the first start and the last end (overlapping streams count once)."""
