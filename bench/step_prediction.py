@@ -217,8 +217,8 @@ def main() -> int:
         fused = fused_rate(kinds, spec["gpu"]["hbm_gbps"])
         if fused:
             eff = spec["efficiency"]
-            print(f"# the rated kinds together: {fused['gb']:.2f} GB in {fused['measured_ms']:.2f} ms, {fused['rate']:.3f} "
-                  f"of the HBM peak: efficiency.fused_memory on this trace (the profile: "
+            print(f"# the rated kinds together: {fused['gb']:.2f} GB in {fused['measured_ms']:.2f} ms, "
+                  f"{fused['rate']:.3f} of the HBM peak: efficiency.fused_memory on this trace (the profile: "
                   f"{eff.get('fused_memory', eff['memory'])})")
     if args.out:
         git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

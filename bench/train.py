@@ -54,6 +54,7 @@ one. JSON results go to --out (bench/plot_train.py draws the chart from it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
@@ -334,6 +335,22 @@ class ModeResult:
     step_ms_by_rank: list = dataclasses.field(default_factory=list)
 
 
+@contextlib.contextmanager
+def step_loop_gc(policy: str):
+    """Python's garbage collector for the step loop (--gc): with "torchtitan" off, after a generation-1 collection;
+    yields the loop's GcPauses. The collector's state and callbacks are restored however the loop ends."""
+    pauses, was_enabled = GcPauses(), gc.isenabled()
+    if policy == "torchtitan":
+        gc.disable()
+        gc.collect(1)
+    try:
+        yield pauses
+    finally:
+        pauses.close()
+        if was_enabled:
+            gc.enable()
+
+
 class GcPauses:
     """Time Python's garbage collector holds the host, summed into `since` (seconds) from when the caller zeroes it
     (gc.callbacks: a start and a stop per collection)."""
@@ -517,56 +534,50 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
     # before and after (what results before 2026-11-24 used; it adds the host's launch latency to every step).
     on_gpu = DEVICE == "cuda" and not args.sync_every_step
     ends, losses_dev, host_s = [], [], []
-    gc_pauses = GcPauses()
-    gc_was_enabled = gc.isenabled()
-    if args.gc == "torchtitan":
-        gc.disable()
-        gc.collect(1)
-    sync()
-    start = torch.cuda.Event(enable_timing=True) if on_gpu else None
-    if on_gpu:
-        start.record()
-    t_compile = time.perf_counter()
-    timed_from = None
-    for step, (tokens, labels) in enumerate(batches, 1):
-        if step == args.warmup + 1:
-            timed_from = time.time()  # the host runs ahead of the GPU by under a step: the window is the timed steps'
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, args)
-        if not on_gpu:
-            sync()
-        t0 = time.perf_counter()
-        gc_pauses.since = 0.0
-        if args.gc == "torchtitan" and step > 1 and step % GC_FREQ == 0:
-            gc.collect(1)
-        loss = step_fn(tokens, labels)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    with step_loop_gc(args.gc) as gc_pauses:
+        sync()
+        start = torch.cuda.Event(enable_timing=True) if on_gpu else None
         if on_gpu:
-            ends.append(torch.cuda.Event(enable_timing=True))
-            ends[-1].record()
-        else:
-            sync()
-        host_s.append(time.perf_counter() - t0)
-        if step > args.warmup:
-            res.host_ms.append(round(1e3 * host_s[-1], 3))
-            res.gc_ms.append(round(1e3 * gc_pauses.since, 3))
-        if step == 1:
-            sync()
-            res.compile_s = time.perf_counter() - t_compile
-        lv = loss.detach().float()
-        if args.loss_reduce == "step":
-            dist.all_reduce(lv, op=dist.ReduceOp.AVG)
-        losses_dev.append(lv)
-    if args.loss_reduce == "end":  # every step's loss averaged over the ranks in one collective after the loop
-        stacked = torch.stack(losses_dev)
-        dist.all_reduce(stacked, op=dist.ReduceOp.AVG)
-        losses_dev = list(stacked)
-    sync()
-    gc_pauses.close()
-    if gc_was_enabled:
-        gc.enable()
+            start.record()
+        t_compile = time.perf_counter()
+        timed_from = None
+        for step, (tokens, labels) in enumerate(batches, 1):
+            if step == args.warmup + 1:
+                # The host runs ahead of the GPU by under a step: the window is the timed steps'.
+                timed_from = time.time()
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, args)
+            if not on_gpu:
+                sync()
+            t0 = time.perf_counter()
+            gc_pauses.since = 0.0
+            if args.gc == "torchtitan" and step > 1 and step % GC_FREQ == 0:
+                gc.collect(1)
+            loss = step_fn(tokens, labels)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if on_gpu:
+                ends.append(torch.cuda.Event(enable_timing=True))
+                ends[-1].record()
+            else:
+                sync()
+            host_s.append(time.perf_counter() - t0)
+            if step > args.warmup:
+                res.host_ms.append(round(1e3 * host_s[-1], 3))
+                res.gc_ms.append(round(1e3 * gc_pauses.since, 3))
+            if step == 1:
+                sync()
+                res.compile_s = time.perf_counter() - t_compile
+            lv = loss.detach().float()
+            if args.loss_reduce == "step":
+                dist.all_reduce(lv, op=dist.ReduceOp.AVG)
+            losses_dev.append(lv)
+        if args.loss_reduce == "end":  # every step's loss averaged over the ranks in one collective after the loop
+            stacked = torch.stack(losses_dev)
+            dist.all_reduce(stacked, op=dist.ReduceOp.AVG)
+            losses_dev = list(stacked)
+        sync()
     res.windows["timed"] = [timed_from, time.time()]
     step_s = ([start.elapsed_time(ends[0]) / 1e3] + [a.elapsed_time(b) / 1e3 for a, b in zip(ends, ends[1:])]
               if on_gpu else host_s)

@@ -147,7 +147,8 @@ def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "
     out["kernel_gap_us"] = spec["efficiency"].get("kernel_gap_us", 0.0)
     graphs = ir.to_dict()["graphs"]  # the IR serialized once for both
     colls = collectives_by_graph(graphs)
-    out["local_gather_us"], out["local_gather_kernels"] = local_gather_us(graphs, fused_us_per_byte, out["kernel_gap_us"])
+    out["local_gather_us"], out["local_gather_kernels"] = local_gather_us(graphs, fused_us_per_byte,
+                                                                          out["kernel_gap_us"])
     out["fsdp2_copy_us"] = fsdp2_copy_us(collective_bytes(colls), spec["gpu"]["hbm_gbps"])
     out["fsdp2_loss_us"] = fsdp2_eager_loss_us(loss_logits, spec["gpu"]["hbm_gbps"])
     return out
