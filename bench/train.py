@@ -54,7 +54,6 @@ one. JSON results go to --out (bench/plot_train.py draws the chart from it).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import gc
 import json
@@ -70,6 +69,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402  (sets NCCL_NVLS_ENABLE=0 / TORCH_SYMM_MEM_DISABLE_MULTICAST=1 before torch)
 from _common import format_exc_line, header, init, log0, write_json  # noqa: E402
+from _titan import GC_FREQ, lr_at, peak_tflops, step_loop_gc  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -95,26 +95,11 @@ MODES = ["eager", "compile", "compile+inductor-overlap", "compile+low-contention
          "ce_overlap-packed", "ce_overlap-rs-kernel", "no-comm", "compile+inductor-overlap+ac", "ce_overlap+ac",
          "fsdp2", "fsdp2-ce", "fsdp2-ce-hooks", "fsdp2-symm-mem", "fsdp2-no-comm", "fsdp2+ac"]
 CE_MODES = ("ce_overlap", "ce_overlap-packed", "ce_overlap-rs-kernel")  # modes that may run CE collectives
-# torchtitan's default training.gc_freq: with --gc torchtitan a generation-1 collection every GC_FREQ steps, the
-# automatic collector off (torchtitan/tools/utils.py GarbageCollection). A result without a recorded "gc" ran "python".
-GC_FREQ = 50
 AC = "+ac"  # a mode's suffix: activation checkpointing per block (torchtitan's full AC), then the same mode
 
 
 def without_ac(mode: str) -> str:
     return mode[: -len(AC)] if mode.endswith(AC) else mode
-
-
-# torchtitan's peak bf16 dense TFLOP/s table (torchtitan/tools/utils.py get_peak_flops), by device name.
-_PEAK_TFLOPS = [("H200", 989.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("A100", 312.0),
-                ("B200", 2250.0), ("H20", 148.0), ("L40S", 362.0)]
-
-
-def peak_tflops(device_name: str) -> float:
-    for key, tflops in _PEAK_TFLOPS:
-        if key in device_name:
-            return tflops
-    return 989.0
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -335,41 +320,6 @@ class ModeResult:
     step_ms_by_rank: list = dataclasses.field(default_factory=list)
 
 
-@contextlib.contextmanager
-def step_loop_gc(policy: str):
-    """Python's garbage collector for the step loop (--gc): with "torchtitan" off, after a generation-1 collection;
-    yields the loop's GcPauses. The collector's state and callbacks are restored however the loop ends."""
-    pauses, was_enabled = GcPauses(), gc.isenabled()
-    if policy == "torchtitan":
-        gc.disable()
-        gc.collect(1)
-    try:
-        yield pauses
-    finally:
-        pauses.close()
-        if was_enabled:
-            gc.enable()
-
-
-class GcPauses:
-    """Time Python's garbage collector holds the host, summed into `since` (seconds) from when the caller zeroes it
-    (gc.callbacks: a start and a stop per collection)."""
-
-    def __init__(self):
-        self.since, self._start = 0.0, None
-        gc.callbacks.append(self._on_gc)
-
-    def _on_gc(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._start = time.perf_counter()
-        elif self._start is not None:
-            self.since += time.perf_counter() - self._start
-            self._start = None
-
-    def close(self) -> None:
-        gc.callbacks.remove(self._on_gc)
-
-
 def family_base_and_bound(mode: str) -> tuple[str, str]:
     """The baseline and the no-communication bound a mode is compared with: FSDP2 modes with fsdp2 and
     fsdp2-no-comm, the in-graph modes with compile and no-comm."""
@@ -382,11 +332,6 @@ def percentile(values: list, q: float) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
-
-
-def lr_at(step: int, args) -> float:
-    """The learning rate of 1-based `step`: linear warm-up over --lr-warmup-steps, then --lr."""
-    return args.lr * min(1.0, step / args.lr_warmup_steps) if args.lr_warmup_steps > 0 else args.lr
 
 
 def losses_agree(results: list, ulps: float = 1.0) -> tuple[bool, str]:

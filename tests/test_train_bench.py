@@ -68,16 +68,16 @@ def test_gc_pauses_sum_the_collections_since_zeroed():
     import time
 
     sys.path.insert(0, os.path.join(REPO, "bench"))
-    import train
+    import _titan
 
-    with train.step_loop_gc("torchtitan") as inside:  # off inside, restored after, even when the loop raises
+    with _titan.step_loop_gc("torchtitan") as inside:  # off inside, restored after, even when the loop raises
         assert not gc.isenabled()
     assert gc.isenabled()
-    with pytest.raises(RuntimeError), train.step_loop_gc("torchtitan"):
+    with pytest.raises(RuntimeError), _titan.step_loop_gc("torchtitan"):
         raise RuntimeError("a step failed")
     assert gc.isenabled() and inside._on_gc not in gc.callbacks
 
-    pauses = train.GcPauses()
+    pauses = _titan.GcPauses()
     try:
         gc.collect()
         pauses.since = 0.0
