@@ -203,7 +203,7 @@ def time_variant_ms(v: Variant, group, iters: int, warmup: int) -> float:
 
 
 def time_beside(compute: Callable[[], None], side_fn: Callable[[], None], iters: int, warmup: int, per_launch: int,
-                lead_in: int, settle: Callable[[], None]) -> tuple[float, float]:
+                lead_in: int, settle: Callable[[], None], window: list | None = None) -> tuple[float, float]:
     """`compute` on the current stream, `side_fn` (a collective, a copy, a kernel) on a side stream, launched
     interleaved so the side stream always has queued work while the compute runs: `lead_in` side ops first, then
     `per_launch` before every compute launch. Returns (median compute ms, mean side-op ms over the whole window),
@@ -231,6 +231,13 @@ def time_beside(compute: Callable[[], None], side_fn: Callable[[], None], iters:
         end.record()
     with torch.cuda.stream(side):
         s_end.record()
+    if window is not None:
+        while not events[min(2, iters - 1)][0].query():
+            time.sleep(0.0005)
+        t0 = time.monotonic()
+        while not events[-1][1].query():
+            time.sleep(0.0005)
+        window[:] = [t0, time.monotonic()]
     main.wait_stream(side)
     settle()
     times = [s.elapsed_time(e) for s, e in events]
@@ -300,15 +307,23 @@ def side_by_side(title: str, sizes: list[int], variants: list[str],
         log0(f"{nbytes:>12} " + " ".join(cells) + " " + last)
 
 
+# NVML's clock event reasons (nvmlClocksEventReason*): why the SM clock is below its maximum at a sample.
+CLOCK_EVENTS = {0x4: "power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "power_brake"}
+_NVML_FI_DEV_POWER_INSTANT = 186  # nvmlDeviceGetFieldValues: the board's power now, mW (GetPowerUsage averages ~1 s)
+
+
 class ClockSampler:
-    """SM clock (MHz) and board power (W) of this rank's GPU, sampled through NVML every `period_s` while the block
-    runs (`with ClockSampler() as s: ...; s.stats()`). A slowdown beside a collective may come from the clocks (a
-    board at its power limit lowers them for everything) rather than from SMs or HBM: these numbers tell which.
-    Without NVML (nvidia-ml-py) or where a query fails, stats() is {} and the benchmark runs unchanged."""
+    """SM clock (MHz), board power (W) and NVML's clock event reasons of this rank's GPU, sampled every `period_s`
+    while the block runs (`with ClockSampler() as s: ...; s.stats()`). A slowdown beside a collective may come from the
+    clocks (a board at its power limit lowers them for everything) rather than from SMs or HBM: these numbers tell
+    which. `stats(window)` keeps the samples inside a host-time window (time_beside's `window`: while the compute
+    ran, not the copies that outlast it). Power is the instantaneous reading where the driver has it (else NVML's
+    ~1 s average). Without NVML (nvidia-ml-py) or where a query fails, stats() is {} and the benchmark runs unchanged."""
 
     def __init__(self, period_s: float = 0.005):
         self.period_s, self.samples, self._stop, self._thread = period_s, [], threading.Event(), None
         self.error = ""
+        self._instant = True
         try:
             import pynvml  # noqa: PLC0415
 
@@ -318,16 +333,31 @@ class ClockSampler:
             if visible:
                 index = int(visible.split(",")[index])
             self._nvml, self._handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
+            self._reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+                getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
         except Exception as e:  # noqa: BLE001 (no NVML: no samples, nothing else changes)
             self._nvml = self._handle = None
             self.error = f"{type(e).__name__}: {e}"
+
+    def _power_w(self) -> float:
+        nv = self._nvml
+        if self._instant:
+            try:
+                v = nv.nvmlDeviceGetFieldValues(self._handle, [_NVML_FI_DEV_POWER_INSTANT])[0]
+                if v.nvmlReturn == 0 and v.value.uiVal > 0:
+                    return v.value.uiVal / 1e3
+            except Exception:  # noqa: BLE001 (an older driver or library: the averaged reading)
+                pass
+            self._instant = False
+        return nv.nvmlDeviceGetPowerUsage(self._handle) / 1e3
 
     def _run(self) -> None:
         nv = self._nvml
         while not self._stop.wait(self.period_s):
             try:
-                self.samples.append((nv.nvmlDeviceGetClockInfo(self._handle, nv.NVML_CLOCK_SM),
-                                     nv.nvmlDeviceGetPowerUsage(self._handle) / 1e3))
+                reasons = int(self._reasons(self._handle)) if self._reasons else 0
+                self.samples.append((time.monotonic(), nv.nvmlDeviceGetClockInfo(self._handle, nv.NVML_CLOCK_SM),
+                                     self._power_w(), reasons))
             except Exception as e:  # noqa: BLE001
                 self.error = f"{type(e).__name__}: {e}"
                 return
@@ -346,20 +376,28 @@ class ClockSampler:
             self._thread.join()
             self._thread = None
 
-    def stats(self) -> dict:
-        if not self.samples:
+    def stats(self, window: list | None = None) -> dict:
+        """Median / min clock, median / max power, and per clock event the share of samples (%) it was set in; only
+        samples inside `window` ([t0, t1], time.monotonic()) when one is given."""
+        samples = [x for x in self.samples if not window or window[0] <= x[0] <= window[1]]
+        if not samples:
             return {}
-        clocks, watts = zip(*self.samples)
-        return {"sm_clock_mhz": statistics.median(clocks), "sm_clock_min_mhz": min(clocks),
-                "power_w": statistics.median(watts), "power_max_w": max(watts), "samples": len(clocks)}
+        _, clocks, watts, reasons = zip(*samples)
+        out = {"sm_clock_mhz": statistics.median(clocks), "sm_clock_min_mhz": min(clocks),
+               "power_w": statistics.median(watts), "power_max_w": max(watts), "samples": len(clocks)}
+        for bit, name in CLOCK_EVENTS.items():
+            out[f"{name}_pct"] = 100.0 * sum(1 for r in reasons if r & bit) / len(reasons)
+        return out
 
 
 def clocks_over_ranks(stats: dict) -> dict:
-    """A ClockSampler's stats over ranks: the slowest rank's SM clock and the highest power (one GPU held back holds a
-    collective back); {} when any rank has no samples."""
+    """A ClockSampler's stats over ranks: the slowest rank's SM clock, the highest power and, per clock event, the
+    largest share of samples on any rank (one GPU held back holds a collective back); {} when any rank has no
+    samples."""
     if sum_over_ranks(0 if stats else 1):
         return {}
-    return {"sm_clock_mhz": -max_over_ranks(-stats["sm_clock_mhz"]), "power_w": max_over_ranks(stats["power_w"])}
+    return {"sm_clock_mhz": -max_over_ranks(-stats["sm_clock_mhz"]), "power_w": max_over_ranks(stats["power_w"]),
+            **{f"{name}_pct": max_over_ranks(stats[f"{name}_pct"]) for name in CLOCK_EVENTS.values()}}
 
 
 def max_over_ranks(value: float) -> float:

@@ -10,8 +10,10 @@ slowdown (%) per pair; --out writes JSON (schema ce_overlap.bench.overlap/1).
 The compute kernel is timed with CUDA events on the compute stream, median over --iters launches; the collective
 stream is kept busy for the whole window (two collectives are enqueued per compute launch, plus a lead-in), and its
 own achieved bus bandwidth beside the compute is reported too. Max over ranks. Where NVML is there (nvidia-ml-py), the
-median SM clock (slowest rank) and board power (highest rank) while each measurement ran are printed next to it:
-a slowdown with the clock down is the power limit, not SM or HBM contention.
+median SM clock (slowest rank), board power (highest rank) and the share of samples NVML flagged the power cap
+(`capped%`) while the compute ran (not the paced copies that outlast it) are printed next to it, for the arm beside
+and the alone arm before it: a slowdown with the clock down and the cap set is the power limit, not SM or HBM
+contention.
 """
 from __future__ import annotations
 
@@ -168,9 +170,10 @@ def run(args) -> int:
                     with sampler:
                         alone_ms = time_compute_alone(fn, iters, args.warmup)
                     alone_clocks = C.clocks_over_ranks(sampler.stats())
+                window: list = []  # clocks while the compute ran, not while paced copies outlast it
                 with sampler:
                     beside_ms, coll_ms = C.time_beside(fn, v.run, iters, args.warmup, args.per_launch, 3,
-                                                       lambda: C.settle(v, group))
+                                                       lambda: C.settle(v, group), window)
             except Exception as e:  # noqa: BLE001
                 C.print_exc_rank()
                 reason = C.format_exc_line(e)
@@ -185,7 +188,7 @@ def run(args) -> int:
                  **({"alone_" + k: val for k, val in alone_clocks.items()} if args.sustain_ms > 0 else {}),
                  "collective_ms_beside": coll_ms,
                  "collective_busbw_beside_gbps": nbytes * (world - 1) / (coll_ms / 1e3) / 1e9,  # = algbw*(n-1)/n
-                 "collective_ms_alone": coll_alone.get(name), **C.clocks_over_ranks(sampler.stats())}
+                 "collective_ms_alone": coll_alone.get(name), **C.clocks_over_ranks(sampler.stats(window))}
             if "flops" in work:
                 r["tflops"] = work["flops"] / (beside_ms / 1e3) / 1e12
             if "bytes" in work:
@@ -201,7 +204,7 @@ def run(args) -> int:
         C.log0(f"# sustained: each arm ~{args.sustain_ms:.0f} ms; a variant's slowdown is against the alone arm re-timed "
                f"right before it (alone(us))")
     C.log0(f"{'compute':<28} {'beside':<24} {'compute(us)':>12} {'alone(us)':>10} {'slowdown%':>10} {'TFLOP/s|GB/s':>13} "
-           f"{'coll(us)':>10} {'coll busbw':>11} {'SM MHz':>7} {'W':>5}")
+           f"{'coll(us)':>10} {'coll busbw':>11} {'SM MHz':>7} {'W':>5} {'capped%':>8} {'alone MHz':>10} {'capped%':>8}")
     for r in results:
         if "compute_ms" not in r:
             C.log0(f"{r['label']:<28} {r['variant']:<24} n/a: {r.get('na') or r.get('error')}")
@@ -213,7 +216,10 @@ def run(args) -> int:
                + (f"{alone * 1e3:>10.1f}" if alone else f"{'-':>10}")
                + f" {r['slowdown_pct']:>+10.1f} {rate:>13.1f} "
                + (f"{coll * 1e3:>10.1f} {r['collective_busbw_beside_gbps']:>11.1f}" if coll else f"{'-':>10} {'-':>11}")
-               + (f" {r['sm_clock_mhz']:>7.0f} {r['power_w']:>5.0f}" if "sm_clock_mhz" in r else f" {'-':>7} {'-':>5}"))
+               + (f" {r['sm_clock_mhz']:>7.0f} {r['power_w']:>5.0f} {r['power_cap_pct']:>8.0f}" if "sm_clock_mhz" in r
+                  else f" {'-':>7} {'-':>5} {'-':>8}")
+               + (f" {r['alone_sm_clock_mhz']:>10.0f} {r['alone_power_cap_pct']:>8.0f}" if "alone_sm_clock_mhz" in r
+                  else ""))
     C.finish(group, args.out, {"schema": "ce_overlap.bench.overlap/1", "args": A.recorded(args),
                                "size_bytes_per_rank": nbytes, "collective_alone_ms": coll_alone,
                                "results": results}, na, info)

@@ -558,6 +558,24 @@ def test_clock_sampler_without_nvml_changes_nothing():
         assert s.stats() == {}
 
 
+def test_clock_sampler_stats_keep_the_window_and_count_the_clock_events():
+    """stats(window) keeps only the samples taken while the compute ran (paced copies outlasting it would otherwise
+    set the median clock and power), and says in what share of them NVML flagged the power cap or a slowdown."""
+    import _common as C
+
+    s = C.ClockSampler(period_s=0.001)
+    # (time, SM MHz, W, reasons): a power-capped GEMM from t=1 to t=2, then the copies alone at full clock
+    s.samples = [(0.5, 1980, 120, 0x1), (1.1, 1470, 699, 0x4), (1.5, 1485, 700, 0x4), (1.9, 1500, 690, 0x4 | 0x20),
+                 (2.5, 1980, 280, 0), (3.0, 1980, 275, 0)]
+    inside = s.stats([1.0, 2.0])
+    assert (inside["samples"], inside["sm_clock_mhz"], inside["power_w"]) == (3, 1485, 699)
+    assert inside["power_cap_pct"] == 100.0 and round(inside["sw_thermal_pct"], 1) == 33.3
+    assert inside["hw_slowdown_pct"] == 0.0
+    every = s.stats()
+    assert every["samples"] == 6 and every["sm_clock_mhz"] == 1740 and every["power_cap_pct"] == 50.0
+    assert s.stats([5.0, 6.0]) == {}
+
+
 VALIDATION_2GPU = os.path.join(REPO, "bench", "results", "cost_model_validation-2026-11-24", "validation.json")
 
 

@@ -160,7 +160,8 @@ void signal_waits(const PeerSignal* signal, uint32_t epoch, RoundSignature sig, 
 }  // namespace
 
 GroupConfig GroupConfig::make(double pool_mb, double staging_mb, double p2p_mb, double timeout_s, double reduce_sms,
-                              double rs_round_mb, double pull_split, const std::string& fault_inject) {
+                              double rs_round_mb, double pull_split, double copy_rate_gbps,
+                              const std::string& fault_inject) {
   auto bad = [](const std::string& field, double value, const std::string& want) {
     throw std::invalid_argument("ce_overlap: RuntimeConfig." + field + "=" + std::to_string(value) + " " + want);
   };
@@ -182,6 +183,9 @@ GroupConfig GroupConfig::make(double pool_mb, double staging_mb, double p2p_mb, 
   if (pull_split != std::floor(pull_split) || pull_split < 1 || pull_split > kMaxPullSplit) {
     bad("pull_split", pull_split, "must be a whole number in 1.." + std::to_string(kMaxPullSplit));
   }
+  if (!std::isfinite(copy_rate_gbps) || copy_rate_gbps < 0) {
+    bad("copy_rate_gbps", copy_rate_gbps, "must be a finite number >= 0 (GB/s; 0: unlimited)");
+  }
   if (!fault_inject.empty() && fault_inject != "p2p_refused") {
     throw std::invalid_argument("ce_overlap: RuntimeConfig.fault_inject='" + fault_inject +
                                 "' is not a fault this runtime injects (known: p2p_refused)");
@@ -195,6 +199,7 @@ GroupConfig GroupConfig::make(double pool_mb, double staging_mb, double p2p_mb, 
   const double round_mb = std::min(rs_round_mb, 1048576.0);
   c.rs_round_bytes = std::max<size_t>(kPoolAlignment, static_cast<size_t>(round_mb * 1024 * 1024) / kPoolAlignment * kPoolAlignment);
   c.pull_split = static_cast<int>(pull_split);
+  c.copy_rate_gbps = copy_rate_gbps;
   c.refuse_p2p = fault_inject == "p2p_refused";
   return c;
 }
@@ -212,6 +217,7 @@ Group::Group(std::string name, int rank, int world_size, int device, const Group
       rs_round_bytes_(config.rs_round_bytes),
       pull_split_(config.pull_split),
       peer_lanes_(kDefaultPeerLanes),
+      copy_rate_gbps_(config.copy_rate_gbps),
       refuse_p2p_(config.refuse_p2p),
       p2p_send_(static_cast<size_t>(world_size), nullptr),
       p2p_recv_(static_cast<size_t>(world_size), nullptr),

@@ -157,11 +157,13 @@ struct GroupConfig {
   int reduce_ctas;         // CTAs of the reduce-scatter reduction kernel
   size_t rs_round_bytes;   // reduce-scatter bytes per rank per round
   int pull_split;          // streams one pulled peer copy is split over (1..kMaxPullSplit)
+  double copy_rate_gbps = 0;  // each peer copy held to this rate, 0 = unlimited (Group::copy_rate_gbps)
   bool refuse_p2p = false; // fault injection (tests): every pair of ranks looks like GPUs without peer access
   // RuntimeConfig's fields, validated and converted; throws std::invalid_argument naming the field.
   // fault_inject: "" or "p2p_refused".
   static GroupConfig make(double pool_mb, double staging_mb, double p2p_mb, double timeout_s, double reduce_sms,
-                          double rs_round_mb, double pull_split, const std::string& fault_inject);
+                          double rs_round_mb, double pull_split, double copy_rate_gbps,
+                          const std::string& fault_inject);
 };
 
 // Process-wide settings (RuntimeConfig's all_gather_mode, local_copy, keep_alive), set by Python when it loads

@@ -18,10 +18,11 @@ namespace {
 // field), and its handle blob to publish.
 at::Tensor pool_create(std::string group_name, int64_t rank, int64_t world_size, int64_t device, double pool_mb,
                        double staging_mb, double p2p_mb, double timeout_s, double reduce_sms, double rs_round_mb,
-                       double pull_split, std::string fault_inject) {
+                       double pull_split, double copy_rate_gbps, std::string fault_inject) {
   GroupConfig config;
   try {
-    config = GroupConfig::make(pool_mb, staging_mb, p2p_mb, timeout_s, reduce_sms, rs_round_mb, pull_split, fault_inject);
+    config = GroupConfig::make(pool_mb, staging_mb, p2p_mb, timeout_s, reduce_sms, rs_round_mb, pull_split,
+                               copy_rate_gbps, fault_inject);
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK(false, e.what());
   }
@@ -166,7 +167,8 @@ void configure_process(std::string all_gather_mode, std::string local_copy, std:
 TORCH_LIBRARY_FRAGMENT(ce_overlap, m) {
   using namespace ce_overlap;
   m.def("_pool_create(str group_name, int rank, int world_size, int device, float pool_mb, float staging_mb, "
-        "float p2p_mb, float timeout_s, float reduce_sms, float rs_round_mb, float pull_split, str fault_inject) "
+        "float p2p_mb, float timeout_s, float reduce_sms, float rs_round_mb, float pull_split, float copy_rate_gbps, "
+        "str fault_inject) "
         "-> Tensor", &pool_create);
   m.def("_pool_open(str group_name, Tensor handles) -> ()", &pool_open);
   m.def("_pool_abort(str group_name) -> ()", &pool_abort);

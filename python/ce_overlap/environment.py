@@ -21,6 +21,7 @@ VARIABLES: dict[str, str] = {
     "CE_OVERLAP_REDUCE_SMS": "RuntimeConfig.reduce_sms",
     "CE_OVERLAP_RS_ROUND_MB": "RuntimeConfig.rs_round_mb",
     "CE_OVERLAP_PULL_SPLIT": "RuntimeConfig.pull_split",
+    "CE_OVERLAP_COPY_RATE_GBPS": "RuntimeConfig.copy_rate_gbps",
     "CE_OVERLAP_AG_MODE": "RuntimeConfig.all_gather_mode",
     "CE_OVERLAP_LOCAL_COPY": "RuntimeConfig.local_copy",
     "CE_OVERLAP_KEEP_ALIVE": "RuntimeConfig.keep_alive",

@@ -23,7 +23,8 @@ def test_defaults_and_derived_sizes():
     assert (c.group_staging_mb(), c.group_p2p_mb()) == (256.0, 64.0)
     small = RuntimeConfig(pool_mb=128)
     assert (small.group_staging_mb(), small.group_p2p_mb()) == (32.0, 16.0)
-    assert small.pool_create_args() == (128.0, 32.0, 16.0, 60.0, 32.0, 64.0, 1.0, "")
+    assert small.pool_create_args() == (128.0, 32.0, 16.0, 60.0, 32.0, 64.0, 1.0, 0.0, "")
+    assert RuntimeConfig(copy_rate_gbps=300).pool_create_args()[-2] == 300.0
     assert small.process_args() == ("pull", "ce", "stash")
 
 
@@ -42,6 +43,8 @@ def test_environment_overrides_defaults_and_explicit_fields_override_both():
     ({"CE_OVERLAP_POOL_MB": "64", "CE_OVERLAP_STAGING_MB": "128"}, "CE_OVERLAP_STAGING_MB"),
     ({"CE_OVERLAP_KEEP_ALIVE": "forever"}, "RuntimeConfig.keep_alive"),
     ({"CE_OVERLAP_FAULT_INJECT": "meteor"}, "RuntimeConfig.fault_inject"),
+    ({"CE_OVERLAP_COPY_RATE_GBPS": "-5"}, "CE_OVERLAP_COPY_RATE_GBPS"),
+    ({"CE_OVERLAP_COPY_RATE_GBPS": "fast"}, "CE_OVERLAP_COPY_RATE_GBPS"),
 ])
 def test_bad_variables_are_named(env, needle):
     with pytest.raises(RuntimeConfigError, match=needle):
@@ -52,7 +55,8 @@ def test_bad_variables_are_named(env, needle):
     (dict(pool_mb=0), "pool_mb"), (dict(timeout_s=-1), "timeout_s"), (dict(pull_split=0), "pull_split"),
     (dict(reduce_sms=2000), "reduce_sms"), (dict(p2p_mb=0.5), "p2p_mb"), (dict(all_gather_mode="sideways"),
                                                                           "all_gather_mode"),
-    (dict(pool_mb=True), "pool_mb"),
+    (dict(pool_mb=True), "pool_mb"), (dict(copy_rate_gbps=float("inf")), "copy_rate_gbps"),
+    (dict(copy_rate_gbps=-1), "copy_rate_gbps"),
 ])
 def test_bad_fields_are_named(fields, needle):
     with pytest.raises(RuntimeConfigError, match=f"RuntimeConfig.{needle}"):
@@ -64,10 +68,11 @@ def test_the_native_runtime_validates_what_it_receives():
     if not ok:
         pytest.skip(f"runtime library not loadable: {reason}")
     ops = torch.ops.ce_overlap
-    bad = {"staging_mb": (64.0, 128.0, 8.0, 60.0, 32.0, 32.0, 1.0, ""),
-           "reduce_sms": (64.0, 16.0, 8.0, 60.0, 2.5, 32.0, 1.0, ""),
-           "pull_split": (64.0, 16.0, 8.0, 60.0, 32.0, 32.0, 9.0, ""),
-           "fault_inject": (64.0, 16.0, 8.0, 60.0, 32.0, 32.0, 1.0, "meteor")}
+    bad = {"staging_mb": (64.0, 128.0, 8.0, 60.0, 32.0, 32.0, 1.0, 0.0, ""),
+           "reduce_sms": (64.0, 16.0, 8.0, 60.0, 2.5, 32.0, 1.0, 0.0, ""),
+           "pull_split": (64.0, 16.0, 8.0, 60.0, 32.0, 32.0, 9.0, 0.0, ""),
+           "copy_rate_gbps": (64.0, 16.0, 8.0, 60.0, 32.0, 32.0, 1.0, -1.0, ""),
+           "fault_inject": (64.0, 16.0, 8.0, 60.0, 32.0, 32.0, 1.0, 0.0, "meteor")}
     for field, args in bad.items():
         with pytest.raises(RuntimeError, match=f"RuntimeConfig.{field}"):
             ops._pool_create("config-check", 0, 1, 0, *args)

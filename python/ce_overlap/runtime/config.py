@@ -53,6 +53,11 @@ class RuntimeConfig:
     pull_split: int = 1
     """Streams (copy engines) one pulled peer copy is split over, 1..4 (local)."""
 
+    copy_rate_gbps: float = 0.0
+    """GB/s each of this rank's peer copies is held to, 0 = unlimited (local). Paced copies leave the board below its
+    power limit, so the compute beside them keeps its clock (docs/runtime.md; the curve of busbw against the GEMM's
+    slowdown: bench/results, issue 30). The planner does not choose it yet: a rate set here applies to every op."""
+
     fault_inject: str = ""
     """Tests only: "p2p_refused" makes every pair of ranks look like GPUs without peer access at rendezvous."""
 
@@ -71,6 +76,7 @@ class RuntimeConfig:
         "pool_mb": "CE_OVERLAP_POOL_MB", "staging_mb": "CE_OVERLAP_STAGING_MB", "p2p_mb": "CE_OVERLAP_P2P_MB",
         "timeout_s": "CE_OVERLAP_TIMEOUT_S", "reduce_sms": "CE_OVERLAP_REDUCE_SMS",
         "rs_round_mb": "CE_OVERLAP_RS_ROUND_MB", "pull_split": "CE_OVERLAP_PULL_SPLIT",
+        "copy_rate_gbps": "CE_OVERLAP_COPY_RATE_GBPS",
         "fault_inject": "CE_OVERLAP_FAULT_INJECT", "all_gather_mode": "CE_OVERLAP_AG_MODE",
         "local_copy": "CE_OVERLAP_LOCAL_COPY", "keep_alive": "CE_OVERLAP_KEEP_ALIVE",
     }
@@ -94,6 +100,9 @@ class RuntimeConfig:
         number("reduce_sms", whole=True, hi=1024)
         number("rs_round_mb")
         number("pull_split", whole=True, hi=4)
+        rate = self.copy_rate_gbps
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < float("inf"):
+            bad("copy_rate_gbps", "a finite number >= 0 (GB/s; 0: unlimited)")
         if self.staging_mb is not None and not 1 <= self.staging_mb <= self.pool_mb:
             bad("staging_mb", f"at least 1 and at most pool_mb={self.pool_mb}")
         if self.p2p_mb is not None and (self.p2p_mb < 1 or self.group_staging_mb() + self.p2p_mb > self.pool_mb):
@@ -141,7 +150,8 @@ class RuntimeConfig:
     def pool_create_args(self) -> tuple:
         """The group fields in the order of ce_overlap::_pool_create after (name, rank, world, device)."""
         return (float(self.pool_mb), float(self.group_staging_mb()), float(self.group_p2p_mb()), float(self.timeout_s),
-                float(self.reduce_sms), float(self.rs_round_mb), float(self.pull_split), self.fault_inject)
+                float(self.reduce_sms), float(self.rs_round_mb), float(self.pull_split), float(self.copy_rate_gbps),
+                self.fault_inject)
 
     def process_args(self) -> tuple:
         """The process fields in the order of ce_overlap::_configure_process."""
