@@ -202,12 +202,22 @@ def time_variant_ms(v: Variant, group, iters: int, warmup: int) -> float:
     return time_alone(v.run, iters, warmup, lambda: settle(v, group))
 
 
-def time_beside(compute: Callable[[], None], side_fn: Callable[[], None], iters: int, warmup: int, per_launch: int,
-                lead_in: int, settle: Callable[[], None], window: list | None = None) -> tuple[float, float]:
+def time_beside(compute: Callable[[], None], side_fn: Callable[[], None], iters: int, warmup: int,
+                per_launch: float, lead_in: int, settle: Callable[[], None],
+                info: dict | None = None) -> tuple[float, float]:
     """`compute` on the current stream, `side_fn` (a collective, a copy, a kernel) on a side stream, launched
     interleaved so the side stream always has queued work while the compute runs: `lead_in` side ops first, then
-    `per_launch` before every compute launch. Returns (median compute ms, mean side-op ms over the whole window),
-    max over ranks. The first two compute launches may start before the side stream has ramped up: left out."""
+    `per_launch` (may be fractional: 1.4 is 7 side ops per 5 computes) before every compute launch. Returns (median
+    compute ms, mean side-op ms over the whole window), max over ranks. The first two compute launches may start before
+    the side stream has ramped up: left out.
+
+    `info` (a dict) receives, for this rank:
+    - "window": [t0, t1] in time.monotonic(), from when the timed computes started running to when the last one ended,
+      as a thread polling their events saw it (for ClockSampler.stats: the side ops may run on past it);
+    - "duty_pct": the computes' own time over that stretch on the GPU. Under 100 the compute stream had gaps, so the
+      board rested between computes and they ran at a higher clock than back to back: the host blocks once a stream's
+      launch queue is full, and a side op of many launches (a paced copy: two per ~25 us chunk) then holds back the
+      compute launches behind it."""
     main = torch.cuda.current_stream()
     side = torch.cuda.Stream()
     side.wait_stream(main)
@@ -215,33 +225,52 @@ def time_beside(compute: Callable[[], None], side_fn: Callable[[], None], iters:
         compute()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
     s_start, s_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    n_side = 0
+    first = min(2, iters - 1)
+    seen: list = []
+    enqueued = threading.Event()
+
+    def poll() -> None:  # host times of the first timed compute's start and the last one's end
+        while not events[first][0].query():
+            time.sleep(0.0005)
+        seen.append(time.monotonic())
+        enqueued.wait()
+        while not events[-1][1].query():
+            time.sleep(0.0005)
+        seen.append(time.monotonic())
+
+    poller = None
+    n_side, credit = 0, 0.0
     with torch.cuda.stream(side):
         s_start.record()
         for _ in range(lead_in):
             side_fn()
             n_side += 1
-    for start, end in events:
+    for i, (start, end) in enumerate(events):
+        credit += per_launch
         with torch.cuda.stream(side):
-            for _ in range(per_launch):
+            while credit >= 1:
                 side_fn()
                 n_side += 1
+                credit -= 1
         start.record()
+        if i == first and info is not None:
+            poller = threading.Thread(target=poll, daemon=True)
+            poller.start()
         compute()
         end.record()
     with torch.cuda.stream(side):
         s_end.record()
-    if window is not None:
-        while not events[min(2, iters - 1)][0].query():
-            time.sleep(0.0005)
-        t0 = time.monotonic()
-        while not events[-1][1].query():
-            time.sleep(0.0005)
-        window[:] = [t0, time.monotonic()]
+    enqueued.set()
     main.wait_stream(side)
     settle()
+    if poller is not None:
+        poller.join()
     times = [s.elapsed_time(e) for s, e in events]
-    return max_over_ranks(median(times[2:])), max_over_ranks(s_start.elapsed_time(s_end) / n_side)
+    if info is not None:
+        info["window"] = seen if len(seen) == 2 else []
+        span = events[first][0].elapsed_time(events[-1][1])
+        info["duty_pct"] = 100.0 * sum(times[first:]) / span if span > 0 else 100.0
+    return max_over_ranks(median(times[2:])), max_over_ranks(s_start.elapsed_time(s_end) / max(1, n_side))
 
 
 def gemm(n: int = 8192) -> Callable[[], None]:
@@ -316,7 +345,7 @@ class ClockSampler:
     """SM clock (MHz), board power (W) and NVML's clock event reasons of this rank's GPU, sampled every `period_s`
     while the block runs (`with ClockSampler() as s: ...; s.stats()`). A slowdown beside a collective may come from the
     clocks (a board at its power limit lowers them for everything) rather than from SMs or HBM: these numbers tell
-    which. `stats(window)` keeps the samples inside a host-time window (time_beside's `window`: while the compute
+    which. `stats(window)` keeps the samples inside a host-time window (time_beside's info["window"]: while the compute
     ran, not the copies that outlast it). Power is the instantaneous reading where the driver has it (else NVML's
     ~1 s average). Without NVML (nvidia-ml-py) or where a query fails, stats() is {} and the benchmark runs unchanged."""
 

@@ -8,8 +8,10 @@ slowdown (%) per pair; --out writes JSON (schema ce_overlap.bench.overlap/1).
     torchrun --standalone --nproc-per-node 2 bench/collectives.py overlap --sustain-ms 1000 --compute gemm
 
 The compute kernel is timed with CUDA events on the compute stream, median over --iters launches; the collective
-stream is kept busy for the whole window (two collectives are enqueued per compute launch, plus a lead-in), and its
-own achieved bus bandwidth beside the compute is reported too. Max over ranks. Where NVML is there (nvidia-ml-py), the
+stream is kept busy for the whole window (enough collectives are enqueued per compute launch to cover it, plus a
+lead-in), and the compute stream's duty (its kernels' time over the window: under 100% it had gaps, and a rested board
+runs faster than one at its power limit) and the collective's
+own achieved bus bandwidth beside the compute are reported too. Max over ranks. Where NVML is there (nvidia-ml-py), the
 median SM clock (slowest rank), board power (highest rank) and the share of samples NVML flagged the power cap
 (`capped%`) while the compute ran (not the paced copies that outlast it) are printed next to it, for the arm beside
 and the alone arm before it: a slowdown with the clock down and the cap set is the power limit, not SM or HBM
@@ -55,7 +57,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--size-mib", type=A.at_least(1), default=256, metavar="MIB",
                    help="collective size per rank, MiB (default %(default)s)")
     A.timing_options(p, iters=40, warmup=5, min_iters=3)
-    p.add_argument("--per-launch", type=A.at_least(1), default=2, help="collectives enqueued per compute launch")
+    p.add_argument("--per-launch", type=A.at_least(1), default=None,
+                   help="collectives enqueued per compute launch (default: 1.1 x the compute's time alone / the "
+                        "collective's alone, so the side stream covers the computes without running far past them)")
     p.add_argument("--compute", default=",".join(COMPUTES), type=A.choices_list(COMPUTES),
                    help=f"comma list of {', '.join(COMPUTES)}")
     p.add_argument("--variants", default=",".join(V.AG_VARIANTS), type=A.choices_list(V.AG_VARIANTS),
@@ -114,6 +118,14 @@ def run(args) -> int:
         v.name = label
         return v
 
+    def per_launch(name: str, compute_ms: float) -> float:
+        """Collectives per compute launch: --per-launch, or enough to keep the side stream busy while the computes
+        run and no more. A fixed 2 queued paced copies worth seconds beyond a 1 s compute window, and their launches
+        then held back the compute's (time_beside's duty)."""
+        if args.per_launch:
+            return float(args.per_launch)
+        return 1.1 * compute_ms / coll_alone[name] if coll_alone.get(name) else 2.0
+
     results, na = [], {}
     failed_ce = ""
     sampler = C.ClockSampler()
@@ -170,10 +182,10 @@ def run(args) -> int:
                     with sampler:
                         alone_ms = time_compute_alone(fn, iters, args.warmup)
                     alone_clocks = C.clocks_over_ranks(sampler.stats())
-                window: list = []  # clocks while the compute ran, not while paced copies outlast it
+                info: dict = {}  # the clocks while the compute ran (not while paced copies outlast it), its duty
                 with sampler:
-                    beside_ms, coll_ms = C.time_beside(fn, v.run, iters, args.warmup, args.per_launch, 3,
-                                                       lambda: C.settle(v, group), window)
+                    beside_ms, coll_ms = C.time_beside(fn, v.run, iters, args.warmup, per_launch(name, alone_ms), 3,
+                                                       lambda: C.settle(v, group), info)
             except Exception as e:  # noqa: BLE001
                 C.print_exc_rank()
                 reason = C.format_exc_line(e)
@@ -188,7 +200,9 @@ def run(args) -> int:
                  **({"alone_" + k: val for k, val in alone_clocks.items()} if args.sustain_ms > 0 else {}),
                  "collective_ms_beside": coll_ms,
                  "collective_busbw_beside_gbps": nbytes * (world - 1) / (coll_ms / 1e3) / 1e9,  # = algbw*(n-1)/n
-                 "collective_ms_alone": coll_alone.get(name), **C.clocks_over_ranks(sampler.stats(window))}
+                 "collective_ms_alone": coll_alone.get(name), "side_per_compute": per_launch(name, alone_ms),
+                 "compute_duty_pct": -C.max_over_ranks(-info["duty_pct"]),
+                 **C.clocks_over_ranks(sampler.stats(info["window"]))}
             if "flops" in work:
                 r["tflops"] = work["flops"] / (beside_ms / 1e3) / 1e12
             if "bytes" in work:
@@ -204,7 +218,8 @@ def run(args) -> int:
         C.log0(f"# sustained: each arm ~{args.sustain_ms:.0f} ms; a variant's slowdown is against the alone arm re-timed "
                f"right before it (alone(us))")
     C.log0(f"{'compute':<28} {'beside':<24} {'compute(us)':>12} {'alone(us)':>10} {'slowdown%':>10} {'TFLOP/s|GB/s':>13} "
-           f"{'coll(us)':>10} {'coll busbw':>11} {'SM MHz':>7} {'W':>5} {'capped%':>8} {'alone MHz':>10} {'capped%':>8}")
+           f"{'coll(us)':>10} {'coll busbw':>11} {'duty%':>6} {'SM MHz':>7} {'W':>5} {'capped%':>8} {'alone MHz':>10} "
+           f"{'capped%':>8}")
     for r in results:
         if "compute_ms" not in r:
             C.log0(f"{r['label']:<28} {r['variant']:<24} n/a: {r.get('na') or r.get('error')}")
@@ -215,7 +230,8 @@ def run(args) -> int:
         C.log0(f"{r['label']:<28} {(r['variant'] or 'alone'):<24} {r['compute_ms'] * 1e3:>12.1f} "
                + (f"{alone * 1e3:>10.1f}" if alone else f"{'-':>10}")
                + f" {r['slowdown_pct']:>+10.1f} {rate:>13.1f} "
-               + (f"{coll * 1e3:>10.1f} {r['collective_busbw_beside_gbps']:>11.1f}" if coll else f"{'-':>10} {'-':>11}")
+               + (f"{coll * 1e3:>10.1f} {r['collective_busbw_beside_gbps']:>11.1f} {r['compute_duty_pct']:>6.1f}" if coll
+                  else f"{'-':>10} {'-':>11} {'-':>6}")
                + (f" {r['sm_clock_mhz']:>7.0f} {r['power_w']:>5.0f} {r['power_cap_pct']:>8.0f}" if "sm_clock_mhz" in r
                   else f" {'-':>7} {'-':>5} {'-':>8}")
                + (f" {r['alone_sm_clock_mhz']:>10.0f} {r['alone_power_cap_pct']:>8.0f}" if "alone_sm_clock_mhz" in r
