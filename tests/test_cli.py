@@ -51,13 +51,14 @@ def test_analyze_plans_with_the_pass_config_its_flags_describe(cli):
     default = json.loads(cli("analyze", "llama3-tiny", "--world-size", "2", "--plan", "--json").stdout)
     want = PassConfig().plan_config()
     for p in default["plans"]:  # the optional keys are written only where they differ from the default
-        assert p["config"] == {k: v for k, v in want.items() if k not in ("ce_reduction", "ce_collectives")}
+        assert p["config"] == {k: v for k, v in want.items()
+                               if k not in ("ce_reduction", "ce_collectives", "copy_pace_fill")}
     flags = ["--ce", "on", "--min-ce-bytes", "0", "--ce-reduction", "kernel", "--ce-collectives", "all_gather",
-             "--memory-budget-mib", "100", "--bucket-cap-mib", "64", "--prefetch-blocks", "0"]
+             "--memory-budget-mib", "100", "--bucket-cap-mib", "64", "--prefetch-blocks", "0", "--copy-pace-fill", "0.5"]
     proc = cli("analyze", "llama3-tiny", "--world-size", "2", "--plan", "--json", *flags)
     assert proc.returncode == 0, proc.stderr
     want = PassConfig(ce="on", min_ce_bytes=0, ce_reduction="kernel", ce_collectives=("all_gather",),
-                      memory_budget_mb=100, bucket_cap_mb=64, prefetch_blocks=0).plan_config()
+                      memory_budget_mb=100, bucket_cap_mb=64, prefetch_blocks=0, copy_pace_fill=0.5).plan_config()
     plans = json.loads(proc.stdout)["plans"]
     assert [p["config"] for p in plans] == [want] * len(plans)
     buckets = [b for p in plans for b in p["buckets"]]

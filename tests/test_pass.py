@@ -87,7 +87,8 @@ def test_config_defaults_and_plan_config():
     assert (c.enabled, c.ce, c.profile, c.dump_dir, c.verbose) == (True, "auto", "auto", None, False)
     assert c.plan_config() == {"bucket_cap_bytes": 512 * MIB, "memory_budget_bytes": 4096 * MIB, "ce": "auto",
                                "min_ce_bytes": MIB, "prefetch_blocks": 1, "bucket_patterns": [],
-                               "ce_reduction": "consumer", "ce_collectives": ["all_gather", "reduce_scatter"]}
+                               "ce_reduction": "consumer", "ce_collectives": ["all_gather", "reduce_scatter"],
+                               "copy_pace_fill": 0.0}
     c2 = PassConfig(bucket_patterns=[r"layers\.\d+"], bucket_cap_mb=0.5)
     assert c2.bucket_patterns == (r"layers\.\d+",) and c2.plan_config()["bucket_cap_bytes"] == MIB // 2
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -104,6 +105,7 @@ def test_config_defaults_and_plan_config():
     ("profile", ""), ("profile", "/nonexistent/profile.json"), ("dump_dir", 3), ("verbose", "yes"),
     ("ce_collectives", "all_gather"), ("ce_collectives", ["all_reduce"]), ("keep_inductor_overlap", None),
     ("check_numerics", "yes"), ("pack_ce_buckets", 0), ("ce_reduction", "sm"), ("ce_reduction", None),
+    ("copy_pace_fill", 1.5), ("copy_pace_fill", -0.1), ("copy_pace_fill", "half"), ("copy_pace_fill", float("nan")),
 ])
 def test_bad_config_values_name_the_field(field, value):
     with pytest.raises(ce_overlap.CeOverlapError, match=rf"PassConfig\.{field}"):
@@ -289,6 +291,31 @@ def test_pass_with_the_cpp_planner(model, caplog, tmp_path):
     for f in files:
         doc = json.loads((tmp_path / f).read_text())
         assert doc["schema"] == ("ce_overlap.plan/1" if f.endswith(".plan.json") else "ce_overlap.ir/1")
+
+
+def test_paced_buckets_give_their_ce_op_the_plans_copy_rate():
+    """PassConfig.copy_pace_fill reaches the planner, and each CE bucket the plan paces passes its rate to its op as
+    the last argument (copy_rate_gbps); an unpaced bucket's op reads as before (no rate argument)."""
+    config = PassConfig(bucket_cap_mb=4096, ce="on", min_ce_bytes=0, profile="h200-sxm", copy_pace_fill=0.5)
+    assert ce_overlap.runtime.library_loaded()
+    ce_ops = {getattr(torch.ops.ce_overlap, n).default
+              for n in (*rewrite.CE_OPS.values(), *rewrite.CE_MANY_OPS.values(), rewrite.CE_UNREDUCED_OP)}
+    paced_total = 0
+    for name in ("forward", "backward"):
+        gm = fresh("llama3-1b", name)
+        with pass_.capture_mode(), fake_process_group(WORLD, 1):
+            report = pass_.run_pass(gm.graph, config)
+        rates = {b.id: b.copy_rate_gbps for b in report.buckets}
+        paced = {i: r for i, r in rates.items() if r}
+        paced_total += len(paced)
+        assert all(r >= 10 for r in paced.values())
+        assert all("GB/s per peer copy" in b.reason for b in report.buckets if b.copy_rate_gbps)
+        ops = [n for n in gm.graph.nodes if n.target in ce_ops]
+        schema_len = {n: len(n.target._schema.arguments) for n in ops}
+        with_rate = sorted(float(n.args[-1]) for n in ops if len(n.args) == schema_len[n])
+        assert with_rate == sorted(paced.values())
+        rewrite.check_invariants(gm.graph)
+    assert paced_total > 0
 
 
 def test_peak_memory_holds_a_collective_input_until_its_wait():

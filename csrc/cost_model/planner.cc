@@ -39,6 +39,36 @@ Choice choose(const Bucket& bucket, const CollectiveInfo& c, const Decision& d, 
   return {d.choice, d.reason};
 }
 
+// The copy rate that stretches a CE bucket's copies over config.copy_pace_fill of its window (docs/plan.md "Copy
+// rate"), or nullopt to leave them unpaced: pacing off, no window, or copies that already fill that much of it. The
+// runtime paces each peer copy (one per peer lane), so the rate is per copy: an all-gather copies each peer's whole
+// input, a reduce-scatter each peer's 1/n of it (at 8 ranks 7 copies share the links: each runs at ~50 GB/s unpaced).
+// Never under kMinPaceGbps per copy (a pacer waits per chunk of at least 1 MiB: 100 us at that rate); not set when
+// the rate would be at least 90% of the copy's unpaced rate (nothing to gain).
+constexpr double kMinPaceGbps = 10;
+
+std::optional<double> pace_rate(const CollectiveInfo& c, const BackendCost& ce, double window_us,
+                                const PlanConfig& config) {
+  if (config.copy_pace_fill <= 0 || window_us <= 0 || c.group_size <= 1) return std::nullopt;
+  const double copy_bytes = c.type == CollectiveType::ReduceScatter ? static_cast<double>(c.bytes) / c.group_size
+                                                                    : static_cast<double>(c.bytes);
+  const double fixed_us = ce.estimate.latency_us;
+  const double unpaced_us = ce.comm_us - fixed_us;
+  const double target_us = config.copy_pace_fill * window_us - fixed_us;
+  if (copy_bytes <= 0 || unpaced_us <= 0 || target_us <= unpaced_us) return std::nullopt;
+  const double unpaced_gbps = copy_bytes / unpaced_us / 1e3;  // bytes per us / 1e3 = GB/s
+  const double gbps = std::max(kMinPaceGbps, copy_bytes / target_us / 1e3);
+  if (gbps >= 0.9 * unpaced_gbps) return std::nullopt;
+  return gbps;
+}
+
+// A paced bucket's time: its fixed part plus its copies at the rate (at least its unpaced time).
+double paced_us(const CollectiveInfo& c, const BackendCost& ce, double gbps) {
+  const double copy_bytes = c.type == CollectiveType::ReduceScatter ? static_cast<double>(c.bytes) / c.group_size
+                                                                    : static_cast<double>(c.bytes);
+  return std::max(ce.comm_us, ce.estimate.latency_us + copy_bytes / gbps / 1e3);
+}
+
 }  // namespace
 
 Plan make_plan(const Document& doc, const std::string& graph_name, const CostModel& base_model,
@@ -126,9 +156,11 @@ Plan make_plan(const Document& doc, const std::string& graph_name, const CostMod
       after[m] = 0;
       if (position[m] > position[last_member]) last_member = m;
     }
-    // The bucket starts when its last member's inputs are ready: it carries the whole time. A sum left to the
-    // consumer runs on the compute stream after the wait: the first wait carries it.
-    after[last_member] = chosen.comm_us;
+    const double window_us = w.compute_bound_us + w.memory_bound_us;
+    if (choice.backend == Backend::Ce) pb.copy_rate_gbps = pace_rate(c, chosen, window_us, config);
+    // The bucket starts when its last member's inputs are ready: it carries the whole time (paced: the longer one).
+    // A sum left to the consumer runs on the compute stream after the wait: the first wait carries it.
+    after[last_member] = pb.copy_rate_gbps ? paced_us(c, chosen, *pb.copy_rate_gbps) : chosen.comm_us;
     for (int w : bucket.waits) {
       if (w < 0) continue;
       after[w] += chosen.estimate.consumer_us;
@@ -138,13 +170,18 @@ Plan make_plan(const Document& doc, const std::string& graph_name, const CostMod
     pb.backend = to_string(choice.backend);
     pb.reason = choice.reason;
     if (!s.notes[b].empty()) pb.reason += "; " + s.notes[b];
+    if (pb.copy_rate_gbps) {
+      pb.reason += "; paced at " + std::to_string(static_cast<int>(*pb.copy_rate_gbps + 0.5)) +
+                   " GB/s per peer copy to fill " + std::to_string(static_cast<int>(config.copy_pace_fill * 100 + 0.5)) +
+                   "% of its window";
+    }
     pb.predicted.nccl_us = d.nccl.comm_us;
     pb.predicted.nccl_cost_us = d.nccl.cost_us;
     if (d.ce) {
       pb.predicted.ce_us = d.ce->comm_us;
       pb.predicted.ce_cost_us = d.ce->cost_us;
     }
-    pb.predicted.window_us = w.compute_bound_us + w.memory_bound_us;
+    pb.predicted.window_us = window_us;
     pb.predicted.exposed_us = chosen.exposed_us;
     collectives += static_cast<int64_t>(bucket.members.size());
     if (choice.backend == Backend::Ce) ++ce_buckets;

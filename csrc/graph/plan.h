@@ -58,6 +58,10 @@ struct PlanConfig {
   // The collective types that may move to CE (each of kCeCollectiveTypes at most once, any order); a bucket of another
   // type stays on NCCL. Optional in a Plan's config: absent means all of them.
   std::vector<CollectiveType> ce_collectives = {CollectiveType::AllGather, CollectiveType::ReduceScatter};
+  // Pacing (docs/plan.md "Copy rate"): a CE bucket whose copies the cost model puts under this fraction of its window
+  // gets a copy rate (PlanBucket::copy_rate_gbps) that stretches them to fill it, so the copy engines run below full
+  // speed beside the compute; 0 (default) paces nothing. In 0..1. Optional in a Plan's config (written when not 0).
+  double copy_pace_fill = 0;
 };
 
 // The collective types the copy-engine runtime serves: the choices of config.ce_collectives.
@@ -100,6 +104,8 @@ struct PlanBucket {
   std::string backend;                    // "nccl" or "ce"
   std::string reason;                     // one line starting with "<backend>: "
   PlanPrediction predicted;
+  // A CE bucket's copy rate, GB/s per peer copy (the runtime's pacing; config.copy_pace_fill); null: unpaced.
+  std::optional<double> copy_rate_gbps;
 };
 
 struct PlanSummary {

@@ -156,7 +156,7 @@ CeMode ce_mode_from_string(const std::string& s, const std::string& path) {
 PlanConfig read_config(const json& j, const std::string& path, bool all_required) {
   ObjectReader r(j, path,
                  {"bucket_cap_bytes", "memory_budget_bytes", "ce", "min_ce_bytes", "prefetch_blocks", "bucket_patterns"},
-                 all_required, {"ce_reduction", "ce_collectives"});
+                 all_required, {"ce_reduction", "ce_collectives", "copy_pace_fill"});
   PlanConfig c;
   if (r.has("bucket_cap_bytes")) {
     c.bucket_cap_bytes = int_value(r["bucket_cap_bytes"], r.path("bucket_cap_bytes"), 1, kMaxBytes, "1..2^50");
@@ -185,6 +185,13 @@ PlanConfig read_config(const json& j, const std::string& path, bool all_required
   if (r.has("ce_reduction")) {
     c.ce_reduction = ce_reduction_from_string(string_value(r["ce_reduction"], r.path("ce_reduction"), false),
                                               r.path("ce_reduction"));
+  }
+  if (r.has("copy_pace_fill")) {
+    const json& f = r["copy_pace_fill"];
+    if (!f.is_number() || !(f.get<double>() >= 0 && f.get<double>() <= 1)) {
+      fail_schema(r.path("copy_pace_fill"), "expected a number in 0..1 (0: no pacing), got " + describe(f));
+    }
+    c.copy_pace_fill = f.get<double>();
   }
   if (r.has("ce_collectives")) {
     const json& k = r["ce_collectives"];
@@ -225,7 +232,8 @@ bool all_ce_collectives(const PlanConfig& c) {
 PlanBucket read_bucket(const json& j, const std::string& path) {
   ObjectReader r(j, path,
                  {"id", "type", "block", "block_path", "group", "group_size", "dtype", "reduce_op", "members", "bytes",
-                  "backend", "reason", "predicted"});
+                  "backend", "reason", "predicted"},
+                 true, {"copy_rate_gbps"});
   PlanBucket b;
   b.id = static_cast<int>(int_value(r["id"], r.path("id"), 0, INT_MAX, "0..2^31-1"));
   const std::string type = string_value(r["type"], r.path("type"));
@@ -263,6 +271,13 @@ PlanBucket read_bucket(const json& j, const std::string& path) {
   b.predicted.nccl_cost_us = us_value(p["nccl_cost_us"], p.path("nccl_cost_us"));
   b.predicted.ce_cost_us = optional_us_value(p["ce_cost_us"], p.path("ce_cost_us"));
   b.predicted.exposed_us = us_value(p["exposed_us"], p.path("exposed_us"));
+  if (r.has("copy_rate_gbps")) {
+    const json& v = r["copy_rate_gbps"];
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() <= 0) {
+      fail_schema(r.path("copy_rate_gbps"), "expected a positive number of GB/s, got " + describe(v));
+    }
+    b.copy_rate_gbps = v.get<double>();
+  }
   return b;
 }
 
@@ -356,6 +371,7 @@ void write_config(std::string& out, const PlanConfig& c) {
   // The optional keys, only where they differ from the default: plans made before they existed read back the same.
   if (c.ce_reduction != CeReduction::Consumer) line.field("ce_reduction", to_string(c.ce_reduction));
   if (!all_ce_collectives(c)) line.field("ce_collectives", ce_collective_names(c));
+  if (c.copy_pace_fill != 0) line.field("copy_pace_fill", num(c.copy_pace_fill));
   line.close();
 }
 
@@ -387,6 +403,7 @@ void write_bucket(std::string& out, const PlanBucket& b) {
       .field("ce_cost_us", opt(p.ce_cost_us))
       .field("exposed_us", num(p.exposed_us))
       .close();
+  if (b.copy_rate_gbps) line.field("copy_rate_gbps", num(*b.copy_rate_gbps));
   line.close();
 }
 
@@ -431,7 +448,8 @@ json plan_config_to_json(const PlanConfig& c) {
   return json{{"bucket_cap_bytes", c.bucket_cap_bytes}, {"memory_budget_bytes", c.memory_budget_bytes},
               {"ce", to_string(c.ce)},                  {"min_ce_bytes", c.min_ce_bytes},
               {"prefetch_blocks", c.prefetch_blocks},   {"bucket_patterns", c.bucket_patterns},
-              {"ce_reduction", to_string(c.ce_reduction)}, {"ce_collectives", ce_collective_names(c)}};
+              {"ce_reduction", to_string(c.ce_reduction)}, {"ce_collectives", ce_collective_names(c)},
+              {"copy_pace_fill", c.copy_pace_fill}};
 }
 
 bool ce_allows(const PlanConfig& config, CollectiveType type) {

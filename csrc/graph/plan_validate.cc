@@ -40,6 +40,10 @@ void validate_config(const PlanConfig& c, const std::string& path) {
       fail_schema(at(at(path, "ce_collectives"), i), std::string("\"") + to_string(t) + "\" is listed twice");
     }
   }
+  if (!(c.copy_pace_fill >= 0 && c.copy_pace_fill <= 1)) {
+    fail_schema(at(path, "copy_pace_fill"), "expected a number in 0..1 (0: no pacing), got " +
+                                                std::to_string(c.copy_pace_fill));
+  }
   try {
     (void)to_string(c.ce);
     (void)to_string(c.ce_reduction);
@@ -132,6 +136,16 @@ void check_bucket_backend(const PlanBucket& b, size_t index) {
   }
   if (b.reason.find_first_of("\r\n") != std::string::npos) {
     fail("bucket.reason", bucket_node(index), at(path, "reason"), "expected one line");
+  }
+  if (b.copy_rate_gbps) {
+    if (!(std::isfinite(*b.copy_rate_gbps) && *b.copy_rate_gbps > 0)) {
+      fail_schema(at(path, "copy_rate_gbps"), "expected a positive number of GB/s, got " +
+                                                  std::to_string(*b.copy_rate_gbps));
+    }
+    if (b.backend != "ce") {
+      fail("bucket.copy_rate", bucket_node(index), at(path, "copy_rate_gbps"),
+           "only a CE bucket has a copy rate (this one runs on " + b.backend + ")");
+    }
   }
 }
 

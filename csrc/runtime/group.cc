@@ -450,9 +450,27 @@ void Group::signal_copies(const std::vector<void*>& dsts, const void* src, size_
   }
 }
 
+namespace {
+thread_local double t_op_copy_rate_gbps = 0;  // Group::OpCopyRate's rate on this thread; 0: none
+}  // namespace
+
+Group::OpCopyRate::OpCopyRate(double gbps) : saved_(t_op_copy_rate_gbps) {
+  if (!std::isfinite(gbps) || gbps < 0) {
+    throw std::invalid_argument("copy_rate_gbps must be a finite number >= 0 (0: the group's rate), got " +
+                                std::to_string(gbps));
+  }
+  if (gbps > 0) t_op_copy_rate_gbps = gbps;
+}
+
+Group::OpCopyRate::~OpCopyRate() { t_op_copy_rate_gbps = saved_; }
+
+double Group::effective_copy_rate_gbps() const {
+  return t_op_copy_rate_gbps > 0 ? t_op_copy_rate_gbps : copy_rate_gbps_.load();
+}
+
 void Group::peer_copy(char* dst, const char* src, size_t bytes, const std::string& what, cudaStream_t stream) {
   if (!stream) stream = comm_;
-  const double rate = copy_rate_gbps_.load();
+  const double rate = effective_copy_rate_gbps();
   if (rate <= 0) {
     CE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), what);
     return;
@@ -477,7 +495,7 @@ void Group::peer_copy(char* dst, const char* src, size_t bytes, const std::strin
 }
 
 void Group::pull_copy(char* dst, const char* src, size_t bytes, const std::string& what, cudaStream_t stream) {
-  if ((stream && stream != comm_) || copy_rate_gbps_.load() > 0) {
+  if ((stream && stream != comm_) || effective_copy_rate_gbps() > 0) {
     peer_copy(dst, src, bytes, what, stream);
     return;
   }

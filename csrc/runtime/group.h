@@ -206,6 +206,21 @@ class Group {
   // does the board's power (the knob of issue 30: copy rate against the slowdown of the compute beside it).
   double copy_rate_gbps() const { return copy_rate_gbps_.load(); }
   void set_copy_rate_gbps(double gbps);        // >= 0 and finite; throws std::invalid_argument otherwise
+  // The rate this thread's copies are paced at now: an OpCopyRate's while one lives, else copy_rate_gbps().
+  double effective_copy_rate_gbps() const;
+  // One op's own rate (the pass's per-bucket copy_rate_gbps, the ops' `copy_rate_gbps` argument): the copies this
+  // thread enqueues while it lives are paced at `gbps` instead of the group's rate; 0 keeps the group's. Ops enqueue
+  // on the calling thread, so the scope covers exactly the op. Throws std::invalid_argument unless finite and >= 0.
+  class OpCopyRate {
+   public:
+    explicit OpCopyRate(double gbps);
+    ~OpCopyRate();
+    OpCopyRate(const OpCopyRate&) = delete;
+    OpCopyRate& operator=(const OpCopyRate&) = delete;
+
+   private:
+    double saved_;
+  };
   // Segments of a scatter + all-gather broadcast (all_to_all.cc): 0 = chosen from the size. Must match on every rank
   // (it is in the rounds' signature, like rs_round_bytes).
   int bcast_segments() const { return bcast_segments_.load(); }

@@ -10,19 +10,29 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <cmath>
+
 namespace ce_overlap {
 namespace {
+
+// The op's own copy rate (its copy_rate_gbps argument) for the copies it enqueues; a bad value names the op.
+Group::OpCopyRate op_copy_rate(double gbps, const char* op) {
+  TORCH_CHECK(std::isfinite(gbps) && gbps >= 0, "ce_overlap.", op, ": copy_rate_gbps must be a finite number >= 0 "
+              "(GB/s; 0: the group's RuntimeConfig.copy_rate_gbps), got ", gbps);
+  return Group::OpCopyRate(gbps);
+}
 
 // ---------------------------------------------------------------------------------------------------
 // All-gather
 
-at::Tensor all_gather_cuda(const at::Tensor& input, int64_t group_size, std::string group_name) {
+at::Tensor all_gather_cuda(const at::Tensor& input, int64_t group_size, std::string group_name, double copy_rate_gbps) {
   check_input(input, group_size, "all_gather_into_tensor");
   std::shared_ptr<Group> g = group_for(group_name, group_size, input, "all_gather_into_tensor");
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes[0] *= group_size;
   c10::cuda::CUDAGuard guard(input.device());
   at::Tensor out = at::empty(sizes, input.options());
+  const Group::OpCopyRate rate = op_copy_rate(copy_rate_gbps, "all_gather_into_tensor");
   run_all_gather(*g, input, out, Join::Functional);
   return out;
 }
@@ -34,8 +44,9 @@ void all_gather_out_cuda(const at::Tensor& input, int64_t group_size, std::strin
   run_all_gather(*g, input, out, Join::Now);
 }
 
-at::Tensor all_gather_meta(const at::Tensor& input, int64_t group_size, std::string group_name) {
+at::Tensor all_gather_meta(const at::Tensor& input, int64_t group_size, std::string group_name, double copy_rate_gbps) {
   (void)group_name;
+  (void)copy_rate_gbps;
   check_input(input, group_size, "all_gather_into_tensor");
   std::vector<c10::SymInt> sizes = input.sym_sizes().vec();
   sizes[0] = sizes[0] * group_size;
@@ -50,7 +61,8 @@ void all_gather_out_meta(const at::Tensor& input, int64_t group_size, std::strin
 
 // all_gather_into_tensors: several tensors gathered as one op (a bucket without a bucket buffer). Output i is what
 // all_gather_into_tensor(inputs[i]) returns.
-std::vector<at::Tensor> all_gather_tensors_cuda(at::TensorList inputs, int64_t group_size, std::string group_name) {
+std::vector<at::Tensor> all_gather_tensors_cuda(at::TensorList inputs, int64_t group_size, std::string group_name,
+                                                double copy_rate_gbps) {
   static const char* kOp = "all_gather_into_tensors";
   check_ag_parts(inputs, group_size, kOp);
   std::shared_ptr<Group> g = group_for(group_name, group_size, inputs[0], kOp);
@@ -61,12 +73,15 @@ std::vector<at::Tensor> all_gather_tensors_cuda(at::TensorList inputs, int64_t g
     sizes[0] *= group_size;
     outs.push_back(at::empty(sizes, input.options()));
   }
+  const Group::OpCopyRate rate = op_copy_rate(copy_rate_gbps, kOp);
   run_all_gather_parts(*g, inputs.vec(), outs, Join::Functional);
   return outs;
 }
 
-std::vector<at::Tensor> all_gather_tensors_meta(at::TensorList inputs, int64_t group_size, std::string group_name) {
+std::vector<at::Tensor> all_gather_tensors_meta(at::TensorList inputs, int64_t group_size, std::string group_name,
+                                                double copy_rate_gbps) {
   (void)group_name;
+  (void)copy_rate_gbps;
   check_ag_parts(inputs, group_size, "all_gather_into_tensors");
   std::vector<at::Tensor> outs;
   for (const at::Tensor& input : inputs) {
@@ -110,7 +125,8 @@ void all_gather_tensors_out_meta(at::TensorList inputs, int64_t group_size, std:
 // ---------------------------------------------------------------------------------------------------
 // Reduce-scatter
 
-at::Tensor reduce_scatter_cuda(const at::Tensor& input, std::string reduce_op, int64_t group_size, std::string group_name) {
+at::Tensor reduce_scatter_cuda(const at::Tensor& input, std::string reduce_op, int64_t group_size, std::string group_name,
+                               double copy_rate_gbps) {
   static const char* kOp = "reduce_scatter_tensor";
   check_rs_input(input, reduce_op, group_size, kOp);
   std::shared_ptr<Group> g = group_for(group_name, group_size, input, kOp);
@@ -118,6 +134,7 @@ at::Tensor reduce_scatter_cuda(const at::Tensor& input, std::string reduce_op, i
   sizes[0] /= group_size;
   c10::cuda::CUDAGuard guard(input.device());
   at::Tensor out = at::empty(sizes, input.options());
+  const Group::OpCopyRate rate = op_copy_rate(copy_rate_gbps, kOp);
   run_reduce_scatter(*g, input, out, reduce_op, kOp, Join::Functional);
   return out;
 }
@@ -131,8 +148,10 @@ void reduce_scatter_out_cuda(const at::Tensor& input, std::string reduce_op, int
   run_reduce_scatter(*g, input, out, reduce_op, kOp, Join::Now);
 }
 
-at::Tensor reduce_scatter_meta(const at::Tensor& input, std::string reduce_op, int64_t group_size, std::string group_name) {
+at::Tensor reduce_scatter_meta(const at::Tensor& input, std::string reduce_op, int64_t group_size, std::string group_name,
+                               double copy_rate_gbps) {
   (void)group_name;
+  (void)copy_rate_gbps;
   check_rs_input(input, reduce_op, group_size, "reduce_scatter_tensor");
   std::vector<c10::SymInt> sizes = input.sym_sizes().vec();
   sizes[0] = sizes[0] / group_size;
@@ -149,7 +168,7 @@ void reduce_scatter_out_meta(const at::Tensor& input, std::string reduce_op, int
 // reduce_scatter_tensors: several tensors reduce-scattered as one op (a bucket without a bucket buffer). The output
 // is 1-D: the concatenation, in input order, of what reduce_scatter_tensor(inputs[i]) returns, flattened.
 at::Tensor reduce_scatter_tensors_cuda(at::TensorList inputs, std::string reduce_op, int64_t group_size,
-                                       std::string group_name) {
+                                       std::string group_name, double copy_rate_gbps) {
   static const char* kOp = "reduce_scatter_tensors";
   check_rs_parts(inputs, reduce_op, group_size, kOp);
   std::shared_ptr<Group> g = group_for(group_name, group_size, inputs[0], kOp);
@@ -160,6 +179,7 @@ at::Tensor reduce_scatter_tensors_cuda(at::TensorList inputs, std::string reduce
   for (const at::Tensor& input : inputs) numel += input.numel() / group_size;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(g->device()));
   at::Tensor out = at::empty({numel}, inputs[0].options());
+  const Group::OpCopyRate rate = op_copy_rate(copy_rate_gbps, kOp);
   run_reduce_scatter_parts(*g, inputs.vec(), out, args, Join::Functional);
   return out;
 }
@@ -213,8 +233,9 @@ void reduce_scatter_tensors_out_meta(at::TensorList inputs, std::string reduce_o
 }
 
 at::Tensor reduce_scatter_tensors_meta(at::TensorList inputs, std::string reduce_op, int64_t group_size,
-                                       std::string group_name) {
+                                       std::string group_name, double copy_rate_gbps) {
   (void)group_name;
+  (void)copy_rate_gbps;
   check_rs_parts(inputs, reduce_op, group_size, "reduce_scatter_tensors");
   c10::SymInt numel = 0;
   for (const at::Tensor& input : inputs) numel = numel + input.sym_numel() / group_size;
@@ -227,7 +248,8 @@ at::Tensor reduce_scatter_tensors_meta(at::TensorList inputs, std::string reduce
 // output. The reduce-scatter's result is this rank's own chunks plus the sum of the rows (mean: times
 // 1 / group_size), which the caller computes (the pass emits it as graph ops that Inductor fuses into the
 // consumer). Any dtype (nothing is reduced here); all inputs share it.
-at::Tensor reduce_scatter_tensors_unreduced_cuda(at::TensorList inputs, int64_t group_size, std::string group_name) {
+at::Tensor reduce_scatter_tensors_unreduced_cuda(at::TensorList inputs, int64_t group_size, std::string group_name,
+                                                  double copy_rate_gbps) {
   static const char* kOp = "reduce_scatter_tensors_unreduced";
   check_unreduced_parts(inputs, group_size, kOp);
   std::shared_ptr<Group> g = group_for(group_name, group_size, inputs[0], kOp);
@@ -237,12 +259,15 @@ at::Tensor reduce_scatter_tensors_unreduced_cuda(at::TensorList inputs, int64_t 
   for (const at::Tensor& input : inputs) numel += input.numel() / group_size;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(g->device()));
   at::Tensor out = at::empty({group_size - 1, numel}, inputs[0].options());  // no rows for a group of one
+  const Group::OpCopyRate rate = op_copy_rate(copy_rate_gbps, kOp);
   run_reduce_scatter_parts(*g, inputs.vec(), out, args, Join::Functional);
   return out;
 }
 
-at::Tensor reduce_scatter_tensors_unreduced_meta(at::TensorList inputs, int64_t group_size, std::string group_name) {
+at::Tensor reduce_scatter_tensors_unreduced_meta(at::TensorList inputs, int64_t group_size, std::string group_name,
+                                                  double copy_rate_gbps) {
   (void)group_name;
+  (void)copy_rate_gbps;
   check_unreduced_parts(inputs, group_size, "reduce_scatter_tensors_unreduced");
   c10::SymInt numel = 0;
   for (const at::Tensor& input : inputs) numel = numel + input.sym_numel() / group_size;
@@ -316,19 +341,25 @@ at::Tensor stored(const at::Tensor& tensor) { return tensor; }
 
 TORCH_LIBRARY(ce_overlap, m) {
   const std::vector<at::Tag> pt2 = {at::Tag::pt2_compliant_tag};
-  m.def("all_gather_into_tensor(Tensor input, int group_size, str group_name) -> Tensor", pt2);
+  // copy_rate_gbps: this op's peer copies paced at that rate (GB/s; the pass's per-bucket rate, docs/plan.md); 0: the
+  // group's RuntimeConfig.copy_rate_gbps. On the ops the pass emits.
+  m.def("all_gather_into_tensor(Tensor input, int group_size, str group_name, float copy_rate_gbps=0) -> Tensor", pt2);
   // Returns nothing: torch.compile functionalizes mutating custom ops only when no output aliases an input.
   m.def("all_gather_into_tensor_out(Tensor input, int group_size, str group_name, *, Tensor(a!) out) -> ()", pt2);
   // Several tensors as one collective (a bucket with no bucket buffer): output i / the chunks of input i are what
   // the one-tensor op gives for tensor i.
-  m.def("all_gather_into_tensors(Tensor[] inputs, int group_size, str group_name) -> Tensor[]", pt2);
+  m.def("all_gather_into_tensors(Tensor[] inputs, int group_size, str group_name, float copy_rate_gbps=0) -> Tensor[]",
+        pt2);
   m.def("all_gather_into_tensors_out(Tensor[] inputs, int group_size, str group_name, *, Tensor(a!)[] outs) -> ()",
         pt2);
-  m.def("reduce_scatter_tensor(Tensor input, str reduce_op, int group_size, str group_name) -> Tensor", pt2);
-  m.def("reduce_scatter_tensors(Tensor[] inputs, str reduce_op, int group_size, str group_name) -> Tensor", pt2);
+  m.def("reduce_scatter_tensor(Tensor input, str reduce_op, int group_size, str group_name, float copy_rate_gbps=0) "
+        "-> Tensor", pt2);
+  m.def("reduce_scatter_tensors(Tensor[] inputs, str reduce_op, int group_size, str group_name, "
+        "float copy_rate_gbps=0) -> Tensor", pt2);
   m.def("reduce_scatter_tensors_out(Tensor[] inputs, str reduce_op, int group_size, str group_name, *, "
         "Tensor(a!) out) -> ()", pt2);
-  m.def("reduce_scatter_tensors_unreduced(Tensor[] inputs, int group_size, str group_name) -> Tensor", pt2);
+  m.def("reduce_scatter_tensors_unreduced(Tensor[] inputs, int group_size, str group_name, float copy_rate_gbps=0) "
+        "-> Tensor", pt2);
   m.def("reduce_scatter_tensor_out(Tensor input, str reduce_op, int group_size, str group_name, *, Tensor(a!) out) -> ()",
         pt2);
   m.def("all_to_all_single(Tensor input, int group_size, str group_name) -> Tensor", pt2);

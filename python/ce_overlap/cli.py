@@ -97,6 +97,9 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
                         f"(default {','.join(d.ce_collectives)})")
     g.add_argument("--ce-reduction", choices=CE_REDUCTIONS, default=d.ce_reduction,
                    help=f"where a reduce-scatter on CE adds the ranks' chunks (default {d.ce_reduction})")
+    g.add_argument("--copy-pace-fill", type=float, default=d.copy_pace_fill, metavar="F",
+                   help="pace a CE bucket's copies to fill this share (0..1) of its window where they would take "
+                        f"less (docs/plan.md; default {d.copy_pace_fill:g}: unpaced)")
     g.add_argument("--bucket-pattern", action="append", default=[], metavar="REGEX",
                    help="module-path regex that keys buckets instead of the detected block (repeatable)")
 
@@ -108,7 +111,8 @@ def _pass_config(args):
     return PassConfig(bucket_cap_mb=args.bucket_cap_mib, memory_budget_mb=args.memory_budget_mib, ce=args.ce,
                       min_ce_bytes=args.min_ce_bytes, prefetch_blocks=args.prefetch_blocks,
                       bucket_patterns=tuple(args.bucket_pattern), ce_reduction=args.ce_reduction,
-                      ce_collectives=tuple(k.strip() for k in args.ce_collectives.split(",") if k.strip()))
+                      ce_collectives=tuple(k.strip() for k in args.ce_collectives.split(",") if k.strip()),
+                      copy_pace_fill=args.copy_pace_fill)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -2,8 +2,8 @@
 
 Importing this module needs no torch. Values are checked when a PassConfig is built: a bad one raises
 CeOverlapError naming the field, so a typo never becomes a silent default. The planner's fields (bucket cap, memory
-budget, ce, min_ce_bytes, prefetch, bucket patterns, ce_collectives, ce_reduction) take their defaults, choices and
-range checks from the C++ core, which owns the planner's config (csrc/graph/plan.h); this module checks only that each
+budget, ce, min_ce_bytes, prefetch, bucket patterns, ce_collectives, ce_reduction, copy_pace_fill) take their defaults,
+choices and range checks from the C++ core, which owns the planner's config (csrc/graph/plan.h); this module checks only that each
 value has a type JSON can carry to it.
 """
 from __future__ import annotations
@@ -83,6 +83,12 @@ class PassConfig:
     runtime's reduction kernel (ce_overlap.reduce_scatter_tensors, CE_OVERLAP_REDUCE_SMS
     CTAs on a side stream) sums them. The cost model prices the choice made here."""
 
+    copy_pace_fill: float = _PLAN_DEFAULTS["copy_pace_fill"]
+    """Pacing of the copy engines (docs/plan.md "Copy rate"), 0..1: a CE bucket whose copies the cost model puts
+    under this share of its window runs them at the rate that stretches them to it (each op's copy_rate_gbps), so
+    the copies draw less from the HBM and the board's power at any moment beside the compute. 0 (default) paces
+    nothing."""
+
     pack_ce_buckets: bool = False
     """False (default): a CE bucket runs as ONE multi-tensor collective over its members' own tensors (the copy
     engines read and write them where they lie: no kernel packs or unpacks a bucket buffer). True: packed like an
@@ -122,6 +128,8 @@ class PassConfig:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool):
                 bad(field, "an integer", value)
+        if not _is_number(self.copy_pace_fill) or not math.isfinite(self.copy_pace_fill):
+            bad("copy_pace_fill", "a number in 0..1", self.copy_pace_fill)
         for field, what in (("bucket_patterns", "regular expressions"), ("ce_collectives", "collective type names")):
             value = getattr(self, field)
             if isinstance(value, str) or not isinstance(value, (tuple, list)):
@@ -173,6 +181,7 @@ class PassConfig:
             "bucket_patterns": list(self.bucket_patterns),
             "ce_reduction": self.ce_reduction,
             "ce_collectives": list(self.ce_collectives),
+            "copy_pace_fill": float(self.copy_pace_fill),
         }
 
     @classmethod
@@ -199,7 +208,7 @@ def _parse_env(var: str, field: str, text: str) -> Any:
         if low in ("0", "false", "no", "off"):
             return False
         raise CeOverlapError(f"{var} (PassConfig.{field}): expected 0/1/true/false, got {text!r}")
-    if field in ("bucket_cap_mb", "memory_budget_mb"):
+    if field in ("bucket_cap_mb", "memory_budget_mb", "copy_pace_fill"):
         try:
             return float(text)
         except ValueError:

@@ -177,7 +177,7 @@ TEST(Planner, RejectsUnknownGraphAndBadConfig) {
             (nlohmann::json{{"bucket_cap_bytes", 536870912}, {"memory_budget_bytes", 4294967296},
                             {"ce", "auto"}, {"min_ce_bytes", 1048576}, {"prefetch_blocks", 1},
                             {"bucket_patterns", nlohmann::json::array()}, {"ce_reduction", "consumer"},
-                            {"ce_collectives", {"all_gather", "reduce_scatter"}}}));
+                            {"ce_collectives", {"all_gather", "reduce_scatter"}}, {"copy_pace_fill", 0.0}}));
   EXPECT_EQ(plan_config_from_json(nlohmann::json{{"ce_reduction", "kernel"}}).ce_reduction, CeReduction::Kernel);
   try {
     plan_config_from_json(nlohmann::json{{"ce_reduction", "sm"}});
@@ -258,6 +258,66 @@ TEST(Planner, CeCollectivesKeepExcludedTypesOnNcclAndPriceThemSo) {
             "\"all_reduce\""},
            {{{"ce_collectives", {"all_gather", "all_gather"}}}, "config.ce_collectives[1]: \"all_gather\" is listed twice"},
            {{{"ce_collectives", "all_gather"}}, "config.ce_collectives: expected an array of collective types, got \"all_gather\""}}) {
+    try {
+      plan_config_from_json(config);
+      FAIL() << config;
+    } catch (const IrError& e) {
+      EXPECT_EQ(e.what(), message);
+    }
+  }
+}
+
+TEST(Planner, PacedBucketsFillTheirWindowAndOnlyCeBucketsArePaced) {
+  // config.copy_pace_fill: a CE bucket whose copies take less than that share of its window gets the rate that
+  // stretches them to it (per peer copy: an all-gather's whole input, a reduce-scatter's 1/n), never under 10 GB/s;
+  // a bucket without a window, or on NCCL, is not paced. 0 paces nothing.
+  const CostModel model(builtin_profile("h200-sxm"));
+  PlanConfig on;
+  on.ce = CeMode::On;
+  for (bool backward : {false, true}) {
+    const Document doc = big_fsdp(backward);
+    const std::string graph = backward ? "backward" : "forward";
+    for (const PlanBucket& b : make_plan(doc, graph, model, on).buckets) EXPECT_FALSE(b.copy_rate_gbps) << b.id;
+    on.copy_pace_fill = 0.5;
+    const Plan plan = make_plan(doc, graph, model, on);
+    check_plan(doc, plan);
+    int paced = 0;
+    for (const PlanBucket& b : plan.buckets) {
+      if (!b.copy_rate_gbps) continue;
+      ++paced;
+      EXPECT_EQ(b.backend, "ce");
+      EXPECT_GE(*b.copy_rate_gbps, 10.0);
+      const double copy = b.type == CollectiveType::ReduceScatter ? double(b.bytes) / b.group_size : double(b.bytes);
+      const double stretched_us = copy / *b.copy_rate_gbps / 1e3;
+      EXPECT_GT(stretched_us, *b.predicted.ce_us * 0.5) << b.id;                   // slower than unpaced
+      EXPECT_LE(stretched_us, 0.5 * b.predicted.window_us + 1e-6) << b.id;        // within the fill
+      EXPECT_NE(b.reason.find("% of its window"), std::string::npos) << b.reason;
+    }
+    EXPECT_GT(paced, 0) << graph;
+    const std::string text = save_plan(plan);
+    EXPECT_NE(text.find("\"copy_pace_fill\": 0.5"), std::string::npos);
+    EXPECT_EQ(save_plan(load_plan(text)), text);
+    on.copy_pace_fill = 0;
+  }
+  // A rate on an NCCL bucket breaks a rule; a bad fill or rate is a schema error naming the field.
+  const Document doc = big_fsdp(false);
+  Plan plan = make_plan(doc, "forward", model, PlanConfig());
+  PlanBucket* nccl = nullptr;
+  for (PlanBucket& b : plan.buckets) {
+    if (b.backend == "nccl") nccl = &b;
+  }
+  if (nccl) {
+    nccl->copy_rate_gbps = 100;
+    try {
+      validate_plan(plan);
+      FAIL();
+    } catch (const PlanRuleError& e) {
+      EXPECT_EQ(e.rule(), "bucket.copy_rate");
+    }
+  }
+  for (const auto& [config, message] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {{{"copy_pace_fill", 1.5}}, "config.copy_pace_fill: expected a number in 0..1 (0: no pacing), got 1.5"},
+           {{{"copy_pace_fill", "half"}}, "config.copy_pace_fill: expected a number in 0..1 (0: no pacing), got \"half\""}}) {
     try {
       plan_config_from_json(config);
       FAIL() << config;

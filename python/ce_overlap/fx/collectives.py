@@ -29,6 +29,9 @@ CE_MANY_OPS = {
 CE_UNREDUCED_OP = "reduce_scatter_tensors_unreduced"
 # The runtime's pass-through (returns its input; Inductor cannot see through it, so it reads the stored bytes).
 STORED_OP = "stored"
+# The last argument of the ops above: the bucket's copy rate (GB/s per peer copy, the plan's copy_rate_gbps; 0: the
+# group's RuntimeConfig.copy_rate_gbps). Given only for a paced bucket.
+RATE_ARG = "copy_rate_gbps"
 
 
 def group_of(group_name):

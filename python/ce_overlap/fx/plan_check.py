@@ -36,6 +36,7 @@ class CheckedBucket:
     members: list[Collective]  # layout order
     waits: list[torch.fx.Node]
     raw: dict
+    copy_rate_gbps: float = 0.0  # the plan's per-bucket copy rate (GB/s per peer copy); 0: unpaced
 
 
 @dataclasses.dataclass
@@ -87,7 +88,8 @@ def _bind(graph: torch.fx.Graph, plan: dict) -> CheckedPlan:
         for c in members:
             _check_waited(c)
         buckets.append(CheckedBucket(id=b["id"], type=b["type"], backend=b["backend"], reason=b["reason"],
-                                     members=members, waits=waits, raw=b))
+                                     members=members, waits=waits, raw=b,
+                                     copy_rate_gbps=float(b.get("copy_rate_gbps") or 0.0)))
     return CheckedPlan(order=order, buckets=buckets, plan=plan)
 
 

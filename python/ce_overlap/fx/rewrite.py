@@ -32,7 +32,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from .collectives import (CE_MANY_OPS, CE_OPS, CE_UNREDUCED_OP, STORED_OP, Collective, collectives_in, group_of,  # noqa: F401
+from .collectives import (CE_MANY_OPS, CE_OPS, CE_UNREDUCED_OP, RATE_ARG, STORED_OP, Collective, collectives_in, group_of,  # noqa: F401
                           is_ce_collective, is_functional_collective, is_wait, read_collective)
 from .plan_check import CheckedBucket, CheckedPlan, PlanRuleError, check_plan  # noqa: F401 (rewrite's API)
 
@@ -162,6 +162,7 @@ class BucketResult:
     backend: str
     reason: str
     nodes: list[str]
+    copy_rate_gbps: float = 0.0  # the rate its CE op paces its copies at (the plan's); 0: unpaced, or on NCCL
 
 
 def ce_op_for(ctype: str):
@@ -179,7 +180,7 @@ def ce_op_for(ctype: str):
     except (AttributeError, RuntimeError):
         return None, f"torch.ops.ce_overlap.{name} does not exist (the CE runtime has no {ctype} op yet)"
     names = [a.name for a in op._schema.arguments]
-    if "input" not in names or not set(names) <= {"input", "group_size", "group_name", "reduce_op"}:
+    if "input" not in names or not set(names) <= {"input", "group_size", "group_name", "reduce_op", RATE_ARG}:
         return None, f"torch.ops.ce_overlap.{name} has an unexpected schema: {op._schema}"
     return op, ""
 
@@ -199,7 +200,7 @@ def _runtime_op(ctype: str, name: str | None, schema_ok: Callable[[list[str]], b
 def ce_many_op_for(ctype: str):
     """The runtime's multi-tensor op for a collective type, or None (then a bucket is packed into one buffer)."""
     return _runtime_op(ctype, CE_MANY_OPS.get(ctype), lambda names: bool(names) and names[0] == "inputs" and set(
-        names) <= {"inputs", "group_size", "group_name", "reduce_op"})
+        names) <= {"inputs", "group_size", "group_name", "reduce_op", RATE_ARG})
 
 
 def ce_unreduced_op():
@@ -208,11 +209,19 @@ def ce_unreduced_op():
     (STORED_OP) too, through which the graph reads the own chunks (_rewrite_unreduced)."""
     if _runtime_op("reduce_scatter", STORED_OP, lambda names: names == ["tensor"]) is None:
         return None
-    return _runtime_op("reduce_scatter", CE_UNREDUCED_OP, lambda names: names == ["inputs", "group_size", "group_name"])
+    return _runtime_op("reduce_scatter", CE_UNREDUCED_OP,
+                       lambda names: names in (["inputs", "group_size", "group_name"],
+                                               ["inputs", "group_size", "group_name", RATE_ARG]))
 
 
 def _ce_args(op, **values) -> list:
-    return [values[a.name] for a in op._schema.arguments]
+    """The op's arguments in schema order. Its copy rate (RATE_ARG: the plan's per-bucket rate) only where the op
+    takes one, and then only when set: an unpaced bucket's node reads as before."""
+    args = [values[a.name] for a in op._schema.arguments]
+    names = [a.name for a in op._schema.arguments]
+    if names and names[-1] == RATE_ARG and not values[RATE_ARG]:
+        args.pop()
+    return args
 
 
 def _add_check(build: "_Builder", graph: torch.fx.Graph, result: torch.fx.Node, inp: torch.fx.Node,
@@ -286,7 +295,9 @@ def _rewrite_unreduced(build: "_Builder", graph: torch.fx.Graph, cb: CheckedBuck
         # +1.4 GiB at the training step's peak, bench/results/memory-2026-11-27).
         stored_op = getattr(torch.ops.ce_overlap, STORED_OP).default
         pinned = [build(stored_op, [x], name=f"stored{i}", like=x) for i, x in enumerate(ins)]
-        coll = None if op == "identity" else build(op, [ins, g, str(c0.group_name)], name="reduce_scatter_unreduced")
+        coll = None if op == "identity" else build(
+            op, _ce_args(op, inputs=ins, group_size=g, group_name=str(c0.group_name), copy_rate_gbps=cb.copy_rate_gbps),
+            name="reduce_scatter_unreduced")
     outs, totals = [], []
     with graph.inserting_before(first_wait):
         rows = build(wait_op, [coll], name="wait") if coll is not None else None
@@ -349,7 +360,7 @@ def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos:
             x = build.contiguous(c0.input, "in")
             op, _ = ce_op_for(c0.type)
             coll = build(op, _ce_args(op, input=x, reduce_op=c0.reduce_op_arg, group_size=g,
-                                      group_name=str(c0.group_name)), name=c0.type)
+                                      group_name=str(c0.group_name), copy_rate_gbps=cb.copy_rate_gbps), name=c0.type)
         with graph.inserting_before(first_wait):
             wait = build(wait_op, [coll], name="wait")
         outs = [wait]
@@ -359,7 +370,7 @@ def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos:
         with graph.inserting_before(first_coll):
             ins = [build.contiguous(c.input, f"in{i}") for i, c in enumerate(members)]
             coll = build(op, _ce_args(op, inputs=ins, reduce_op=c0.reduce_op_arg, group_size=g,
-                                      group_name=str(c0.group_name)), name=cb.type)
+                                      group_name=str(c0.group_name), copy_rate_gbps=cb.copy_rate_gbps), name=cb.type)
         if cb.type == "all_gather":
             with graph.inserting_before(first_wait):
                 outs = [build(wait_op, [build(operator.getitem, [coll, i], name=f"part{i}")], name=f"wait{i}")
@@ -388,7 +399,8 @@ def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos:
                 buf = build(aten.cat.default, [parts], name="buf")
             if ce:
                 op, _ = ce_op_for(cb.type)
-                args = _ce_args(op, input=buf, reduce_op=c0.reduce_op_arg, group_size=g, group_name=str(c0.group_name))
+                args = _ce_args(op, input=buf, reduce_op=c0.reduce_op_arg, group_size=g, group_name=str(c0.group_name),
+                                copy_rate_gbps=cb.copy_rate_gbps)
             else:
                 op = getattr(c10d, _MERGEABLE[cb.type]).default
                 args = _ce_args(op, input=buf, reduce_op=c0.reduce_op_arg, group_size=g, group_name=c0.group_name)
@@ -481,7 +493,8 @@ def apply_plan(graph: torch.fx.Graph, checked: CheckedPlan, choose_backend: Back
             nodes = _rewrite_bucket(graph, cb, backend, pos, check_where if backend == "ce" else None, pack_ce,
                                     ce_reduction)
         results.append(BucketResult(id=cb.id, type=cb.type, members=len(cb.members), bytes=int(cb.raw["bytes"]),
-                                    planned_backend=cb.backend, backend=backend, reason=reason, nodes=nodes))
+                                    planned_backend=cb.backend, backend=backend, reason=reason, nodes=nodes,
+                                    copy_rate_gbps=cb.copy_rate_gbps if backend == "ce" else 0.0))
     graph.lint()
     graph.eliminate_dead_code()
     return results
