@@ -273,6 +273,73 @@ def time_beside(compute: Callable[[], None], side_fn: Callable[[], None], iters:
     return max_over_ranks(median(times[2:])), max_over_ranks(s_start.elapsed_time(s_end) / max(1, n_side))
 
 
+def time_beside_fed(compute: Callable[[], None], side_fn: Callable[[], None], iters: int, warmup: int,
+                    settle: Callable[[], None], info: dict | None = None, side_depth: int = 2,
+                    compute_depth: int = 4) -> tuple[float, float]:
+    """time_beside for a sustained measurement: the host feeds both streams from one loop, keeping at most
+    `compute_depth` computes and `side_depth` side ops queued ahead of the GPU, so it never blocks in a launch (a full
+    launch queue would hold the compute launches back behind a side op of many launches, a paced copy's, and leave
+    the compute stream with gaps). The side stream is kept fed until the last compute is enqueued and may run up to
+    `side_depth` ops past it. Returns and fills `info` as time_beside does (duty_pct near 100 means the computes ran
+    back to back)."""
+    import collections  # noqa: PLC0415
+
+    main = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    side.wait_stream(main)
+    for _ in range(warmup):
+        compute()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    s_start, s_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    first = min(2, iters - 1)
+    side_pending: collections.deque = collections.deque()
+    n_side, issued, t0 = 0, 0, None
+    with torch.cuda.stream(side):
+        s_start.record()
+    while issued < iters:
+        while side_pending and side_pending[0].query():
+            side_pending.popleft()
+        progressed = False
+        if len(side_pending) < side_depth:
+            with torch.cuda.stream(side):
+                side_fn()
+                done = torch.cuda.Event()
+                done.record()
+            side_pending.append(done)
+            n_side += 1
+            progressed = True
+        done_computes = issued and events[issued - 1][1].query()
+        ahead = 0 if done_computes else sum(1 for k in range(max(0, issued - compute_depth), issued)
+                                            if not events[k][1].query())
+        if ahead < compute_depth:
+            start, end = events[issued]
+            start.record()
+            compute()
+            end.record()
+            issued += 1
+            progressed = True
+        if t0 is None and issued > first and events[first][0].query():
+            t0 = time.monotonic()
+        if not progressed:
+            time.sleep(0.00005)
+    with torch.cuda.stream(side):
+        s_end.record()
+    while not events[first][0].query():
+        time.sleep(0.0005)
+    t0 = t0 or time.monotonic()
+    while not events[-1][1].query():
+        time.sleep(0.0005)
+    t1 = time.monotonic()
+    main.wait_stream(side)
+    settle()
+    times = [s.elapsed_time(e) for s, e in events]
+    if info is not None:
+        info["window"] = [t0, t1]
+        span = events[first][0].elapsed_time(events[-1][1])
+        info["duty_pct"] = 100.0 * sum(times[first:]) / span if span > 0 else 100.0
+    return max_over_ranks(median(times[2:])), max_over_ranks(s_start.elapsed_time(s_end) / max(1, n_side))
+
+
 def gemm(n: int = 8192) -> Callable[[], None]:
     """A bf16 n^3 GEMM into a preallocated output on the current stream (the compute every overlap test runs)."""
     a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")

@@ -184,8 +184,12 @@ def run(args) -> int:
                     alone_clocks = C.clocks_over_ranks(sampler.stats())
                 info: dict = {}  # the clocks while the compute ran (not while paced copies outlast it), its duty
                 with sampler:
-                    beside_ms, coll_ms = C.time_beside(fn, v.run, iters, args.warmup, per_launch(name, alone_ms), 3,
-                                                       lambda: C.settle(v, group), info)
+                    if args.sustain_ms > 0:  # fed: the computes back to back however many launches a copy takes
+                        beside_ms, coll_ms = C.time_beside_fed(fn, v.run, iters, args.warmup,
+                                                               lambda: C.settle(v, group), info)
+                    else:
+                        beside_ms, coll_ms = C.time_beside(fn, v.run, iters, args.warmup, per_launch(name, alone_ms),
+                                                           3, lambda: C.settle(v, group), info)
             except Exception as e:  # noqa: BLE001
                 C.print_exc_rank()
                 reason = C.format_exc_line(e)

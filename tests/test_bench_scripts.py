@@ -564,6 +564,55 @@ def test_clock_sampler_without_nvml_changes_nothing():
         assert s.stats() == {}
 
 
+def test_fed_timing_keeps_both_queues_short_and_times_every_compute(monkeypatch):
+    """time_beside_fed's loop on a fake GPU whose work completes some host steps after it is enqueued: the loop ends,
+    every compute is issued and timed, side ops ran beside them, and the duty and window come back."""
+    import contextlib
+    import types
+
+    import _common as C
+
+    clock = {"t": 0}
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.at = None
+
+        def record(self):
+            self.at = clock["t"] + 3  # done three host steps later
+
+        def query(self):
+            clock["t"] += 1
+            return self.at is not None and clock["t"] >= self.at
+
+        def elapsed_time(self, other):
+            return float(other.at - self.at)
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    fake_cuda = types.SimpleNamespace(Event=Event, Stream=Stream, current_stream=lambda: Stream(),
+                                      stream=lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(C.torch, "cuda", fake_cuda)
+    monkeypatch.setattr(C, "max_over_ranks", lambda x: x)
+    monkeypatch.setattr(C.time, "sleep", lambda s: clock.__setitem__("t", clock["t"] + 1))
+    calls = {"compute": 0, "side": 0}
+
+    def compute():
+        calls["compute"] += 1
+        clock["t"] += 1
+
+    def side():
+        calls["side"] += 1
+
+    info: dict = {}
+    ms, side_ms = C.time_beside_fed(compute, side, iters=12, warmup=2, settle=lambda: None, info=info, side_depth=2,
+                                    compute_depth=4)
+    assert calls["compute"] == 12 + 2 and calls["side"] >= 1
+    assert ms > 0 and side_ms > 0 and info["duty_pct"] > 0 and len(info["window"]) == 2
+
+
 def test_clock_sampler_stats_keep_the_window_and_count_the_clock_events():
     """stats(window) keeps only the samples taken while the compute ran (paced copies outlasting it would otherwise
     set the median clock and power), and says in what share of them NVML flagged the power cap or a slowdown."""

@@ -39,8 +39,8 @@ Choice choose(const Bucket& bucket, const CollectiveInfo& c, const Decision& d, 
   return {d.choice, d.reason};
 }
 
-// The copy rate that stretches a CE bucket's copies over config.copy_pace_fill of its window (docs/plan.md "Copy
-// rate"), or nullopt to leave them unpaced: pacing off, no window, or copies that already fill that much of it. The
+// The copy rate that stretches a CE bucket's copies over config.copy_pace_fill of its slot (docs/plan.md "Copy
+// rate": its window, cut where the next bucket of its group is issued), or nullopt to leave them unpaced: pacing off, no window, or copies that already fill that much of it. The
 // runtime paces each peer copy (one per peer lane), so the rate is per copy: an all-gather copies each peer's whole
 // input, a reduce-scatter each peer's 1/n of it (at 8 ranks 7 copies share the links: each runs at ~50 GB/s unpaced).
 // Never under kMinPaceGbps per copy (a pacer waits per chunk of at least 1 MiB: 100 us at that rate); not set when
@@ -113,6 +113,19 @@ Plan make_plan(const Document& doc, const std::string& graph_name, const CostMod
   std::iota(by_issue.begin(), by_issue.end(), 0);
   std::stable_sort(by_issue.begin(), by_issue.end(),
                    [&](size_t a, size_t b) { return s.issue_position[a] < s.issue_position[b]; });
+  // Each bucket's slot for pacing: from its issue to the next bucket of its group is issued (the runtime runs a group's
+  // collectives one after another on its streams: a bucket stretched past that delays the next) or to its own wait.
+  std::vector<int> slot_end(bs.size());
+  for (size_t i = 0; i < by_issue.size(); ++i) {
+    const size_t b = by_issue[i];
+    slot_end[b] = s.wait_position[b];
+    for (size_t j = i + 1; j < by_issue.size(); ++j) {
+      if (bs[by_issue[j]].group == bs[b].group) {
+        slot_end[b] = std::min(slot_end[b], s.issue_position[by_issue[j]]);
+        break;
+      }
+    }
+  }
   int64_t collectives = 0, ce_buckets = 0;
   for (size_t b : by_issue) {
     const Bucket& bucket = bs[b];
@@ -157,7 +170,12 @@ Plan make_plan(const Document& doc, const std::string& graph_name, const CostMod
       if (position[m] > position[last_member]) last_member = m;
     }
     const double window_us = w.compute_bound_us + w.memory_bound_us;
-    if (choice.backend == Backend::Ce) pb.copy_rate_gbps = pace_rate(c, chosen, window_us, config);
+    if (choice.backend == Backend::Ce) {
+      const int from = s.issue_position[b] + static_cast<int>(bucket.members.size());
+      const int to = std::max(from, slot_end[b]);
+      const double slot_us = cb_prefix[to] - cb_prefix[from] + mb_prefix[to] - mb_prefix[from];
+      pb.copy_rate_gbps = pace_rate(c, chosen, std::min(window_us, slot_us), config);
+    }
     // The bucket starts when its last member's inputs are ready: it carries the whole time (paced: the longer one).
     // A sum left to the consumer runs on the compute stream after the wait: the first wait carries it.
     after[last_member] = pb.copy_rate_gbps ? paced_us(c, chosen, *pb.copy_rate_gbps) : chosen.comm_us;
