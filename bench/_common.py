@@ -274,14 +274,14 @@ def time_beside(compute: Callable[[], None], side_fn: Callable[[], None], iters:
 
 
 def time_beside_fed(compute: Callable[[], None], side_fn: Callable[[], None], iters: int, warmup: int,
-                    settle: Callable[[], None], info: dict | None = None, side_depth: int = 2,
+                    side_ops: int, settle: Callable[[], None], info: dict | None = None, side_depth: int = 2,
                     compute_depth: int = 4) -> tuple[float, float]:
     """time_beside for a sustained measurement: the host feeds both streams from one loop, keeping at most
     `compute_depth` computes and `side_depth` side ops queued ahead of the GPU, so it never blocks in a launch (a full
     launch queue would hold the compute launches back behind a side op of many launches, a paced copy's, and leave
-    the compute stream with gaps). The side stream is kept fed until the last compute is enqueued and may run up to
-    `side_depth` ops past it. Returns and fills `info` as time_beside does (duty_pct near 100 means the computes ran
-    back to back)."""
+    the compute stream with gaps). Exactly `side_ops` side ops are issued (a collective must be issued the same number
+    of times on every rank; size it to outlast the computes): those left when the last compute is enqueued follow it.
+    Returns and fills `info` as time_beside does (duty_pct near 100 means the computes ran back to back)."""
     import collections  # noqa: PLC0415
 
     main = torch.cuda.current_stream()
@@ -300,7 +300,7 @@ def time_beside_fed(compute: Callable[[], None], side_fn: Callable[[], None], it
         while side_pending and side_pending[0].query():
             side_pending.popleft()
         progressed = False
-        if len(side_pending) < side_depth:
+        if len(side_pending) < side_depth and n_side < side_ops:
             with torch.cuda.stream(side):
                 side_fn()
                 done = torch.cuda.Event()
@@ -323,6 +323,9 @@ def time_beside_fed(compute: Callable[[], None], side_fn: Callable[[], None], it
         if not progressed:
             time.sleep(0.00005)
     with torch.cuda.stream(side):
+        while n_side < side_ops:
+            side_fn()
+            n_side += 1
         s_end.record()
     while not events[first][0].query():
         time.sleep(0.0005)

@@ -20,6 +20,7 @@ contention.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 import _args as A
@@ -185,7 +186,8 @@ def run(args) -> int:
                 info: dict = {}  # the clocks while the compute ran (not while paced copies outlast it), its duty
                 with sampler:
                     if args.sustain_ms > 0:  # fed: the computes back to back however many launches a copy takes
-                        beside_ms, coll_ms = C.time_beside_fed(fn, v.run, iters, args.warmup,
+                        side_ops = 3 + math.ceil(per_launch(name, alone_ms) * (iters + args.warmup))
+                        beside_ms, coll_ms = C.time_beside_fed(fn, v.run, iters, args.warmup, side_ops,
                                                                lambda: C.settle(v, group), info)
                     else:
                         beside_ms, coll_ms = C.time_beside(fn, v.run, iters, args.warmup, per_launch(name, alone_ms),
