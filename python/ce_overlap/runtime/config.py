@@ -56,7 +56,8 @@ class RuntimeConfig:
     copy_rate_gbps: float = 0.0
     """GB/s each of this rank's peer copies is held to, 0 = unlimited (local). Paced copies leave the board below its
     power limit, so the compute beside them keeps its clock (docs/runtime.md; the curve of busbw against the GEMM's
-    slowdown: bench/results, issue 30). The planner does not choose it yet: a rate set here applies to every op."""
+    slowdown: bench/results, issue 30). An op given its own rate (the pass's per-bucket rate, PassConfig.copy_pace_fill)
+    paces its copies at that one instead."""
 
     fault_inject: str = ""
     """Tests only: "p2p_refused" makes every pair of ranks look like GPUs without peer access at rendezvous."""
