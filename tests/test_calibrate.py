@@ -353,47 +353,18 @@ def test_training_step_scales_the_burst_efficiencies_to_steady_clocks(base):
         calibrate.build_profile(base, m)
 
 
-def test_training_step_by_kind_fits_the_fused_kernels_rate(base):
-    """efficiency.fused_memory from calibrate's own step: the model's bytes of its memory-bound kinds over their
-    measured time (GEMMs and attention left out, a kind with no model bytes left out); without the model's bytes the
-    base's value is kept and the note says why; a rate no HBM reaches is refused."""
+def test_training_step_time_by_kind_is_checked_and_keeps_fused_memory(base):
+    """The step's time by kind is recorded, not fitted from (calibrate's own step does not give efficiency.fused_memory:
+    bench/results/compute-2026-11-28): the base's value is kept and said so; a malformed entry names its field."""
     m = synthetic()
-    hbm = base["gpu"]["hbm_gbps"]
-    ts = _training_step(base, 1.0, 1.0)
-    # 6 GB of RMSNorm and loss at 0.5 of the peak; a cast kind the model has no bytes for; GEMMs with bytes
-    ts["by_kind_model_gb"] = {"RMSNorm + residual": 4.0, "loss": 2.0, "GEMM": 30.0, "attention": 1.0}
-    ts["by_kind_us"] = {"RMSNorm + residual": 4.0 / (0.5 * hbm) * 1e6, "loss": 2.0 / (0.5 * hbm) * 1e6,
-                        "cast": 900.0, "GEMM": 30000.0, "attention": 2000.0}
-    m["training_step"] = ts
-    prof, notes = calibrate.build_profile(base, m)
-    assert prof["efficiency"]["fused_memory"] == pytest.approx(0.5, abs=1e-4)
-    assert any(n.startswith("efficiency.fused_memory 0.500") and "(RMSNorm + residual, loss)" in n for n in notes)
-    assert _core.Profile.from_json(json.dumps(prof))  # the C++ loader takes it
-    del ts["by_kind_model_gb"]
-    ts["by_kind_model_error"] = "CeOverlapError: capture failed"
+    m["training_step"] = {**_training_step(base, 1.0, 1.0), "by_kind_us": {"loss": 1500.0, "cast": 1400.0}}
     prof, notes = calibrate.build_profile(base, m)
     assert prof["efficiency"].get("fused_memory") == base["efficiency"].get("fused_memory")
     if "fused_memory" in base["efficiency"]:
-        assert any("efficiency.fused_memory (the step's model bytes: CeOverlapError: capture failed)" in n
-                   for n in notes)
-    ts["by_kind_model_gb"] = {"loss": 200.0}
-    ts["by_kind_us"] = {"loss": 10.0}
-    with pytest.raises(CeOverlapError, match="memory-bound kernels moved .* inconsistent"):
-        calibrate.build_profile(base, m)
-    ts["by_kind_us"] = {"loss": "slow"}
+        assert any(n.endswith("efficiency.fused_memory") for n in notes)
+    m["training_step"]["by_kind_us"] = {"loss": "slow"}
     with pytest.raises(CeOverlapError, match=r"training_step.by_kind_us.loss: expected a finite number"):
         calibrate.build_profile(base, m)
-
-
-def test_the_model_bytes_of_calibrates_step_by_kind():
-    """model_gb_by_kind captures the step (here a small config, on this CPU machine) and sums the cost model's bytes per
-    kind: GEMMs, attention and the memory-bound kinds of a Llama block all have some."""
-    from ce_overlap.calibrate.step import model_gb_by_kind
-
-    gb = model_gb_by_kind(dict(dim=256, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=512, vocab_size=1024,
-                               seq_len=128))
-    assert {"GEMM", "attention", "RMSNorm + residual", "loss"} <= set(gb)
-    assert all(v > 0 for v in gb.values())
 
 
 def test_clock_and_power_is_none_without_a_gpu_to_ask():

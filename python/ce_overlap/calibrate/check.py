@@ -134,7 +134,7 @@ def _check_training_step(ts) -> None:
     if ts.get("optimizer") is not None:
         _path_num(ts["optimizer"], "bytes", "training_step.optimizer")
         _path_num(ts["optimizer"], "us", "training_step.optimizer")
-    for key in ("by_kind_us", "by_kind_model_gb"):  # optional: time and model bytes per kind of kernel
+    for key in ("by_kind_us",):  # optional: time per kind of kernel
         if ts.get(key) is None:
             continue
         if not isinstance(ts[key], dict):

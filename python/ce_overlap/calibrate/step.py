@@ -34,41 +34,6 @@ def step_gemms(cfg) -> list[list[int]]:
     return [[m, n, k, c] for (m, n, k), c in sorted(out.items())]
 
 
-def model_gb_by_kind(config: dict | None = None) -> dict[str, float]:
-    """The bytes (GB per step) the cost model counts for each kind of kernel (ce_overlap.kernel_kinds) of the workload
-    above, or of `config` (LlamaConfig fields): its training step captured as the pass sees it (fp32 parameters under
-    bf16 autocast, one rank, no FSDP; on the meta device, so no GPU memory) and priced by ce_overlap.ir.kernels. With
-    the step's measured time by kind it gives efficiency.fused_memory. Where CUDA is unavailable torch turns the
-    autocast off (with a warning), and the bytes are those of an fp32 step."""
-    torch = torch_module()
-    from .. import ir as ce_ir
-    from .. import profiles
-    from ..kernel_kinds import model_kind
-    from ..models.llama import Llama, LlamaConfig
-
-    cfg = LlamaConfig(**(config or STEP_MODEL))
-
-    class Step(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = Llama(cfg)
-
-        def forward(self, x, y):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                return self.model(x, y)
-
-    with torch.device("meta"):
-        step = Step()
-        tokens = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len))
-    captured = ce_ir.capture(step, [tokens, tokens.clone()], world_size=1, fsdp=False, name="calibrate-step")
-    gb: dict[str, float] = {}
-    for graph in captured.graph_names:
-        for k in ce_ir.kernels(captured, graph, profiles.DEFAULT):
-            kind = model_kind(k)
-            gb[kind] = gb.get(kind, 0.0) + k["bytes"] / 1e9
-    return {k: round(v, 4) for k, v in sorted(gb.items())}
-
-
 def measure_training_step(warmup: int, steps: int = STEP_PROFILED) -> tuple[dict, dict]:
     """(kernel_gap, training_step) measurements of the workload above, from torch.profiler: the GPU's idle time
     between consecutive kernels and copies ({workload, steps, kernels and idle_us per step, largest_gaps}), and the
@@ -139,8 +104,4 @@ def measure_training_step(warmup: int, steps: int = STEP_PROFILED) -> tuple[dict
             "by_kind_us": {k: round(v, 1) for k, v in sorted(time_by_kind(activities, steps).items())}}
     if clock:
         step["clock"] = clock  # the SM clock and power the step ran at (what the fitted efficiencies hold for)
-    try:  # the model's bytes of the same kernels, for efficiency.fused_memory (the fit keeps the base's without)
-        step["by_kind_model_gb"] = model_gb_by_kind()
-    except Exception as e:  # noqa: BLE001 (a capture that fails costs only this fit, said in the measurement)
-        step["by_kind_model_error"] = f"{type(e).__name__}: {e}"[:300]
     return gap, step
