@@ -202,6 +202,30 @@ def time_variant_ms(v: Variant, group, iters: int, warmup: int) -> float:
     return time_alone(v.run, iters, warmup, lambda: settle(v, group))
 
 
+def _beside_setup(compute: Callable[[], None], iters: int, warmup: int) -> tuple:
+    """time_beside's and time_beside_fed's start: (main stream, side stream, per-compute (start, end) events, the side
+    stream's start and end events, the first timed compute), after `warmup` computes."""
+    main = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    side.wait_stream(main)
+    for _ in range(warmup):
+        compute()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    return main, side, events, torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), \
+        min(2, iters - 1)
+
+
+def _beside_result(events: list, first: int, s_start, s_end, n_side: int, info: dict | None,
+                   window: list) -> tuple[float, float]:
+    """(median compute ms, mean side-op ms), max over ranks; `info` gets the window and the compute's duty."""
+    times = [s.elapsed_time(e) for s, e in events]
+    if info is not None:
+        info["window"] = window
+        span = events[first][0].elapsed_time(events[-1][1])
+        info["duty_pct"] = 100.0 * sum(times[first:]) / span if span > 0 else 100.0
+    return max_over_ranks(median(times[2:])), max_over_ranks(s_start.elapsed_time(s_end) / max(1, n_side))
+
+
 def time_beside(compute: Callable[[], None], side_fn: Callable[[], None], iters: int, warmup: int,
                 per_launch: float, lead_in: int, settle: Callable[[], None],
                 info: dict | None = None) -> tuple[float, float]:
@@ -218,14 +242,7 @@ def time_beside(compute: Callable[[], None], side_fn: Callable[[], None], iters:
       board rested between computes and they ran at a higher clock than back to back: the host blocks once a stream's
       launch queue is full, and a side op of many launches (a paced copy: two per ~25 us chunk) then holds back the
       compute launches behind it."""
-    main = torch.cuda.current_stream()
-    side = torch.cuda.Stream()
-    side.wait_stream(main)
-    for _ in range(warmup):
-        compute()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    s_start, s_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    first = min(2, iters - 1)
+    main, side, events, s_start, s_end, first = _beside_setup(compute, iters, warmup)
     seen: list = []
     enqueued = threading.Event()
 
@@ -265,12 +282,7 @@ def time_beside(compute: Callable[[], None], side_fn: Callable[[], None], iters:
     settle()
     if poller is not None:
         poller.join()
-    times = [s.elapsed_time(e) for s, e in events]
-    if info is not None:
-        info["window"] = seen if len(seen) == 2 else []
-        span = events[first][0].elapsed_time(events[-1][1])
-        info["duty_pct"] = 100.0 * sum(times[first:]) / span if span > 0 else 100.0
-    return max_over_ranks(median(times[2:])), max_over_ranks(s_start.elapsed_time(s_end) / max(1, n_side))
+    return _beside_result(events, first, s_start, s_end, n_side, info, seen if len(seen) == 2 else [])
 
 
 def time_beside_fed(compute: Callable[[], None], side_fn: Callable[[], None], iters: int, warmup: int,
@@ -284,14 +296,7 @@ def time_beside_fed(compute: Callable[[], None], side_fn: Callable[[], None], it
     Returns and fills `info` as time_beside does (duty_pct near 100 means the computes ran back to back)."""
     import collections  # noqa: PLC0415
 
-    main = torch.cuda.current_stream()
-    side = torch.cuda.Stream()
-    side.wait_stream(main)
-    for _ in range(warmup):
-        compute()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    s_start, s_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    first = min(2, iters - 1)
+    main, side, events, s_start, s_end, first = _beside_setup(compute, iters, warmup)
     side_pending: collections.deque = collections.deque()
     n_side, issued, t0 = 0, 0, None
     with torch.cuda.stream(side):
@@ -308,9 +313,7 @@ def time_beside_fed(compute: Callable[[], None], side_fn: Callable[[], None], it
             side_pending.append(done)
             n_side += 1
             progressed = True
-        done_computes = issued and events[issued - 1][1].query()
-        ahead = 0 if done_computes else sum(1 for k in range(max(0, issued - compute_depth), issued)
-                                            if not events[k][1].query())
+        ahead = sum(1 for k in range(max(0, issued - compute_depth), issued) if not events[k][1].query())
         if ahead < compute_depth:
             start, end = events[issued]
             start.record()
@@ -335,12 +338,7 @@ def time_beside_fed(compute: Callable[[], None], side_fn: Callable[[], None], it
     t1 = time.monotonic()
     main.wait_stream(side)
     settle()
-    times = [s.elapsed_time(e) for s, e in events]
-    if info is not None:
-        info["window"] = [t0, t1]
-        span = events[first][0].elapsed_time(events[-1][1])
-        info["duty_pct"] = 100.0 * sum(times[first:]) / span if span > 0 else 100.0
-    return max_over_ranks(median(times[2:])), max_over_ranks(s_start.elapsed_time(s_end) / max(1, n_side))
+    return _beside_result(events, first, s_start, s_end, n_side, info, [t0, t1])
 
 
 def gemm(n: int = 8192) -> Callable[[], None]:

@@ -611,6 +611,12 @@ def test_fed_timing_keeps_both_queues_short_and_times_every_compute(monkeypatch)
                                     side_depth=2, compute_depth=4)
     assert calls["compute"] == 12 + 2 and calls["side"] == 7  # the same count on every rank, whatever the timing
     assert ms > 0 and side_ms > 0 and info["duty_pct"] > 0 and len(info["window"]) == 2
+    # The interleaved form: a lead-in, then 1.5 side ops per compute (3 per 2), its window from a polling thread.
+    calls.update(compute=0, side=0)
+    info = {}
+    ms, side_ms = C.time_beside(compute, side, iters=12, warmup=2, per_launch=1.5, lead_in=3, settle=lambda: None,
+                                info=info)
+    assert calls["compute"] == 14 and calls["side"] == 3 + 18 and ms > 0 and len(info["window"]) == 2
 
 
 def test_clock_sampler_stats_keep_the_window_and_count_the_clock_events():
