@@ -39,34 +39,37 @@ Choice choose(const Bucket& bucket, const CollectiveInfo& c, const Decision& d, 
   return {d.choice, d.reason};
 }
 
+// What one peer copy of a CE bucket moves: the runtime paces each peer copy (one per peer lane), and an all-gather
+// copies each peer's whole input, a reduce-scatter each peer's 1/n of it.
+double copy_bytes(const CollectiveInfo& c) {
+  return c.type == CollectiveType::ReduceScatter ? static_cast<double>(c.bytes) / c.group_size
+                                                 : static_cast<double>(c.bytes);
+}
+
 // The copy rate that stretches a CE bucket's copies over config.copy_pace_fill of its slot (docs/plan.md "Copy
-// rate": its window, cut where the next bucket of its group is issued), or nullopt to leave them unpaced: pacing off, no window, or copies that already fill that much of it. The
-// runtime paces each peer copy (one per peer lane), so the rate is per copy: an all-gather copies each peer's whole
-// input, a reduce-scatter each peer's 1/n of it (at 8 ranks 7 copies share the links: each runs at ~50 GB/s unpaced).
-// Never under kMinPaceGbps per copy (a pacer waits per chunk of at least 1 MiB: 100 us at that rate); not set when
-// the rate would be at least 90% of the copy's unpaced rate (nothing to gain).
+// rate": its window, cut where the next bucket of its group is issued), or nullopt to leave them unpaced: pacing off,
+// no slot, or copies that already fill that much of it. The rate is per peer copy (at 8 ranks 7 copies share the
+// links: each runs at ~50 GB/s unpaced). Never under kMinPaceGbps (a pacer waits per chunk of at least 1 MiB: 100 us
+// at that rate); not set when the rate would be at least 90% of the copy's unpaced rate (nothing to gain).
 constexpr double kMinPaceGbps = 10;
 
-std::optional<double> pace_rate(const CollectiveInfo& c, const BackendCost& ce, double window_us,
+std::optional<double> pace_rate(const CollectiveInfo& c, const BackendCost& ce, double slot_us,
                                 const PlanConfig& config) {
-  if (config.copy_pace_fill <= 0 || window_us <= 0 || c.group_size <= 1) return std::nullopt;
-  const double copy_bytes = c.type == CollectiveType::ReduceScatter ? static_cast<double>(c.bytes) / c.group_size
-                                                                    : static_cast<double>(c.bytes);
+  if (config.copy_pace_fill <= 0 || slot_us <= 0 || c.group_size <= 1) return std::nullopt;
+  const double bytes = copy_bytes(c);
   const double fixed_us = ce.estimate.latency_us;
   const double unpaced_us = ce.comm_us - fixed_us;
-  const double target_us = config.copy_pace_fill * window_us - fixed_us;
-  if (copy_bytes <= 0 || unpaced_us <= 0 || target_us <= unpaced_us) return std::nullopt;
-  const double unpaced_gbps = copy_bytes / unpaced_us / 1e3;  // bytes per us / 1e3 = GB/s
-  const double gbps = std::max(kMinPaceGbps, copy_bytes / target_us / 1e3);
+  const double target_us = config.copy_pace_fill * slot_us - fixed_us;
+  if (bytes <= 0 || unpaced_us <= 0 || target_us <= unpaced_us) return std::nullopt;
+  const double unpaced_gbps = bytes / unpaced_us / 1e3;  // bytes per us / 1e3 = GB/s
+  const double gbps = std::max(kMinPaceGbps, bytes / target_us / 1e3);
   if (gbps >= 0.9 * unpaced_gbps) return std::nullopt;
   return gbps;
 }
 
 // A paced bucket's time: its fixed part plus its copies at the rate (at least its unpaced time).
 double paced_us(const CollectiveInfo& c, const BackendCost& ce, double gbps) {
-  const double copy_bytes = c.type == CollectiveType::ReduceScatter ? static_cast<double>(c.bytes) / c.group_size
-                                                                    : static_cast<double>(c.bytes);
-  return std::max(ce.comm_us, ce.estimate.latency_us + copy_bytes / gbps / 1e3);
+  return std::max(ce.comm_us, ce.estimate.latency_us + copy_bytes(c) / gbps / 1e3);
 }
 
 }  // namespace
@@ -191,7 +194,7 @@ Plan make_plan(const Document& doc, const std::string& graph_name, const CostMod
     if (pb.copy_rate_gbps) {
       pb.reason += "; paced at " + std::to_string(static_cast<int>(*pb.copy_rate_gbps + 0.5)) +
                    " GB/s per peer copy to fill " + std::to_string(static_cast<int>(config.copy_pace_fill * 100 + 0.5)) +
-                   "% of its window";
+                   "% of its slot";
     }
     pb.predicted.nccl_us = d.nccl.comm_us;
     pb.predicted.nccl_cost_us = d.nccl.cost_us;

@@ -98,7 +98,7 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ce-reduction", choices=CE_REDUCTIONS, default=d.ce_reduction,
                    help=f"where a reduce-scatter on CE adds the ranks' chunks (default {d.ce_reduction})")
     g.add_argument("--copy-pace-fill", type=float, default=d.copy_pace_fill, metavar="F",
-                   help="pace a CE bucket's copies to fill this share (0..1) of its window where they would take "
+                   help="pace a CE bucket's copies to fill this share (0..1) of its slot where they would take "
                         f"less (docs/plan.md; default {d.copy_pace_fill:g}: unpaced)")
     g.add_argument("--bucket-pattern", action="append", default=[], metavar="REGEX",
                    help="module-path regex that keys buckets instead of the detected block (repeatable)")

@@ -85,9 +85,10 @@ class PassConfig:
 
     copy_pace_fill: float = _PLAN_DEFAULTS["copy_pace_fill"]
     """Pacing of the copy engines (docs/plan.md "Copy rate"), 0..1: a CE bucket whose copies the cost model puts
-    under this share of its window runs them at the rate that stretches them to it (each op's copy_rate_gbps), so
-    the copies draw less from the HBM and the board's power at any moment beside the compute. 0 (default) paces
-    nothing."""
+    under this share of its slot (its window, cut where the group's next bucket is issued) runs them at the rate that
+    stretches them to it (each op's copy_rate_gbps), so the copies draw less from the HBM and the board's power at any
+    moment beside the compute. 0 (default) paces nothing: on 2x H200 pacing made the step slower
+    (bench/results/collectives-2026-11-28)."""
 
     pack_ce_buckets: bool = False
     """False (default): a CE bucket runs as ONE multi-tensor collective over its members' own tensors (the copy

@@ -268,7 +268,7 @@ TEST(Planner, CeCollectivesKeepExcludedTypesOnNcclAndPriceThemSo) {
 }
 
 TEST(Planner, PacedBucketsFillTheirWindowAndOnlyCeBucketsArePaced) {
-  // config.copy_pace_fill: a CE bucket whose copies take less than that share of its window gets the rate that
+  // config.copy_pace_fill: a CE bucket whose copies take less than that share of its slot gets the rate that
   // stretches them to it (per peer copy: an all-gather's whole input, a reduce-scatter's 1/n), never under 10 GB/s;
   // a bucket without a window, or on NCCL, is not paced. 0 paces nothing.
   const CostModel model(builtin_profile("h200-sxm"));
@@ -291,7 +291,7 @@ TEST(Planner, PacedBucketsFillTheirWindowAndOnlyCeBucketsArePaced) {
       const double stretched_us = copy / *b.copy_rate_gbps / 1e3;
       EXPECT_GT(stretched_us, *b.predicted.ce_us * 0.5) << b.id;                   // slower than unpaced
       EXPECT_LE(stretched_us, 0.5 * b.predicted.window_us + 1e-6) << b.id;        // within the fill
-      EXPECT_NE(b.reason.find("% of its window"), std::string::npos) << b.reason;
+      EXPECT_NE(b.reason.find("% of its slot"), std::string::npos) << b.reason;
     }
     EXPECT_GT(paced, 0) << graph;
     const std::string text = save_plan(plan);
