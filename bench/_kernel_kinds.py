@@ -6,7 +6,6 @@ measured kernels reached on those bytes as a fraction of the HBM peak. Where the
 from __future__ import annotations
 
 from ce_overlap.kernel_kinds import COMPUTE_BOUND, model_kind, trace_kind
-from ce_overlap.kernel_kinds import fused_rate as kinds_fused_rate
 
 
 def table(model_kernels: list[dict], trace_kernels: list[dict], steps: int, hbm_gbps: float) -> list[dict]:
@@ -39,8 +38,9 @@ def table(model_kernels: list[dict], trace_kernels: list[dict], steps: int, hbm_
 def fused_rate(rows: list[dict], hbm_gbps: float) -> dict | None:
     """Over the kinds `table` gave a rate (the memory-bound kinds the model has bytes for): {gb, measured_ms, rate},
     the model's bytes over their kernels' measured time as a fraction of `hbm_gbps`: what efficiency.fused_memory is
-    on this trace (how the built-in profiles' values were fitted; the rule is ce_overlap.kernel_kinds.fused_rate's).
-    None without such a kind."""
+    on this trace (how the built-in profiles' values were fitted). None without such a kind."""
     rated = [r for r in rows if r["rate"] is not None]
-    return kinds_fused_rate({r["kind"]: r["gb"] for r in rated}, {r["kind"]: r["measured_ms"] for r in rated},
-                            hbm_gbps)
+    if not rated:
+        return None
+    gb, ms = sum(r["gb"] for r in rated), sum(r["measured_ms"] for r in rated)
+    return {"gb": gb, "measured_ms": ms, "rate": gb / ms / hbm_gbps * 1e3}

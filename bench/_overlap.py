@@ -184,14 +184,15 @@ def run(args) -> int:
                         alone_ms = time_compute_alone(fn, iters, args.warmup)
                     alone_clocks = C.clocks_over_ranks(sampler.stats())
                 info: dict = {}  # the clocks while the compute ran (not while paced copies outlast it), its duty
+                side_per_compute = per_launch(name, alone_ms)
                 with sampler:
                     if args.sustain_ms > 0:  # fed: the computes back to back however many launches a copy takes
-                        side_ops = 3 + math.ceil(per_launch(name, alone_ms) * (iters + args.warmup))
+                        side_ops = 3 + math.ceil(side_per_compute * (iters + args.warmup))
                         beside_ms, coll_ms = C.time_beside_fed(fn, v.run, iters, args.warmup, side_ops,
                                                                lambda: C.settle(v, group), info)
                     else:
-                        beside_ms, coll_ms = C.time_beside(fn, v.run, iters, args.warmup, per_launch(name, alone_ms),
-                                                           3, lambda: C.settle(v, group), info)
+                        beside_ms, coll_ms = C.time_beside(fn, v.run, iters, args.warmup, side_per_compute, 3,
+                                                           lambda: C.settle(v, group), info)
             except Exception as e:  # noqa: BLE001
                 C.print_exc_rank()
                 reason = C.format_exc_line(e)
@@ -206,7 +207,7 @@ def run(args) -> int:
                  **({"alone_" + k: val for k, val in alone_clocks.items()} if args.sustain_ms > 0 else {}),
                  "collective_ms_beside": coll_ms,
                  "collective_busbw_beside_gbps": nbytes * (world - 1) / (coll_ms / 1e3) / 1e9,  # = algbw*(n-1)/n
-                 "collective_ms_alone": coll_alone.get(name), "side_per_compute": per_launch(name, alone_ms),
+                 "collective_ms_alone": coll_alone.get(name), "side_per_compute": side_per_compute,
                  "compute_duty_pct": -C.max_over_ranks(-info["duty_pct"]),
                  **C.clocks_over_ranks(sampler.stats(info["window"]))}
             if "flops" in work:

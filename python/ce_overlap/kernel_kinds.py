@@ -68,16 +68,3 @@ def time_by_kind(activities, steps: int = 1) -> dict[str, float]:
     """Kernel time per kind (trace_kind), per step, in the activities' unit; `activities`: (start, end, name, ...)
     as gpu_trace.gpu_activities gives them. Copies, collectives and the optimizer are left out."""
     return time_by_class(activities, steps, trace_kind)
-
-
-def fused_rate(gb_by_kind: dict[str, float], ms_by_kind: dict[str, float], hbm_gbps: float) -> dict | None:
-    """The rate a step's memory-bound kernels reach on the bytes the cost model counts for them: over the kinds that
-    are not COMPUTE_BOUND and have both model bytes (GB) and measured time (ms per step), their bytes over their time
-    as a fraction of `hbm_gbps`: efficiency.fused_memory on that step ({gb, measured_ms, rate, kinds}). None without
-    such a kind. bench/step_prediction.py --trace applies it to a training run's trace, `ce-overlap calibrate` to its
-    own compiled step."""
-    kinds = sorted(k for k in gb_by_kind if k not in COMPUTE_BOUND and gb_by_kind[k] > 0 and ms_by_kind.get(k, 0) > 0)
-    if not kinds:
-        return None
-    gb, ms = sum(gb_by_kind[k] for k in kinds), sum(ms_by_kind[k] for k in kinds)
-    return {"gb": gb, "measured_ms": ms, "rate": gb / ms / hbm_gbps * 1e3, "kinds": kinds}

@@ -32,8 +32,9 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from .collectives import (CE_MANY_OPS, CE_OPS, CE_UNREDUCED_OP, RATE_ARG, STORED_OP, Collective, collectives_in, group_of,  # noqa: F401
-                          is_ce_collective, is_functional_collective, is_wait, read_collective)
+from .collectives import (CE_MANY_OPS, CE_OPS, CE_UNREDUCED_OP, RATE_ARG, STORED_OP, Collective,  # noqa: F401
+                          collectives_in, group_of, is_ce_collective, is_functional_collective, is_wait,
+                          read_collective)
 from .plan_check import CheckedBucket, CheckedPlan, PlanRuleError, check_plan  # noqa: F401 (rewrite's API)
 
 log = logging.getLogger("ce_overlap")
