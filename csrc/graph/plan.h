@@ -62,6 +62,10 @@ struct PlanConfig {
   // gets a copy rate (PlanBucket::copy_rate_gbps) that stretches them to fill it, so the copy engines run below full
   // speed beside the compute; 0 (default) paces nothing. In 0..1. Optional in a Plan's config (written when not 0).
   double copy_pace_fill = 0;
+  // Price the captured order as it is: every collective a bucket of its own where it was captured, nothing moved
+  // (docs/plan.md "Keeping the captured order"). How the cost model prices an order another scheduler made (Inductor's
+  // overlap scheduler: ce_overlap.step_model). Optional in a Plan's config (written when true).
+  bool keep_order = false;
 };
 
 // The collective types the copy-engine runtime serves: the choices of config.ce_collectives.

@@ -156,7 +156,7 @@ CeMode ce_mode_from_string(const std::string& s, const std::string& path) {
 PlanConfig read_config(const json& j, const std::string& path, bool all_required) {
   ObjectReader r(j, path,
                  {"bucket_cap_bytes", "memory_budget_bytes", "ce", "min_ce_bytes", "prefetch_blocks", "bucket_patterns"},
-                 all_required, {"ce_reduction", "ce_collectives", "copy_pace_fill"});
+                 all_required, {"ce_reduction", "ce_collectives", "copy_pace_fill", "keep_order"});
   PlanConfig c;
   if (r.has("bucket_cap_bytes")) {
     c.bucket_cap_bytes = int_value(r["bucket_cap_bytes"], r.path("bucket_cap_bytes"), 1, kMaxBytes, "1..2^50");
@@ -192,6 +192,11 @@ PlanConfig read_config(const json& j, const std::string& path, bool all_required
       fail_schema(r.path("copy_pace_fill"), "expected a number in 0..1 (0: no pacing), got " + describe(f));
     }
     c.copy_pace_fill = f.get<double>();
+  }
+  if (r.has("keep_order")) {
+    const json& k = r["keep_order"];
+    if (!k.is_boolean()) fail_schema(r.path("keep_order"), "expected true or false, got " + describe(k));
+    c.keep_order = k.get<bool>();
   }
   if (r.has("ce_collectives")) {
     const json& k = r["ce_collectives"];
@@ -372,6 +377,7 @@ void write_config(std::string& out, const PlanConfig& c) {
   if (c.ce_reduction != CeReduction::Consumer) line.field("ce_reduction", to_string(c.ce_reduction));
   if (!all_ce_collectives(c)) line.field("ce_collectives", ce_collective_names(c));
   if (c.copy_pace_fill != 0) line.field("copy_pace_fill", num(c.copy_pace_fill));
+  if (c.keep_order) line.field("keep_order", true);
   line.close();
 }
 
@@ -449,7 +455,7 @@ json plan_config_to_json(const PlanConfig& c) {
               {"ce", to_string(c.ce)},                  {"min_ce_bytes", c.min_ce_bytes},
               {"prefetch_blocks", c.prefetch_blocks},   {"bucket_patterns", c.bucket_patterns},
               {"ce_reduction", to_string(c.ce_reduction)}, {"ce_collectives", ce_collective_names(c)},
-              {"copy_pace_fill", c.copy_pace_fill}};
+              {"copy_pace_fill", c.copy_pace_fill}, {"keep_order", c.keep_order}};
 }
 
 bool ce_allows(const PlanConfig& config, CollectiveType type) {

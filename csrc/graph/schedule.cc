@@ -110,6 +110,22 @@ bool build_units(const Graph& g, const std::vector<Bucket>& buckets, Units& u) {
   return static_cast<int>(u.topo.size()) == u.count;
 }
 
+// Every member of `buckets` a bucket of its own, in the same order.
+std::vector<Bucket> singletons(const Graph& g, std::vector<Bucket> buckets) {
+  std::vector<Bucket> singles;
+  for (Bucket& b : buckets) {
+    for (size_t k = 0; k < b.members.size(); ++k) {
+      Bucket part = b;
+      part.members = {b.members[k]};
+      part.waits = {b.waits[k]};
+      part.bytes = g.nodes[b.members[k]].collective->bytes;
+      part.block = g.nodes[b.members[k]].block;
+      singles.push_back(std::move(part));
+    }
+  }
+  return singles;
+}
+
 // Splits into singletons the first merged bucket that a cycle runs through (units left by Kahn).
 void split_a_cyclic_bucket(const Graph& g, std::vector<Bucket>& buckets, const Units& u) {
   std::vector<char> done(u.count, 0);
@@ -436,6 +452,7 @@ MemoryEstimate bucketed_peak_memory(const Graph& g, const std::vector<Bucket>& b
 
 Schedule schedule_graph(const Graph& g, std::vector<Bucket> buckets, const PlanConfig& config) {
   const int n = static_cast<int>(g.nodes.size());
+  if (config.keep_order) buckets = singletons(g, std::move(buckets));
   Units units;
   while (!build_units(g, buckets, units)) split_a_cyclic_bucket(g, buckets, units);
 
@@ -445,7 +462,13 @@ Schedule schedule_graph(const Graph& g, std::vector<Bucket> buckets, const PlanC
   s.peak_bytes_before = peak_memory(g, identity).peak_bytes;
   s.notes.assign(buckets.size(), "");
   s.prefetch.assign(buckets.size(), 0);
-  for (size_t b = 0; b < buckets.size(); ++b) {
+  if (config.keep_order) {  // every collective where it was captured, on its own: nothing to schedule
+    s.order = identity;
+    s.peak_bytes_after = s.peak_bytes_before;
+    s.kept_captured_order = true;
+    s.notes.assign(buckets.size(), "captured order kept (config.keep_order)");
+  }
+  for (size_t b = 0; b < buckets.size() && !config.keep_order; ++b) {
     if (buckets[b].planned && buckets[b].type == CollectiveType::AllGather) s.prefetch[b] = config.prefetch_blocks;
   }
   const std::vector<int> wanted = s.prefetch;
@@ -457,7 +480,7 @@ Schedule schedule_graph(const Graph& g, std::vector<Bucket> buckets, const PlanC
     return pos;
   };
   std::vector<char> bounded(buckets.size(), 0);
-  while (true) {
+  while (!config.keep_order) {
     s.order = scheduler.order_for(scheduler.own_keys(s.prefetch, false, bounded));
     const Peak peak = bucketed_peak(g, buckets, s.order);
     s.peak_bytes_after = peak.bytes;
@@ -494,18 +517,7 @@ Schedule schedule_graph(const Graph& g, std::vector<Bucket> buckets, const PlanC
     }
     if (victim < 0) {
       // Prefetch is not what holds the peak: keep the captured order, every collective on its own.
-      std::vector<Bucket> singles;
-      for (Bucket& b : buckets) {
-        for (size_t k = 0; k < b.members.size(); ++k) {
-          Bucket part = b;
-          part.members = {b.members[k]};
-          part.waits = {b.waits[k]};
-          part.bytes = g.nodes[b.members[k]].collective->bytes;
-          part.block = g.nodes[b.members[k]].block;
-          singles.push_back(std::move(part));
-        }
-      }
-      buckets = std::move(singles);
+      buckets = singletons(g, std::move(buckets));
       build_units(g, buckets, units);
       Scheduler captured(g, buckets, units);
       s.order = captured.order_for(captured.own_keys(std::vector<int>(buckets.size(), 0), true));

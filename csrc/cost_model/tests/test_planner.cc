@@ -177,7 +177,8 @@ TEST(Planner, RejectsUnknownGraphAndBadConfig) {
             (nlohmann::json{{"bucket_cap_bytes", 536870912}, {"memory_budget_bytes", 4294967296},
                             {"ce", "auto"}, {"min_ce_bytes", 1048576}, {"prefetch_blocks", 1},
                             {"bucket_patterns", nlohmann::json::array()}, {"ce_reduction", "consumer"},
-                            {"ce_collectives", {"all_gather", "reduce_scatter"}}, {"copy_pace_fill", 0.0}}));
+                            {"ce_collectives", {"all_gather", "reduce_scatter"}}, {"copy_pace_fill", 0.0},
+                            {"keep_order", false}}));
   EXPECT_EQ(plan_config_from_json(nlohmann::json{{"ce_reduction", "kernel"}}).ce_reduction, CeReduction::Kernel);
   try {
     plan_config_from_json(nlohmann::json{{"ce_reduction", "sm"}});
@@ -324,6 +325,47 @@ TEST(Planner, PacedBucketsFillTheirWindowAndOnlyCeBucketsArePaced) {
     } catch (const IrError& e) {
       EXPECT_EQ(e.what(), message);
     }
+  }
+}
+
+TEST(Planner, KeepOrderPricesTheCapturedOrderCollectiveByCollective) {
+  // config.keep_order (how step_model prices an order another scheduler made): every collective a bucket of its own,
+  // the order the captured one, each window what the capture put between the collective and its wait; the sum of
+  // the buckets' NCCL time is what the collectives cost alone or beside that compute, so never less exposure than a
+  // plan that moves them. The key round-trips, and only `true` or `false` is read.
+  const CostModel model(builtin_profile("h200-sxm"));
+  for (bool backward : {false, true}) {
+    const Document doc = big_fsdp(backward);
+    const std::string graph = backward ? "backward" : "forward";
+    const Graph& g = find_graph(doc, graph);
+    PlanConfig keep;
+    keep.ce = CeMode::Off;
+    keep.keep_order = true;
+    const Plan kept = make_plan(doc, graph, model, keep);
+    check_plan(doc, kept);
+    int64_t collectives = 0;
+    for (const Node& n : g.nodes) collectives += n.kind == NodeKind::Collective;
+    ASSERT_EQ(static_cast<int64_t>(kept.buckets.size()), collectives);
+    ASSERT_EQ(kept.order.size(), g.nodes.size());
+    for (size_t i = 0; i < g.nodes.size(); ++i) EXPECT_EQ(kept.order[i], g.nodes[i].name);
+    for (const PlanBucket& b : kept.buckets) {
+      EXPECT_EQ(b.members.size(), 1u);
+      EXPECT_EQ(b.backend, "nccl");
+      EXPECT_NE(b.reason.find("captured order kept (config.keep_order)"), std::string::npos) << b.reason;
+    }
+    EXPECT_EQ(kept.summary.peak_memory_bytes_after, kept.summary.peak_memory_bytes_before);
+    PlanConfig moved;
+    moved.ce = CeMode::Off;
+    EXPECT_GE(kept.summary.exposed_comm_us_after, make_plan(doc, graph, model, moved).summary.exposed_comm_us_after);
+    const std::string text = save_plan(kept);
+    EXPECT_NE(text.find("\"keep_order\": true"), std::string::npos);
+    EXPECT_EQ(save_plan(load_plan(text)), text);
+  }
+  try {
+    plan_config_from_json(nlohmann::json{{"keep_order", 1}});
+    FAIL();
+  } catch (const IrError& e) {
+    EXPECT_STREQ(e.what(), "config.keep_order: expected true or false, got 1");
   }
 }
 
