@@ -239,6 +239,12 @@ def draw_local_tuning(rng: random.Random) -> dict:
     return {"lanes": rng.randrange(4), "rate": rng.choice([0, 0, 0, 20, 150]), "sync": rng.randrange(3)}
 
 
+# What a mode that drew local_tuning leaves for the modes after it: unpaced copies (a group's copy rate runs a pacer
+# kernel before each chunk, which nokernels would count). Peer lanes and signalling stay as drawn: every mode runs
+# on any of them.
+UNPACED = {"copy_rate_gbps": 0}
+
+
 def local_tuning(case: dict, rank: int) -> dict:
     """testing.tune's keywords for this rank from a case's draw_local_tuning."""
     return {"peer_lanes": (case["lanes"] + rank) % 4, "copy_rate_gbps": case["rate"] if rank % 2 == 0 else 0,
@@ -388,7 +394,7 @@ def mode_correctness(args) -> int:
                 break  # an exception may leave the group unusable; stop with the report
         if (i + 1) % 200 == 0:
             log(f"{i + 1}/{args.cases} cases, {len(failures)} failed, {time.time() - t0:.1f} s")
-    rtt.tune(group, pull_split=1)
+    rtt.tune(group, pull_split=1, **UNPACED)
     step("correctness: all_reduce of the failure count")
     table = [f"{'mode':<20} {'dtype':<10} cases"] + [f"{m:<20} {d:<10} {n}" for (m, d), n in sorted(stats.items())]
     return finish_cases("correctness", args.cases, len(failures), table, t0, group)
@@ -830,7 +836,7 @@ def mode_reduce_scatter(args) -> int:
             log(f"rs case {i} FAILED: {case} outside-rounding={bad} {problem}")
             if bad == -1:
                 break
-    tuning = rtt.tune(group, reduce_sms=32, rs_round_mb=round_bytes / (1 << 20))
+    tuning = rtt.tune(group, reduce_sms=32, rs_round_mb=round_bytes / (1 << 20), **UNPACED)
     if rank == 0:
         print(f"reduce-scatter tuning restored: {tuning}", flush=True)
     # Groups of one rank (no peers): the reduction alone (sum and avg of one input are the input).
@@ -877,7 +883,10 @@ def draw_parts_case(rng: random.Random, world: int, round_elems: dict) -> dict:
     return {"kind": kind, "parts": parts, "op": rng.choice(["sum", "avg"]),
             "data": rng.choice(["int", "int", "random"]), "side_stream": rng.random() < 0.2,
             "wait": rng.choice(["all", "reversed", "first_only"]), "busy": rng.random() < 0.3,
-            "seed": rng.randrange(1 << 30)}
+            # the op's own copy rate (its copy_rate_gbps argument, as the pass gives a paced bucket to the
+            # multi-tensor ops): odd ranks pass it, even ranks 0 (the group's rate, unpaced here): ranks pace alike or not
+
+            "op_rate": rng.choice([0, 0, 0, 30, 200]), "seed": rng.randrange(1 << 30)}
 
 
 def run_parts_case(case: dict, group, world: int, rank: int, side: torch.cuda.Stream) -> tuple[int, str]:
@@ -933,18 +942,19 @@ def run_parts_case(case: dict, group, world: int, rank: int, side: torch.cuda.St
                 v.copy_(x)
         else:
             ins = [x.clone() for x in inputs]
+        rate = float(case.get("op_rate", 0) if rank % 2 else 0)
         if unreduced:
-            outs = [torch.ops.ce_overlap.reduce_scatter_tensors_unreduced(ins, world, group.group_name)]
+            outs = [torch.ops.ce_overlap.reduce_scatter_tensors_unreduced(ins, world, group.group_name, rate)]
         elif widening:
             outs = [torch.empty(sum(x.numel() for x in ins) // world, dtype=torch.float32, device="cuda")]
             torch.ops.ce_overlap.reduce_scatter_tensors_out(ins, case["op"], world, group.group_name, out=outs[0])
         elif rs:
-            outs = [torch.ops.ce_overlap.reduce_scatter_tensors(ins, case["op"], world, group.group_name)]
+            outs = [torch.ops.ce_overlap.reduce_scatter_tensors(ins, case["op"], world, group.group_name, rate)]
         elif symmetric_out:
             outs = [torch.empty([x.shape[0] * world, *x.shape[1:]], dtype=x.dtype, device="cuda") for x in ins]
             torch.ops.ce_overlap.all_gather_into_tensors_out(ins, world, group.group_name, outs=outs)
         else:
-            outs = list(torch.ops.ce_overlap.all_gather_into_tensors(ins, world, group.group_name))
+            outs = list(torch.ops.ce_overlap.all_gather_into_tensors(ins, world, group.group_name, rate))
         if case["busy"]:
             busy = torch.randn(512, 512, device="cuda")
             for _ in range(4):
@@ -1234,6 +1244,7 @@ def mode_a2a_bcast(args) -> int:
             log(f"a2a_bcast case {i} FAILED: {case} wrong={wrong} {problem}")
             if wrong == -1:
                 break
+    rtt.tune(group, **UNPACED)
     step("a2a_bcast: all_reduce of the failure count")
     nfail = failed_on_all_ranks(failures)
     log(f"a2a_bcast: {args.a2a_cases} cases {dict(stats)}, {nfail} failed on all ranks, "
@@ -1365,7 +1376,7 @@ def mode_p2p(args) -> int:
             log(f"p2p case {i} FAILED: {msgs} {style} wrong={wrong} {problem}")
             if wrong == -1:
                 break
-    rtt.tune(group, copy_rate_gbps=0)
+    rtt.tune(group, **UNPACED)
     step("p2p: all_reduce of the failure count")
     nfail = failed_on_all_ranks(failures)
     log(f"p2p: {args.p2p_cases} batches {dict(stats)}, {nfail} failed on all ranks, {time.time() - t0:.1f} s")
