@@ -59,7 +59,8 @@ class Ir:
 
 
 def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
-                     cast_forward_inputs=True, device=None, vocab_parallel_embeddings=False, keep_gathered=()):
+                     cast_forward_inputs=True, device=None, vocab_parallel_embeddings=False, keep_gathered=(),
+                     overlap_scheduler=None):
     import torch
 
     from .fx.capture import CaptureOptions
@@ -79,12 +80,14 @@ def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward,
         dtype = param_dtype if isinstance(param_dtype, torch.dtype) else getattr(torch, str(param_dtype), None)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise CeOverlapError(f"param_dtype must be a floating torch dtype or its name, got {param_dtype!r}")
+    if overlap_scheduler is not None:
+        profiles.read_text(overlap_scheduler)  # a bad profile is named before the capture starts
     device, reason = capture_device(device)
     return CaptureOptions(world_size=world_size, rank=rank, fsdp=fsdp, param_dtype=dtype,
                           reshard_after_forward=reshard_after_forward, inductor_config=dict(inductor_config or {}),
                           cast_forward_inputs=bool(cast_forward_inputs), device=device, device_reason=reason,
                           vocab_parallel_embeddings=bool(vocab_parallel_embeddings),
-                          keep_gathered=tuple(keep_gathered))
+                          keep_gathered=tuple(keep_gathered), overlap_scheduler=overlap_scheduler)
 
 
 def capture_device(device: str | None) -> tuple[str, str | None]:
@@ -125,7 +128,7 @@ def capture(model, example_inputs: Sequence[Any], *, world_size: int, rank: int 
             param_dtype="bfloat16", reshard_after_forward: bool = True, cast_forward_inputs: bool = True,
             inductor_config: dict | None = None, name: str | None = None, meta: dict | None = None,
             device: str | None = None, vocab_parallel_embeddings: bool = False,
-            keep_gathered: Sequence[str] = ()) -> Ir:
+            keep_gathered: Sequence[str] = (), overlap_scheduler: str | None = None) -> Ir:
     """Capture one training step of `model` as Inductor's post-grad graphs, as IR.
 
     Runs on any machine (fake process group, fake tensors): build the model on the meta device to
@@ -138,11 +141,13 @@ def capture(model, example_inputs: Sequence[Any], *, world_size: int, rank: int 
     (dotted paths) sharded first by a call of their own with reshard_after_forward=False, as torchtitan's FSDP2 wrap
     does for ("norm", "output"): their weights are gathered once per step. The loss is
     the forward's output, or the first tensor of a tuple, list or dict it returns, summed unless it is a scalar
-    (meta["loss"] says which). Raises CeOverlapError for bad arguments or a model that does not compile to one
-    graph.
+    (meta["loss"] says which). `overlap_scheduler`: a profile; the step is compiled with Inductor's overlap scheduler
+    on, its compute estimates from that profile's model, so the graphs hold its order (fx/overlap_scheduler.py).
+    Raises CeOverlapError for bad arguments or a model that does not compile to one graph.
     """
     options = _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
-                               cast_forward_inputs, device, vocab_parallel_embeddings, keep_gathered)
+                               cast_forward_inputs, device, vocab_parallel_embeddings, keep_gathered,
+                               overlap_scheduler)
     return _from_doc(_capture_doc(model, example_inputs, options,
                                   {"model": name or type(model).__name__, **(meta or {})}))
 
@@ -155,7 +160,7 @@ def capture_named(name: str, *, world_size: int, seq_len: int | None = None, bat
                   fsdp: bool = True, param_dtype="bfloat16", reshard_after_forward: bool = True,
                   cast_forward_inputs: bool = True, inductor_config: dict | None = None, full: bool = False,
                   device: str | None = None, vocab_parallel_embeddings: bool = False,
-                  keep_gathered: Sequence[str] = ()) -> Ir:
+                  keep_gathered: Sequence[str] = (), overlap_scheduler: str | None = None) -> Ir:
     """Capture a zoo model (ce_overlap.models) by name.
 
     Its blocks are identical, so unless `full` the model is captured at 3 and 4 blocks and the graphs of all
@@ -170,7 +175,8 @@ def capture_named(name: str, *, world_size: int, seq_len: int | None = None, bat
     from .extrapolate import NeedsDeeperCaptures, NotExtrapolable, extrapolate
 
     options = _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
-                               cast_forward_inputs, device, vocab_parallel_embeddings, keep_gathered)
+                               cast_forward_inputs, device, vocab_parallel_embeddings, keep_gathered,
+                               overlap_scheduler)
     built = models.build_named(name, seq_len=seq_len, batch=batch)
     tokens = built.example_inputs[0]
     meta = {"model": name, "batch": int(tokens.shape[0]), "seq_len": int(tokens.shape[1])}

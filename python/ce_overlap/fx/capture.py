@@ -27,6 +27,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .fsdp import fully_shard, shard_rows
+from .overlap_scheduler import INDUCTOR_CONFIG as _SCHEDULER_CONFIG
+from .overlap_scheduler import inline_control_deps, running as _scheduler_running
 from .to_ir import CaptureError, graph_to_ir
 
 
@@ -58,6 +60,9 @@ class CaptureOptions:
     the ones Inductor compiles for a GPU: its SDPA kernels, flex attention; ce_overlap.fx.fake_cuda)."""
     device_reason: str | None = None
     """Why `device` is not the default one, for the capture's meta (capture_device_reason)."""
+    overlap_scheduler: str | None = None
+    """A profile name or file: compile with Inductor's overlap scheduler on, its compute estimates from that profile's
+    cost model (fx/overlap_scheduler.py), so the graphs hold the order it gives. None: Inductor's config as it is."""
 
 
 def _inductor_pre_lowering(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], is_inference: bool):
@@ -94,6 +99,7 @@ class _Recorder:
         is_backward = bool(kwargs.get("is_backward", False))
         is_inference = bool(kwargs.get("is_inference", False))
         _inductor_pre_lowering(gm, example_inputs, is_inference)
+        inline_control_deps(gm)  # an order Inductor's overlap scheduler fixed, as ordinary nodes
         name = "backward" if is_backward else "forward"
         if any(n == name for n, _ in self.graphs):
             raise CaptureError(f"capture expected one {name} graph, got another: the model has a graph break "
@@ -278,6 +284,10 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
     started = time.perf_counter()
     torch._dynamo.reset()
     patches = {"fx_graph_cache": False, **options.inductor_config}
+    scheduler_ctx = contextlib.nullcontext()
+    if options.overlap_scheduler:
+        patches.update(_SCHEDULER_CONFIG)
+        scheduler_ctx = _scheduler_running(options.overlap_scheduler)
     # Our regather policy is pure (no in-place ops); torch warns about any context_fn once.
     sac_log = logging.getLogger("torch._higher_order_ops.wrap")
     sac_level = sac_log.level
@@ -296,7 +306,7 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
     try:
         with device_ctx, torch.autograd.set_multithreading_enabled(False), \
                 fake_process_group(options.world_size, options.rank) as group, \
-                torch._inductor.config.patch(patches), \
+                torch._inductor.config.patch(patches), scheduler_ctx, \
                 torch._functorch.config.patch(enable_autograd_cache=False), \
                 capture_mode(), FakeTensorMode(allow_non_fake_inputs=True):
             model = _fakeify_module(model, options.fsdp, group, options)
@@ -328,6 +338,7 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
         "num_params": num_params,
         "torch": torch.__version__,
         "capture_device": options.device,
+        **({"overlap_scheduler": options.overlap_scheduler} if options.overlap_scheduler else {}),
         **({"capture_device_reason": options.device_reason} if options.device_reason else {}),
         **loss_meta,
         **padding,
