@@ -75,6 +75,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from _kernel_profile import export_trace, log_kernel_table, profile_kernels, rank_summary  # noqa: E402
 from _memory import ce_pool_gib, live_at_peak_by_site, live_blocks_by_site, memory_report  # noqa: E402
+from _predict import (KEEP_GATHERED, capture_step, fsdp2_shards_alike, loss_logits, model_config,  # noqa: E402,F401
+                      predict_steps)
 
 # "cuda" normally; "cpu" (gloo, --device cpu) only for the smoke test that runs in CI (tests/test_train_bench.py).
 DEVICE = "cuda"
@@ -199,17 +201,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def model_config(args):
-    from ce_overlap.models.llama import LLAMA_CONFIGS
-
-    cfg = LLAMA_CONFIGS[args.model]
-    return dataclasses.replace(cfg, n_layers=args.layers or cfg.n_layers, seq_len=args.seq_len,
-                               expand_kv=args.gqa == "expand")
-
-
-# --in-graph-wrap torchtitan: the submodules sharded by a call of their own, not resharded after forward (torchtitan's
-# FSDP2 wrap does this for [norm, output], bench/_fsdp2.py): the backward starts with them.
-KEEP_GATHERED = {"blocks": (), "torchtitan": ("norm", "output")}
 # The default: the wrap the FSDP2 modes use too; on 2x H200 the faster one for ce_overlap (125.2 -> 123.5 ms in one call,
 # 0.5 GiB less allocated; bench/results/step-prediction-2026-11-28-b). A result that does not record its wrap ran
 # "blocks" (IN_GRAPH_WRAP_BEFORE).
@@ -637,48 +628,6 @@ def predict(args, world: int, profile: str) -> dict:
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     out["predict_s"] = round(time.perf_counter() - t0, 1)
     return out
-
-
-def capture_step(args, world: int, fsdp2: bool = False):
-    """The IR of this benchmark's training step for args' shape at `world` ranks: the model on the meta device,
-    captured on fake tensors over the fake process group (CPU, no memory). Sharded as the in-graph modes shard it, or
-    with `fsdp2` as the FSDP2 modes do (_fsdp2.build): the embedding table gathered (they have no vocabulary-parallel
-    lookup), [norm, output] kept gathered as --fsdp2-wrap says."""
-    import ce_overlap
-    from ce_overlap.models.llama import Llama
-
-    with torch.device("meta"):
-        model = Llama(model_config(args))
-    tokens = torch.zeros((args.batch, args.seq_len), dtype=torch.long, device="meta")
-    return ce_overlap.capture(model, (tokens, tokens), world_size=world,
-                              vocab_parallel_embeddings=args.vocab_parallel_embeddings and not fsdp2,
-                              keep_gathered=KEEP_GATHERED[args.fsdp2_wrap if fsdp2 else args.in_graph_wrap])
-
-
-def fsdp2_shards_alike(args) -> bool:
-    """Whether the FSDP2 modes shard the model as the in-graph modes do (then one capture predicts both)."""
-    return not args.vocab_parallel_embeddings and KEEP_GATHERED[args.fsdp2_wrap] == KEEP_GATHERED[args.in_graph_wrap]
-
-
-def predict_steps(args, world: int, profile: str, ce_reduction: str = "consumer", ir=None) -> tuple[dict, dict]:
-    """(ce_overlap.step_model's pieces of the in-graph capture (`ir` where the caller has it), the predicted step in ms
-    of every mode of step_model.MODES): the FSDP2 modes from a capture sharded as they shard (capture_step's fsdp2)
-    where that differs."""
-    from ce_overlap.step_model import MODES, predicted_step_ms, step_model
-
-    ir = ir if ir is not None else capture_step(args, world)
-    pieces = step_model(ir, profile, world, ce_reduction, loss_logits=loss_logits(args))
-    step_ms = {m: predicted_step_ms(pieces, m) for m in MODES}
-    if not fsdp2_shards_alike(args):
-        fsdp2 = step_model(capture_step(args, world, fsdp2=True), profile, world, ce_reduction,
-                           loss_logits=loss_logits(args))
-        step_ms.update({m: predicted_step_ms(fsdp2, m) for m in MODES if m.startswith("fsdp2")})
-    return pieces, step_ms
-
-
-def loss_logits(args) -> int:
-    """The logits the loss reads per step (step_model's FSDP2 modes run that loss eagerly)."""
-    return args.batch * args.seq_len * model_config(args).vocab_size
 
 
 def predict_only(args) -> None:

@@ -19,6 +19,14 @@ compile: Inductor without its overlap scheduler leaves no collective beside comp
 kernels: every collective's whole time is on the step, each alone (no contention either way), as the capture orders
 them (one per parameter, not bucketed). The ce_overlap variants (-packed, -rs-kernel) are not modelled.
 
+The overlap scheduler's own order can be priced too (SCHEDULER_CAPTURED, not a mode of MODES): a capture with it on
+(ce_overlap.capture's overlap_scheduler: its 223 collectives at 8 layers, unbucketed on torch 2.11, where it put
+them), planned with the planner's keep_order and every collective on NCCL. It is not yet the mode's prediction: on
+2x H200 at 8 layers it comes out 6.5% under the measured step (124.0 against 132.6 ms) and under fsdp2-ce, which
+measures faster. The trace says where: the scheduler's NCCL kernels are busy 55.9 ms beside compute against 33.4 for
+ce_overlap-nccl's buckets of the same bytes, and the GEMMs run 1.4 ms longer; the model charges unbucketed
+collectives the contention of bucketed ones (bench/results/step-prediction-2026-11-28-d).
+
 FSDP2 runs the same kernels per block (its per-block compile: the analysis's compute) and overlaps its collectives
 the way the planner's order does (one block's all-gather ahead, reduce-scatters behind: the head and tail waits of its
 traces are the plan's exposure), with three differences, each a term (FSDP2 below; bench/results/memory-2026-11-27,
@@ -47,6 +55,8 @@ MODES = {
                              "optimizer"),
 }
 _PLAN_CE = {"plan": "auto", "plan_nccl": "off"}
+# The overlap scheduler's step from its own captured order (step_model's scheduler_ir; the module docstring).
+SCHEDULER_CAPTURED = "compile+inductor-overlap:captured"
 
 # FSDP2's terms (the module docstring says why each exists).
 FSDP2 = {
@@ -121,14 +131,20 @@ def optimizer_us(num_params: int, world: int, optimizer_us_per_byte: float) -> f
     return ADAMW_BYTES_PER_PARAM * -(-int(num_params) // max(1, world)) * optimizer_us_per_byte
 
 
+_ANALYZE_KEYS = ("compute_us", "comm_us", "exposed_comm_us", "makespan_us", "kernels", "kernel_gap_us",
+                 "compute_by_class_us")
+
+
 def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "consumer",
-               plan_config: dict | None = None, loss_logits: int = 0) -> dict:
+               plan_config: dict | None = None, loss_logits: int = 0, scheduler_ir=None) -> dict:
     """The step's pieces (microseconds): per graph the analysis's compute ("analyze"), ce_overlap's plan ("plan") and
     the same with every bucket on NCCL ("plan_nccl"), each with plan_costs' slowdown and copies; the optimizer; the
     no-comm mode's local stand-ins. `plan_config`: the plan request's other fields (PassConfig.plan_config());
     `ce_reduction` is the plan's (PassConfig.ce_reduction: with "consumer", the pass's default, a CE reduce-scatter's
     cost includes its consumer's extra read). `loss_logits`: the logits the loss reads per step (batch x seq x
-    vocab), for the FSDP2 modes' eager loss (0: not counted)."""
+    vocab), for the FSDP2 modes' eager loss (0: not counted). `scheduler_ir`: the same step captured with Inductor's
+    overlap scheduler on (ce_overlap.capture's overlap_scheduler): "scheduler" holds its analysis and its order priced
+    as captured, every collective on NCCL (SCHEDULER_CAPTURED)."""
     from .ir import analyze, plan
 
     world = world or int(ir.meta.get("world_size", 1))
@@ -137,12 +153,19 @@ def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "
     report = analyze(ir, profile)
     out = {"profile": profile, "analyze": {}}
     for g in report.get("graphs", []):
-        out["analyze"][g["name"]] = {k: g.get(k) for k in ("compute_us", "comm_us", "exposed_comm_us", "makespan_us",
-                                                            "kernels", "kernel_gap_us", "compute_by_class_us")}
+        out["analyze"][g["name"]] = {k: g.get(k) for k in _ANALYZE_KEYS}
     for key, ce in _PLAN_CE.items():
         config = {**(plan_config or {}), "ce_reduction": ce_reduction, "ce": ce}
         out[key] = {name: plan_costs(plan(ir, name, profile, config), hbm_us_per_byte)
                     for name in ir.graph_names}
+    if scheduler_ir is not None:
+        config = {**(plan_config or {}), "ce_reduction": ce_reduction, "ce": "off", "keep_order": True}
+        out["scheduler"] = {
+            "analyze": {g["name"]: {k: g.get(k) for k in _ANALYZE_KEYS}
+                        for g in analyze(scheduler_ir, profile).get("graphs", [])},
+            "plan": {name: plan_costs(plan(scheduler_ir, name, profile, config), hbm_us_per_byte)
+                     for name in scheduler_ir.graph_names},
+        }
     out["optimizer_us"] = optimizer_us(ir.meta.get("num_params", 0), world, optimizer_us_per_byte)
     out["kernel_gap_us"] = spec["efficiency"].get("kernel_gap_us", 0.0)
     graphs = ir.to_dict()["graphs"]  # the IR serialized once for both
@@ -270,15 +293,22 @@ def plans_step_us(report: dict, plans: list[dict], profile: str) -> dict:
 
 def predicted_step_ms(pred: dict, mode: str = "ce_overlap") -> float | None:
     """One step of `mode` (MODES) from step_model's pieces: per graph compute + the plan's exposed communication +
-    slowdown + bucket copies, plus the optimizer; compile: compute + every collective's time + optimizer; no-comm:
+    slowdown + bucket copies, plus the optimizer (SCHEDULER_CAPTURED: over the scheduler's capture, its analysis and
+    its kept order); compile: compute + every collective's time + optimizer; no-comm:
     compute + optimizer + local stand-ins; the FSDP2 modes: compute + their plan's exposed communication + its
     slowdown x FSDP2's comm_factor, + their copies + their eager loss + optimizer. None where the pieces lack what the mode needs, or for
     a mode MODES does not model."""
     graphs = pred.get("analyze") or {}
-    if not graphs or mode not in MODES:
+    if not graphs or (mode not in MODES and mode != SCHEDULER_CAPTURED):
         return None
-    key = MODES[mode][0]
     total = pred.get("optimizer_us") or 0.0
+    if mode == SCHEDULER_CAPTURED:
+        if not pred.get("scheduler"):
+            return None
+        graphs, key = pred["scheduler"]["analyze"], "scheduler_plan"
+        pred = {**pred, "scheduler_plan": pred["scheduler"]["plan"]}
+    else:
+        key = MODES[mode][0]
     if key in FSDP2["plan"]:
         copies = (pred.get("fsdp2_copy_us") or {}).get(key)
         plans = pred.get(FSDP2["plan"][key]) or {}

@@ -1,0 +1,69 @@
+"""The cost model's side of bench/train.py: its training step captured (as the in-graph modes shard it, as the FSDP2
+modes do, with Inductor's overlap scheduler on) and every mode's step predicted from it (ce_overlap.step_model). No
+GPU: the captures run on fake tensors over a fake process group. Not a script."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+def model_config(args):
+    from ce_overlap.models.llama import LLAMA_CONFIGS
+
+    cfg = LLAMA_CONFIGS[args.model]
+    return dataclasses.replace(cfg, n_layers=args.layers or cfg.n_layers, seq_len=args.seq_len,
+                               expand_kv=args.gqa == "expand")
+
+
+# --in-graph-wrap torchtitan: the submodules sharded by a call of their own, not resharded after forward (torchtitan's
+# FSDP2 wrap does this for [norm, output], bench/_fsdp2.py): the backward starts with them.
+KEEP_GATHERED = {"blocks": (), "torchtitan": ("norm", "output")}
+
+
+def capture_step(args, world: int, fsdp2: bool = False, overlap_scheduler: str | None = None,
+                 inductor_config: dict | None = None):
+    """The IR of this benchmark's training step for args' shape at `world` ranks: the model on the meta device,
+    captured on fake tensors over the fake process group (CPU, no memory). Sharded as the in-graph modes shard it, or
+    with `fsdp2` as the FSDP2 modes do (_fsdp2.build): the embedding table gathered (they have no vocabulary-parallel
+    lookup), [norm, output] kept gathered as --fsdp2-wrap says. `overlap_scheduler` (a profile): compiled with
+    Inductor's overlap scheduler on (the compile+inductor-overlap mode's graphs); `inductor_config`: more patches."""
+    import ce_overlap
+    from ce_overlap.models.llama import Llama
+
+    with torch.device("meta"):
+        model = Llama(model_config(args))
+    tokens = torch.zeros((args.batch, args.seq_len), dtype=torch.long, device="meta")
+    return ce_overlap.capture(model, (tokens, tokens), world_size=world, overlap_scheduler=overlap_scheduler,
+                              vocab_parallel_embeddings=args.vocab_parallel_embeddings and not fsdp2,
+                              keep_gathered=KEEP_GATHERED[args.fsdp2_wrap if fsdp2 else args.in_graph_wrap],
+                              inductor_config=inductor_config)
+
+
+def fsdp2_shards_alike(args) -> bool:
+    """Whether the FSDP2 modes shard the model as the in-graph modes do (then one capture predicts both)."""
+    return not args.vocab_parallel_embeddings and KEEP_GATHERED[args.fsdp2_wrap] == KEEP_GATHERED[args.in_graph_wrap]
+
+
+def predict_steps(args, world: int, profile: str, ce_reduction: str = "consumer", ir=None,
+                  scheduler_ir=None) -> tuple[dict, dict]:
+    """(ce_overlap.step_model's pieces of the in-graph capture (`ir` where the caller has it), the predicted step in ms
+    of every mode of step_model.MODES): the FSDP2 modes from a capture sharded as they shard (capture_step's fsdp2)
+    where that differs; with `scheduler_ir` (capture_step's overlap_scheduler) also step_model.SCHEDULER_CAPTURED."""
+    from ce_overlap.step_model import MODES, SCHEDULER_CAPTURED, predicted_step_ms, step_model
+
+    ir = ir if ir is not None else capture_step(args, world)
+    pieces = step_model(ir, profile, world, ce_reduction, loss_logits=loss_logits(args), scheduler_ir=scheduler_ir)
+    step_ms = {m: predicted_step_ms(pieces, m) for m in MODES}
+    if scheduler_ir is not None:
+        step_ms[SCHEDULER_CAPTURED] = predicted_step_ms(pieces, SCHEDULER_CAPTURED)
+    if not fsdp2_shards_alike(args):
+        fsdp2 = step_model(capture_step(args, world, fsdp2=True), profile, world, ce_reduction,
+                           loss_logits=loss_logits(args))
+        step_ms.update({m: predicted_step_ms(fsdp2, m) for m in MODES if m.startswith("fsdp2")})
+    return pieces, step_ms
+
+
+def loss_logits(args) -> int:
+    """The logits the loss reads per step (step_model's FSDP2 modes run that loss eagerly)."""
+    return args.batch * args.seq_len * model_config(args).vocab_size
