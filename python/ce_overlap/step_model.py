@@ -20,12 +20,13 @@ kernels: every collective's whole time is on the step, each alone (no contention
 them (one per parameter, not bucketed). The ce_overlap variants (-packed, -rs-kernel) are not modelled.
 
 The overlap scheduler's own order can be priced too (SCHEDULER_CAPTURED, not a mode of MODES): a capture with it on
-(ce_overlap.capture's overlap_scheduler: its 223 collectives at 8 layers, unbucketed on torch 2.11, where it put
-them), planned with the planner's keep_order and every collective on NCCL. It is not yet the mode's prediction: on
-2x H200 at 8 layers it comes out 6.5% under the measured step (124.0 against 132.6 ms) and under fsdp2-ce, which
-measures faster. The trace says where: the scheduler's NCCL kernels are busy 55.9 ms beside compute against 33.4 for
-ce_overlap-nccl's buckets of the same bytes, and the GEMMs run 1.4 ms longer; the model charges unbucketed
-collectives the contention of bucketed ones (bench/results/step-prediction-2026-11-28-d).
+(ce_overlap.capture's overlap_scheduler: at 8 layers ~220 collectives, unbucketed on torch 2.11, where it put them),
+planned with the planner's keep_order and every collective on NCCL. It is not yet the mode's prediction: over 24
+recorded runs it comes out 3-14% under the measured step (median 7.7%; the stand-in: within 9.2%, median 2.9%) and
+ranks the scheduler ahead of fsdp2-ce in 5 runs that measured it behind. The traces say where: the scheduler's NCCL
+kernels are busy 55.9 ms beside compute against 33.4 for ce_overlap-nccl's buckets of the same bytes (2x H200, 8
+layers); the model charges unbucketed collectives the contention of bucketed ones
+(bench/results/step-prediction-2026-11-28-d).
 
 FSDP2 runs the same kernels per block (its per-block compile: the analysis's compute) and overlaps its collectives
 the way the planner's order does (one block's all-gather ahead, reduce-scatters behind: the head and tail waits of its
