@@ -110,18 +110,25 @@ bool build_units(const Graph& g, const std::vector<Bucket>& buckets, Units& u) {
   return static_cast<int>(u.topo.size()) == u.count;
 }
 
+// Each member of `whole` a bucket of its own (its bytes and block its collective's), in member order.
+std::vector<Bucket> split_bucket(const Graph& g, const Bucket& whole) {
+  std::vector<Bucket> parts;
+  for (size_t k = 0; k < whole.members.size(); ++k) {
+    Bucket part = whole;
+    part.members = {whole.members[k]};
+    part.waits = {whole.waits[k]};
+    part.bytes = g.nodes[whole.members[k]].collective->bytes;
+    part.block = g.nodes[whole.members[k]].block;
+    parts.push_back(std::move(part));
+  }
+  return parts;
+}
+
 // Every member of `buckets` a bucket of its own, in the same order.
-std::vector<Bucket> singletons(const Graph& g, std::vector<Bucket> buckets) {
+std::vector<Bucket> singletons(const Graph& g, const std::vector<Bucket>& buckets) {
   std::vector<Bucket> singles;
-  for (Bucket& b : buckets) {
-    for (size_t k = 0; k < b.members.size(); ++k) {
-      Bucket part = b;
-      part.members = {b.members[k]};
-      part.waits = {b.waits[k]};
-      part.bytes = g.nodes[b.members[k]].collective->bytes;
-      part.block = g.nodes[b.members[k]].block;
-      singles.push_back(std::move(part));
-    }
+  for (const Bucket& b : buckets) {
+    for (Bucket& part : split_bucket(g, b)) singles.push_back(std::move(part));
   }
   return singles;
 }
@@ -133,16 +140,7 @@ void split_a_cyclic_bucket(const Graph& g, std::vector<Bucket>& buckets, const U
   for (size_t b = 0; b < buckets.size(); ++b) {
     if (!is_multi(buckets[b])) continue;
     if (done[u.collective_unit[b]] && done[u.wait_unit[b]]) continue;
-    Bucket whole = std::move(buckets[b]);
-    std::vector<Bucket> parts;
-    for (size_t k = 0; k < whole.members.size(); ++k) {
-      Bucket part = whole;
-      part.members = {whole.members[k]};
-      part.waits = {whole.waits[k]};
-      part.bytes = g.nodes[whole.members[k]].collective->bytes;
-      part.block = g.nodes[whole.members[k]].block;
-      parts.push_back(std::move(part));
-    }
+    const std::vector<Bucket> parts = split_bucket(g, buckets[b]);
     buckets.erase(buckets.begin() + static_cast<long>(b));
     buckets.insert(buckets.begin() + static_cast<long>(b), parts.begin(), parts.end());
     return;
@@ -452,7 +450,7 @@ MemoryEstimate bucketed_peak_memory(const Graph& g, const std::vector<Bucket>& b
 
 Schedule schedule_graph(const Graph& g, std::vector<Bucket> buckets, const PlanConfig& config) {
   const int n = static_cast<int>(g.nodes.size());
-  if (config.keep_order) buckets = singletons(g, std::move(buckets));
+  if (config.keep_order) buckets = singletons(g, buckets);
   Units units;
   while (!build_units(g, buckets, units)) split_a_cyclic_bucket(g, buckets, units);
 
@@ -517,7 +515,7 @@ Schedule schedule_graph(const Graph& g, std::vector<Bucket> buckets, const PlanC
     }
     if (victim < 0) {
       // Prefetch is not what holds the peak: keep the captured order, every collective on its own.
-      buckets = singletons(g, std::move(buckets));
+      buckets = singletons(g, buckets);
       build_units(g, buckets, units);
       Scheduler captured(g, buckets, units);
       s.order = captured.order_for(captured.own_keys(std::vector<int>(buckets.size(), 0), true));
