@@ -23,9 +23,10 @@ The overlap scheduler's own order can be priced too (SCHEDULER_CAPTURED, not a m
 (ce_overlap.capture's overlap_scheduler: at 8 layers ~220 collectives, unbucketed on torch 2.11, where it put them),
 planned with the planner's keep_order and every collective on NCCL. It is not yet the mode's prediction: over 24
 recorded runs it comes out 3-14% under the measured step (median 7.7%; the stand-in: within 9.2%, median 2.9%) and
-ranks the scheduler ahead of fsdp2-ce in 5 runs that measured it behind. The traces say where: the scheduler's NCCL
-kernels are busy 55.9 ms beside compute against 33.4 for ce_overlap-nccl's buckets of the same bytes (2x H200, 8
-layers); the model charges unbucketed collectives the contention of bucketed ones
+ranks the scheduler ahead of fsdp2-ce in 5 runs that measured it behind. The traces say where (2x H200, 8 layers):
+Inductor's kernel scheduling issues the backward's first all-gathers ~6 ms later than the FX order (behind the fused
+casts that feed them), and the scheduler's NCCL kernels are busy 55.9 ms beside compute against 33.4 for
+ce_overlap-nccl's buckets of the same bytes, where the model charges both from bytes with one contention factor
 (bench/results/step-prediction-2026-11-28-d).
 
 FSDP2 runs the same kernels per block (its per-block compile: the analysis's compute) and overlaps its collectives
