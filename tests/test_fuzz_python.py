@@ -128,7 +128,7 @@ _ARG_TOKENS = st.sampled_from([
 ])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(_ARG_TOKENS, max_size=6))
 def test_cli_arguments_exit_0_or_2_with_one_line(tmp_path_factory, argv):
     # No zoo model name is in the token set, so nothing here starts a capture (those paths are in test_cli.py).
