@@ -460,76 +460,76 @@ Schedule schedule_graph(const Graph& g, std::vector<Bucket> buckets, const PlanC
   s.peak_bytes_before = peak_memory(g, identity).peak_bytes;
   s.notes.assign(buckets.size(), "");
   s.prefetch.assign(buckets.size(), 0);
-  if (config.keep_order) {  // every collective where it was captured, on its own: nothing to schedule
-    s.order = identity;
-    s.peak_bytes_after = s.peak_bytes_before;
-    s.kept_captured_order = true;
-    s.notes.assign(buckets.size(), "captured order kept (config.keep_order)");
-  }
-  for (size_t b = 0; b < buckets.size() && !config.keep_order; ++b) {
-    if (buckets[b].planned && buckets[b].type == CollectiveType::AllGather) s.prefetch[b] = config.prefetch_blocks;
-  }
-  const std::vector<int> wanted = s.prefetch;
-
-  Scheduler scheduler(g, buckets, units);
   auto positions_of = [&](const std::vector<int>& order) {
     std::vector<int> pos(n);
     for (int i = 0; i < n; ++i) pos[order[i]] = i;
     return pos;
   };
-  std::vector<char> bounded(buckets.size(), 0);
-  while (!config.keep_order) {
-    s.order = scheduler.order_for(scheduler.own_keys(s.prefetch, false, bounded));
-    const Peak peak = bucketed_peak(g, buckets, s.order);
-    s.peak_bytes_after = peak.bytes;
-    if (peak.bytes - s.peak_bytes_before <= config.memory_budget_bytes) break;
-    const std::vector<int> pos = positions_of(s.order);
-    // First, reduce-scatters whose sunk wait holds their inputs across the peak: each waits once the next one is
-    // issued (at most two in flight, as FSDP does), which costs no overlap while a block's backward outlasts one.
-    bool bound_some = false;
+  if (config.keep_order) {  // every collective where it was captured, on its own: nothing to schedule
+    s.order = identity;
+    s.peak_bytes_after = s.peak_bytes_before;
+    s.kept_captured_order = true;
+    s.notes.assign(buckets.size(), "captured order kept (config.keep_order)");
+  } else {
     for (size_t b = 0; b < buckets.size(); ++b) {
-      if (bounded[b] || !buckets[b].planned || buckets[b].type != CollectiveType::ReduceScatter ||
-          units.wait_unit[b] < 0 || scheduler.next_reduce_scatter(b) < 0) {
-        continue;
-      }
-      const int issue = pos[buckets[b].members.front()];
-      const int wait = pos[buckets[b].waits.front()];
-      if (issue <= peak.position && wait > peak.position) {
-        bounded[b] = 1;
-        bound_some = true;
-        s.notes[b] = "wait bounded to the next reduce-scatter's issue to stay within the " +
-                     bytes_text(config.memory_budget_bytes) + " memory budget";
-      }
+      if (buckets[b].planned && buckets[b].type == CollectiveType::AllGather) s.prefetch[b] = config.prefetch_blocks;
     }
-    if (bound_some) continue;
-    // Then all-gather buckets held across the peak (or allocated at it) only because they were issued early.
-    int victim = -1, victim_wait = -1;
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      if (s.prefetch[b] <= 0 || units.wait_unit[b] < 0) continue;
-      const int issue = pos[buckets[b].members.front()];
-      const int wait = pos[buckets[b].waits.front()];
-      if (issue <= peak.position && wait > peak.position && wait > victim_wait) {
-        victim = static_cast<int>(b);
-        victim_wait = wait;
+    const std::vector<int> wanted = s.prefetch;
+    Scheduler scheduler(g, buckets, units);
+    std::vector<char> bounded(buckets.size(), 0);
+    while (true) {
+      s.order = scheduler.order_for(scheduler.own_keys(s.prefetch, false, bounded));
+      const Peak peak = bucketed_peak(g, buckets, s.order);
+      s.peak_bytes_after = peak.bytes;
+      if (peak.bytes - s.peak_bytes_before <= config.memory_budget_bytes) break;
+      const std::vector<int> pos = positions_of(s.order);
+      // First, reduce-scatters whose sunk wait holds their inputs across the peak: each waits once the next one is
+      // issued (at most two in flight, as FSDP does), which costs no overlap while a block's backward outlasts one.
+      bool bound_some = false;
+      for (size_t b = 0; b < buckets.size(); ++b) {
+        if (bounded[b] || !buckets[b].planned || buckets[b].type != CollectiveType::ReduceScatter ||
+            units.wait_unit[b] < 0 || scheduler.next_reduce_scatter(b) < 0) {
+          continue;
+        }
+        const int issue = pos[buckets[b].members.front()];
+        const int wait = pos[buckets[b].waits.front()];
+        if (issue <= peak.position && wait > peak.position) {
+          bounded[b] = 1;
+          bound_some = true;
+          s.notes[b] = "wait bounded to the next reduce-scatter's issue to stay within the " +
+                       bytes_text(config.memory_budget_bytes) + " memory budget";
+        }
       }
+      if (bound_some) continue;
+      // Then all-gather buckets held across the peak (or allocated at it) only because they were issued early.
+      int victim = -1, victim_wait = -1;
+      for (size_t b = 0; b < buckets.size(); ++b) {
+        if (s.prefetch[b] <= 0 || units.wait_unit[b] < 0) continue;
+        const int issue = pos[buckets[b].members.front()];
+        const int wait = pos[buckets[b].waits.front()];
+        if (issue <= peak.position && wait > peak.position && wait > victim_wait) {
+          victim = static_cast<int>(b);
+          victim_wait = wait;
+        }
+      }
+      if (victim < 0) {
+        // Prefetch is not what holds the peak: keep the captured order, every collective on its own.
+        buckets = singletons(g, buckets);
+        build_units(g, buckets, units);
+        Scheduler captured(g, buckets, units);
+        s.order = captured.order_for(captured.own_keys(std::vector<int>(buckets.size(), 0), true));
+        s.peak_bytes_after = bucketed_peak(g, buckets, s.order).bytes;
+        if (s.peak_bytes_after - s.peak_bytes_before > config.memory_budget_bytes) s.order = identity;
+        s.peak_bytes_after = bucketed_peak(g, buckets, s.order).bytes;
+        s.kept_captured_order = true;
+        s.prefetch.assign(buckets.size(), 0);
+        s.notes.assign(buckets.size(), "captured order kept, unbucketed: the plan exceeded the " +
+                                           bytes_text(config.memory_budget_bytes) + " memory budget");
+        break;
+      }
+      --s.prefetch[victim];
+      s.notes[victim] = prefetch_note(wanted[victim], s.prefetch[victim], config.memory_budget_bytes);
     }
-    if (victim < 0) {
-      // Prefetch is not what holds the peak: keep the captured order, every collective on its own.
-      buckets = singletons(g, buckets);
-      build_units(g, buckets, units);
-      Scheduler captured(g, buckets, units);
-      s.order = captured.order_for(captured.own_keys(std::vector<int>(buckets.size(), 0), true));
-      s.peak_bytes_after = bucketed_peak(g, buckets, s.order).bytes;
-      if (s.peak_bytes_after - s.peak_bytes_before > config.memory_budget_bytes) s.order = identity;
-      s.peak_bytes_after = bucketed_peak(g, buckets, s.order).bytes;
-      s.kept_captured_order = true;
-      s.prefetch.assign(buckets.size(), 0);
-      s.notes.assign(buckets.size(), "captured order kept, unbucketed: the plan exceeded the " +
-                                         bytes_text(config.memory_budget_bytes) + " memory budget");
-      break;
-    }
-    --s.prefetch[victim];
-    s.notes[victim] = prefetch_note(wanted[victim], s.prefetch[victim], config.memory_budget_bytes);
   }
 
   check_order(g, s.order);
