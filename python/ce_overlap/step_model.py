@@ -137,6 +137,13 @@ _ANALYZE_KEYS = ("compute_us", "comm_us", "exposed_comm_us", "makespan_us", "ker
                  "compute_by_class_us")
 
 
+def _graph_analyses(ir, profile: str) -> dict:
+    """Per graph of `ir`, the analysis's numbers step_model keeps (_ANALYZE_KEYS)."""
+    from .ir import analyze
+
+    return {g["name"]: {k: g.get(k) for k in _ANALYZE_KEYS} for g in analyze(ir, profile).get("graphs", [])}
+
+
 def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "consumer",
                plan_config: dict | None = None, loss_logits: int = 0, scheduler_ir=None) -> dict:
     """The step's pieces (microseconds): per graph the analysis's compute ("analyze"), ce_overlap's plan ("plan") and
@@ -147,15 +154,12 @@ def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "
     vocab), for the FSDP2 modes' eager loss (0: not counted). `scheduler_ir`: the same step captured with Inductor's
     overlap scheduler on (ce_overlap.capture's overlap_scheduler): "scheduler" holds its analysis and its order priced
     as captured, every collective on NCCL (SCHEDULER_CAPTURED)."""
-    from .ir import analyze, plan
+    from .ir import plan
 
     world = world or int(ir.meta.get("world_size", 1))
     spec = _spec(profile)
     hbm_us_per_byte, optimizer_us_per_byte, fused_us_per_byte = bandwidths_us_per_byte(spec)
-    report = analyze(ir, profile)
-    out = {"profile": profile, "analyze": {}}
-    for g in report.get("graphs", []):
-        out["analyze"][g["name"]] = {k: g.get(k) for k in _ANALYZE_KEYS}
+    out = {"profile": profile, "analyze": _graph_analyses(ir, profile)}
     for key, ce in _PLAN_CE.items():
         config = {**(plan_config or {}), "ce_reduction": ce_reduction, "ce": ce}
         out[key] = {name: plan_costs(plan(ir, name, profile, config), hbm_us_per_byte)
@@ -163,8 +167,7 @@ def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "
     if scheduler_ir is not None:
         config = {**(plan_config or {}), "ce_reduction": ce_reduction, "ce": "off", "keep_order": True}
         out["scheduler"] = {
-            "analyze": {g["name"]: {k: g.get(k) for k in _ANALYZE_KEYS}
-                        for g in analyze(scheduler_ir, profile).get("graphs", [])},
+            "analyze": _graph_analyses(scheduler_ir, profile),
             "plan": {name: plan_costs(plan(scheduler_ir, name, profile, config), hbm_us_per_byte)
                      for name in scheduler_ir.graph_names},
         }
@@ -300,17 +303,15 @@ def predicted_step_ms(pred: dict, mode: str = "ce_overlap") -> float | None:
     compute + optimizer + local stand-ins; the FSDP2 modes: compute + their plan's exposed communication + its
     slowdown x FSDP2's comm_factor, + their copies + their eager loss + optimizer. None where the pieces lack what the mode needs, or for
     a mode MODES does not model."""
+    if mode == SCHEDULER_CAPTURED:  # ce_overlap-nccl's formula over the scheduler's capture and its kept order
+        sched = pred.get("scheduler")
+        return predicted_step_ms({**pred, "analyze": sched["analyze"], "plan_nccl": sched["plan"]},
+                                 "ce_overlap-nccl") if sched else None
     graphs = pred.get("analyze") or {}
-    if not graphs or (mode not in MODES and mode != SCHEDULER_CAPTURED):
+    if not graphs or mode not in MODES:
         return None
+    key = MODES[mode][0]
     total = pred.get("optimizer_us") or 0.0
-    if mode == SCHEDULER_CAPTURED:
-        if not pred.get("scheduler"):
-            return None
-        graphs, key = pred["scheduler"]["analyze"], "scheduler_plan"
-        pred = {**pred, "scheduler_plan": pred["scheduler"]["plan"]}
-    else:
-        key = MODES[mode][0]
     if key in FSDP2["plan"]:
         copies = (pred.get("fsdp2_copy_us") or {}).get(key)
         plans = pred.get(FSDP2["plan"][key]) or {}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import weakref
 from unittest import mock
 
 import torch
@@ -53,19 +54,19 @@ class _ModelEstimates:
         text = profiles.read_text(profile)
         self.spec = json.loads(text)
         self.profile = _core.Profile.from_json(text)
-        self._by_graph: dict[int, dict[str, float]] = {}
+        # per graph being scheduled (weak: a freed graph's id may come back for the next one)
+        self._by_graph: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def _graph_ms(self, graph: torch.fx.Graph) -> dict[str, float]:
-        key = id(graph)
-        if key not in self._by_graph:
+        if graph not in self._by_graph:
             doc = core_document(graph, "scheduled")
             names = [n.name for n in graph.nodes]
             ms: dict[str, float] = {}
             for kernel in json.loads(_core.graph_kernels(doc, "scheduled", self.profile)):
                 for i in kernel["nodes"]:  # a GEMM or attention node is a kernel of its own
                     ms[names[i]] = kernel["us"] / 1e3 / max(1, len(kernel["nodes"]))
-            self._by_graph[key] = ms
-        return self._by_graph[key]
+            self._by_graph[graph] = ms
+        return self._by_graph[graph]
 
     def benchmark(self, n: torch.fx.Node, custom_runtime_estimation=None) -> tuple[float, str | None]:
         """benchmark_node_with_cache_key's contract: (runtime in ms, a cache key or None)."""
