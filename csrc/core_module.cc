@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cost_model/analyze.h"
+#include "cost_model/ce_algorithms.h"
 #include "cost_model/cost_model.h"
 #include "cost_model/planner.h"
 #include "cost_model/profile.h"
@@ -139,6 +140,8 @@ PYBIND11_MODULE(_core, m) {
   m.attr("PROFILE_SCHEMA") = kProfileSchema;
   m.attr("ANALYSIS_SCHEMA") = kAnalysisSchema;
   m.attr("PLAN_SCHEMA") = kPlanSchema;
+  // The push broadcast's relay order starts at this size (ce_algorithms.h): the runtime's GPU tests draw cases above it.
+  m.attr("BROADCAST_RELAY_MIN_BYTES") = kRelayMinBytes;
 
   // The planner's config (plan.h owns its keys, defaults, choices and checks; PassConfig and the CLI read them here).
   m.def(

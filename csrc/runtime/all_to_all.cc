@@ -60,21 +60,24 @@
 //   (Variant 13, the same from and into a symmetric tensor, was retired on 2026-11-27 for the push broadcast.)
 //
 // BROADCAST, push (n >= 3, T in the user region at O on every rank; BcPushSymmetric): one round (epoch e), T cut into
-//   K segments of S bytes (broadcast_push_segments: pieces of ~4 MiB), pieces as in the scatter above.
+//   K segments of S bytes (broadcast_push_segments), pieces as in the scatter above.
 //     1. WAIT done[p] >= e-1 for every peer.  2. POST ready (the root: "T holds the bytes"; a non-root: "my T accepts
 //        the other non-roots' pieces").  3. WAIT ready[p] = e for every peer (one batch, comm stream).
-//     4. non-root r, for k = 0..K-1: PULL piece j(r) of segment k from the root's T into our T (comm stream); record
-//        `arrived`; on lane 1, which waits for it, PUSH that piece from our T into every other non-root's T (the same
-//        offsets). Lane 1 is joined back into the comm stream after the last push.
+//     4. non-root r: PULL piece j(r) of every segment k from the root's T into our T, and PUSH it from our T into every
+//        other non-root's T (the same offsets), each push after that pull:
+//          relay (n even, from kRelayMinBytes: broadcast_relays): every copy on the comm stream, in
+//            broadcast_relay_order (ce_algorithms.h: one non-root pulls while the others push in pairs);
+//          otherwise, for k = 0..K-1: the pull on the comm stream; record `arrived`; on lane 1, which waits for it, the
+//            pushes. Lane 1 is joined back into the comm stream after the last push.
 //     5. POST done to every peer (the root: "finished reading your T"; a non-root: "my pushes into you landed"), then
 //        WAIT done[p] >= e for every peer, and hand T back.
 //   Why it is safe: the pulls read the root's T after its ready (3), which it posts after the caller's join, and the
 //   root's T goes back only after every non-root's done, posted after its pulls (stream order, 5). A push writes q's T
-//   after q's ready (3 precedes the `arrived` record the lane waits for), only piece j(r)'s bytes, which no one else
-//   writes (q pulls piece j(q) itself; each other non-root pushes its own piece), and reads our piece after our pull
-//   of it landed (the `arrived` event); q hands T back after our done, posted after the lane's join (5). The epoch
-//   window is the all-gather's: done to p follows our wait for p's ready. No round barrier inside the op, so the pull
-//   of segment k+1 runs beside the pushes of segment k. The segment count is in the signature.
+//   after q's ready (3 precedes it on the comm stream, and the `arrived` record the lane waits for), only piece j(r)'s
+//   bytes, which no one else writes (q pulls piece j(q) itself; each other non-root pushes its own piece), and reads
+//   our piece after our pull of it landed (stream order, or the `arrived` event); q hands T back after our done, posted
+//   after our last push (stream order, or the lane's join) (5). The epoch window is the all-gather's: done to p
+//   follows our wait for p's ready. No round barrier inside the op. The segment count is in the signature.
 //   tests/runtime/protocol_model.py replays these enqueue sequences under random schedules (CPU test).
 // ====================================================================================================
 #include "all_to_all.h"
@@ -285,7 +288,6 @@ void enqueue_bcast_push_locked(Group& g, const BroadcastArgs& a, const std::stri
   const int n = g.world_size();
   const bool root = rank == a.root;
   const cudaStream_t comm = g.comm_stream();
-  const cudaStream_t pushes = g.lane(1);  // n >= 3: lane 1 exists
   char* t = static_cast<char*>(a.tensor);
   const size_t S = plan.round_bytes;
   const size_t K = (a.nbytes + S - 1) / S;
@@ -304,28 +306,48 @@ void enqueue_bcast_push_locked(Group& g, const BroadcastArgs& a, const std::stri
                           plan.offset});
   // 3. Every peer's ready (the root's bytes, the non-roots' T).
   g.wait_ready(g.peers(), e, sig, comm);
-  // 4. A non-root pulls its piece of segment k from the root on the comm stream and pushes it on into every other
-  //    non-root on the push lane, which waits for that pull (the arrived event, re-recorded per segment: each wait
-  //    takes the record before it); the pull of segment k+1 runs beside the pushes of segment k.
-  if (!root) {
+  // 4. A non-root's copies. Relay (an even world size): every copy on the comm stream, in broadcast_relay_order.
+  //    Otherwise the pull of segment k on the comm stream and its pushes on the push lane, which waits for that pull
+  //    (the arrived event, re-recorded per segment: each wait takes the record before it).
+  auto piece = [&](size_t k) {
+    const size_t b = std::min(S, a.nbytes - k * S);
+    const auto [lo, hi] = piece_of(b, me, n);
+    return std::pair<size_t, size_t>{k * S + lo, hi > lo ? hi - lo : 0};
+  };
+  auto pull = [&](size_t k, cudaStream_t stream) {
+    const auto [at, len] = piece(k);
+    if (len == 0) return false;
+    g.peer_copy(t + at, pool.peer_base(a.root) + plan.offset + at, len,
+                where + ": pulling piece " + std::to_string(me) + " of segment " + std::to_string(k) +
+                    " from the root, rank " + std::to_string(a.root),
+                stream);
+    return true;
+  };
+  auto push = [&](size_t k, int q, cudaStream_t stream) {
+    const auto [at, len] = piece(k);
+    if (len == 0) return;
+    g.peer_copy(pool.peer_base(q) + plan.offset + at, t + at, len,
+                where + ": pushing piece " + std::to_string(me) + " of segment " + std::to_string(k) + " into rank " +
+                    std::to_string(q),
+                stream);
+  };
+  if (!root && broadcast_relays(n, a.nbytes)) {
+    for (const RelayCopy& c : broadcast_relay_order(n, me, K)) {
+      if (c.pull) {
+        pull(static_cast<size_t>(c.segment), comm);
+      } else {
+        push(static_cast<size_t>(c.segment), (a.root + 1 + c.to) % n, comm);
+      }
+    }
+  } else if (!root) {
+    const cudaStream_t pushes = g.lane(1);  // n >= 3: lane 1 exists
     for (size_t k = 0; k < K; ++k) {
-      const size_t b = std::min(S, a.nbytes - k * S);
-      const auto [lo, hi] = piece_of(b, me, n);
-      if (hi <= lo) continue;
-      const size_t at = k * S + lo;
-      g.peer_copy(t + at, pool.peer_base(a.root) + plan.offset + at, hi - lo,
-                  where + ": pulling piece " + std::to_string(me) + " of segment " + std::to_string(k) +
-                      " from the root, rank " + std::to_string(a.root),
-                  comm);
+      if (!pull(k, comm)) continue;
       CE_CUDA_CHECK(cudaEventRecord(g.arrived_event(), comm), where);
       CE_CUDA_CHECK(cudaStreamWaitEvent(pushes, g.arrived_event(), 0), where);
       for (int i = 1; i < n; ++i) {
         const int q = (rank + i) % n;
-        if (q == a.root) continue;
-        g.peer_copy(pool.peer_base(q) + plan.offset + at, t + at, hi - lo,
-                    where + ": pushing piece " + std::to_string(me) + " of segment " + std::to_string(k) +
-                        " into rank " + std::to_string(q),
-                    pushes);
+        if (q != a.root) push(k, q, pushes);
       }
     }
     g.join_lane(1, where);

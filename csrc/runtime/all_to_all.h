@@ -29,7 +29,8 @@ struct BroadcastArgs {
 
 void enqueue_broadcast(Group& g, const BroadcastArgs& a);
 
-// The broadcast's algorithm (whole pull or scatter + all-gather, and its segments): broadcast_segments in
-// cost_model/ce_algorithms.h, shared with the cost model.
+// The broadcast's algorithm (whole pull, scatter + all-gather, or push broadcast, relayed or not, and their segments):
+// broadcast_segments, broadcast_push_segments, broadcast_relays and broadcast_relay_order in cost_model/ce_algorithms.h,
+// shared with the cost model.
 
 }  // namespace ce_overlap

@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 import ce_overlap.runtime as rt
 import ce_overlap.runtime.testing as rtt
+from ce_overlap import _core
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64, torch.uint8, torch.float64,
           torch.int8]
@@ -1231,6 +1232,10 @@ def mode_a2a_bcast(args) -> int:
                                    else ["staged", "symmetric"]),
                 "root": rng.randrange(world), "clobber_input_after": rng.random() < 0.3}
         case["numel"] = _draw_numel(rng, world if kind == "a2a" else 1)
+        if kind == "bcast" and case["mode"] == "symmetric" and rng.random() < 0.25:
+            # From BROADCAST_RELAY_MIN_BYTES on, an even world size relays (ce_algorithms.h): up to 8 MiB above it.
+            elem = torch.empty((), dtype=case["dtype"]).element_size()
+            case["numel"] = (_core.BROADCAST_RELAY_MIN_BYTES + rng.randrange(8 << 20)) // elem
         # Lanes and copy rate are local (local_tuning); the broadcast's segments (0: chosen from the size, which with
         # these sizes mostly means "pull it whole from the root") must match on every rank.
         case.update(draw_local_tuning(rng), segments=rng.choice([0, 0, 1, 2, 3, 7]))

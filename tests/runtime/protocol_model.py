@@ -36,7 +36,7 @@ class Op:
 
 
 class World:
-    def __init__(self, n, S, N, bugs=frozenset(), lanes=None, sync=None):
+    def __init__(self, n, S, N, bugs=frozenset(), lanes=None, sync=None, rng=None):
         self.n, self.S, self.N = n, S, N
         # Per rank: the streams a round's peer loop is spread over (Group::peer_round; local, so ranks may differ), and
         # its peer signalling (PeerSync: 0 each peer in turn, 1 and 2 per round; 2 only batches the signal copies,
@@ -44,6 +44,7 @@ class World:
         self.lanes = lanes or [1] * n
         self.sync = sync or [0] * n
         self.bugs = bugs
+        self.rng = rng or random.Random(0)  # for enqueue orders the code leaves to a rule the model does not copy
         self.B = (n - 1) * S          # bank bytes
         self.U0 = 2 * self.B          # user region start (staging is [0, 2B))
         self.flags = [{"ready": [0] * n, "done": [0] * n, "credit": [0] * n, "landed": [0] * n} for _ in range(n)]
@@ -426,7 +427,29 @@ class World:
         self.post_ready(r, e)
         for i in range(1, n):
             self.wait_flag(r, "comm", "ready", (r + i) % n, e)
-        if r != root:
+        # broadcast_relays: even n, from a size on (every other op relays, standing for both sizes; the same on all ranks)
+        relay = n >= 4 and n % 2 == 0 and (opid + K) % 2 == 0
+        if r != root and relay:
+            # Any order with each push after its own pull stands for broadcast_relay_order (ce_algorithms.h; its gtest
+            # checks that property): a random one, so the model covers every such order.
+            others = [q for q in range(n) if q not in (r, root)]
+            todo = [("pull", k, None) for k in range(K)]
+            if "bcp_relay_push_early" in self.bugs:  # a piece pushed on before (or without) its pull
+                todo += [("push", k, q) for k in range(K) for q in others]
+            pulled = []
+            while todo:
+                kind, k, q = todo.pop(self.rng.randrange(len(todo)) if pulled else 0)
+                lo = at(k, me)
+                if kind == "pull":
+                    self.copy(r, "comm", [(root, lo, lo + PC, tag(k, me), "relay bcast: pull from the root")],
+                              [(r, lo, lo + PC, tag(k, me))])
+                    pulled.append(k)
+                    if "bcp_relay_push_early" not in self.bugs:
+                        todo += [("push", k, q) for q in others]
+                else:
+                    self.copy(r, "comm", [(r, lo, lo + PC, tag(k, me), "relay bcast: push source")],
+                              [(q, lo, lo + PC, tag(k, me))])
+        elif r != root:
             for k in range(K):
                 lo = at(k, me)
                 self.copy(r, "comm", [(root, lo, lo + PC, tag(k, me), "push bcast: pull from the root")],
@@ -604,7 +627,7 @@ def one(seed, bugs=frozenset(), kinds=KINDS):
     rng = random.Random(seed)
     n = rng.choice([2, 3, 4, 8])
     w = World(n, S=100, N=37, bugs=bugs, lanes=[rng.randint(0, n - 1) for _ in range(n)],
-              sync=[rng.randrange(3) for _ in range(n)])
+              sync=[rng.randrange(3) for _ in range(n)], rng=rng)
     seq = []
     for j in range(rng.randint(3, 10)):
         kind = rng.choice(kinds)

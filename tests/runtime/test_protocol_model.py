@@ -1,6 +1,6 @@
 """The signalling protocol of the CE collectives, checked on a model (tests/runtime/protocol_model.py, no GPU): random
 op sequences (all-gather pull staged / zero-copy / in place, push, reduce-scatter with 1-5 rounds, all-to-all staged /
-zero-copy, broadcast staged / symmetric / scatter + all-gather (staged) / push (symmetric), batches of point-to-point
+zero-copy, broadcast staged / symmetric / scatter + all-gather (staged) / push (symmetric; relayed on even ranks), batches of point-to-point
 messages staged / direct between random pairs) on 2, 3, 4 and 8 ranks, each rank spreading its peer loops over a
 random number of lanes (streams) and signalling each peer in turn or once per round, under random stream schedules never read stale or half-written bytes, never write
 while a peer reads, never deadlock; and switching off any one safeguard of the enqueue code is caught."""
@@ -41,6 +41,7 @@ def test_random_schedules_are_safe():
     ("lanes_no_join", ["rs", "staged", "a2a_staged", "bc_sg_staged"]),
     ("bcp_no_pull_wait", ["bc_push"]),  # a piece pushed on before its pull from the root landed
     ("bcp_no_final_wait", ["bc_push"]),  # the tensor handed back before every piece was pushed into it
+    ("bcp_relay_push_early", ["bc_push"]),  # relay order (even ranks): a piece pushed on before its pull landed
     ("round_waits_after_fork", ["staged", "a2a_staged", "rs"]),  # per-round signalling: a lane copies before ready
     ("round_done_before_join", ["staged", "a2a_staged", "rs"]),  # per-round signalling: done while a lane copies
 ])

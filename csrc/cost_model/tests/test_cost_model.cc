@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -427,6 +428,83 @@ TEST(CeAlgorithms, BroadcastSegmentsFollowTheirTimeModel) {
   // A tuned count is taken as it is, from 3 ranks on.
   EXPECT_EQ(broadcast_segments(3, 4096, 7), 7u);
   EXPECT_EQ(broadcast_segments(2, 4096, 7), 0u);
+}
+
+TEST(CeAlgorithms, PushBroadcastRelaysOnEvenWorldSizes) {
+  constexpr size_t MiB = size_t{1} << 20;
+  constexpr size_t big = 256 * MiB;
+  EXPECT_FALSE(broadcast_relays(2, big));
+  EXPECT_FALSE(broadcast_relays(3, big));
+  EXPECT_TRUE(broadcast_relays(4, big));
+  EXPECT_FALSE(broadcast_relays(5, big));
+  EXPECT_TRUE(broadcast_relays(8, big));
+  EXPECT_TRUE(broadcast_relays(4, kRelayMinBytes));
+  EXPECT_FALSE(broadcast_relays(4, kRelayMinBytes - 1));  // small tensors: the lane order
+  // Segments: tuned as given; one without a relay; with one, more as the tensor grows, balancing the fill
+  // (m-1)/(m K) N against one copy's fixed cost per slot (K = sqrt(N (m-1) / (g m^2))).
+  EXPECT_EQ(broadcast_push_segments(2, 64 * MiB, 0), 0u);
+  EXPECT_EQ(broadcast_push_segments(4, 0, 0), 0u);
+  EXPECT_EQ(broadcast_push_segments(3, big, 0), 1u);
+  EXPECT_EQ(broadcast_push_segments(4, big, 5), 5u);
+  EXPECT_EQ(broadcast_push_segments(4, 16 * MiB, 0), 1u);
+  size_t previous = 1;
+  for (size_t mib : {32, 64, 256, 1024}) {
+    const size_t k = broadcast_push_segments(4, mib * MiB, 0);
+    EXPECT_GE(k, previous) << mib << " MiB";
+    const double m = 3, want = std::sqrt(static_cast<double>(mib * MiB) * (m - 1) / (kRelayCopyBytes * m * m));
+    EXPECT_NEAR(static_cast<double>(k), want, 0.5) << mib << " MiB";
+    previous = k;
+  }
+  EXPECT_EQ(broadcast_push_segments(8, size_t{1} << 40, 0), static_cast<size_t>(kMaxBcastSegments));
+  // Orders are empty where there is no relay.
+  EXPECT_TRUE(broadcast_relay_order(3, 0, 4).empty());
+  EXPECT_TRUE(broadcast_relay_order(4, 3, 4).empty());  // 3 non-roots: indices 0..2
+  for (int n : {4, 6, 8}) {
+    const int m = n - 1;
+    for (int K : {1, 2, 3, 8, 17}) {
+      // Every non-root pulls each segment once, in order, and pushes each segment to every other non-root once, after
+      // its pull (the stream order is all that keeps a push behind its pull).
+      std::vector<std::vector<RelayCopy>> orders;
+      for (int me = 0; me < m; ++me) {
+        SCOPED_TRACE(std::to_string(n) + " ranks, " + std::to_string(K) + " segments, non-root " + std::to_string(me));
+        const std::vector<RelayCopy> order = broadcast_relay_order(n, me, static_cast<size_t>(K));
+        ASSERT_EQ(order.size(), static_cast<size_t>(K * m));
+        int next_pull = 0;
+        std::set<std::pair<int, int>> pushed;
+        for (const RelayCopy& c : order) {
+          if (c.pull) {
+            EXPECT_EQ(c.segment, next_pull++);
+            continue;
+          }
+          EXPECT_LT(c.segment, next_pull);
+          EXPECT_NE(c.to, me);
+          EXPECT_TRUE(c.to >= 0 && c.to < m);
+          EXPECT_TRUE(pushed.insert({c.segment, c.to}).second);
+        }
+        EXPECT_EQ(next_pull, K);
+        EXPECT_EQ(pushed.size(), static_cast<size_t>(K * (m - 1)));
+        orders.push_back(order);
+      }
+      // The steady state: after everyone's fill pull, copy i + 1 of every non-root runs in slot i; in slot i < m (K - 1)
+      // exactly one non-root pulls and the others push in pairs (x to y while y to x), so every port carries one copy
+      // each way.
+      for (int slot = 0; slot < m * (K - 1); ++slot) {
+        SCOPED_TRACE(std::to_string(n) + " ranks, " + std::to_string(K) + " segments, slot " + std::to_string(slot));
+        int pullers = 0;
+        for (int x = 0; x < m; ++x) {
+          const RelayCopy& c = orders[static_cast<size_t>(x)][static_cast<size_t>(slot + 1)];
+          if (c.pull) {
+            ++pullers;
+            continue;
+          }
+          const RelayCopy& back = orders[static_cast<size_t>(c.to)][static_cast<size_t>(slot + 1)];
+          EXPECT_FALSE(back.pull);
+          EXPECT_EQ(back.to, x);
+        }
+        EXPECT_EQ(pullers, 1);
+      }
+    }
+  }
 }
 
 TEST(CostModel, CeLimitedByEnginesAndSlowPairs) {
