@@ -306,7 +306,8 @@ void enqueue_bcast_push_locked(Group& g, const BroadcastArgs& a, const std::stri
                           plan.offset});
   // 3. Every peer's ready (the root's bytes, the non-roots' T).
   g.wait_ready(g.peers(), e, sig, comm);
-  // 4. A non-root's copies. Relay (an even world size): every copy on the comm stream, in broadcast_relay_order.
+  // 4. A non-root's copies. Relay (broadcast_relays: an even world size, a tensor from kRelayMinBytes): every copy on
+  //    the comm stream, in broadcast_relay_order.
   //    Otherwise the pull of segment k on the comm stream and its pushes on the push lane, which waits for that pull
   //    (the arrived event, re-recorded per segment: each wait takes the record before it).
   auto piece = [&](size_t k) {
