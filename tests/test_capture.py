@@ -236,11 +236,11 @@ def test_a_model_that_does_not_compile_is_a_clear_error():
         ce_overlap.capture(Breaks(), (torch.randn(2, 4),), world_size=2)
 
 
-@pytest.mark.slow
 def test_llama3_8b_world_size_8_blocks_and_bytes(capture_zoo):
-    """The acceptance check: 32 blocks; per-block all-gather/reduce-scatter bytes are the block's
-    parameter bytes in bf16; totals are 8,030,261,248 x 2."""
-    ir = capture_zoo("llama3-8b", 8, full=True)
+    """The acceptance check, on the IR the CLI captures (blocks 3 and 4 traced, extrapolated: test_extrapolate.py holds
+    that equal to tracing them all): 32 blocks; per-block all-gather/reduce-scatter bytes are the block's parameter
+    bytes in bf16; totals are 8,030,261,248 x 2."""
+    ir = capture_zoo("llama3-8b", 8)
     cfg = LLAMA_CONFIGS["llama3-8b"]
     assert len(ir.blocks) == 32
     assert [b["path"] for b in ir.blocks] == [f"layers.{i}" for i in range(32)]

@@ -48,16 +48,12 @@ def test_extrapolating_from_four_and_five_blocks_gives_the_same_graphs():
     assert _graphs(extrapolate(_doc(4), _doc(5), 4, 9)) == _graphs(extrapolate(_doc(3), _doc(4), 3, 9))
 
 
-@pytest.mark.slow
-def test_llama3_8b_extrapolated_equals_the_full_capture(capture_zoo):
-    """The demo's model: 32 blocks from 3 and 4, against the capture that traces all 32 (shared with the
-    acceptance test in test_capture.py)."""
-    full = capture_zoo("llama3-8b", 8, full=True).to_dict()
-    fast = capture_zoo("llama3-8b", 8).to_dict()
-    assert fast["meta"]["capture"] == "blocks traced at depths 3 and 4, extrapolated to 32"
-    assert fast["graphs"] == full["graphs"] and fast["blocks"] == full["blocks"]
-    for key in ("num_params", "model", "world_size", "seq_len", "batch", "param_dtype", "torch"):
-        assert fast["meta"][key] == full["meta"][key], key
+def test_llama3_8b_extrapolated_equals_the_full_capture():
+    """The demo's model at its own widths (4096 wide, GQA 32 / 8 heads, 128,256 vocabulary): 5 blocks from 3 and 4,
+    against the capture that traces all 5 (tracing all 32 took a minute of CI; the tiny model's depths 5 and 8 above
+    cover the depth)."""
+    got = extrapolate(_doc(3, name="llama3-8b"), _doc(4, name="llama3-8b"), 3, 5)
+    assert _graphs(got) == _graphs(_doc(5, name="llama3-8b"))
 
 
 def _cached_capture_doc(seen, model, example_inputs, options, meta):
