@@ -61,9 +61,9 @@ if ! has_torch "$PY"; then
   "${PIP[@]}" "torch==$TORCH_VERSION"
 fi
 # numpy: torch warns on stderr without it.
-if ! "$PY" -c "import numpy, scikit_build_core, pybind11, pytest, hypothesis" 2>/dev/null; then
+if ! "$PY" -c "import numpy, scikit_build_core, pybind11, pytest, xdist, hypothesis" 2>/dev/null; then
   echo "setup: installing numpy and the build and test tools into $VENV"
-  "${PIP[@]}" numpy "scikit-build-core>=0.8" "pybind11>=2.10" "pytest>=7" "hypothesis>=6"
+  "${PIP[@]}" numpy "scikit-build-core>=0.8" "pybind11>=2.10" "pytest>=7" "pytest-xdist>=3" "hypothesis>=6"
 fi
 
 echo "setup: building ce_overlap (C++ core + tests) into $VENV"
