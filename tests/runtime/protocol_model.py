@@ -404,9 +404,10 @@ class World:
 
     def bcast_push(self, r, opid, root, K):
         """all_to_all.cc, the push broadcast (a symmetric tensor T at Y3, 3+ ranks, one round): K segments of n-1 pieces;
-        after every peer's ready, a non-root pulls its piece of segment k from the root's T on the comm stream and
-        pushes it into every other non-root's T on lane 1 (which waits for that pull); then done to every peer and
-        every peer's done before T goes back to the caller."""
+        after every peer's ready, a non-root pulls its piece of segment k from the root's T and pushes it into every other
+        non-root's T: relayed (every copy on the comm stream, each push after its pull) or the pull on the comm stream
+        and the pushes on lane 1 (which waits for that pull); then done to every peer and every peer's done before T
+        goes back to the caller."""
         n, PC = self.n, 4
         SG = PC * (n - 1)
         Y3 = self.U0 + 90000
