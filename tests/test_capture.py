@@ -241,6 +241,8 @@ def test_llama3_8b_world_size_8_blocks_and_bytes(capture_zoo):
     that equal to tracing them all): 32 blocks; per-block all-gather/reduce-scatter bytes are the block's parameter
     bytes in bf16; totals are 8,030,261,248 x 2."""
     ir = capture_zoo("llama3-8b", 8)
+    assert ir.meta["capture"] == "blocks traced at depths 3 and 4, extrapolated to 32"
+    assert ir.meta["num_params"] == 8_030_261_248 and ir.meta["world_size"] == 8
     cfg = LLAMA_CONFIGS["llama3-8b"]
     assert len(ir.blocks) == 32
     assert [b["path"] for b in ir.blocks] == [f"layers.{i}" for i in range(32)]
