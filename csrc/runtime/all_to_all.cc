@@ -315,13 +315,13 @@ void enqueue_bcast_push_locked(Group& g, const BroadcastArgs& a, const std::stri
     const auto [lo, hi] = piece_of(b, me, n);
     return std::pair<size_t, size_t>{k * S + lo, hi > lo ? hi - lo : 0};
   };
-  auto pull = [&](size_t k, cudaStream_t stream) {
+  auto pull = [&](size_t k) {  // always on the comm stream
     const auto [at, len] = piece(k);
     if (len == 0) return false;
     g.peer_copy(t + at, pool.peer_base(a.root) + plan.offset + at, len,
                 where + ": pulling piece " + std::to_string(me) + " of segment " + std::to_string(k) +
                     " from the root, rank " + std::to_string(a.root),
-                stream);
+                comm);
     return true;
   };
   auto push = [&](size_t k, int q, cudaStream_t stream) {
@@ -335,7 +335,7 @@ void enqueue_bcast_push_locked(Group& g, const BroadcastArgs& a, const std::stri
   if (!root && broadcast_relays(n, a.nbytes)) {
     for (const RelayCopy& c : broadcast_relay_order(n, me, K)) {
       if (c.pull) {
-        pull(static_cast<size_t>(c.segment), comm);
+        pull(static_cast<size_t>(c.segment));
       } else {
         push(static_cast<size_t>(c.segment), (a.root + 1 + c.to) % n, comm);
       }
@@ -343,7 +343,7 @@ void enqueue_bcast_push_locked(Group& g, const BroadcastArgs& a, const std::stri
   } else if (!root) {
     const cudaStream_t pushes = g.lane(1);  // n >= 3: lane 1 exists
     for (size_t k = 0; k < K; ++k) {
-      if (!pull(k, comm)) continue;
+      if (!pull(k)) continue;
       CE_CUDA_CHECK(cudaEventRecord(g.arrived_event(), comm), where);
       CE_CUDA_CHECK(cudaStreamWaitEvent(pushes, g.arrived_event(), 0), where);
       for (int i = 1; i < n; ++i) {

@@ -437,14 +437,14 @@ class World:
             todo = [("pull", k, None) for k in range(K)]
             if "bcp_relay_push_early" in self.bugs:  # a piece pushed on before (or without) its pull
                 todo += [("push", k, q) for k in range(K) for q in others]
-            pulled = []
+            started = False  # the first copy is the pull of segment 0; the rest in a random order
             while todo:
-                kind, k, q = todo.pop(self.rng.randrange(len(todo)) if pulled else 0)
+                kind, k, q = todo.pop(self.rng.randrange(len(todo)) if started else 0)
+                started = True
                 lo = at(k, me)
                 if kind == "pull":
                     self.copy(r, "comm", [(root, lo, lo + PC, tag(k, me), "relay bcast: pull from the root")],
                               [(r, lo, lo + PC, tag(k, me))])
-                    pulled.append(k)
                     if "bcp_relay_push_early" not in self.bugs:
                         todo += [("push", k, q) for q in others]
                 else:
