@@ -9,6 +9,7 @@ Ir.save (README, "Commands"):
 """
 import collections
 import gzip
+import math
 import os
 import re
 import sys
@@ -23,10 +24,10 @@ SIZE = re.compile(r"assert_size_stride\((\w+), \(([\d, ]+)\)")
 
 
 def wrapper_events(path: str) -> list[tuple]:
-    """(kind, key) in call() order: ("mm",), ("issue", type, MiB, buf), ("wait", buf)."""
+    """In call() order: ("mm",), ["issue", type, output elements, buf], ("wait", buf)."""
     text = gzip.open(path, "rt").read()
     body = text[text.index("def call(self, args)"):]
-    events, shapes = [], {}
+    events = []
     for line in body.splitlines():
         if GEMM.search(line):
             events.append(("mm",))
@@ -34,13 +35,9 @@ def wrapper_events(path: str) -> list[tuple]:
             events.append(["issue", m.group(2), None, m.group(1)])
         elif m := SIZE.search(line):
             dims = [int(x) for x in m.group(2).replace(" ", "").split(",") if x]
-            shapes[m.group(1)] = dims
             for e in events[::-1]:
                 if e[0] == "issue" and e[3] == m.group(1) and e[2] is None:
-                    n = 1
-                    for d in dims:
-                        n *= d
-                    e[2] = n
+                    e[2] = math.prod(dims)
                     break
         elif m := WAIT.search(line):
             events.append(("wait", m.group(1)))
@@ -52,7 +49,7 @@ def ir_events(ir: Ir, graph: str) -> list[tuple]:
     events = []
     for n in g["nodes"]:
         op = n.get("op", "")
-        if n.get("kind") == "compute" and op.startswith("aten.mm") or op.startswith("aten.addmm") or op.startswith("aten.bmm"):
+        if n.get("kind") == "compute" and op.startswith(("aten.mm", "aten.addmm", "aten.bmm")):
             events.append(("mm",))
         elif n.get("kind") == "collective" and n.get("collective"):
             c = n["collective"]
