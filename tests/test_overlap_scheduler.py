@@ -89,3 +89,41 @@ def test_the_scheduler_captured_and_its_order_priced():
 def test_a_bad_scheduler_profile_is_named_before_the_capture():
     with pytest.raises(ce_overlap.CeOverlapError, match="unknown profile 'h900'"):
         ce_overlap.capture(torch.nn.Linear(2, 2), (torch.zeros(1, 2),), world_size=2, overlap_scheduler="h900")
+
+
+@needs_scheduler
+def test_the_schedulers_collective_estimates_are_the_cost_models_nccl_times():
+    """On a GPU the scheduler's collective estimates are NCCL's own (the NCCL group answers them); a capture's fake
+    group cannot, so inside running() the cost model's NCCL time answers: the bytes the IR gives the collective, a
+    size torch overrides scaled in proportion (0: the latency alone); torch's formula where a caller asks for it."""
+    from torch._inductor import comm_analysis
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ce_overlap import _core, profiles
+    from ce_overlap.fx.capture import fake_process_group
+    from ce_overlap.fx.overlap_scheduler import running
+
+    with fake_process_group(2, 0) as group:
+        name = group.group_name
+
+        def step(x, y):
+            ag = torch.ops._c10d_functional.all_gather_into_tensor.default(x, 2, name)
+            rs = torch.ops._c10d_functional.reduce_scatter_tensor.default(y, "sum", 2, name)
+            return torch.ops._c10d_functional.wait_tensor.default(ag), torch.ops._c10d_functional.wait_tensor.default(rs)
+
+        gm = make_fx(step, tracing_mode="fake")(torch.empty(2048, 4096, dtype=torch.bfloat16),
+                                                torch.empty(4096, 4096, dtype=torch.bfloat16))
+        ag, rs = [n for n in gm.graph.nodes if "all_gather" in str(n.target) or "reduce_scatter" in str(n.target)]
+        estimate = comm_analysis.estimate_nccl_collective_runtime_from_fx_node
+        formula_ms = estimate(ag, None, use_nccl_estimator=False)
+        profile = _core.Profile.from_json(profiles.read_text("h200-sxm"))
+        with running("h200-sxm"):
+            estimate = comm_analysis.estimate_nccl_collective_runtime_from_fx_node
+            assert estimate(ag) == pytest.approx(_core.estimate_collective(profile, "all_gather", 16 << 20, 2, "nccl") / 1e3)
+            assert estimate(rs) == pytest.approx(_core.estimate_collective(profile, "reduce_scatter", 32 << 20, 2, "nccl") / 1e3)
+            total = comm_analysis.estimate_fx_collective_size(ag)  # torch's bytes: input and output
+            assert estimate(ag, total // 2) == pytest.approx(
+                _core.estimate_collective(profile, "all_gather", 8 << 20, 2, "nccl") / 1e3)
+            assert estimate(ag, 0) == pytest.approx(_core.estimate_collective(profile, "all_gather", 0, 2, "nccl") / 1e3)
+            assert estimate(ag, None, use_nccl_estimator=False) == formula_ms
+        assert comm_analysis.estimate_nccl_collective_runtime_from_fx_node(ag) == pytest.approx(formula_ms)

@@ -9,7 +9,13 @@ fake tensors and often no GPU, so inside `running()`:
 
 - its benchmark of a compute node (`benchmark_node_with_cache_key`, a module function in torch 2.11 and 2.14) is
   answered by the cost model: the node's kernel time under `profile` (ce_overlap.ir.kernels' rule, over the graph
-  being scheduled), in ms. Nothing is allocated or run; the scheduler's collective estimates stay torch's own.
+  being scheduled), in ms. Nothing is allocated or run.
+- its estimate of a collective (`comm_analysis.estimate_nccl_collective_runtime_from_fx_node`): on a GPU the NCCL
+  group answers it with NCCL's own time estimate; the fake group of a capture cannot, and torch then falls back to
+  a bandwidth formula (torch 2.11's takes 3.5-5x the cost model's time for the step's all-gathers and
+  reduce-scatters on H200: 0.94 ms for a 112 MiB all-gather at 2 ranks). With that fallback the scheduler chose an order unlike the one the GPU ran
+  (bench/results/step-prediction-2026-11-28-f), so the cost model's NCCL time for the collective answers instead.
+  Calls that ask for the formula itself (`use_nccl_estimator=False`, torch's logging) still get it.
 - so is its analytical estimate of a compute node, which it logs beside the benchmark (torch 2.11's asks a device);
   the GPU's peak FLOP/s and HBM bandwidth, which torch otherwise asks a driver for (its fusion regions), are the
   profile's.
@@ -19,6 +25,7 @@ holds the scheduler's order as ordinary nodes (the IR has no higher-order ops)."
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import weakref
 from unittest import mock
@@ -76,6 +83,27 @@ class _ModelEstimates:
                 return est, None
         return self._graph_ms(n.graph).get(n.name, 0.0), None
 
+    def collective_ms(self, fx_node: torch.fx.Node, override_size: int | None = None,
+                      use_nccl_estimator: bool = True, *, formula=None) -> float:
+        """estimate_nccl_collective_runtime_from_fx_node's contract (ms). `override_size` (torch's bytes, the
+        collective's inputs and outputs together) scales the node's own bytes; `formula`: torch's function, for the
+        calls that ask for it."""
+        from .collectives import read_collective
+
+        if not use_nccl_estimator and formula is not None:
+            return formula(fx_node, override_size, use_nccl_estimator=False)
+        c = read_collective(fx_node)
+        if c.group_size is None:
+            raise CaptureError(f"node {fx_node.name}: the overlap scheduler asked for the time of a collective whose "
+                               f"group {c.group!r} is not known")
+        nbytes = c.bytes
+        if override_size is not None:  # torch's bytes (estimate_fx_collective_size) to ours, in proportion
+            from torch._inductor.comm_analysis import estimate_fx_collective_size
+
+            total = estimate_fx_collective_size(fx_node)
+            nbytes = int(nbytes * override_size / total) if total else 0
+        return _core.estimate_collective(self.profile, c.type, nbytes, c.group_size, "nccl") / 1e3
+
     def runtime_ms(self, n: torch.fx.Node) -> float:
         return self.benchmark(n)[0]
 
@@ -100,6 +128,11 @@ def running(profile: str):
                # its analytical estimates, logged beside the benchmarks (2.11's asserts a real device)
                f"{sched}.estimate_runtime_analytical": est.runtime_ms,
                f"{sched}.estimate_roofline_runtime_ms": est.runtime_ms}
+    from torch._inductor import comm_analysis
+
+    formula = comm_analysis.estimate_nccl_collective_runtime_from_fx_node
+    targets["torch._inductor.comm_analysis.estimate_nccl_collective_runtime_from_fx_node"] = \
+        functools.partial(est.collective_ms, formula=formula)
     for module in ("torch._inductor.utils", "torch.utils._runtime_estimation"):
         targets[f"{module}.get_device_tflops"] = est.tflops
         targets[f"{module}.get_gpu_dram_gbps"] = est.dram_gbps
