@@ -21,13 +21,15 @@ them (one per parameter, not bucketed). The ce_overlap variants (-packed, -rs-ke
 
 The overlap scheduler's own order can be priced too (SCHEDULER_CAPTURED, not a mode of MODES): a capture with it on
 (ce_overlap.capture's overlap_scheduler: at 8 layers ~220 collectives, unbucketed on torch 2.11, where it put them),
-planned with the planner's keep_order and every collective on NCCL. It is not yet the mode's prediction: over 24
-recorded runs it comes out 3-14% under the measured step (median 7.7%; the stand-in: within 9.2%, median 2.9%) and
-ranks the scheduler ahead of fsdp2-ce in 5 runs that measured it behind. The traces say where (2x H200, 8 layers):
-Inductor's kernel scheduling issues the backward's first all-gathers ~6 ms later than the FX order (behind the fused
-casts that feed them), and the scheduler's NCCL kernels are busy 55.9 ms beside compute against 33.4 for
-ce_overlap-nccl's buckets of the same bytes, where the model charges both from bytes with one contention factor
-(bench/results/step-prediction-2026-11-28-d).
+planned with the planner's keep_order and every collective on NCCL. The captured order is the one the GPU runs:
+within 2.6 GEMMs per collective in the forward and 0.2 in the backward of the code Inductor generated on 2x H200,
+now that the scheduler's collective estimates in a capture are the model's NCCL time
+(bench/results/step-prediction-2026-11-28-f). It is not yet the mode's prediction: over 26 recorded runs it comes
+out 4-14% under the measured step (median 8.2%; the stand-in: within 9.2%, median 2.9%). The traces say why: the
+scheduler's NCCL kernels run 61.7 ms per 8-layer step on 2x H200 against the model's 30.1 ms for them alone, small
+collectives 5-21x their time alone beside compute, and a GEMM pays 0.29 us per us of NCCL beside it. The model
+stretches a collective beside compute in proportion to its own time (nccl_beside_compute), which misses that fixed
+cost per collective: 223 collectives pay it in the scheduler's order, ~30 buckets in ce_overlap's.
 
 FSDP2 runs the same kernels per block (its per-block compile: the analysis's compute) and overlaps its collectives
 the way the planner's order does (one block's all-gather ahead, reduce-scatters behind: the head and tail waits of its
