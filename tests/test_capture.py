@@ -273,3 +273,18 @@ def test_skipping_inductors_fake_value_refresh_leaves_the_ir_byte_identical(monk
         return json.dumps(doc, sort_keys=True)
 
     assert ir_text(False) == ir_text(True)
+
+
+def test_a_backend_failure_names_the_error_the_backend_raised():
+    """torch 2.11 raises BackendCompilerFailed with no chained cause, the backend's error on the line after
+    "raised:" (e.g. its overlap scheduler's flop counter on grouped-query flash attention): the message leads with it."""
+    from ce_overlap.fx.capture import _failure_message
+
+    class BackendCompilerFailed(Exception):
+        pass
+
+    e = BackendCompilerFailed("backend='compile_fx' raised:\nAssertionError: sdpa_flop_count: query/key/value shapes "
+                              "are incompatible\n\nSet TORCHDYNAMO_VERBOSE=1 for the internal stack trace")
+    msg = _failure_message(e)
+    assert msg.startswith("AssertionError: sdpa_flop_count: query/key/value shapes are incompatible")
+    assert "raised as BackendCompilerFailed: backend='compile_fx' raised" in msg

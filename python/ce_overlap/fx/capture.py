@@ -245,8 +245,12 @@ def _failure_message(e: BaseException) -> str:
     texts = "\n".join(str(c) for c in chain)
     # Dynamo's wrappers quote the op's own error as `got RuntimeError('...')`.
     quoted = re.findall(r"got (\w+)\((['\"])(.*?)\2\)", texts)
+    # A backend's failure: BackendCompilerFailed names it on the line after "raised:" (torch 2.11 chains no cause).
+    raised = re.findall(r"raised:\n(\w+): ([^\n]*)", texts)
     if quoted:
         cause = f"{quoted[-1][0]}: {quoted[-1][2]}"
+    elif raised and len(chain) == 1:
+        cause = f"{raised[-1][0]}: {raised[-1][1]}".rstrip(": ")
     else:
         inner = chain[-1]
         cause = f"{type(inner).__name__}: {first_line(inner)}".rstrip(": ")
