@@ -277,7 +277,8 @@ def test_skipping_inductors_fake_value_refresh_leaves_the_ir_byte_identical(monk
 
 def test_a_backend_failure_names_the_error_the_backend_raised():
     """torch 2.11 raises BackendCompilerFailed with no chained cause, the backend's error on the line after
-    "raised:" (e.g. its overlap scheduler's flop counter on grouped-query flash attention): the message leads with it."""
+    "raised:" (e.g. its overlap scheduler's flop counter on grouped-query flash attention): the message leads with
+    it."""
     from ce_overlap.fx.capture import _failure_message
 
     class BackendCompilerFailed(Exception):

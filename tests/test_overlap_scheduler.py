@@ -109,7 +109,8 @@ def test_the_schedulers_collective_estimates_are_the_cost_models_nccl_times():
         def step(x, y):
             ag = torch.ops._c10d_functional.all_gather_into_tensor.default(x, 2, name)
             rs = torch.ops._c10d_functional.reduce_scatter_tensor.default(y, "sum", 2, name)
-            return torch.ops._c10d_functional.wait_tensor.default(ag), torch.ops._c10d_functional.wait_tensor.default(rs)
+            wait = torch.ops._c10d_functional.wait_tensor.default
+            return wait(ag), wait(rs)
 
         gm = make_fx(step, tracing_mode="fake")(torch.empty(2048, 4096, dtype=torch.bfloat16),
                                                 torch.empty(4096, 4096, dtype=torch.bfloat16))
@@ -117,13 +118,16 @@ def test_the_schedulers_collective_estimates_are_the_cost_models_nccl_times():
         estimate = comm_analysis.estimate_nccl_collective_runtime_from_fx_node
         formula_ms = estimate(ag, None, use_nccl_estimator=False)
         profile = _core.Profile.from_json(profiles.read_text("h200-sxm"))
+
+        def model_ms(kind: str, nbytes: int) -> float:
+            return _core.estimate_collective(profile, kind, nbytes, 2, "nccl") / 1e3
+
         with running("h200-sxm"):
             estimate = comm_analysis.estimate_nccl_collective_runtime_from_fx_node
-            assert estimate(ag) == pytest.approx(_core.estimate_collective(profile, "all_gather", 16 << 20, 2, "nccl") / 1e3)
-            assert estimate(rs) == pytest.approx(_core.estimate_collective(profile, "reduce_scatter", 32 << 20, 2, "nccl") / 1e3)
+            assert estimate(ag) == pytest.approx(model_ms("all_gather", 16 << 20))  # the IR's bytes: the input
+            assert estimate(rs) == pytest.approx(model_ms("reduce_scatter", 32 << 20))
             total = comm_analysis.estimate_fx_collective_size(ag)  # torch's bytes: input and output
-            assert estimate(ag, total // 2) == pytest.approx(
-                _core.estimate_collective(profile, "all_gather", 8 << 20, 2, "nccl") / 1e3)
-            assert estimate(ag, 0) == pytest.approx(_core.estimate_collective(profile, "all_gather", 0, 2, "nccl") / 1e3)
+            assert estimate(ag, total // 2) == pytest.approx(model_ms("all_gather", 8 << 20))
+            assert estimate(ag, 0) == pytest.approx(model_ms("all_gather", 0))
             assert estimate(ag, None, use_nccl_estimator=False) == formula_ms
         assert comm_analysis.estimate_nccl_collective_runtime_from_fx_node(ag) == pytest.approx(formula_ms)

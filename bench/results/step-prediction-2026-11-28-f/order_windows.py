@@ -53,7 +53,9 @@ def main(paths: list[str]) -> None:
     for path in paths:
         d = json.load(gzip.open(path, "rt") if path.endswith(".gz") else open(path))
         name = re.sub(r"\.json(\.gz)?$", "", os.path.basename(path))
-        coll = d.get("collectives", "formula (the fake group)") + (f" x{d['scale']:g}" if d.get("scale", 1) != 1 else "")
+        coll = d.get("collectives", "formula (the fake group)")
+        if d.get("scale", 1) != 1:
+            coll += f" x{d['scale']:g}"
         for graph, w in gpu.items():
             for kind in ("fx", "inductor"):
                 s = windows(d["graphs"][graph][kind])

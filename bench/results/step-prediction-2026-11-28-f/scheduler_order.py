@@ -147,7 +147,8 @@ def main():
         t = time.time()
         result["graphs"][name] = {"fx": fx_events(gm),
                                   "inductor": inductor_events(before_inline.pop("gm"), example_inputs,
-                                                              bool(kw.get("is_backward")), a.peak_memory_reorder == "on")}
+                                                              bool(kw.get("is_backward")),
+                                                              a.peak_memory_reorder == "on")}
         print(f"{name}: Inductor's Scheduler in {time.time() - t:.1f} s", flush=True)
         return run
 

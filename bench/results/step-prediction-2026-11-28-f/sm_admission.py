@@ -48,7 +48,8 @@ def kernels(prof):
 def main():
     dev = torch.device("cuda")
     s_gemm, s_side = torch.cuda.Stream(), torch.cuda.Stream()
-    print(torch.cuda.get_device_name(), "torch", torch.__version__, "SMs", torch.cuda.get_device_properties(0).multi_processor_count)
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "SMs",
+          torch.cuda.get_device_properties(0).multi_processor_count)
     for mib, ctas in ((1, 2), (16, 16), (64, 32)):
         src = torch.randn(mib << 18, device=dev)  # fp32: mib MiB
         dst = torch.empty_like(src)

@@ -13,8 +13,9 @@ fake tensors and often no GPU, so inside `running()`:
 - its estimate of a collective (`comm_analysis.estimate_nccl_collective_runtime_from_fx_node`): on a GPU the NCCL
   group answers it with NCCL's own time estimate; the fake group of a capture cannot, and torch then falls back to
   a bandwidth formula (torch 2.11's takes 3.5-5x the cost model's time for the step's all-gathers and
-  reduce-scatters on H200: 0.94 ms for a 112 MiB all-gather at 2 ranks). With that fallback the scheduler chose an order unlike the one the GPU ran
-  (bench/results/step-prediction-2026-11-28-f), so the cost model's NCCL time for the collective answers instead.
+  reduce-scatters on H200: 0.94 ms for a 112 MiB all-gather at 2 ranks). With that fallback the scheduler chose an
+  order unlike the one the GPU ran (bench/results/step-prediction-2026-11-28-f), so the cost model's NCCL time for
+  the collective answers instead.
   Calls that ask for the formula itself (`use_nccl_estimator=False`, torch's logging) still get it.
 - so is its analytical estimate of a compute node, which it logs beside the benchmark (torch 2.11's asks a device);
   the GPU's peak FLOP/s and HBM bandwidth, which torch otherwise asks a driver for (its fusion regions), are the
