@@ -190,3 +190,29 @@ def test_check_topology_names_the_bad_field():
                       "p2p": [[True, True], [True, True]]}}
     with pytest.raises(CeOverlapError, match=r"topology.matrix.gbps_per_direction\[1\]\[0\]: 450(\.0)? differs"):
         _core.check_topology(json.dumps(bad))
+
+
+def test_a_collective_beside_compute_holds_its_sms_a_fixed_time_per_collective():
+    """contention.nccl_beside_compute.residency_us: a collective with compute beside it runs that much longer (no
+    longer than the window), the kernels beside it pay the SM term for it too, with nothing beside it nothing
+    changes; the profile's JSON keeps it."""
+    spec = json.loads(profiles.read_text("h200-sxm"))
+    spec["contention"]["nccl_beside_compute"]["residency_us"] = 0.0
+    without = _core.Profile.from_json(json.dumps(spec))
+    spec["contention"]["nccl_beside_compute"]["residency_us"] = 80.0
+    with_it = _core.Profile.from_json(json.dumps(spec))
+    assert json.loads(with_it.to_json())["contention"]["nccl_beside_compute"]["residency_us"] == 80.0
+    assert "residency_us" not in json.loads(without.to_json())["contention"]["nccl_beside_compute"]
+
+    def nccl(profile, **window):
+        return _core.decide(profile, "all_gather", 1 * MIB, 2, **window)["nccl"]
+
+    small, big = nccl(without, window_compute_bound_us=1000.0), nccl(with_it, window_compute_bound_us=1000.0)
+    assert big["comm_us"] == pytest.approx(small["comm_us"] + 80.0)
+    assert big["slowdown_us"] > small["slowdown_us"] + 80.0 * 0.1  # at least the SM term's share of 80 us
+    short = nccl(with_it, window_compute_bound_us=30.0)  # a window shorter than the term: the window bounds it
+    assert short["comm_us"] == pytest.approx(nccl(without, window_compute_bound_us=30.0)["comm_us"] + 30.0)
+    assert nccl(with_it)["comm_us"] == pytest.approx(nccl(without)["comm_us"])  # nothing beside: unchanged
+    spec["contention"]["nccl_beside_compute"]["residency_us"] = -1.0
+    with pytest.raises(CeOverlapError, match="residency_us"):
+        _core.Profile.from_json(json.dumps(spec))

@@ -490,7 +490,9 @@ BackendCost CostModel::cost(const CollectiveInfo& c, Backend backend, const Over
   const CollectiveSensitivity& own =
       backend == Backend::Nccl ? profile_.contention.nccl_beside_compute : profile_.contention.ce_beside_compute;
   const double own_slowdown = cb_share * own.compute_bound + (1 - cb_share) * own.memory_bound;
-  out.comm_us = t_alone + std::min(t_alone, window_us) * own_slowdown;
+  // Its fixed time beside compute (profile.h, CollectiveSensitivity), no longer than the window it runs in.
+  const double residency = t_alone > 0 && window_us > 0 ? std::min(own.residency_us, window_us) : 0.0;
+  out.comm_us = t_alone + std::min(t_alone, window_us) * own_slowdown + residency;
   const double stretch = t_alone > 0 ? out.comm_us / t_alone : 1.0;
 
   // The window starts with the collective; during each phase its kernels run 1 + s times slower.

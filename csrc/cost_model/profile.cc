@@ -428,8 +428,9 @@ KernelSensitivity read_kernel_sensitivity(const ObjectReader& parent, const char
 }
 
 CollectiveSensitivity read_collective_sensitivity(const ObjectReader& parent, const char* key) {
-  ObjectReader r = parent.object(key, {"compute_bound", "memory_bound"});
-  return {r.non_negative_number("compute_bound"), r.non_negative_number("memory_bound")};
+  ObjectReader r = parent.object(key, {"compute_bound", "memory_bound", "residency_us"});
+  return {r.non_negative_number("compute_bound"), r.non_negative_number("memory_bound"),
+          r.has("residency_us") ? r.non_negative_number("residency_us") : 0.0};
 }
 
 // SMs a collective takes must leave some for the kernels beside it.
@@ -631,7 +632,9 @@ json profile_to_json(const Profile& p) {
     return json{{"sm_sensitivity", k.sm_sensitivity}, {"hbm_sensitivity", k.hbm_sensitivity}};
   };
   auto coll = [](const CollectiveSensitivity& c) {
-    return json{{"compute_bound", c.compute_bound}, {"memory_bound", c.memory_bound}};
+    json out{{"compute_bound", c.compute_bound}, {"memory_bound", c.memory_bound}};
+    if (c.residency_us > 0) out["residency_us"] = c.residency_us;
+    return out;
   };
   json j = {
       {"schema", kProfileSchema},

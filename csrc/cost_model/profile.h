@@ -129,10 +129,14 @@ struct KernelSensitivity {
   double hbm_sensitivity = 0;
 };
 
-// Fractional slowdown of a collective while compute-bound / memory-bound kernels run beside it.
+// Fractional slowdown of a collective while compute-bound / memory-bound kernels run beside it, and the time it
+// holds its SMs beyond that when compute runs beside it at all (residency_us, optional, default 0): per collective,
+// not per byte. NCCL's kernels and cuBLAS's persistent GEMMs (one CTA per SM, the whole register file) take turns
+// on the SMs, so a collective beside compute waits, for its peer or for SMs, and the kernels beside it wait too.
 struct CollectiveSensitivity {
   double compute_bound = 0;
   double memory_bound = 0;
+  double residency_us = 0;
 };
 
 // Measured fractional slowdown of compute-bound / memory-bound kernels while some other kernel runs beside them.

@@ -478,6 +478,8 @@ def _fit_collective_slowdowns(p: dict, m: dict, fitted: list[str], kept: list[st
                 fitted.append(f"contention.{key}.{cls} {v:.3f}")
             else:
                 kept.append(f"contention.{key}.{cls}")
+        if p["contention"][f"{backend}_beside_compute"].get("residency_us"):  # not measured here (a traced step is)
+            kept.append(f"contention.{backend}_beside_compute.residency_us")
 
 
 def _fit_sensitivities(p: dict, m: dict, fitted: list[str], kept: list[str], notes: list[str]) -> None:
