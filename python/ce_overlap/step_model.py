@@ -24,12 +24,12 @@ The overlap scheduler's own order can be priced too (SCHEDULER_CAPTURED, not a m
 planned with the planner's keep_order and every collective on NCCL. The captured order is the one the GPU runs:
 within 2.6 GEMMs per collective in the forward and 0.2 in the backward of the code Inductor generated on 2x H200,
 now that the scheduler's collective estimates in a capture are the model's NCCL time
-(bench/results/step-prediction-2026-11-28-f). It is not yet the mode's prediction: over 26 recorded runs it comes
-out 4-14% under the measured step (median 8.2%; the stand-in: within 9.2%, median 2.9%). The traces say why: the
-scheduler's NCCL kernels run 61.7 ms per 8-layer step on 2x H200 against the model's 30.1 ms for them alone, small
-collectives 5-21x their time alone beside compute, and a GEMM pays 0.29 us per us of NCCL beside it. The model
-stretches a collective beside compute in proportion to its own time (nccl_beside_compute), which misses that fixed
-cost per collective: 223 collectives pay it in the scheduler's order, ~30 buckets in ce_overlap's.
+(bench/results/step-prediction-2026-11-28-f). Its NCCL kernels run 61.7 ms per 8-layer step on 2x H200 against the
+model's 30.1 ms for them alone (small collectives 5-21x their time alone beside compute), a fixed cost per
+collective the profile's contention.nccl_beside_compute.residency_us prices: 223 collectives pay it in the
+scheduler's order, ~30 buckets in ce_overlap's. With it, over 26 recorded runs, the captured order is within 9.3%
+of every measured step (median 5.8%) and ranks the modes as measured in 21; the stand-in, within 8.9% (median 2.5%)
+and 22, stays the mode's prediction: closer, and one capture fewer.
 
 FSDP2 runs the same kernels per block (its per-block compile: the analysis's compute) and overlaps its collectives
 the way the planner's order does (one block's all-gather ahead, reduce-scatters behind: the head and tail waits of its
