@@ -89,6 +89,29 @@ def test_flex_attention_nodes_and_their_flops(titan_ir):
             assert n["flops"] == int(attention_backward_flops(q, kv, kv) * density)
 
 
+def test_the_gathered_weights_stay_inside_and_their_gradients_in_their_blocks(titan_ir):
+    """The gather-once window closes inside the compiled forward (fsdp._ForwardState; torch 2.14 once dropped its
+    close after flex attention): no gathered weight is a forward output, the backward takes only the loss's gradient,
+    and each block's weight gradients are its own GEMMs (2 per forward GEMM, its FLOPs twice the forward's), not
+    nodes outside the blocks (they were gradient-accumulating addmms with no module)."""
+    fwd, bwd = _graph(titan_ir, "forward"), _graph(titan_ir, "backward")
+    by_id = {n["id"]: n for n in fwd}
+    out = next(n for n in fwd if n["name"] == "output")
+    assert [by_id[i]["name"] for i in out["inputs"] if by_id[i]["kind"] == "wait"] == []
+    assert [n["name"] for n in bwd if n["name"].startswith("tangents")] == ["tangents_1"]
+
+    def gemm_flops(nodes) -> collections.Counter:
+        flops = collections.Counter()
+        for n in nodes:
+            if n["op"] in ("aten.mm.default", "aten.addmm.default"):
+                flops[n["block"]] += n["flops"]
+        return flops
+
+    forward, backward = gemm_flops(fwd), gemm_flops(bwd)
+    assert set(forward) == set(backward) == {-1, *range(titan.TitanConfig().n_layers)}
+    assert all(backward[b] == 2 * forward[b] for b in forward), (forward, backward)
+
+
 def test_the_zoo_llama_on_fake_cuda_moves_what_the_cpu_capture_moves(capture_zoo):
     cuda = capture_zoo("llama3-tiny", WORLD).to_dict()  # the default
     from ce_overlap.ir import capture_named
@@ -132,6 +155,11 @@ def test_torchtitans_own_llama3_analyzes_where_torchtitan_installs(cli):
     report = json.loads(proc.stdout)
     assert [b["path"] for b in report["blocks"]] == [f"model.layers.{i}" for i in range(6)]  # debugmodel: 6 layers
     assert report["meta"]["capture_device"] == "cuda"
+    # Each block's weight gradients are its own (the gather-once window closes inside the compiled forward): a block's
+    # backward at least twice its forward (GEMMs 2x, attention 2.5x), the output projection's at most 2.5x.
+    assert all(b["backward_flops"] >= 2 * b["forward_flops"] for b in report["blocks"]), report["blocks"][0]
+    outside = report["outside_blocks"]
+    assert outside["backward_flops"] <= 2.5 * outside["forward_flops"], outside
 
 
 def test_a_mask_that_reads_model_tensors_is_counted_dense():

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import collections
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -23,6 +25,7 @@ WORLD = 8
 
 gpt2 = load_data_module("gpt2_tied")
 vit = load_data_module("vit")
+titan = load_data_module("titan_llama")
 
 
 def _numel(module: torch.nn.Module) -> int:
@@ -234,3 +237,35 @@ def test_gather_once_and_the_input_cast_in_eager_training_match_the_unsharded_mo
                         _local_gather=True)
         small(images, torch.tensor([1, 2])).backward()
     assert seen == [torch.bfloat16] and images.dtype == torch.float32
+
+
+def test_a_compiled_forward_with_flex_attention_closes_its_gather_once_window():
+    """torch 2.14's Dynamo dropped the store that closed the gather-once window after flex attention
+    (fsdp._ForwardState): the compiled forward left it open, its gathered weights in it. One rank, real tensors, the
+    torchtitan-shaped Llama compiled with its forward only (flex attention has no backward on the CPU): after each
+    compiled call the window is closed and empty, the loss is the unsharded model's, and a changed weight reaches the
+    next call. In a process of its own: Dynamo would trace a device mesh an earlier test made, whose process group
+    that test destroyed."""
+    proc = subprocess.run([sys.executable, "-c", "import test_user_models as t; t.compiled_flex_window_check()"],
+                          cwd=os.path.dirname(os.path.abspath(__file__)), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def compiled_flex_window_check():
+    torch.manual_seed(0)
+    cfg = titan.TitanConfig(n_layers=1, seq_len=128)
+    model, ref = titan.WithLoss(cfg), titan.WithLoss(cfg)
+    ref.load_state_dict(model.state_dict())
+    tokens = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len), generator=torch.Generator().manual_seed(1))
+    with fake_process_group(1, 0), torch.no_grad():
+        for layer in model.model.layers.values():
+            fsdp.fully_shard(layer, dist.group.WORLD, _local_gather=True)
+        fsdp.fully_shard(model, dist.group.WORLD, _local_gather=True)
+        compiled = torch.compile(model, backend="eager", fullgraph=True)
+        state = model._ce_overlap_state
+        for step in range(2):
+            loss = compiled(tokens, tokens)
+            assert not state.active and state.gathered == {}, f"call {step}: the window stayed open"
+            torch.testing.assert_close(loss, ref(tokens, tokens))
+            model.model.output._parameters["weight"].to_local().mul_(2.0)
+            ref.model.output.weight.mul_(2.0)

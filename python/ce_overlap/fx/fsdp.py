@@ -131,15 +131,37 @@ def _vocab_parallel_ok(sub: nn.Module, spec: _ShardSpec, registrations: int, n: 
 
 
 class _ForwardState:
-    """Shared by the parameters under one outermost sharded module: set while its forward runs, when each
-    parameter's gathered value is kept (by its index) and handed to every later read in that forward
-    (gather_once; False only in tests that capture the graphs without the window)."""
+    """Shared by the parameters under one outermost sharded module: the gather-once window, open while its forward
+    runs, when each parameter's gathered value is kept (by its index) and handed to every later read in that forward
+    (gather_once; False only in tests that capture the graphs without the window).
+
+    The window lives in one dict, written item by item, not in attributes: torch 2.14's Dynamo drops an attribute
+    store that sets an attribute of an object from outside the compiled frame back to its value at the frame's entry
+    once a higher-order op (flex attention) was traced before it. The window's close was such a store, so a compiled
+    forward with flex attention left the window open and its gathered weights in it: every gathered weight became a
+    graph output (alive until the next forward, a gradient input to the backward), and a later forward outside the
+    compiled code read the kept weights. torch 2.11 keeps the store; both keep item stores on a dict."""
 
     gather_once = True
 
     def __init__(self):
-        self.active = False
-        self.gathered: dict[int, torch.Tensor] = {}
+        self._window: dict = {"active": False, "gathered": {}}
+
+    @property
+    def active(self) -> bool:
+        return self._window["active"]
+
+    @property
+    def gathered(self) -> dict[int, torch.Tensor]:
+        return self._window["gathered"]
+
+    def open(self) -> None:
+        self._window["gathered"] = {}
+        self._window["active"] = True
+
+    def close(self) -> None:
+        self._window["active"] = False
+        self._window["gathered"] = {}
 
 
 @dataclass
@@ -226,13 +248,11 @@ class ShardedModule:
         if state.active:
             out = forward(*args, **kwargs)
         else:
-            state.gathered = {}
-            state.active = True
+            state.open()
             try:
                 out = forward(*args, **kwargs)
             finally:
-                state.active = False
-                state.gathered = {}
+                state.close()
         if self._ce_overlap_output_dtype is not None:
             out = _cast_floats(out, self._ce_overlap_output_dtype)
         return out
