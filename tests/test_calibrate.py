@@ -690,3 +690,12 @@ def test_score_and_report_from_the_model(tmp_path):
 def test_dense_sizes():
     d = V.dense_sizes(MIB, 4 * MIB, per_octave=2)
     assert [x / MIB for x in d] == pytest.approx([1, math.sqrt(2), 2, 2 * math.sqrt(2), 4])
+
+
+def test_flex_attention_efficiency_is_kept_and_said(base):
+    """calibrate runs no flex attention: the base's efficiency.flex_attention / _backward stay, and the notes say so."""
+    prof, notes = calibrate.build_profile(base, synthetic())
+    for key in ("flex_attention", "flex_attention_backward"):
+        assert prof["efficiency"].get(key) == base["efficiency"].get(key)
+    if "flex_attention" in base["efficiency"]:
+        assert any("efficiency.flex_attention" in n for n in notes)

@@ -112,6 +112,26 @@ def test_the_gathered_weights_stay_inside_and_their_gradients_in_their_blocks(ti
     assert all(backward[b] == 2 * forward[b] for b in forward), (forward, backward)
 
 
+def test_flex_attention_is_priced_at_its_own_efficiency(titan_ir, tmp_path):
+    """The cost model prices flex attention's nodes as attention, at efficiency.flex_attention / _backward (its Triton
+    kernels run at about half of cuDNN's SDPA rate: bench/results/flex-attention-2026-11-29), not as GEMMs."""
+    from ce_overlap import profiles
+    from ce_overlap.ir import Ir, analyze
+
+    spec = json.loads(profiles.read_text("h200-sxm"))
+    spec["efficiency"]["kernel_launch_us"] = 1e-3  # this small model's attention nodes sit under the 3 us floor
+    path = tmp_path / "h200-no-floor.json"
+    path.write_text(json.dumps(spec))
+    peak, eff = spec["gpu"]["peak_bf16_tflops"], spec["efficiency"]
+    report = analyze(Ir.from_json(json.dumps(titan_ir)), str(path))
+    for graph, op, key in (("forward", "higher_order.flex_attention", "flex_attention"),
+                           ("backward", "higher_order.flex_attention_backward", "flex_attention_backward")):
+        nodes = [n for n in _graph(titan_ir, graph) if n["op"] == op]
+        want = sum(n["flops"] / (peak * 1e6 * eff[key]) for n in nodes)
+        priced = next(g for g in report["graphs"] if g["name"] == graph)["compute_by_class_us"]["attention"]
+        assert nodes and priced == pytest.approx(want, rel=1e-9), (graph, priced, want)
+
+
 def test_the_zoo_llama_on_fake_cuda_moves_what_the_cpu_capture_moves(capture_zoo):
     cuda = capture_zoo("llama3-tiny", WORLD).to_dict()  # the default
     from ce_overlap.ir import capture_named

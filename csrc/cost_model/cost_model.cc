@@ -159,7 +159,9 @@ CostModel::Roofline CostModel::roofline(const Node& node) const {
   Roofline r;
   if (flops > 0 && is_attention_op(node.op)) {  // its own efficiency, no GEMM ramp
     const bool backward = node.op.find("backward") != std::string::npos;
-    r.flops_us = flops / (peak_tflops * 1e6 * eff.attention_or_gemm(backward));
+    const double e = is_flex_attention_op(node.op) ? eff.flex_attention_or_attention(backward)
+                                                   : eff.attention_or_gemm(backward);
+    r.flops_us = flops / (peak_tflops * 1e6 * e);
   } else {
     r.flops_us = flops > 0 ? (flops + eff.gemm_ramp_flops) / (peak_tflops * 1e6 * eff.gemm) : 0.0;
   }

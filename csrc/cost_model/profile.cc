@@ -525,7 +525,7 @@ Profile profile_from_json(const json& j) {
 
   ObjectReader eff = root.object("efficiency", {"gemm", "gemm_ramp_flops", "memory", "kernel_launch_us", "attention",
                                                 "attention_backward", "optimizer", "kernel_gap_us",
-                                                "fused_memory"});
+                                                "fused_memory", "flex_attention", "flex_attention_backward"});
   p.efficiency.gemm = eff.fraction("gemm");
   p.efficiency.gemm_ramp_flops = eff.non_negative_number("gemm_ramp_flops");
   p.efficiency.memory = eff.fraction("memory");
@@ -535,6 +535,10 @@ Profile profile_from_json(const json& j) {
   if (eff.has("optimizer")) p.efficiency.optimizer = eff.fraction("optimizer");
   if (eff.has("kernel_gap_us")) p.efficiency.kernel_gap_us = eff.non_negative_number("kernel_gap_us");
   if (eff.has("fused_memory")) p.efficiency.fused_memory = eff.fraction("fused_memory");
+  if (eff.has("flex_attention")) p.efficiency.flex_attention = eff.fraction("flex_attention");
+  if (eff.has("flex_attention_backward")) {
+    p.efficiency.flex_attention_backward = eff.fraction("flex_attention_backward");
+  }
 
   ObjectReader nccl = root.object("nccl", {"channels", "protocols", "reduction_bandwidth_factor",
                                            "inter_node_step_latency_us", "inter_node_bus_efficiency",
@@ -615,6 +619,8 @@ json efficiency_to_json(const EfficiencySpec& e) {
   if (e.optimizer > 0) j["optimizer"] = e.optimizer;
   if (e.kernel_gap_us > 0) j["kernel_gap_us"] = e.kernel_gap_us;
   if (e.fused_memory > 0) j["fused_memory"] = e.fused_memory;
+  if (e.flex_attention > 0) j["flex_attention"] = e.flex_attention;
+  if (e.flex_attention_backward > 0) j["flex_attention_backward"] = e.flex_attention_backward;
   return j;
 }
 

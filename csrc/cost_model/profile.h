@@ -72,11 +72,19 @@ struct EfficiencySpec {
   // kernels: casts, norms and their reductions, RoPE's strided halves, the loss): a fusion group's bytes are charged
   // at it (CostModel::durations_us); absent: `memory`, the rate of a plain memory-bound kernel in a burst.
   double fused_memory = 0;
+  // Optional (0: absent). Flex attention's kernels (Inductor's Triton templates, forward / backward) on the FLOPs
+  // their block mask executes, of peak tensor-core FLOP/s; absent: `attention` / `attention_backward` (then `gemm`).
+  double flex_attention = 0;
+  double flex_attention_backward = 0;
 
   double fused_memory_or_memory() const { return fused_memory > 0 ? fused_memory : memory; }
   double attention_or_gemm(bool backward) const {
     const double e = backward ? attention_backward : attention;
     return e > 0 ? e : gemm;
+  }
+  double flex_attention_or_attention(bool backward) const {
+    const double e = backward ? flex_attention_backward : flex_attention;
+    return e > 0 ? e : attention_or_gemm(backward);
   }
 };
 

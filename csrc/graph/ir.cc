@@ -293,8 +293,11 @@ CollectiveType collective_type_from_string(const std::string& s) {
 
 bool is_attention_op(const std::string& op) {
   return op.find("scaled_dot_product") != std::string::npos || op.find("_flash_attention") != std::string::npos ||
-         op.find("_efficient_attention") != std::string::npos || op.find("_cudnn_attention") != std::string::npos;
+         op.find("_efficient_attention") != std::string::npos || op.find("_cudnn_attention") != std::string::npos ||
+         is_flex_attention_op(op);
 }
+
+bool is_flex_attention_op(const std::string& op) { return op.find("flex_attention") != std::string::npos; }
 
 int64_t dtype_itemsize(const std::string& dtype) {
   for (const auto& entry : kDtypes) {

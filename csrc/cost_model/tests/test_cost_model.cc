@@ -111,6 +111,32 @@ TEST(CostModel, AttentionUsesItsOwnEfficiency) {
   }
 }
 
+TEST(CostModel, FlexAttentionHasItsOwnEfficiencyElseAttentions) {
+  Profile p = round_profile();
+  p.efficiency.gemm_ramp_flops = 1e9;
+  Node fwd = compute_node("bfloat16", int64_t{1} << 40, 0);
+  fwd.op = "higher_order.flex_attention";
+  Node bwd = fwd;
+  bwd.op = "higher_order.flex_attention_backward";
+  EXPECT_TRUE(is_attention_op(fwd.op) && is_flex_attention_op(fwd.op) && is_flex_attention_op(bwd.op));
+  EXPECT_FALSE(is_flex_attention_op("aten._scaled_dot_product_cudnn_attention.default"));
+  const double f = static_cast<double>(int64_t{1} << 40);
+  // Neither flex nor attention efficiencies: gemm without its ramp, as any attention op.
+  EXPECT_DOUBLE_EQ(CostModel(p).compute_us(fwd), f / 100e6);
+  p.efficiency.attention = 0.5;
+  p.efficiency.attention_backward = 0.25;
+  EXPECT_DOUBLE_EQ(CostModel(p).compute_us(fwd), f / (100e6 * 0.5));   // attention's
+  EXPECT_DOUBLE_EQ(CostModel(p).compute_us(bwd), f / (100e6 * 0.25));
+  p.efficiency.flex_attention = 0.3;
+  p.efficiency.flex_attention_backward = 0.2;
+  CostModel m(p);
+  EXPECT_DOUBLE_EQ(m.compute_us(fwd), f / (100e6 * 0.3));
+  EXPECT_DOUBLE_EQ(m.compute_us(bwd), f / (100e6 * 0.2));
+  Node sdpa = fwd;
+  sdpa.op = "aten._scaled_dot_product_cudnn_attention.default";
+  EXPECT_DOUBLE_EQ(m.compute_us(sdpa), f / (100e6 * 0.5));  // SDPA keeps attention's
+}
+
 TEST(CostModel, GemmEfficiencyRamp) {
   Profile p = builtin_profile("h200-sxm");
   CostModel m(p);

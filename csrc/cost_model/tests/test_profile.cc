@@ -303,12 +303,17 @@ TEST(Profile, OptionalEfficiencies) {
   j["efficiency"]["attention"] = 0.5;
   j["efficiency"]["attention_backward"] = 0.4;
   j["efficiency"]["optimizer"] = 0.7;
+  EXPECT_EQ(profile_from_json(j).efficiency.flex_attention_or_attention(true), 0.4);  // absent: attention's
+  j["efficiency"]["flex_attention"] = 0.3;
+  j["efficiency"]["flex_attention_backward"] = 0.2;
   Profile p = profile_from_json(j);
   EXPECT_EQ(p.efficiency.attention, 0.5);
   EXPECT_EQ(p.efficiency.attention_or_gemm(true), 0.4);
   EXPECT_EQ(p.efficiency.optimizer, 0.7);
+  EXPECT_EQ(p.efficiency.flex_attention_or_attention(false), 0.3);
+  EXPECT_EQ(p.efficiency.flex_attention_or_attention(true), 0.2);
   EXPECT_EQ(profile_to_json(p)["efficiency"], j["efficiency"]);
-  for (const char* key : {"attention", "attention_backward", "optimizer"}) {
+  for (const char* key : {"attention", "attention_backward", "optimizer", "flex_attention", "flex_attention_backward"}) {
     for (double bad : {0.0, 1.2, -1.0}) {
       json k = j;
       k["efficiency"][key] = bad;

@@ -262,6 +262,8 @@ def _fit_attention(p: dict, m: dict, fitted: list[str], kept: list[str]) -> None
                       f"executed)")
     else:
         kept.append("efficiency.attention")
+    if "flex_attention" in p["efficiency"] or "flex_attention_backward" in p["efficiency"]:
+        kept.append("efficiency.flex_attention (calibrate does not run flex attention)")
 
 
 def _fit_training_step(p: dict, m: dict, fitted: list[str]) -> None:
