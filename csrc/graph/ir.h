@@ -35,8 +35,8 @@ CollectiveType collective_type_from_string(const std::string& s);  // throws IrE
 // Bytes per element of a dtype name from docs/ir.md; throws IrError listing the accepted names.
 int64_t dtype_itemsize(const std::string& dtype);
 // An attention kernel (scaled-dot-product attention, any backend, or flex attention; forward or backward), by its op
-// name: "aten._scaled_dot_product_flash_attention.default", "aten._scaled_dot_product_cudnn_attention_backward.default",
-// "higher_order.flex_attention".
+// name: "aten._scaled_dot_product_flash_attention.default",
+// "aten._scaled_dot_product_cudnn_attention_backward.default", "higher_order.flex_attention".
 bool is_attention_op(const std::string& op);
 // Flex attention's higher-order ops ("higher_order.flex_attention", "higher_order.flex_attention_backward"): Inductor
 // lowers them to Triton templates of its own, slower than the SDPA backends' kernels.

@@ -405,7 +405,8 @@ def main(argv=None) -> int:
             if VARIANTS[v] is not None:
                 graphs = sorted(r["graph"] for r in res["reports"] if r not in quiet and not r["refused"])
                 refused = [r["refused"] for r in res["reports"] if r["refused"]]
-                check(model, f"{v}: pass rewrote forward and backward", graphs == ["backward", "forward"] and not refused,
+                check(model, f"{v}: pass rewrote forward and backward",
+                      graphs == ["backward", "forward"] and not refused,
                       f"rewritten: {graphs}" + (f"; refused: {refused}" if refused else ""))
 
             def against(ref: str, name: str, exact: bool, order_differs: bool = False):

@@ -313,7 +313,8 @@ TEST(Profile, OptionalEfficiencies) {
   EXPECT_EQ(p.efficiency.flex_attention_or_attention(false), 0.3);
   EXPECT_EQ(p.efficiency.flex_attention_or_attention(true), 0.2);
   EXPECT_EQ(profile_to_json(p)["efficiency"], j["efficiency"]);
-  for (const char* key : {"attention", "attention_backward", "optimizer", "flex_attention", "flex_attention_backward"}) {
+  for (const char* key :
+       {"attention", "attention_backward", "optimizer", "flex_attention", "flex_attention_backward"}) {
     for (double bad : {0.0, 1.2, -1.0}) {
       json k = j;
       k["efficiency"][key] = bad;
