@@ -63,6 +63,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib
 import json
 import logging
 import math
@@ -110,28 +111,36 @@ SHARED_GPU = os.environ.get("CE_TEST_SHARED_GPU") == "1"
 # (loss, logits); its vocabulary (1001) does not divide by the ranks, so the tied shard is padded.
 GPT2_TIED = "gpt2-tied"
 # tests/data/titan_llama.py: a Llama in torchtitan's shape (flex attention with a causal block mask, complex RoPE,
-# grouped-query attention), the loss computed around it; its own sequence length (512: 4 x 4 tiles of 128).
+# grouped-query attention), the loss computed around it; its own sequence length (TitanConfig's: 4 x 4 tiles of 128).
 TITAN_FLEX = "titan-flex"
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data")  # imported on request
+
+
+def _data_module(name: str):
+    """tests/data/NAME.py, imported (the models besides the zoo's live there)."""
+    if DATA_DIR not in sys.path:
+        sys.path.insert(0, DATA_DIR)
+    return importlib.import_module(name)
+
+
+def default_seq_len(model_name: str) -> int:
+    """The sequence length a model runs at without --seq-len."""
+    if model_name == TITAN_FLEX:
+        return _data_module("titan_llama").TitanConfig().seq_len
+    return 128 if model_name in ("llama3-tiny", GPT2_TIED) else 2048
 
 
 def build_model(model_name: str, args):
     """(model on the GPU, vocab size, sequence length) of a zoo Llama, gpt2-tied or titan-flex, with --seq-len /
     --layers."""
     if model_name == TITAN_FLEX:
-        if DATA_DIR not in sys.path:
-            sys.path.insert(0, DATA_DIR)
-        import titan_llama  # noqa: PLC0415
-
+        titan_llama = _data_module("titan_llama")
         cfg = titan_llama.TitanConfig()
         cfg = dataclasses.replace(cfg, seq_len=args.seq_len or cfg.seq_len, n_layers=args.layers or cfg.n_layers)
         with torch.device("cuda"):
             return titan_llama.WithLoss(cfg), cfg.vocab_size, cfg.seq_len
     if model_name == GPT2_TIED:
-        if DATA_DIR not in sys.path:
-            sys.path.insert(0, DATA_DIR)
-        import gpt2_tied  # noqa: PLC0415
-
+        gpt2_tied = _data_module("gpt2_tied")
         cfg = gpt2_tied.Gpt2Config()
         seq = args.seq_len or cfg.seq_len
         cfg = dataclasses.replace(cfg, seq_len=seq, n_ctx=max(cfg.n_ctx, seq), n_layers=args.layers or cfg.n_layers)
@@ -310,7 +319,7 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default=",".join(VARIANTS), help="subset of: " + ", ".join(VARIANTS))
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--seq-len", type=int, default=None,
-                   help=f"default: 128 for llama3-tiny and {GPT2_TIED}, 512 for {TITAN_FLEX}, 2048 otherwise")
+                   help=f"default: 128 for llama3-tiny and {GPT2_TIED}, {TITAN_FLEX}'s own (512), 2048 otherwise")
     p.add_argument("--layers", type=int, default=None, help="override the number of transformer blocks")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -373,7 +382,7 @@ def main(argv=None) -> int:
         log0(f"  {'PASS' if ok else 'FAIL'}  {name}: {detail}")
 
     for model in [m for m in args.models.split(",") if m]:
-        seq = args.seq_len or (128 if model in ("llama3-tiny", GPT2_TIED) else 512 if model == TITAN_FLEX else 2048)
+        seq = args.seq_len or default_seq_len(model)
         margs = argparse.Namespace(**{**vars(args), "seq_len": seq})
         log0(f"== {model} (seq {seq}, {args.steps} steps, variants {', '.join(variants)})")
         ran: dict[str, dict] = {}

@@ -14,7 +14,7 @@ import flex_in_step  # noqa: E402
 
 import ce_overlap  # noqa: E402
 from ce_overlap import profiles  # noqa: E402
-from ce_overlap.ir import Ir, analyze  # noqa: E402
+from ce_overlap.ir import analyze  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -40,7 +40,7 @@ def main() -> None:
         path = os.path.join(tmp, "h200-flex-as-attention.json")
         with open(path, "w") as f:
             json.dump(before, f)
-        now, as_attention = analyze(ir, "h200-sxm"), analyze(Ir.from_json(ir.to_json()), path)
+        now, as_attention = analyze(ir, "h200-sxm"), analyze(ir, path)
     for name, rep in (("h200-sxm (efficiency.flex_attention)", now), ("without it (attention's)", as_attention)):
         print(name, {g: round(us / 1e3, 3) for g, us in flex_us(rep).items()}, "ms per step")
     flops = {g["name"]: sum(n["flops"] for n in g["nodes"] if "flex_attention" in n["op"]) for g in doc["graphs"]}
