@@ -4,6 +4,7 @@ Run under torchrun; gloo on CPU (tests/test_fully_shard.py launches it at 2, 3 a
 (bench/fully_shard_device.sh):
 
     torchrun --nproc-per-node 2 tests/fully_shard/worker.py check            # equivalence, clipping, state dicts
+    torchrun --nproc-per-node 4 tests/fully_shard/worker.py check --tp 2     # the same with tensor parallelism (2x2)
     torchrun --nproc-per-node 2 tests/fully_shard/worker.py train --steps 5 --save DIR --record R5.pt [--compile --ce]
     torchrun --nproc-per-node 4 tests/fully_shard/worker.py train --load DIR --steps 5 --record R10.pt
     python tests/fully_shard/worker.py compare A.pt B.pt [--rtol R]           # bit-identical (or within R)
@@ -13,10 +14,15 @@ The model: ce_overlap's Llama (llama3-tiny widths, vocab 1001 so the embedding a
 bf16 gathers and reduce-scatters). --impl fsdp2 shards it with torch's FSDP2 instead (the same state-dict
 keys and DTensor layout). Every rank trains on its own tokens (seeded by rank and step); the unsharded reference
 trains on all ranks' tokens at once (their mean loss: the same gradient as FSDP's average).
+
+--tp T: a 2-D mesh ("dp", "tp") of world / T x T ranks; the model is first parallelized over "tp" with torchtitan's
+Llama-3 plan (ce_overlap.models.llama.tensor_parallel), then sharded over "dp", as torchtitan orders FSDP2 + TP. The
+ranks of one "tp" group train on the same tokens (their data-parallel rank's).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import os
@@ -33,11 +39,12 @@ from torch.distributed.tensor import DTensor
 
 import ce_overlap
 from ce_overlap.errors import CeOverlapError
-from ce_overlap.models.llama import LLAMA_CONFIGS, Llama, init_weights
+from ce_overlap.models.llama import LLAMA_CONFIGS, Llama, init_weights, tensor_parallel
 
 SEQ, VOCAB = 32, 1001
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("CE_TEST_DEVICE", "cuda") == "cuda" else "cpu"
 FAILED: list[str] = []
+TP_SIZE = 1  # --tp
 
 
 def log0(msg: str) -> None:
@@ -63,16 +70,26 @@ def unsharded() -> Llama:
     return model
 
 
-def shard(model: Llama, impl: str, mesh, bf16: bool, vocab: bool = False) -> Llama:
+def dp_mesh(mesh):
+    """The data-parallel mesh: the mesh itself (1-D), or its "dp" dimension."""
+    return mesh["dp"] if mesh.ndim == 2 else mesh
+
+
+def shard(model: Llama, impl: str, mesh, bf16: bool, vocab: bool = False, loss_parallel: bool = False,
+          parallelized: bool = False) -> Llama:
+    """Shards `model` over the mesh (1-D), or (a ("dp", "tp") mesh) parallelizes it over "tp" (unless `parallelized`)
+    and shards it over "dp"."""
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if bf16 else MixedPrecisionPolicy()
     if impl == "fsdp2":
         from torch.distributed.fsdp import fully_shard
     else:
         fully_shard = ce_overlap.fully_shard
+    if mesh.ndim == 2 and not parallelized:
+        tensor_parallel(model, mesh["tp"], loss_parallel=loss_parallel)
     extra = {"vocab_parallel_embeddings": True} if vocab else {}
     for block in model.layers:
-        fully_shard(block, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp, **extra)
+        fully_shard(block, mesh=dp_mesh(mesh), mp_policy=mp)
+    fully_shard(model, mesh=dp_mesh(mesh), mp_policy=mp, **extra)
     return model
 
 
@@ -81,22 +98,35 @@ def tokens(rank: int, step: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (1, SEQ + 1), generator=g).to(DEVICE)
 
 
-def step(model, opt, step_no: int, world: int, reference: bool = False, clip: float | None = None):
+def data_rank() -> tuple[int, int]:
+    """(this rank's data-parallel rank, the data-parallel world): the ranks of one TP group share their tokens."""
+    tp = TP_SIZE
+    return dist.get_rank() // tp, dist.get_world_size() // tp
+
+
+def step(model, opt, step_no: int, world: int, reference: bool = False, clip: float | None = None,
+         loss_parallel: bool = False, grads: dict | None = None):
     """One AdamW step on this rank's tokens (the reference: on every rank's, concatenated); the loss, averaged
-    over the ranks (FSDP's gradient is their average)."""
+    over the ranks (FSDP's gradient is their average). `world`: the data-parallel ranks."""
     if reference:
         batch = torch.cat([tokens(r, step_no) for r in range(world)])
     else:
-        batch = tokens(dist.get_rank(), step_no)
-    loss = model(batch[:, :-1], batch[:, 1:])
-    loss.backward()
+        batch = tokens(data_rank()[0], step_no)
+    ctx = torch.distributed.tensor.parallel.loss_parallel() if loss_parallel else contextlib.nullcontext()
+    with ctx:
+        loss = model(batch[:, :-1], batch[:, 1:])
+        loss.backward()
+    if grads is not None:  # the gradients before clipping
+        grads.update(full_grads(model))
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip) if clip is not None else None
     opt.step()
     opt.zero_grad(set_to_none=True)
     mean = loss.detach().clone()
+    if isinstance(mean, DTensor):  # loss parallel: a replicated DTensor
+        mean = mean.full_tensor()
     if not reference:
         dist.all_reduce(mean)
-        mean /= world
+        mean /= dist.get_world_size()  # every rank of a TP group holds its data-parallel rank's loss
     return mean.item(), norm
 
 
@@ -130,8 +160,16 @@ def optimizer(model):
 # --------------------------------------------------------------------------------------------------
 
 
+def full_grads(model) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient, unsharded, on the CPU of every rank (a copy: clipping scales them in place), under
+    the model's own names (a compiled wrapper's prefix dropped)."""
+    return {name.removeprefix("_orig_mod.").replace("_checkpoint_wrapped_module.", ""): (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad)
+            .detach().float().cpu().clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
 def run_check(args, mesh) -> None:
-    world = dist.get_world_size()
+    world = data_rank()[1]
+    tp = mesh.ndim == 2
     ref = unsharded()
     ref_keys = {k: tuple(v.shape) for k, v in ref.state_dict().items()}
 
@@ -139,43 +177,77 @@ def run_check(args, mesh) -> None:
     sd = model.state_dict()
     check("state_dict keys and shapes are the unsharded model's", {k: tuple(v.shape) for k, v in sd.items()} ==
           ref_keys, f"{len(sd)} keys")
-    emb = sd["tok_embeddings.weight"]
-    here = torch.tensor([emb.to_local().shape[0]], device=DEVICE)
-    total = here.clone()
-    dist.all_reduce(total)
-    chunk = -(-VOCAB // world)
-    want = min((dist.get_rank() + 1) * chunk, VOCAB) - min(dist.get_rank() * chunk, VOCAB)
-    check("every parameter a Shard(0) DTensor, the rows in torch's chunk layout (uneven where they do not divide)",
-          all(isinstance(v, DTensor) and v.placements[0].is_shard(0) for v in sd.values())
-          and int(here) == want and int(total) == VOCAB,
-          f"embedding rows here {int(here)} of {VOCAB}")
+    if not tp:
+        emb = sd["tok_embeddings.weight"]
+        here = torch.tensor([emb.to_local().shape[0]], device=DEVICE)
+        total = here.clone()
+        dist.all_reduce(total)
+        chunk = -(-VOCAB // world)
+        want = min((dist.get_rank() + 1) * chunk, VOCAB) - min(dist.get_rank() * chunk, VOCAB)
+        check("every parameter a Shard(0) DTensor, the rows in torch's chunk layout (uneven where they do not divide)",
+              all(isinstance(v, DTensor) and v.placements[0].is_shard(0) for v in sd.values())
+              and int(here) == want and int(total) == VOCAB,
+              f"embedding rows here {int(here)} of {VOCAB}")
+    fsdp2_sd = shard(copy.deepcopy(ref), "fsdp2", mesh, bf16=False).state_dict()
+    differ = [k for k, v in sd.items() if not (isinstance(v, DTensor) and v.device_mesh == fsdp2_sd[k].device_mesh
+                                               and v.placements == fsdp2_sd[k].placements
+                                               and torch.equal(v.to_local(), fsdp2_sd[k].to_local()))]
+    check("every parameter is FSDP2's DTensor: the same mesh, placements and local rows" +
+          (" (tensor parallelism's shard, then the data-parallel one)" if tp else ""),
+          not differ, f"differ: {differ[:3]}" if differ else sd["layers.0.attention.wq.weight"].placements.__repr__())
     full = full_params(model)
     check("the full state dict is the unsharded model's, bit for bit",
           set(full) == set(ref_keys)
           and all(torch.equal(full[k], v.float().cpu()) for k, v in ref.state_dict().items()))
 
-    variants = [("eager", False, False, False), ("eager, vocabulary-parallel embedding", False, False, True)]
+    # key -> (label, compiled (True, False or "pass"), activation checkpointing, vocabulary-parallel embedding,
+    # loss parallel)
+    variants = {"eager": ("eager", False, False, False, False)}
+    if tp:
+        variants["eager-lp"] = ("eager, loss parallel", False, False, False, True)
+    else:
+        variants["eager-vocab"] = ("eager, vocabulary-parallel embedding", False, False, True, False)
     if args.compile:
-        variants += [("compiled", True, False, False), ("compiled, activation checkpointing per block", True, True, False),
-                     ("compiled, vocabulary-parallel embedding", True, False, True)]
-    for label, compiled, ac, vocab in variants:
+        variants["compiled"] = ("compiled", True, False, False, False)
+        variants["compiled-ac"] = ("compiled, activation checkpointing per block", True, True, False, False)
+        variants["compiled-pass"] = ("compiled with ce_overlap's pass", "pass", False, False, False)
+        if tp:
+            variants["compiled-lp"] = ("compiled, loss parallel", True, False, False, True)
+        else:
+            variants["compiled-vocab"] = ("compiled, vocabulary-parallel embedding", True, False, True, False)
+    if args.variants:
+        unknown = set(args.variants.split(",")) - set(variants)
+        if unknown:
+            raise SystemExit(f"--variants: unknown {sorted(unknown)}; these run here: {sorted(variants)}")
+        variants = {k: v for k, v in variants.items() if k in args.variants.split(",")}
+    for label, compiled, ac, vocab, loss_parallel in variants.values():
         model = copy.deepcopy(ref)
-        if ac:  # torchtitan's order: checkpoint_wrapper on each block, then fully_shard
+        if tp:  # torchtitan's order: tensor parallelism, activation checkpointing, then fully_shard
+            tensor_parallel(model, mesh["tp"], loss_parallel=loss_parallel)
+        if ac:
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
             for i, block in enumerate(model.layers):
                 model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
-        model = shard(model, "ce", mesh, bf16=False, vocab=vocab)
+        model = shard(model, "ce", mesh, bf16=False, vocab=vocab, loss_parallel=loss_parallel, parallelized=True)
         if vocab:
             check(f"{label}: the embedding looks up on its row shard",
                   getattr(model.tok_embeddings, "_ce_overlap_vocab_parallel", False))
         reference = copy.deepcopy(ref)
-        run = torch.compile(model, fullgraph=True) if compiled else model
+        torch._dynamo.reset()  # each variant compiles its own model from scratch
+        if compiled == "pass":  # buckets and reorders the collectives (the copy engines need GPUs: NCCL/gloo kept)
+            run = torch.compile(model, fullgraph=True, options=ce_overlap.inductor_options())
+        else:
+            run = torch.compile(model, fullgraph=True) if compiled else model
         opt, ref_opt = optimizer(model), optimizer(reference)
-        worst_loss, worst_norm = 0.0, 0.0
+        worst_loss, worst_norm, grad_err = 0.0, 0.0, 0.0
         for s in range(1, 4):
-            loss, norm = step(run, opt, s, world, clip=1.0)
-            rloss, rnorm = step(reference, ref_opt, s, world, reference=True, clip=1.0)
+            grads, ref_grads = ({}, {}) if s == 1 else (None, None)
+            loss, norm = step(run, opt, s, world, clip=1.0, loss_parallel=loss_parallel, grads=grads)
+            rloss, rnorm = step(reference, ref_opt, s, world, reference=True, clip=1.0, grads=ref_grads)
+            if grads is not None:
+                grad_err = max(((grads[k] - g).norm() / g.norm().clamp_min(1e-12)).item()
+                               for k, g in ref_grads.items()) if set(grads) == set(ref_grads) else float("inf")
             worst_loss = max(worst_loss, abs(loss - rloss) / abs(rloss))
             norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
             worst_norm = max(worst_norm, abs(norm.item() - rnorm.item()) / rnorm.item())
@@ -183,22 +255,42 @@ def run_check(args, mesh) -> None:
         err = max(((got[k] - v.float().cpu()).norm() / v.float().norm().clamp_min(1e-12)).item()
                   for k, v in reference.state_dict().items())
         check(f"{label}: 3 clipped AdamW steps match the unsharded model on all ranks' tokens",
-              worst_loss < 1e-5 and err < 1e-4, f"loss rel err {worst_loss:.1e}, param rel err {err:.1e}")
+              worst_loss < 1e-5 and err < 1e-4 and grad_err < 1e-5,
+              f"loss rel err {worst_loss:.1e}, first gradients {grad_err:.1e}, param rel err {err:.1e}")
         check(f"{label}: clip_grad_norm_ returns the global norm (the unsharded model's)",
               worst_norm < 1e-5, f"rel err {worst_norm:.1e}")
 
     model = shard(copy.deepcopy(ref), "ce", mesh, bf16=False)
-    for bad, what in ((lambda: ce_overlap.fully_shard(model, mesh=mesh), "a module sharded twice"),
-                      (lambda: ce_overlap.fully_shard(unsharded(), mesh="dp"), "a mesh that is not a mesh")):
+    bad_cases = [(lambda: ce_overlap.fully_shard(model, mesh=dp_mesh(mesh)), "a module sharded twice"),
+                 (lambda: ce_overlap.fully_shard(unsharded(), mesh="dp"), "a mesh that is not a mesh")]
+    if tp:
+        def replaced_after_sharding():
+            # A parameter swapped for a TP DTensor after fully_shard (what a custom parallel style could do; torch's
+            # own styles refuse an already sharded parameter themselves, checked below): the forward names it.
+            late = ce_overlap.fully_shard(unsharded(), mesh=dp_mesh(mesh))
+            wq = late.layers[0].attention.wq
+            wq._parameters["weight"] = torch.nn.Parameter(DTensor.from_local(
+                wq.weight.to_local(), mesh["tp"], [torch.distributed.tensor.Shard(0)], run_check=False))
+            late(tokens(0, 0)[:, :-1], tokens(0, 0)[:, 1:])
+
+        bad_cases.append((replaced_after_sharding, "a parameter replaced after fully_shard"))
+    for bad, what in bad_cases:
         try:
             bad()
             check(f"{what} is refused", False, "no error")
         except CeOverlapError as e:
-            check(f"{what} is refused", True, str(e)[:120])
+            check(f"{what} is refused", True, str(e)[:160])
+    if tp:
+        try:
+            tensor_parallel(ce_overlap.fully_shard(unsharded(), mesh=dp_mesh(mesh)), mesh["tp"])
+            check("tensor parallelism after fully_shard is refused", False, "no error")
+        except (ValueError, RuntimeError) as e:  # torch's own, in parallelize_module
+            check("tensor parallelism after fully_shard is refused (by parallelize_module)", "DTensor" in str(e),
+                  f"{type(e).__name__}: {str(e)[:120]}")
 
 
 def run_train(args, mesh) -> None:
-    world = dist.get_world_size()
+    world = data_rank()[1]
     model = shard(unsharded(), args.impl, mesh, bf16=args.bf16)
     run = compiled(model, args.ce) if args.compile else model
     opt = optimizer(model)
@@ -209,9 +301,9 @@ def run_train(args, mesh) -> None:
         dcp.load(state, checkpoint_id=args.load)
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         start = int(state["step"])
-        log0(f"loaded {args.load} (written at step {start}) into {args.impl} at {world} ranks")
+        log0(f"loaded {args.load} (written at step {start}) into {args.impl} at {tuple(mesh.shape)} ranks")
     losses = [step(run, opt, s, world)[0] for s in range(start + 1, start + args.steps + 1)]
-    log0(f"{args.impl} {world} ranks steps {start + 1}-{start + args.steps}: losses "
+    log0(f"{args.impl} {tuple(mesh.shape)} ranks steps {start + 1}-{start + args.steps}: losses "
          + " ".join(f"{v:.6f}" for v in losses))
     if args.save:
         model_sd, optim_sd = get_state_dict(model, opt)
@@ -257,13 +349,19 @@ def main() -> int:
     p.add_argument("--compile", action="store_true")
     p.add_argument("--ce", action="store_true", help="with --compile: ce_overlap's pass (inductor_options())")
     p.add_argument("--rtol", type=float, default=0.0, help="compare: the tolerance (0: bit-identical)")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallelism over this many ranks (a ('dp', 'tp') mesh)")
+    p.add_argument("--variants", default="", help="check: only these training variants (comma-separated keys)")
     args = p.parse_args()
+    global TP_SIZE
+    TP_SIZE = args.tp
     if args.what == "compare":
         return run_compare(*args.files, rtol=args.rtol)
     dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
     if DEVICE == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-    mesh = init_device_mesh(DEVICE, (dist.get_world_size(),))
+    world = dist.get_world_size()
+    mesh = init_device_mesh(DEVICE, (world,)) if args.tp == 1 else \
+        init_device_mesh(DEVICE, (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
     try:
         run_check(args, mesh) if args.what == "check" else run_train(args, mesh)
     finally:

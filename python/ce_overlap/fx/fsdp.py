@@ -36,7 +36,7 @@ import itertools
 import logging
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import is_fake
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ..errors import CeOverlapError
@@ -97,7 +98,7 @@ def _vocab_parallel_lookup(module: nn.Embedding, tokens: torch.Tensor) -> torch.
     world), as the gathered weight's Partial("avg") reduce-scatter averages it."""
     param = module._parameters["weight"]
     spec: _ShardSpec = module._ce_overlap_specs["weight"]
-    mesh = param.device_mesh
+    mesh = spec.mesh
     n, rank = mesh.size(), mesh.get_local_rank()
     w = param.to_local(grad_placements=[Shard(0)])
     if spec.param_dtype is not None:
@@ -123,6 +124,8 @@ def _vocab_parallel_ok(sub: nn.Module, spec: _ShardSpec, registrations: int, n: 
         return "its forward is not nn.Embedding's"
     if registrations > 1:
         return "its weight is tied (another module reads it whole)"
+    if spec.tp is not None:
+        return "tensor parallelism already shards its table"
     if sub.padding_idx is not None or sub.max_norm is not None or sub.scale_grad_by_freq or sub.sparse:
         return "it uses padding_idx, max_norm, scale_grad_by_freq or sparse"
     if spec.rows - (n - 1) * spec.chunk <= 0:
@@ -164,10 +167,22 @@ class _ForwardState:
         self._window["gathered"] = {}
 
 
+@dataclass(frozen=True)
+class _TensorParallel:
+    """A parameter that tensor parallelism made a DTensor before fully_shard: what its gather hands the module back (the
+    DTensor on the TP mesh that parallelize_module made), the data-parallel gather working on this TP rank's shard."""
+    mesh: DeviceMesh               # the TP mesh (1-D)
+    placements: tuple              # its placements on that mesh
+    shape: torch.Size              # the parameter's global shape and stride
+    stride: tuple[int, ...]
+    local_shape: torch.Size        # this TP rank's shard: what the data-parallel all-gather returns
+    local_stride: tuple[int, ...]
+
+
 @dataclass
 class _ShardSpec:
     """How one sharded parameter is gathered (one per Parameter, however many modules register it)."""
-    rows: int                      # the unsharded dim 0
+    rows: int                      # the unsharded dim 0 (of this TP rank's shard, under tensor parallelism)
     chunk: int                     # rows per rank, the last ranks' shards shorter (torch's chunk layout)
     param_dtype: torch.dtype | None
     reduce_dtype: torch.dtype | None
@@ -175,21 +190,29 @@ class _ShardSpec:
     local: bool                    # the no-communication stand-in (bench/train.py's bound), not a sharded model
     state: _ForwardState
     index: int                     # the key of its gathered value in the gather-once window
+    mesh: DeviceMesh | None = None     # the data-parallel mesh the shard is gathered over
+    param: nn.Parameter | None = field(default=None, repr=False, compare=False)  # the sharded Parameter itself
+    tp: _TensorParallel | None = None  # set when tensor parallelism sharded the parameter first
     # False under an activation-checkpoint wrapper: torch.compile traces the wrapped block as a higher-order op,
     # which may read the window but not write to it (a graph break); such a block reads each weight once anyway.
     keep: bool = True
 
 
-def _replicate(param: DTensor, spec: _ShardSpec) -> torch.Tensor:
+def _replicate(shard: torch.Tensor, spec: _ShardSpec) -> torch.Tensor:
+    """The gathered weight (a plain tensor) from this rank's shard: the parameter itself (a Shard(0) DTensor over the
+    data-parallel mesh), or, under tensor parallelism, its local rows (this rank's part of its TP rank's shard)."""
+    mesh = spec.mesh
     if spec.local:
-        x = param.to_local()
+        x = shard.to_local() if isinstance(shard, DTensor) else shard
         x = x if spec.param_dtype is None else x.to(spec.param_dtype)
         if x.shape[0] < spec.chunk:
             x = torch.cat([x, x.new_zeros((spec.chunk - x.shape[0], *x.shape[1:]))])
-        mesh = param.device_mesh
         full = _LocalGather.apply(x, mesh.size(), mesh.get_local_rank())
         return full if full.shape[0] == spec.rows else full[: spec.rows]
-    return param.redistribute(placements=[Replicate()], forward_dtype=spec.param_dtype,
+    if spec.tp is not None:  # the TP shard, sharded by rows over the data-parallel mesh, as a 1-D DTensor
+        shard = DTensor.from_local(shard, mesh, [Shard(0)], run_check=False, shape=spec.tp.local_shape,
+                                   stride=spec.tp.local_stride)
+    return shard.redistribute(placements=[Replicate()], forward_dtype=spec.param_dtype,
                               backward_dtype=spec.reduce_dtype).to_local(grad_placements=[Partial("avg")])
 
 
@@ -205,10 +228,20 @@ def _gather(module: nn.Module, name: str) -> torch.Tensor:
         full = state.gathered.get(spec.index)
         if full is not None:
             return full
+    if param is not spec.param:
+        raise CeOverlapError(f"ce_overlap.fully_shard: parameter {name!r} of {user_class(type(module)).__name__} was "
+                             "replaced after it was sharded (tensor parallelism applied after fully_shard?): apply "
+                             "parallelize_module first, then fully_shard, as with FSDP2")
+    # Under tensor parallelism the gather works on plain local tensors (the selective-checkpoint region in and out)
+    # and hands the module its TP DTensor, as parallelize_module left it.
+    shard = param if spec.tp is None else param.to_local()
     if spec.reshard_after_forward:
-        full = checkpoint(_replicate, param, spec, use_reentrant=False, context_fn=_regather_context)
+        full = checkpoint(_replicate, shard, spec, use_reentrant=False, context_fn=_regather_context)
     else:
-        full = _replicate(param, spec)
+        full = _replicate(shard, spec)
+    if spec.tp is not None:
+        full = DTensor.from_local(full, spec.tp.mesh, spec.tp.placements, run_check=False, shape=spec.tp.shape,
+                                  stride=spec.tp.stride)
     if spec.keep:
         state.gathered[spec.index] = full
     return full
@@ -298,6 +331,8 @@ def _swap_class(module: nn.Module, names: tuple[str, ...]) -> None:
 
 
 def _mesh_of(mesh, params: list[nn.Parameter]) -> DeviceMesh:
+    """The data-parallel mesh to shard over: a 1-D mesh, the "dp" dimension of a ("dp", "tp") mesh, or the mesh a
+    process group spans."""
     if mesh is None:
         mesh = dist.group.WORLD
         if mesh is None:
@@ -310,10 +345,75 @@ def _mesh_of(mesh, params: list[nn.Parameter]) -> DeviceMesh:
     if not isinstance(mesh, DeviceMesh):
         raise CeOverlapError(f"ce_overlap.fully_shard: mesh must be a DeviceMesh or a ProcessGroup, got "
                              f"{type(mesh).__name__}")
+    if mesh.ndim == 2:
+        names = mesh.mesh_dim_names or ()
+        if set(names) != {"dp", "tp"}:
+            raise CeOverlapError(f"ce_overlap.fully_shard: a 2-D mesh {tuple(mesh.shape)} with dimension names "
+                                 f"{mesh.mesh_dim_names}; in-graph FSDP shards over the dimension named 'dp' of a "
+                                 "('dp', 'tp') mesh (tensor parallelism over 'tp'): name them so, or pass the "
+                                 "data-parallel dimension itself (mesh['dp'])")
+        return mesh["dp"]
     if mesh.ndim != 1:
         raise CeOverlapError(f"ce_overlap.fully_shard: a {mesh.ndim}-D mesh {tuple(mesh.shape)}; in-graph FSDP "
-                             "shards over one dimension (pass mesh['dp'] or the data-parallel group)")
+                             "shards over one dimension (a 1-D mesh, or the 'dp' dimension of a ('dp', 'tp') mesh)")
     return mesh
+
+
+def _tensor_parallel(param: DTensor, dp_mesh: DeviceMesh, where: str) -> tuple[_TensorParallel, DeviceMesh, tuple]:
+    """For a parameter tensor parallelism made a DTensor: how it is gathered, and the 2-D mesh and placements of its
+    shard, FSDP2's (data-parallel first: Shard(0), or _StridedShard(0) where TP shards dim 0 too), so that state
+    dicts and DCP checkpoints are those of FSDP2 + TP."""
+    tp_mesh = param.device_mesh
+    if tp_mesh.ndim != 1:
+        raise CeOverlapError(f"ce_overlap.fully_shard: {where} is a DTensor on a {tp_mesh.ndim}-D mesh "
+                             f"{tuple(tp_mesh.shape)}; ce_overlap shards parameters that tensor parallelism placed on "
+                             "one mesh dimension (parallelize_module over mesh['tp'])")
+    placement = param.placements[0]
+    if not isinstance(placement, (Shard, Replicate)) or isinstance(placement, _StridedShard):
+        raise CeOverlapError(f"ce_overlap.fully_shard: {where} is a DTensor placed {placement} on its mesh; tensor "
+                             "parallelism's parameters are Shard(dim) or Replicate()")
+    if tp_mesh == dp_mesh or (tp_mesh.mesh_dim_names is not None and
+                              tp_mesh.mesh_dim_names == dp_mesh.mesh_dim_names):
+        raise CeOverlapError(f"ce_overlap.fully_shard: {where} is already a DTensor on the data-parallel mesh "
+                             f"{dp_mesh.mesh_dim_names or tuple(dp_mesh.shape)} (sharded by another API?); "
+                             "in-graph FSDP shards plain parameters or those tensor parallelism placed on "
+                             "another mesh dimension")
+    for m, what in ((dp_mesh, "data-parallel"), (tp_mesh, "tensor-parallel")):
+        if m.mesh_dim_names is None:
+            raise CeOverlapError(f"ce_overlap.fully_shard: the {what} mesh of {where} has no dimension name; make "
+                                 "the mesh with init_device_mesh(..., mesh_dim_names=('dp', 'tp')) and pass "
+                                 "mesh['dp'] (tensor parallelism over mesh['tp'])")
+    try:
+        spmd_mesh = DeviceMesh._concatenate([dp_mesh, tp_mesh])
+    except (RuntimeError, AttributeError) as e:
+        raise CeOverlapError(f"ce_overlap.fully_shard: {where} is placed on the tensor-parallel mesh "
+                             f"{tp_mesh.mesh_dim_names} and sharded over {dp_mesh.mesh_dim_names}, which are not two "
+                             f"dimensions of one device mesh ({e}); slice both from one init_device_mesh") from None
+    local = param.to_local()
+    tp = _TensorParallel(mesh=tp_mesh, placements=tuple(param.placements), shape=param.shape, stride=param.stride(),
+                         local_shape=local.shape, local_stride=_contiguous_stride(local.shape))
+    split = tp_mesh.size() if isinstance(placement, Shard) and placement.dim == 0 else 1
+    dp_placement = _StridedShard(0, split_factor=split) if split > 1 else Shard(0)
+    return tp, spmd_mesh, (dp_placement, placement)
+
+
+def _check_tensor_parallel_group(tp_mesh: DeviceMesh) -> None:
+    """Tensor parallelism's collectives sit on the critical path of every block: its group belongs inside one node."""
+    from .. import nodes
+
+    group = tp_mesh.get_group()
+    if len(set(nodes.nodes_of(group))) > 1:
+        raise CeOverlapError(f"ce_overlap.fully_shard: the tensor-parallel mesh {tp_mesh.mesh_dim_names} spans nodes "
+                             f"({nodes.describe(group)}); keep tensor parallelism inside a node (the last dimension "
+                             "of init_device_mesh, at most the GPUs of one node) and shard across nodes with 'dp'")
+
+
+def _contiguous_stride(shape) -> tuple[int, ...]:
+    stride, step = [], 1
+    for size in reversed(shape):
+        stride.append(step)
+        step *= max(int(size), 1)
+    return tuple(reversed(stride))
 
 
 def shard_rows(rows: int, world_size: int) -> int:
@@ -323,7 +423,10 @@ def shard_rows(rows: int, world_size: int) -> int:
 
 def _local_shard(param: torch.Tensor, mesh: DeviceMesh, device: torch.device) -> torch.Tensor:
     """This rank's rows in torch's chunk layout (what DTensor's Shard(0) holds): ceil(rows / n) per rank, the last
-    ranks' shorter or empty. Meta or fake parameters get empty shards of the right shape (capture needs shapes)."""
+    ranks' shorter or empty. Meta or fake parameters get empty shards of the right shape (capture needs shapes).
+    A TP DTensor's rows are those of this rank's TP shard (FSDP2's layout under tensor parallelism)."""
+    if isinstance(param, DTensor):
+        param = param.to_local()
     rows, n, rank = param.shape[0], mesh.size(), mesh.get_local_rank()
     chunk = shard_rows(rows, n)
     start, stop = min(rank * chunk, rows), min((rank + 1) * chunk, rows)
@@ -399,20 +502,24 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
     for sub, name, param in todo:
         if id(param) in sharded:
             continue
-        if isinstance(param, DTensor):
-            raise CeOverlapError(f"ce_overlap.fully_shard: parameter {name!r} of {type(sub).__name__} is already a "
-                                 "DTensor (sharded by another API); in-graph FSDP shards plain parameters")
+        where = f"parameter {name!r} of {type(sub).__name__}"
         if param.dim() == 0:
-            raise CeOverlapError(f"ce_overlap.fully_shard: parameter {name!r} of {type(sub).__name__} is a "
-                                 "scalar; in-graph FSDP shards along dim 0")
+            raise CeOverlapError(f"ce_overlap.fully_shard: {where} is a scalar; in-graph FSDP shards along dim 0")
         target = torch.device(device) if device is not None else \
             (param.device if param.device.type != "meta" else torch.device(mesh.device_type))
-        dt = DTensor.from_local(_local_shard(param, mesh, target), mesh, [Shard(0)], run_check=False,
-                                shape=param.shape, stride=param.stride())
+        local = _local_shard(param, mesh, target)
+        if isinstance(param, DTensor):
+            tp, spmd_mesh, placements = _tensor_parallel(param, mesh, where)
+            _check_tensor_parallel_group(tp.mesh)
+            rows = tp.local_shape[0]
+        else:
+            tp, spmd_mesh, placements, rows = None, mesh, (Shard(0),), param.shape[0]
+        dt = DTensor.from_local(local, spmd_mesh, placements, run_check=False, shape=param.shape,
+                                stride=param.stride())
         shard = nn.Parameter(dt, requires_grad=param.requires_grad)
-        rows = param.shape[0]
         specs[id(shard)] = _ShardSpec(rows, shard_rows(rows, mesh.size()), param_dtype, reduce_dtype,
-                                      reshard_after_forward, _local_gather, state, index=next(_indices))
+                                      reshard_after_forward, _local_gather, state, index=next(_indices), mesh=mesh,
+                                      param=shard, tp=tp)
         sharded[id(param)] = shard
     for sub, name, param in todo:
         shard = sharded[id(param)]

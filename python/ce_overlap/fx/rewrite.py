@@ -343,7 +343,14 @@ def _rewrite_unreduced(build: "_Builder", graph: torch.fx.Graph, cb: CheckedBuck
 
 def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos: dict[torch.fx.Node, int],
                     check_where: str | None = None, pack_ce: bool = False,
-                    ce_reduction: str = "kernel") -> list[str]:
+                    ce_reduction: str = "kernel", replaced: dict | None = None) -> list[str]:
+    """Rewrites one bucket. `replaced` maps the waits of buckets rewritten before to what replaced them: a member
+    whose input was such a wait (chained collectives: tensor parallelism's all-reduce of a gradient, then its
+    data-parallel reduce-scatter) reads the replacement; the bucket's own waits are added to it."""
+    replaced = {} if replaced is None else replaced
+    for c in cb.members:
+        while c.input in replaced:
+            c.input = replaced[c.input]
     members = cb.members
     first_coll = min((c.node for c in members), key=pos.__getitem__)
     first_wait = min(cb.waits, key=pos.__getitem__)
@@ -439,6 +446,7 @@ def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos:
                                  f"the wait had {tuple(want.shape)} {want.dtype}")
         users = list(w.users)
         w.replace_all_uses_with(out)
+        replaced[w] = out
         _repair_user_meta(users)
     for w in cb.waits:
         graph.erase_node(w)
@@ -483,6 +491,7 @@ def apply_plan(graph: torch.fx.Graph, checked: CheckedPlan, choose_backend: Back
     reorder(graph, checked.order)
     pos = {n: i for i, n in enumerate(checked.order)}
     results = []
+    replaced: dict[torch.fx.Node, torch.fx.Node] = {}  # rewritten waits -> their copy-outs (_rewrite_bucket)
     for cb in checked.buckets:
         backend, reason = choose_backend(cb) if choose_backend else (cb.backend, cb.reason)
         if backend == "ce":
@@ -492,7 +501,7 @@ def apply_plan(graph: torch.fx.Graph, checked: CheckedPlan, choose_backend: Back
         nodes: list[str] = []
         if len(cb.members) > 1 or backend == "ce":
             nodes = _rewrite_bucket(graph, cb, backend, pos, check_where if backend == "ce" else None, pack_ce,
-                                    ce_reduction)
+                                    ce_reduction, replaced)
         results.append(BucketResult(id=cb.id, type=cb.type, members=len(cb.members), bytes=int(cb.raw["bytes"]),
                                     planned_backend=cb.backend, backend=backend, reason=reason, nodes=nodes,
                                     copy_rate_gbps=cb.copy_rate_gbps if backend == "ce" else 0.0))

@@ -90,14 +90,15 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         bsz, seq, _ = x.shape
-        q = self.wq(x).view(bsz, seq, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        # Heads as -1: under tensor parallelism each rank holds n_heads / tp of them (torchtitan's convention).
+        q = self.wq(x).view(bsz, seq, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(bsz, seq, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(bsz, seq, -1, self.head_dim).transpose(1, 2)
         q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
-        grouped = self.n_kv_heads != self.n_heads
+        grouped = k.shape[1] != q.shape[1]
         if grouped and self.expand_kv:
-            k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
-            v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+            repeats = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
             grouped = False
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
         return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
@@ -168,3 +169,43 @@ def init_weights(model: Llama) -> None:
             nn.init.ones_(p)
         else:
             nn.init.normal_(p, std=0.02 / math.sqrt(2 * model.cfg.n_layers) if name.endswith(("wo.weight", "w2.weight")) else 0.02)
+
+
+def tensor_parallel(model: Llama, tp_mesh, *, loss_parallel: bool = False) -> Llama:
+    """torchtitan's Llama-3 tensor-parallel plan (parallelize_module over the 1-D `tp_mesh`), in place: sequence
+    parallelism around the norms (the residual stream sharded by sequence), attention's and the feed-forward's input
+    projections column-wise and their output projections row-wise, the embedding row-wise, the output projection
+    column-wise. With `loss_parallel` the logits stay sharded by vocabulary (a DTensor) for
+    torch.distributed.tensor.parallel.loss_parallel(), which must then surround the forward and the backward.
+    Apply it before sharding the data-parallel dimension (FSDP2's fully_shard or ce_overlap.fully_shard)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+
+    tp = tp_mesh.size()
+    cfg = model.cfg
+    for what, count in (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.n_kv_heads), ("ffn_dim", cfg.ffn_dim)):
+        if count % tp:
+            raise ValueError(f"tensor parallelism over {tp} ranks: the model's {what} ({count}) does not divide by it")
+    parallelize_module(model, tp_mesh, {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                                  use_local_output=not loss_parallel),
+    })
+    for block in model.layers:
+        parallelize_module(block, tp_mesh, {
+            "attention_norm": SequenceParallel(),
+            "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                            desired_input_layouts=(Replicate(), None, None)),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            "feed_forward.w3": ColwiseParallel(),
+        })
+    return model
