@@ -456,6 +456,25 @@ CollectiveEstimate CostModel::estimate(const CollectiveInfo& c, Backend backend)
 
 double CostModel::collective_us(const CollectiveInfo& c) const { return estimate(c, Backend::Nccl).us; }
 
+double CostModel::link_share(const CollectiveInfo& c, double us) const {
+  const int n = c.group_size;
+  if (n <= 1 || us <= 0 || place(n).nodes > 1) return 0;
+  const double bytes = static_cast<double>(c.bytes);
+  double bus = 0;
+  switch (c.type) {
+    case CollectiveType::AllGather: bus = (n - 1) * bytes; break;
+    case CollectiveType::ReduceScatter:
+    case CollectiveType::AllToAll: bus = (n - 1) * bytes / n; break;
+    case CollectiveType::AllReduce: bus = 2.0 * (n - 1) * bytes / n; break;
+    case CollectiveType::Broadcast:
+    case CollectiveType::Send:
+    case CollectiveType::Recv: bus = bytes; break;
+  }
+  const double usable_gbps = place(n).ring_gbps * profile_.ce.bidirectional_efficiency;
+  if (usable_gbps <= 0) return 0;
+  return std::min(1.0, bus / (us * usable_gbps * 1e3));  // bytes / (us x GB/s x 1e3 bytes per us per GB/s)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Contention
 

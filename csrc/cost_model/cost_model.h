@@ -103,6 +103,13 @@ class CostModel {
   // lacks P2P between any two of its GPUs always gets NCCL.
   Decision decide(const CollectiveInfo& c, const OverlapWindow& window) const;
 
+  // The fraction of one GPU's NVLink (per direction, at its usable rate: the link's GB/s x
+  // ce.bidirectional_efficiency, both directions busy) a collective keeps busy while it runs alone for `us`: its bus
+  // bytes per GPU and direction (all-gather (n-1) x shard, reduce-scatter and all-to-all (n-1)/n x input, all-reduce
+  // twice that, broadcast and send / recv the bytes) over that time, at most 1. 0 for a group of one rank or one that
+  // spans nodes (its traffic leaves over the network). What simulate() shares the link by (SimulateOptions).
+  double link_share(const CollectiveInfo& c, double us) const;
+
   // compute_us for compute nodes, collective_us for collectives, 0 otherwise.
   double node_us(const Node& node) const;
   // Every node's time in the graph, kernel fusion included: each fusion group (analysis.h, fusion_groups) takes

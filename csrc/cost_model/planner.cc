@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <numeric>
+#include <tuple>
 
 #include "../graph/analysis.h"
 #include "../graph/bucketing.h"
@@ -20,6 +21,10 @@ struct Choice {
 Choice choose(const Bucket& bucket, const CollectiveInfo& c, const Decision& d, const CostModel& model,
               const PlanConfig& config) {
   if (!bucket.planned) return {Backend::Nccl, "nccl: " + bucket.kept_reason + "; kept where captured"};
+  if (bucket.role == CollectiveRole::TensorParallel) {
+    return {Backend::Nccl, "nccl: tensor-parallel, on its block's critical path (issued as soon as its input is "
+                           "ready; kept on NCCL)"};
+  }
   if (config.ce == CeMode::Off) return {Backend::Nccl, "nccl: config.ce is off"};
   const bool ce_serves = std::find(std::begin(kCeCollectiveTypes), std::end(kCeCollectiveTypes), c.type) !=
                          std::end(kCeCollectiveTypes);
@@ -130,6 +135,16 @@ Plan make_plan(const Document& doc, const std::string& graph_name, const CostMod
     }
   }
   int64_t collectives = 0, ce_buckets = 0;
+  // Per node: the NVLink share of the collective it carries (simulate's SimulateOptions), after and before.
+  SimulateOptions after_link, before_link;
+  after_link.link_share.assign(n, 0.0);
+  before_link.link_share.assign(n, 0.0);
+  for (const Node& node : g.nodes) {
+    if (node.kind == NodeKind::Collective && node.collective) {
+      before_link.link_share[node.id] = model.link_share(*node.collective, durations[node.id]);
+    }
+  }
+  std::vector<int> plan_bucket_of(n, -1);  // the node that carries a bucket's time -> its plan bucket
   for (size_t b : by_issue) {
     const Bucket& bucket = bs[b];
     CollectiveInfo c;
@@ -182,6 +197,9 @@ Plan make_plan(const Document& doc, const std::string& graph_name, const CostMod
     // The bucket starts when its last member's inputs are ready: it carries the whole time (paced: the longer one).
     // A sum left to the consumer runs on the compute stream after the wait: the first wait carries it.
     after[last_member] = pb.copy_rate_gbps ? paced_us(c, chosen, *pb.copy_rate_gbps) : chosen.comm_us;
+    after_link.link_share[last_member] = model.link_share(c, after[last_member]);
+    plan_bucket_of[last_member] = static_cast<int>(plan.buckets.size());
+    pb.role = bucket.role;
     for (int w : bucket.waits) {
       if (w < 0) continue;
       after[w] += chosen.estimate.consumer_us;
@@ -213,8 +231,21 @@ Plan make_plan(const Document& doc, const std::string& graph_name, const CostMod
 
   std::vector<int> captured(n);
   std::iota(captured.begin(), captured.end(), 0);
-  const Timeline before_tl = simulate(g, captured, durations);
-  const Timeline after_tl = simulate(g, s.order, after);
+  const Timeline before_tl = simulate(g, captured, durations, before_link);
+  const Timeline after_tl = simulate(g, s.order, after, after_link);
+  // What sharing NVLink with another group's collectives cost each data-parallel bucket and them.
+  for (const CollectiveOverlap& o : after_tl.overlaps) {
+    for (const auto& [mine, other, mine_added, other_added] :
+         {std::tuple{o.a, o.b, o.added_a_us, o.added_b_us}, std::tuple{o.b, o.a, o.added_b_us, o.added_a_us}}) {
+      const int pbi = plan_bucket_of[mine];
+      const int obi = plan_bucket_of[other];
+      if (pbi < 0 || plan.buckets[pbi].role == CollectiveRole::TensorParallel || obi < 0 ||
+          plan.buckets[obi].role != CollectiveRole::TensorParallel) {
+        continue;
+      }
+      plan.buckets[pbi].overlaps.push_back({g.nodes[other].name, o.overlap_us, other_added, mine_added});
+    }
+  }
   PlanSummary& sum = plan.summary;
   sum.collectives = collectives;
   sum.buckets = static_cast<int64_t>(plan.buckets.size());

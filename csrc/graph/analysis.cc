@@ -589,9 +589,10 @@ std::vector<FusionGroup> fusion_groups(const Graph& g) {
   return groups;
 }
 
-Timeline simulate(const Graph& g, const std::vector<int>& order, const std::vector<double>& durations_us) {
-  check_order(g, order);
-  check_durations(g, durations_us);
+namespace {
+
+// One pass of simulate() with these collective durations.
+Timeline simulate_pass(const Graph& g, const std::vector<int>& order, const std::vector<double>& durations_us) {
   const int n = static_cast<int>(g.nodes.size());
 
   // A view of a collective's output that no wait has released yet (getitem of a coalesced
@@ -607,18 +608,22 @@ Timeline simulate(const Graph& g, const std::vector<int>& order, const std::vect
   Timeline timeline;
   timeline.exposed_us_by_collective.assign(n, 0.0);
   std::vector<double> ready_us(n, 0.0);  // when each node's output can be used
-  double compute_free_us = 0, comm_free_us = 0;
+  double compute_free_us = 0;
+  std::unordered_map<std::string, double> comm_free_us;  // per process group
   for (int v : order) {
     const Node& node = g.nodes[v];
     const double duration_us = durations_us[v];
     if (node.kind == NodeKind::Collective) {
-      double start_us = comm_free_us;
+      const std::string group = node.collective ? node.collective->group : std::string();
+      double& stream_free_us = comm_free_us[group];
+      double start_us = std::max(stream_free_us, compute_free_us);
       for (int input : node.inputs) start_us = std::max(start_us, ready_us[input]);
       const double end_us = start_us + duration_us;
-      comm_free_us = end_us;
+      stream_free_us = end_us;
       ready_us[v] = end_us;
       timeline.comm_busy_us += duration_us;
       timeline.events.push_back({v, Stream::Comm, start_us, end_us});
+      timeline.makespan_us = std::max(timeline.makespan_us, end_us);
       continue;
     }
     const bool gates_on_collective = node.kind == NodeKind::Wait || pending[v];
@@ -643,7 +648,57 @@ Timeline simulate(const Graph& g, const std::vector<int>& order, const std::vect
     timeline.compute_busy_us += duration_us;
     if (duration_us > 0) timeline.events.push_back({v, Stream::Compute, start_us, end_us});
   }
-  timeline.makespan_us = std::max(compute_free_us, comm_free_us);
+  timeline.makespan_us = std::max(timeline.makespan_us, compute_free_us);
+  return timeline;
+}
+
+// The overlapping pairs of collectives of different groups in `t` whose link shares sum above 1, with what each
+// gains (SimulateOptions::link_share).
+std::vector<CollectiveOverlap> link_overlaps(const Graph& g, const Timeline& t, const std::vector<double>& share) {
+  std::vector<const TimelineEvent*> comm;
+  for (const TimelineEvent& e : t.events) {
+    if (e.stream == Stream::Comm && e.end_us > e.start_us && share[e.node] > 0) comm.push_back(&e);
+  }
+  std::stable_sort(comm.begin(), comm.end(),
+                   [](const TimelineEvent* x, const TimelineEvent* y) { return x->start_us < y->start_us; });
+  std::vector<CollectiveOverlap> out;
+  for (size_t i = 0; i < comm.size(); ++i) {
+    const TimelineEvent& a = *comm[i];
+    for (size_t j = i + 1; j < comm.size() && comm[j]->start_us < a.end_us; ++j) {
+      const TimelineEvent& b = *comm[j];
+      if (g.nodes[a.node].collective->group == g.nodes[b.node].collective->group) continue;
+      const double overlap = std::min(a.end_us, b.end_us) - b.start_us;
+      const double sum = share[a.node] + share[b.node];
+      if (overlap <= 0 || sum <= 1) continue;
+      const double added = overlap * (1 - 1 / sum);
+      out.push_back({a.node, b.node, overlap, added, added});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Timeline simulate(const Graph& g, const std::vector<int>& order, const std::vector<double>& durations_us,
+                  const SimulateOptions& options) {
+  check_order(g, order);
+  check_durations(g, durations_us);
+  const int n = static_cast<int>(g.nodes.size());
+  if (!options.link_share.empty() && options.link_share.size() != static_cast<size_t>(n)) {
+    throw IrError("simulate: link_share has " + std::to_string(options.link_share.size()) + " entries for " +
+                  std::to_string(n) + " nodes");
+  }
+  Timeline timeline = simulate_pass(g, order, durations_us);
+  if (options.link_share.empty()) return timeline;
+  std::vector<CollectiveOverlap> overlaps = link_overlaps(g, timeline, options.link_share);
+  if (overlaps.empty()) return timeline;
+  std::vector<double> shared = durations_us;
+  for (const CollectiveOverlap& o : overlaps) {
+    shared[o.a] += o.added_a_us;
+    shared[o.b] += o.added_b_us;
+  }
+  timeline = simulate_pass(g, order, shared);
+  timeline.overlaps = std::move(overlaps);
   return timeline;
 }
 

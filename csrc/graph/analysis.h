@@ -68,6 +68,16 @@ struct TimelineEvent {
   double end_us = 0;
 };
 
+// Two collectives of different groups that ran at the same time, and what sharing the GPU's NVLink added to each
+// (only where their link shares together exceed the link: SimulateOptions::link_share).
+struct CollectiveOverlap {
+  int a = -1;             // collective node ids, a issued first
+  int b = -1;
+  double overlap_us = 0;  // time both ran (without the link's slowdown)
+  double added_a_us = 0;  // what sharing the link added to a
+  double added_b_us = 0;
+};
+
 struct Timeline {
   std::vector<TimelineEvent> events;   // one per node with a duration > 0 or a collective, in issue order
   double makespan_us = 0;
@@ -75,11 +85,26 @@ struct Timeline {
   double comm_busy_us = 0;
   // Time the compute stream sat blocked in a wait, per collective node id (index = node id, 0 if none).
   std::vector<double> exposed_us_by_collective;
+  // Collectives of different groups that overlapped, in issue order of `a` (SimulateOptions::link_share).
+  std::vector<CollectiveOverlap> overlaps;
 };
-// Two-stream list schedule in the given order: collectives run on the comm stream in order, one at a
-// time, once their inputs are ready; every other node runs on the compute stream in order, after its
-// inputs are ready; a wait blocks the compute stream until its collective ends. Views/other take
-// their duration (normally 0) on the compute stream.
-Timeline simulate(const Graph& g, const std::vector<int>& order, const std::vector<double>& durations_us);
+
+struct SimulateOptions {
+  // Per node id: the fraction of the GPU's NVLink (per direction) a collective keeps busy while it runs alone (its bus
+  // bytes over its time, against the link's usable bandwidth); empty or 0: it shares nothing. Two collectives of
+  // different groups that overlap with shares summing above 1 both slow down while they overlap: each progresses at
+  // 1 / (sum) of its pace alone (the link split in proportion), so each gains overlap x (1 - 1 / sum).
+  std::vector<double> link_share;
+};
+
+// List schedule in the given order over a compute stream and one comm stream per process group: every non-collective
+// node runs on the compute stream in order, after its inputs are ready; a collective runs on its group's stream in
+// order, once its inputs are ready and the compute stream has run everything issued before it (a collective's stream
+// waits for the stream that issues it, as NCCL's and the CE runtime's do); a wait blocks the compute stream until
+// its collective ends. Collectives of different groups run at the same time, sharing the link as `options` says
+// (two passes: the overlaps of the first lengthen the collectives of the second). Views/other take their duration
+// (normally 0) on the compute stream.
+Timeline simulate(const Graph& g, const std::vector<int>& order, const std::vector<double>& durations_us,
+                  const SimulateOptions& options = {});
 
 }  // namespace ce_overlap

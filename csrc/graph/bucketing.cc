@@ -141,6 +141,7 @@ std::vector<Bucket> bucket_collectives(const Graph& g, const std::vector<Block>&
     proto.dtype = collective_dtype(g, node);
     proto.reduce_op = c.reduce_op;
     proto.block = node.block;
+    proto.role = c.role;
     std::string scope_key;
     for (size_t p = 0; p < patterns.size() && proto.scope == BucketScope::Outside; ++p) {
       for (const auto& entry : node.module_stack) {
@@ -172,7 +173,7 @@ std::vector<Bucket> bucket_collectives(const Graph& g, const std::vector<Block>&
       continue;
     }
 
-    if (!use.mergeable) {  // planned, but on its own
+    if (!use.mergeable || c.role == CollectiveRole::TensorParallel) {  // planned, but on its own
       proto.members = {node.id};
       proto.waits = {use.wait};
       proto.bytes = c.bytes;

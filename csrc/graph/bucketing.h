@@ -44,6 +44,7 @@ struct Bucket {
   int64_t bytes = 0;         // sum of the members' collective.bytes
   bool planned = true;       // false: kept where captured (not bucketable), NCCL
   std::string kept_reason;   // why, when not planned ("read by 3 waits (coalesced)")
+  CollectiveRole role = CollectiveRole::Unknown;  // its collectives' (they share the group)
 };
 
 // Groups every collective of g into exactly one bucket. Keys: the first bucket pattern (in config
@@ -53,6 +54,7 @@ struct Bucket {
 // key between them). Members go in graph order; a bucket closes when the next member would take it
 // over config.bucket_cap_bytes, or when the next member depends on a member already in it. Only
 // mergeable collectives (CollectiveUse) share buckets; any other is a bucket of its own.
+// A tensor-parallel collective (role "tp") is a bucket of its own: it sits on the critical path of its block.
 // Buckets come out ordered by their first member. `blocks` gives the block paths.
 std::vector<Bucket> bucket_collectives(const Graph& g, const std::vector<Block>& blocks, const PlanConfig& config);
 

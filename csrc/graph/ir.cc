@@ -284,6 +284,21 @@ NodeKind node_kind_from_string(const std::string& s) {
   throw IrError("unknown kind " + quoted(s) + " (accepted: " + join_names(kKindNames) + ")");
 }
 
+const char* to_string(CollectiveRole role) {
+  switch (role) {
+    case CollectiveRole::Unknown: return "";
+    case CollectiveRole::DataParallel: return "dp";
+    case CollectiveRole::TensorParallel: return "tp";
+  }
+  throw IrError("invalid CollectiveRole value " + std::to_string(static_cast<int>(role)));
+}
+
+CollectiveRole collective_role_from_string(const std::string& s) {
+  if (s == "dp") return CollectiveRole::DataParallel;
+  if (s == "tp") return CollectiveRole::TensorParallel;
+  throw IrError("unknown collective role " + quoted(s) + " (accepted: dp, tp)");
+}
+
 CollectiveType collective_type_from_string(const std::string& s) {
   for (size_t i = 0; i < std::size(kCollectiveNames); ++i) {
     if (s == kCollectiveNames[i]) return static_cast<CollectiveType>(i);

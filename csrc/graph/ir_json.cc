@@ -66,8 +66,8 @@ constexpr std::string_view kNodeKeys[] = {"id",    "name",           "kind",    
 enum NodeKey { kId, kName, kKind, kOp, kInputs, kOutputs, kFlops, kBytesAccessed, kModuleStack, kBlock, kCollective };
 constexpr std::string_view kTensorKeys[] = {"shape", "dtype", "bytes"};
 enum TensorKey { kTensorShape, kTensorDtype, kTensorBytes };
-constexpr std::string_view kCollectiveKeys[] = {"type", "group", "group_size", "reduce_op", "bytes"};
-enum CollectiveKey { kCollType, kCollGroup, kCollGroupSize, kCollReduceOp, kCollBytes };
+constexpr std::string_view kCollectiveKeys[] = {"type", "group", "group_size", "reduce_op", "bytes", "role"};
+enum CollectiveKey { kCollType, kCollGroup, kCollGroupSize, kCollReduceOp, kCollBytes, kCollRole };
 
 template <size_t N>
 constexpr uint32_t all_keys() {
@@ -284,9 +284,19 @@ class IrReader {
           }
           break;
         case kCollBytes: c.bytes = read_int64(JsonPath(path, "bytes")); break;
+        case kCollRole: {
+          const JsonPath role_path(path, "role");
+          read_string(role_path, scratch_type_);
+          try {
+            c.role = collective_role_from_string(scratch_type_);
+          } catch (const IrError& e) {
+            fail_at(role_path, e.what());
+          }
+          break;
+        }
       }
     });
-    // reduce_op is required even when null: absent and null must not mean different things.
+    // reduce_op is required even when null: absent and null must not mean different things. role is optional.
     require(path, kCollectiveKeys, seen, all_keys<5>());
     return c;
   }
@@ -487,6 +497,11 @@ void append_node(std::string& out, const Node& node) {
     out += ", ";
     append_key(out, "bytes");
     append_int(out, c.bytes);
+    if (c.role != CollectiveRole::Unknown) {
+      out += ", ";
+      append_key(out, "role");
+      append_string(out, to_string(c.role));
+    }
     out += '}';
   }
   out += '}';
@@ -622,6 +637,7 @@ json ir_to_json(const Document& doc) {
                                   {"group_size", c.group_size},
                                   {"reduce_op", c.reduce_op ? json(*c.reduce_op) : json(nullptr)},
                                   {"bytes", c.bytes}};
+        if (c.role != CollectiveRole::Unknown) node["collective"]["role"] = to_string(c.role);
       }
       nodes.push_back(std::move(node));
     }

@@ -94,6 +94,15 @@ struct PlanPrediction {
   double exposed_us = 0;              // part of the chosen backend's time the window does not hide
 };
 
+// A collective of another group (a tensor-parallel one) that a bucket ran beside, and what sharing the GPU's NVLink cost
+// each side (the timeline's CollectiveOverlap, the planner's order and backends).
+struct PlanOverlap {
+  std::string collective;      // its FX node name
+  double overlap_us = 0;       // time both ran
+  double collective_added_us = 0;  // what the bucket added to it
+  double bucket_added_us = 0;      // what it added to the bucket
+};
+
 struct PlanBucket {
   int id = 0;
   CollectiveType type = CollectiveType::AllGather;
@@ -110,6 +119,8 @@ struct PlanBucket {
   PlanPrediction predicted;
   // A CE bucket's copy rate, GB/s per peer copy (the runtime's pacing; config.copy_pace_fill); null: unpaced.
   std::optional<double> copy_rate_gbps;
+  CollectiveRole role = CollectiveRole::Unknown;  // its members' (optional in a Plan: written when known)
+  std::vector<PlanOverlap> overlaps;              // optional in a Plan: written when not empty
 };
 
 struct PlanSummary {

@@ -145,6 +145,9 @@ int check_member(const Graph& g, const Plan& plan, size_t index, size_t k,
   const std::optional<std::string> dtype = collective_dtype(g, node);
   if (dtype != b.dtype) mismatch("dtype", show(dtype), show(b.dtype));
   if (info.reduce_op != b.reduce_op) mismatch("reduce_op", show(info.reduce_op), show(b.reduce_op));
+  if (b.role != CollectiveRole::Unknown && info.role != b.role) {  // a Plan without roles (older) names none
+    mismatch("role", json_quoted(to_string(info.role)), json_quoted(to_string(b.role)));
+  }
   if (info.bytes != m.bytes) {
     fail("bucket.bytes", name, at(mpath, "bytes"),
          "expected " + std::to_string(info.bytes) + " (collective.bytes of " + label(g, c) + "), got " +
@@ -209,6 +212,20 @@ void check_plan(const Document& doc, const Plan& plan) {
       }
     }
     check_bucket_order(plan, i, position);
+    for (size_t k = 0; k < b.overlaps.size(); ++k) {  // collectives of other groups, by name
+      const std::string& name = b.overlaps[k].collective;
+      const std::string opath = at(at(at(path, "overlaps"), k), "collective");
+      auto it = id_of.find(name);
+      if (it == id_of.end() || g.nodes[it->second].kind != NodeKind::Collective || !g.nodes[it->second].collective) {
+        fail("bucket.overlaps", name, opath, "expected a collective of graph " + json_quoted(g.name) + ", got " +
+                                                 json_quoted(name));
+      }
+      if (g.nodes[it->second].collective->group == b.group) {
+        fail("bucket.overlaps", name, opath,
+             label(g, it->second) + " is of the bucket's own group " + json_quoted(b.group) +
+                 " (its collectives run one after another)");
+      }
+    }
     // Inputs before the first member collective; users of member waits after the last member wait.
     int first_c = static_cast<int>(g.nodes.size()), last_w = -1;
     for (int c : members) {

@@ -238,7 +238,7 @@ PlanBucket read_bucket(const json& j, const std::string& path) {
   ObjectReader r(j, path,
                  {"id", "type", "block", "block_path", "group", "group_size", "dtype", "reduce_op", "members", "bytes",
                   "backend", "reason", "predicted"},
-                 true, {"copy_rate_gbps"});
+                 true, {"copy_rate_gbps", "role", "overlaps"});
   PlanBucket b;
   b.id = static_cast<int>(int_value(r["id"], r.path("id"), 0, INT_MAX, "0..2^31-1"));
   const std::string type = string_value(r["type"], r.path("type"));
@@ -282,6 +282,28 @@ PlanBucket read_bucket(const json& j, const std::string& path) {
       fail_schema(r.path("copy_rate_gbps"), "expected a positive number of GB/s, got " + describe(v));
     }
     b.copy_rate_gbps = v.get<double>();
+  }
+  if (r.has("role")) {
+    const std::string role = string_value(r["role"], r.path("role"));
+    try {
+      b.role = collective_role_from_string(role);
+    } catch (const IrError& e) {
+      fail_schema(r.path("role"), e.what());
+    }
+  }
+  if (r.has("overlaps")) {
+    const json& overlaps = r["overlaps"];
+    const std::string opath = r.path("overlaps");
+    if (!overlaps.is_array()) fail_schema(opath, "expected an array, got " + describe(overlaps));
+    for (size_t k = 0; k < overlaps.size(); ++k) {
+      ObjectReader o(overlaps[k], at(opath, k), {"collective", "overlap_us", "collective_added_us", "bucket_added_us"});
+      PlanOverlap overlap;
+      overlap.collective = string_value(o["collective"], o.path("collective"));
+      overlap.overlap_us = us_value(o["overlap_us"], o.path("overlap_us"));
+      overlap.collective_added_us = us_value(o["collective_added_us"], o.path("collective_added_us"));
+      overlap.bucket_added_us = us_value(o["bucket_added_us"], o.path("bucket_added_us"));
+      b.overlaps.push_back(std::move(overlap));
+    }
   }
   return b;
 }
@@ -410,6 +432,22 @@ void write_bucket(std::string& out, const PlanBucket& b) {
       .field("exposed_us", num(p.exposed_us))
       .close();
   if (b.copy_rate_gbps) line.field("copy_rate_gbps", num(*b.copy_rate_gbps));
+  if (b.role != CollectiveRole::Unknown) line.field("role", to_string(b.role));
+  if (!b.overlaps.empty()) {
+    std::string& overlaps = line.raw("overlaps");
+    overlaps += '[';
+    for (size_t k = 0; k < b.overlaps.size(); ++k) {
+      const PlanOverlap& o = b.overlaps[k];
+      if (k) overlaps += ", ";
+      Line(overlaps)
+          .field("collective", o.collective)
+          .field("overlap_us", num(o.overlap_us))
+          .field("collective_added_us", num(o.collective_added_us))
+          .field("bucket_added_us", num(o.bucket_added_us))
+          .close();
+    }
+    overlaps += ']';
+  }
   line.close();
 }
 

@@ -185,6 +185,16 @@ void check_bucket_predicted(const PlanBucket& b, size_t index) {
   if (b.backend == "ce" && !p.ce_us) {
     fail("bucket.predicted", bucket_node(index), at(path, "ce_us"), "a bucket on CE needs a CE prediction, got null");
   }
+  for (size_t k = 0; k < b.overlaps.size(); ++k) {
+    const PlanOverlap& o = b.overlaps[k];
+    const std::string opath = at(at(at("buckets", index), "overlaps"), k);
+    for (const auto& [us, key] : {std::pair{o.overlap_us, "overlap_us"}, std::pair{o.collective_added_us,
+                                  "collective_added_us"}, std::pair{o.bucket_added_us, "bucket_added_us"}}) {
+      if (!std::isfinite(us) || us < 0) {
+        fail("bucket.overlaps", bucket_node(index), at(opath, key), "expected a non-negative number of microseconds");
+      }
+    }
+  }
 }
 
 void check_bucket_bytes(const PlanBucket& b, size_t index, const PlanConfig& config) {

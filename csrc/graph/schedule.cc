@@ -43,8 +43,12 @@ struct Units {
   std::vector<int> topo;                        // units in a topological order
 };
 
-// Builds the units; returns false (units.topo partial) when merging made a cycle.
-bool build_units(const Graph& g, const std::vector<Bucket>& buckets, Units& u) {
+// An ordering constraint of the scheduler's own (not a data edge): node `second` runs after node `first`.
+using After = std::pair<int, int>;
+
+// Builds the units (with the `after` constraints as edges); returns false (units.topo partial) when merging, or a
+// constraint, made a cycle.
+bool build_units(const Graph& g, const std::vector<Bucket>& buckets, Units& u, const std::vector<After>& after = {}) {
   const int n = static_cast<int>(g.nodes.size());
   u = Units();
   u.unit_of.assign(n, -1);
@@ -83,18 +87,21 @@ bool build_units(const Graph& g, const std::vector<Bucket>& buckets, Units& u) {
       if (u.unit_of[input] != u.unit_of[v]) ++u.user_offsets[u.unit_of[input] + 1];
     }
   }
+  for (const After& a : after) {
+    if (u.unit_of[a.first] != u.unit_of[a.second]) ++u.user_offsets[u.unit_of[a.first] + 1];
+  }
   for (int i = 0; i < u.count; ++i) u.user_offsets[i + 1] += u.user_offsets[i];
   u.users.resize(u.user_offsets[u.count]);
   std::vector<int> fill(u.user_offsets.begin(), u.user_offsets.end() - 1);
+  auto edge = [&](int from_unit, int to_unit) {
+    if (from_unit == to_unit) return;
+    u.users[fill[from_unit]++] = to_unit;
+    ++u.in_degree[to_unit];
+  };
   for (int v = 0; v < n; ++v) {
-    const int uv = u.unit_of[v];
-    for (int input : g.nodes[v].inputs) {
-      const int ui = u.unit_of[input];
-      if (ui == uv) continue;
-      u.users[fill[ui]++] = uv;
-      ++u.in_degree[uv];
-    }
+    for (int input : g.nodes[v].inputs) edge(u.unit_of[input], u.unit_of[v]);
   }
+  for (const After& a : after) edge(u.unit_of[a.first], u.unit_of[a.second]);
   std::vector<int> degree = u.in_degree;
   u.topo.clear();
   u.topo.reserve(u.count);
@@ -255,7 +262,9 @@ struct Scheduler {
       if (!bucket.planned) continue;
       const int first = bucket.members.front();
       double primary;
-      if (bucket.type == CollectiveType::AllGather) {
+      // A tensor-parallel all-gather gathers an activation its block computes just before: issued as soon as it can
+      // be, never prefetched (and not in the chain that keeps the data-parallel all-gathers in order).
+      if (bucket.type == CollectiveType::AllGather && bucket.role != CollectiveRole::TensorParallel) {
         primary = std::max(prefetch_target(bucket, spans, prefetch[b]), previous_all_gather);
         previous_all_gather = primary;
       } else {
@@ -278,10 +287,14 @@ struct Scheduler {
     return key;
   }
 
-  // The planned reduce-scatter bucket issued after bucket b (buckets are in order of first member), or -1.
+  // The planned data-parallel reduce-scatter bucket issued after bucket b (buckets are in order of first member), or
+  // -1. Tensor parallelism's reduce-scatters are not FSDP's two in flight.
   int next_reduce_scatter(size_t b) const {
     for (size_t c = b + 1; c < buckets.size(); ++c) {
-      if (buckets[c].planned && buckets[c].type == CollectiveType::ReduceScatter) return static_cast<int>(c);
+      if (buckets[c].planned && buckets[c].type == CollectiveType::ReduceScatter &&
+          buckets[c].role != CollectiveRole::TensorParallel) {
+        return static_cast<int>(c);
+      }
     }
     return -1;
   }
@@ -314,6 +327,66 @@ struct Scheduler {
     return order;
   }
 };
+
+// Whether node `v` depends on any of `sources` (walks v's inputs; ids are a topological order).
+bool depends_on(const Graph& g, int v, const std::vector<int>& sources) {
+  const int floor = *std::min_element(sources.begin(), sources.end());
+  std::vector<char> seen(g.nodes.size(), 0), source(g.nodes.size(), 0);
+  for (int x : sources) source[x] = 1;
+  std::vector<int> stack{v};
+  seen[v] = 1;
+  while (!stack.empty()) {
+    const int x = stack.back();
+    stack.pop_back();
+    if (source[x]) return true;
+    for (int input : g.nodes[x].inputs) {
+      if (input >= floor && !seen[input]) {
+        seen[input] = 1;
+        stack.push_back(input);
+      }
+    }
+  }
+  return false;
+}
+
+// The scheduler's constraints for tensor parallelism, from a first `order`: a data-parallel bucket (planned, not
+// tensor-parallel) whose first collective is followed by a tensor-parallel collective before any compute with FLOPs
+// (a GEMM, attention) runs after that collective's wait (the last such collective's, when several come together). In
+// `notes`, per bucket so constrained, why.
+std::vector<After> tp_aware_after(const Graph& g, const std::vector<Bucket>& buckets, const std::vector<int>& order,
+                                  std::vector<std::string>& notes) {
+  const int n = static_cast<int>(g.nodes.size());
+  std::vector<int> tp_wait(n, -1);  // a tensor-parallel bucket's collective -> its wait
+  bool any = false;
+  for (const Bucket& b : buckets) {
+    if (b.role != CollectiveRole::TensorParallel) continue;
+    for (size_t k = 0; k < b.members.size(); ++k) tp_wait[b.members[k]] = b.waits[k];
+    any = true;
+  }
+  std::vector<After> after;
+  if (!any) return after;
+  std::vector<int> pos(n);
+  for (int i = 0; i < n; ++i) pos[order[i]] = i;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const Bucket& bucket = buckets[b];
+    if (!bucket.planned || bucket.role == CollectiveRole::TensorParallel) continue;
+    int issue = n;
+    for (int m : bucket.members) issue = std::min(issue, pos[m]);
+    int last_wait = -1;
+    for (int i = issue + 1; i < n; ++i) {
+      const Node& node = g.nodes[order[i]];
+      if (node.kind == NodeKind::Compute && node.flops > 0) break;
+      if (node.kind == NodeKind::Collective && tp_wait[node.id] >= 0) last_wait = tp_wait[node.id];
+    }
+    // Not where the tensor-parallel collective needs the bucket (the embedding's gathered table feeds its lookup's
+    // reduce-scatter): that order would be a cycle.
+    if (last_wait < 0 || depends_on(g, last_wait, bucket.members)) continue;
+    after.emplace_back(last_wait, bucket.members.front());
+    notes[b] = "issued after tensor-parallel " + g.nodes[waited_collective(g, last_wait)].name +
+               " completes (it would share its NVLink)";
+  }
+  return after;
+}
 
 struct BucketedItems {
   detail::LivenessItems items;
@@ -472,9 +545,31 @@ Schedule schedule_graph(const Graph& g, std::vector<Bucket> buckets, const PlanC
     s.notes.assign(buckets.size(), "captured order kept (config.keep_order)");
   } else {
     for (size_t b = 0; b < buckets.size(); ++b) {
-      if (buckets[b].planned && buckets[b].type == CollectiveType::AllGather) s.prefetch[b] = config.prefetch_blocks;
+      if (buckets[b].planned && buckets[b].type == CollectiveType::AllGather &&
+          buckets[b].role != CollectiveRole::TensorParallel) {
+        s.prefetch[b] = config.prefetch_blocks;
+      }
     }
     const std::vector<int> wanted = s.prefetch;
+    // Data-parallel buckets that would start just before a tensor-parallel collective (no GEMM between) start after
+    // its wait instead: they would share its NVLink while it holds up its block (tp_aware_after).
+    {
+      Scheduler first(g, buckets, units);
+      const std::vector<int> order = first.order_for(first.own_keys(s.prefetch, false));
+      std::vector<std::string> tp_notes(buckets.size());
+      const std::vector<After> after = tp_aware_after(g, buckets, order, tp_notes);
+      if (!after.empty()) {
+        Units constrained;
+        if (build_units(g, buckets, constrained, after)) {
+          units = std::move(constrained);
+          for (size_t b = 0; b < buckets.size(); ++b) {
+            if (!tp_notes[b].empty()) s.notes[b] = tp_notes[b];
+          }
+        } else {
+          build_units(g, buckets, units);  // a constraint made a cycle: none of them
+        }
+      }
+    }
     Scheduler scheduler(g, buckets, units);
     std::vector<char> bounded(buckets.size(), 0);
     while (true) {
@@ -488,7 +583,8 @@ Schedule schedule_graph(const Graph& g, std::vector<Bucket> buckets, const PlanC
       bool bound_some = false;
       for (size_t b = 0; b < buckets.size(); ++b) {
         if (bounded[b] || !buckets[b].planned || buckets[b].type != CollectiveType::ReduceScatter ||
-            units.wait_unit[b] < 0 || scheduler.next_reduce_scatter(b) < 0) {
+            buckets[b].role == CollectiveRole::TensorParallel || units.wait_unit[b] < 0 ||
+            scheduler.next_reduce_scatter(b) < 0) {
           continue;
         }
         const int issue = pos[buckets[b].members.front()];

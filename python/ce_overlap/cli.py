@@ -48,6 +48,9 @@ def _add_capture_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=_bounded("--seq-len", lowest=1), default=None,
                    help="sequence length for zoo models (default: the model's)")
     p.add_argument("--batch", type=_bounded("--batch", lowest=1), default=1, help="batch per rank for zoo models")
+    p.add_argument("--tp", type=_bounded("--tp", lowest=1), default=1,
+                   help="tensor parallelism over T ranks inside, in-graph FSDP over world-size / T (a zoo model's "
+                        "torchtitan plan, or a build file's tensor_parallel(module, tp_mesh)); default 1")
     p.add_argument("--param-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
                    help="dtype parameters are all-gathered in (default bfloat16)")
     p.add_argument("--no-reshard", action="store_true",
@@ -179,7 +182,7 @@ def _cache_path(args, target: str) -> str | None:
 
     from . import models
 
-    key = {"target": target, "world_size": args.world_size, "seq_len": args.seq_len, "batch": args.batch,
+    key = {"target": target, "world_size": args.world_size, "tp": args.tp, "seq_len": args.seq_len, "batch": args.batch,
            "param_dtype": args.param_dtype, "reshard": not args.no_reshard, "fsdp": not args.no_fsdp,
            "cast_inputs": not args.no_cast_inputs, "device": args.device,
            "vocab_parallel": args.vocab_parallel_embeddings, "keep_gathered": list(args.keep_gathered),
@@ -210,11 +213,12 @@ def _capture_target(args, target: str):
     common = dict(world_size=args.world_size, fsdp=not args.no_fsdp, param_dtype=args.param_dtype,
                   reshard_after_forward=not args.no_reshard, cast_forward_inputs=not args.no_cast_inputs,
                   vocab_parallel_embeddings=args.vocab_parallel_embeddings, keep_gathered=args.keep_gathered,
-                  device=args.device)
+                  device=args.device, tp=args.tp)
     if models.is_build_target(target):
         if args.seq_len is not None:
             raise CeOverlapError("--seq-len applies to zoo models; a build() target sets its own inputs")
         built = models.build_from_file(target)
+        common["tensor_parallel"] = built.tensor_parallel
         try:
             ir = capture(built.module, built.example_inputs, name=built.name, **common)
         except CeOverlapError as e:
@@ -227,6 +231,7 @@ def _capture_target(args, target: str):
                     not str(e).startswith(COMPILE_FAILED):
                 raise
             built = models.build_from_file(target)  # the failed capture sharded the first one
+            common["tensor_parallel"] = built.tensor_parallel
             why = str(e).removeprefix(COMPILE_FAILED).split(" (in ")[0]
             try:
                 ir = capture(built.module, built.example_inputs, name=built.name,

@@ -60,7 +60,7 @@ class Ir:
 
 def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
                      cast_forward_inputs=True, device=None, vocab_parallel_embeddings=False, keep_gathered=(),
-                     overlap_scheduler=None):
+                     overlap_scheduler=None, tp=1, tensor_parallel=None):
     import torch
 
     from .fx.capture import CaptureOptions
@@ -80,6 +80,15 @@ def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward,
         dtype = param_dtype if isinstance(param_dtype, torch.dtype) else getattr(torch, str(param_dtype), None)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise CeOverlapError(f"param_dtype must be a floating torch dtype or its name, got {param_dtype!r}")
+    if not isinstance(tp, int) or tp < 1 or world_size % tp:
+        raise CeOverlapError(f"tp must be an integer >= 1 that divides world_size ({world_size}), got {tp!r}")
+    if tp > 1 and not fsdp:
+        raise CeOverlapError("tp captures tensor parallelism with in-graph FSDP over the other mesh dimension, "
+                             "which needs fsdp")
+    if tp > 1 and not callable(tensor_parallel):
+        raise CeOverlapError(f"tp={tp} needs the model's tensor-parallel plan: a callable (module, tp_mesh) that "
+                             "parallelizes it (torch's parallelize_module); a build file defines "
+                             "tensor_parallel(module, tp_mesh) beside build()")
     if overlap_scheduler is not None:
         profiles.read_text(overlap_scheduler)  # a bad profile is named before the capture starts
     device, reason = capture_device(device)
@@ -87,7 +96,8 @@ def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward,
                           reshard_after_forward=reshard_after_forward, inductor_config=dict(inductor_config or {}),
                           cast_forward_inputs=bool(cast_forward_inputs), device=device, device_reason=reason,
                           vocab_parallel_embeddings=bool(vocab_parallel_embeddings),
-                          keep_gathered=tuple(keep_gathered), overlap_scheduler=overlap_scheduler)
+                          keep_gathered=tuple(keep_gathered), overlap_scheduler=overlap_scheduler, tp=tp,
+                          tensor_parallel=tensor_parallel if tp > 1 else None)
 
 
 def capture_device(device: str | None) -> tuple[str, str | None]:
@@ -128,7 +138,8 @@ def capture(model, example_inputs: Sequence[Any], *, world_size: int, rank: int 
             param_dtype="bfloat16", reshard_after_forward: bool = True, cast_forward_inputs: bool = True,
             inductor_config: dict | None = None, name: str | None = None, meta: dict | None = None,
             device: str | None = None, vocab_parallel_embeddings: bool = False,
-            keep_gathered: Sequence[str] = (), overlap_scheduler: str | None = None) -> Ir:
+            keep_gathered: Sequence[str] = (), overlap_scheduler: str | None = None, tp: int = 1,
+            tensor_parallel=None) -> Ir:
     """Capture one training step of `model` as Inductor's post-grad graphs, as IR.
 
     Runs on any machine (fake process group, fake tensors): build the model on the meta device to
@@ -143,11 +154,14 @@ def capture(model, example_inputs: Sequence[Any], *, world_size: int, rank: int 
     the forward's output, or the first tensor of a tuple, list or dict it returns, summed unless it is a scalar
     (meta["loss"] says which). `overlap_scheduler`: a profile; the step is compiled with Inductor's overlap scheduler
     on, its compute estimates from that profile's model, so the graphs hold its order (fx/overlap_scheduler.py).
+    `tp` > 1: tensor parallelism inside, in-graph FSDP across: a ("dp", "tp") mesh of world_size / tp x tp ranks,
+    `tensor_parallel(model, tp_mesh)` (the model's plan: torch's parallelize_module) applied first, then the model
+    sharded over "dp" (meta["tp"]; each collective's role in the IR says which dimension it serves).
     Raises CeOverlapError for bad arguments or a model that does not compile to one graph.
     """
     options = _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
                                cast_forward_inputs, device, vocab_parallel_embeddings, keep_gathered,
-                               overlap_scheduler)
+                               overlap_scheduler, tp, tensor_parallel)
     return _from_doc(_capture_doc(model, example_inputs, options,
                                   {"model": name or type(model).__name__, **(meta or {})}))
 
@@ -160,8 +174,9 @@ def capture_named(name: str, *, world_size: int, seq_len: int | None = None, bat
                   fsdp: bool = True, param_dtype="bfloat16", reshard_after_forward: bool = True,
                   cast_forward_inputs: bool = True, inductor_config: dict | None = None, full: bool = False,
                   device: str | None = None, vocab_parallel_embeddings: bool = False,
-                  keep_gathered: Sequence[str] = (), overlap_scheduler: str | None = None) -> Ir:
-    """Capture a zoo model (ce_overlap.models) by name.
+                  keep_gathered: Sequence[str] = (), overlap_scheduler: str | None = None, tp: int = 1) -> Ir:
+    """Capture a zoo model (ce_overlap.models) by name (`tp` > 1: with torchtitan's tensor-parallel plan, capture's
+    `tp`).
 
     Its blocks are identical, so unless `full` the model is captured at 3 and 4 blocks and the graphs of all
     its blocks are extrapolated from the two (ce_overlap.extrapolate: exact, node for node, or refused), which
@@ -174,10 +189,10 @@ def capture_named(name: str, *, world_size: int, seq_len: int | None = None, bat
     from . import models
     from .extrapolate import NeedsDeeperCaptures, NotExtrapolable, extrapolate
 
+    built = models.build_named(name, seq_len=seq_len, batch=batch)
     options = _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
                                cast_forward_inputs, device, vocab_parallel_embeddings, keep_gathered,
-                               overlap_scheduler)
-    built = models.build_named(name, seq_len=seq_len, batch=batch)
+                               overlap_scheduler, tp, built.tensor_parallel)
     tokens = built.example_inputs[0]
     meta = {"model": name, "batch": int(tokens.shape[0]), "seq_len": int(tokens.shape[1])}
     depth = models.depth(name)

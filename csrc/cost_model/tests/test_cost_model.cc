@@ -272,6 +272,18 @@ TEST(CostModel, InterNodeSlowerThanIntraNode) {
 // ------------------------------------------------------------------------------------------------
 // Copy engines
 
+TEST(CostModel, LinkShareIsTheBusBytesOverTheUsableLink) {
+  // Round profile: a 100 GB/s link, both directions busy at 0.5 of it: 50 GB/s usable (50e3 bytes per us).
+  const CostModel model(round_profile());
+  EXPECT_DOUBLE_EQ(model.link_share(coll(CollectiveType::AllGather, 8, 1000000), 1000), 7e6 / 50e6);
+  EXPECT_DOUBLE_EQ(model.link_share(coll(CollectiveType::ReduceScatter, 8, 8000000), 1000), 7e6 / 50e6);
+  EXPECT_DOUBLE_EQ(model.link_share(coll(CollectiveType::AllReduce, 8, 8000000), 1000), 14e6 / 50e6);
+  EXPECT_DOUBLE_EQ(model.link_share(coll(CollectiveType::AllGather, 8, 1000000), 10), 1.0);  // at most the link
+  EXPECT_EQ(model.link_share(coll(CollectiveType::AllGather, 1, 1000000), 1000), 0);  // nothing moves
+  EXPECT_EQ(model.link_share(coll(CollectiveType::AllGather, 16, 1000000), 1000), 0);  // two nodes: the network's
+  EXPECT_EQ(model.link_share(coll(CollectiveType::AllGather, 8, 1000000), 0), 0);
+}
+
 TEST(CostModel, CeFormulaPerType) {
   // Round profile: 10 us signalling + 2 us per peer copy (one peer after another); link 100 GB/s, 0.5 both ways
   // (50 GB/s), 0.8 one way (80 GB/s); engines of 100 GB/s; reduction on 10 SMs x 10 GB/s = 100 GB/s.

@@ -72,6 +72,53 @@ TEST(Planner, AutoPlanHidesTheAllGathers) {
   EXPECT_EQ(save_plan(load_plan(text)), text);
 }
 
+TEST(Planner, TensorParallelStaysOnNcclAndWhatSharingTheLinkCostsIsNamed) {
+  // FSDP x TP (tp_doc): the TP collectives are buckets of their own on NCCL, even with ce "on"; the DP all-gathers go
+  // to the copy engines. A DP all-gather large enough to outlast the GEMM it is issued beside runs into the block's
+  // TP reduce-scatter: the bucket names it with what each side gained (the same: the link split between them).
+  // 8 MiB shards (a ~0.1 ms CE all-gather at 0.6 of the link), GEMMs of ~55 us, TP reduce-scatters of 32 MiB at 0.6.
+  const Document doc = testing::tp_doc(3, 16384, 32768, int64_t{40} * 1000 * 1000 * 1000);
+  const CostModel model(builtin_profile("h200-sxm"));
+  PlanConfig config;
+  config.ce = CeMode::On;
+  const Plan plan = make_plan(doc, "forward", model, config);
+  check_plan(doc, plan);
+  int tp = 0, overlapping = 0;
+  for (const PlanBucket& b : plan.buckets) {
+    if (b.group == "tp") {
+      ++tp;
+      EXPECT_EQ(b.role, CollectiveRole::TensorParallel);
+      EXPECT_EQ(b.backend, "nccl");
+      EXPECT_EQ(b.reason.rfind("nccl: tensor-parallel, on its block's critical path", 0), 0u) << b.reason;
+      EXPECT_TRUE(b.overlaps.empty());
+      continue;
+    }
+    EXPECT_EQ(b.role, CollectiveRole::DataParallel);
+    EXPECT_EQ(b.backend, "ce");
+    for (const PlanOverlap& o : b.overlaps) {
+      ++overlapping;
+      EXPECT_EQ(o.collective.rfind("tp_", 0), 0u) << o.collective;
+      EXPECT_GT(o.overlap_us, 0);
+      EXPECT_GT(o.collective_added_us, 0);
+      EXPECT_LT(o.collective_added_us, o.overlap_us);
+      EXPECT_DOUBLE_EQ(o.collective_added_us, o.bucket_added_us);
+    }
+  }
+  EXPECT_EQ(tp, 6);
+  EXPECT_GT(overlapping, 0);
+  const std::string text = save_plan(plan);
+  EXPECT_EQ(save_plan(load_plan(text)), text);
+  // Without roles (an IR captured before them) nothing is tensor-parallel: no TP reason, no overlaps.
+  Document unnamed = doc;
+  for (Node& node : unnamed.graphs[0].nodes) {
+    if (node.collective) node.collective->role = CollectiveRole::Unknown;
+  }
+  for (const PlanBucket& b : make_plan(unnamed, "forward", model, config).buckets) {
+    EXPECT_EQ(b.reason.find("tensor-parallel"), std::string::npos) << b.reason;
+    EXPECT_TRUE(b.overlaps.empty());
+  }
+}
+
 TEST(Planner, CeModesMinBytesAndBlockers) {
   const Document doc = big_fsdp(true);
   const CostModel model(builtin_profile("h200-sxm"));

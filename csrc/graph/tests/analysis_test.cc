@@ -545,6 +545,79 @@ TEST(Simulate, DirectReadOfACollectiveWaitsForItWithoutCountingExposure) {
   EXPECT_DOUBLE_EQ(t.exposed_us_by_collective[c], 0);
 }
 
+// A collective of another process group: its own comm stream.
+int in_group(GraphBuilder& b, int collective, const std::string& group) {
+  b.node(collective).collective->group = group;
+  return collective;
+}
+
+TEST(Simulate, EachGroupHasItsOwnCommStream) {
+  // ca (group 0) and cb (group 1) issued together run at once; cc, group 0 again, queues behind ca.
+  GraphBuilder b;
+  const int p = b.placeholder("p");
+  const int ca = b.collective("ca", {p});
+  const int cb = in_group(b, b.collective("cb", {p}), "1");
+  const int cc = b.collective("cc", {p});
+  b.wait("wa", ca);
+  b.wait("wb", cb);
+  b.wait("wc", cc);
+  const Timeline t = simulate(b.graph(), identity_order(b.graph()), {0, 10, 10, 10, 0, 0, 0});
+  ASSERT_EQ(t.events.size(), 3u);
+  EXPECT_DOUBLE_EQ(t.events[1].start_us, 0);   // cb beside ca
+  EXPECT_DOUBLE_EQ(t.events[2].start_us, 10);  // cc after ca
+  EXPECT_DOUBLE_EQ(t.makespan_us, 20);
+  EXPECT_TRUE(t.overlaps.empty());  // no link shares given: nothing shared
+}
+
+TEST(Simulate, ACollectiveStartsWhenTheComputeStreamReachesIt) {
+  // c's input p is ready at 0, but c is issued after m (10 us): its stream waits for the issuing stream, as NCCL's
+  // and the copy engines' do.
+  GraphBuilder b;
+  const int p = b.placeholder("p");
+  b.compute("m", {p});
+  const int c = b.collective("c", {p});
+  const int w = b.wait("w", c);
+  b.compute("after", {w});
+  const Timeline t = simulate(b.graph(), identity_order(b.graph()), {0, 10, 5, 0, 1});
+  EXPECT_DOUBLE_EQ(t.events[1].start_us, 10);
+  EXPECT_DOUBLE_EQ(t.events[1].end_us, 15);
+  EXPECT_DOUBLE_EQ(t.exposed_us_by_collective[c], 5);
+  EXPECT_DOUBLE_EQ(t.makespan_us, 16);
+}
+
+TEST(Simulate, CollectivesOfTwoGroupsShareTheLinkWhereTheyOverlap) {
+  // ca (0.8 of the link) runs 0-10, cb (0.7) 4-14 alone: 6 us together at 1.5 x the link, each 1 / 1.5 as fast, so
+  // each gains 6 x (1 - 1 / 1.5) = 2 us; a third collective of a third group below the link's rest (0.1) shares
+  // nothing with either (0.8 + 0.1, 0.7 + 0.1 <= 1).
+  GraphBuilder b;
+  const int p = b.placeholder("p");                               // 0
+  const int ca = b.collective("ca", {p});                         // 1
+  const int m = b.compute("m", {p});                              // 2
+  const int cb = in_group(b, b.collective("cb", {m}), "1");       // 3
+  const int cc = in_group(b, b.collective("cc", {m}), "2");       // 4
+  const int wa = b.wait("wa", ca);                                // 5
+  const int wb = b.wait("wb", cb);                                // 6
+  const int wc = b.wait("wc", cc);                                // 7
+  b.output({wa, wb, wc});                                         // 8
+  const std::vector<double> durations = {0, 10, 4, 10, 10, 0, 0, 0, 0};
+  SimulateOptions shared;
+  shared.link_share = {0, 0.8, 0, 0.7, 0.1, 0, 0, 0, 0};
+  const Timeline alone = simulate(b.graph(), identity_order(b.graph()), durations);
+  const Timeline t = simulate(b.graph(), identity_order(b.graph()), durations, shared);
+  ASSERT_EQ(t.overlaps.size(), 1u);
+  EXPECT_EQ(t.overlaps[0].a, ca);
+  EXPECT_EQ(t.overlaps[0].b, cb);
+  EXPECT_DOUBLE_EQ(t.overlaps[0].overlap_us, 6);
+  EXPECT_NEAR(t.overlaps[0].added_a_us, 2, 1e-9);
+  EXPECT_NEAR(t.overlaps[0].added_b_us, 2, 1e-9);
+  EXPECT_DOUBLE_EQ(alone.makespan_us, 14);
+  EXPECT_NEAR(t.makespan_us, 16, 1e-9);  // cb: 4 + 10 + 2
+  EXPECT_NEAR(t.exposed_us_by_collective[ca], 12 - 4, 1e-9);
+  SimulateOptions wrong;
+  wrong.link_share = {0.5};
+  EXPECT_THROW(simulate(b.graph(), identity_order(b.graph()), durations, wrong), IrError);
+}
+
 TEST(Simulate, RejectsBadOrderAndDurations) {
   GraphBuilder b;
   const int p = b.placeholder("p");

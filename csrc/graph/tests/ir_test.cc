@@ -365,6 +365,26 @@ TEST(IrReject, CollectiveFields) {
             "graphs[0].nodes[4].collective: must be absent: only collectives carry one, kind is compute");
 }
 
+TEST(IrRoundTrip, CollectiveRoleIsOptionalAndRoundTrips) {
+  // Absent: unknown (IRs captured before roles); "dp" / "tp" are written back, unknown is not written.
+  Document d = load_ir(save_ir(base_doc()));
+  EXPECT_EQ(d.graphs[0].nodes[2].collective->role, CollectiveRole::Unknown);
+  EXPECT_EQ(save_ir(base_doc()).find("\"role\""), std::string::npos);
+  d.graphs[0].nodes[2].collective->role = CollectiveRole::DataParallel;
+  d.graphs[0].nodes[6].collective->role = CollectiveRole::TensorParallel;
+  const std::string text = save_ir(d);
+  EXPECT_NE(text.find("\"role\": \"tp\""), std::string::npos);
+  const Document back = load_ir(text);
+  EXPECT_EQ(back.graphs[0].nodes[2].collective->role, CollectiveRole::DataParallel);
+  EXPECT_EQ(back.graphs[0].nodes[6].collective->role, CollectiveRole::TensorParallel);
+  EXPECT_EQ(save_ir(back), text);
+  EXPECT_EQ(save_ir(ir_from_json(ir_to_json(back))), text);
+  EXPECT_EQ(mutated_error([](json& j) { node(j, 2)["collective"]["role"] = "pp"; }),
+            "graphs[0].nodes[2].collective.role: unknown collective role \"pp\" (accepted: dp, tp)");
+  EXPECT_EQ(mutated_error([](json& j) { node(j, 2)["collective"]["role"] = 1; }),
+            "graphs[0].nodes[2].collective.role: expected a string, got 1");
+}
+
 TEST(IrReject, ReduceOp) {
   EXPECT_EQ(mutated_error([](json& j) { node(j, 6)["collective"]["reduce_op"] = nullptr; }),
             "graphs[0].nodes[6].collective.reduce_op: required for reduce_scatter (accepted: sum, avg, max, min, "

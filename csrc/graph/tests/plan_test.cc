@@ -29,6 +29,7 @@ using testing::plan_of;
 using testing::random_doc;
 using testing::set_block;
 using testing::tensor;
+using testing::tp_doc;
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -471,6 +472,42 @@ TEST(Schedule, BucketedPeakCountsTheBucketBuffers) {
   EXPECT_EQ(bucketed_peak_memory(g, singles, order).peak_bytes, peak_memory(g, order).peak_bytes);
 }
 
+TEST(Schedule, TensorParallelCollectivesStayInPlaceAndDataParallelOnesWaitForThem) {
+  // Each TP collective is a bucket of its own, issued as soon as its input is ready (never prefetched); the DP
+  // all-gather of block l + 1, prefetched to block l's start, would run beside block l's TP all-gather (only the
+  // norm, no GEMM, before it): it is issued after that all-gather's wait instead, before the GEMM.
+  const Document doc = tp_doc();
+  const Graph& g = doc.graphs[0];
+  const Schedule s = plan_and_check(doc);
+  std::vector<int> pos(g.nodes.size());
+  for (size_t i = 0; i < s.order.size(); ++i) pos[s.order[i]] = static_cast<int>(i);
+  int tp_buckets = 0;
+  for (size_t b = 0; b < s.buckets.size(); ++b) {
+    const Bucket& bucket = s.buckets[b];
+    if (bucket.role == CollectiveRole::TensorParallel) {
+      ++tp_buckets;
+      EXPECT_EQ(bucket.members.size(), 1u);
+      EXPECT_EQ(bucket.group, "tp");
+      EXPECT_EQ(s.prefetch[b], 0);
+      const int input = g.nodes[bucket.members[0]].inputs[0];
+      EXPECT_EQ(pos[bucket.members[0]], pos[input] + 1) << g.nodes[bucket.members[0]].name;
+    }
+  }
+  EXPECT_EQ(tp_buckets, 6);
+  for (int l = 1; l < 3; ++l) {
+    const std::string prev = std::to_string(l - 1);
+    const int dp = id_of(g, "dp_ag_" + std::to_string(l));
+    EXPECT_GT(pos[dp], pos[id_of(g, "tp_ag_wait_" + prev)]) << l;
+    EXPECT_LT(pos[dp], pos[id_of(g, "mm_" + prev)]) << l;  // still under block l - 1's GEMM
+    const auto it = std::find_if(s.buckets.begin(), s.buckets.end(), [&](const Bucket& b) {
+      return b.members.front() == dp;
+    });
+    ASSERT_NE(it, s.buckets.end());
+    EXPECT_EQ(s.notes[it - s.buckets.begin()],
+              "issued after tensor-parallel tp_ag_" + prev + " completes (it would share its NVLink)");
+  }
+}
+
 // ---- Plan JSON ----
 
 Plan sample_plan() {
@@ -507,6 +544,47 @@ TEST(PlanJson, SaveLoadSaveIsByteIdentical) {
   EXPECT_FALSE(loaded.buckets[0].predicted.ce_us.has_value());
   EXPECT_EQ(loaded.config.bucket_patterns, plan.config.bucket_patterns);
   EXPECT_EQ(plan_to_json(loaded)["buckets"][1]["reason"], plan.buckets[1].reason);
+}
+
+TEST(PlanJson, RolesAndOverlapsRoundTripAndAreChecked) {
+  const Document doc = tp_doc();
+  const Graph& g = doc.graphs[0];
+  const Schedule s = schedule_graph(g, bucket_collectives(g, doc.blocks, PlanConfig()), PlanConfig());
+  Plan plan = plan_of(doc, g, s, PlanConfig());
+  size_t dp = plan.buckets.size();
+  for (size_t b = 0; b < plan.buckets.size(); ++b) {
+    plan.buckets[b].role = plan.buckets[b].group == "tp" ? CollectiveRole::TensorParallel
+                                                         : CollectiveRole::DataParallel;
+    if (plan.buckets[b].group == "dp" && dp == plan.buckets.size()) dp = b;
+  }
+  ASSERT_LT(dp, plan.buckets.size());
+  plan.buckets[dp].overlaps = {{"tp_rs_0", 12.5, 3.0, 2.5}};
+  const std::string text = save_plan(plan);
+  EXPECT_NE(text.find("\"role\": \"tp\""), std::string::npos);
+  EXPECT_NE(text.find("\"overlaps\": [{\"collective\": \"tp_rs_0\", \"overlap_us\": 12.5"), std::string::npos)
+      << text;
+  const Plan loaded = load_plan(text);
+  EXPECT_EQ(save_plan(loaded), text);
+  check_plan(doc, loaded);
+  auto broken = [&](const std::function<void(Plan&)>& edit) {
+    Plan p = plan;
+    edit(p);
+    return error_of([&] { check_plan(doc, p); });
+  };
+  const std::string b = "buckets[" + std::to_string(dp) + "]";
+  EXPECT_EQ(broken([&](Plan& p) { p.buckets[dp].overlaps[0].collective = "cast_0"; }),
+            b + ".overlaps[0].collective: expected a collective of graph \"forward\", got \"cast_0\"");
+  EXPECT_EQ(broken([&](Plan& p) { p.buckets[dp].overlaps[0].collective = "dp_ag_2"; }),
+            b + ".overlaps[0].collective: node " + std::to_string(id_of(g, "dp_ag_2")) +
+                " (\"dp_ag_2\") is of the bucket's own group \"dp\" (its collectives run one after another)");
+  EXPECT_EQ(broken([&](Plan& p) { p.buckets[dp].overlaps[0].bucket_added_us = -1; }),
+            b + ".overlaps[0].bucket_added_us: expected a non-negative number of microseconds");
+  EXPECT_EQ(broken([&](Plan& p) { p.buckets[dp].role = CollectiveRole::TensorParallel; }),
+            b + ".role: expected \"dp\" (as node " + std::to_string(id_of(g, "dp_ag_0")) +
+                " (\"dp_ag_0\") has), got \"tp\"");
+  nlohmann::json j = nlohmann::json::parse(text);
+  j["buckets"][dp]["role"] = "pp";
+  EXPECT_EQ(error_of([&] { load_plan(j.dump()); }), b + ".role: unknown collective role \"pp\" (accepted: dp, tp)");
 }
 
 TEST(PlanJson, MakespansAreOptionalOnLoad) {

@@ -29,7 +29,7 @@ import torch.nn as nn
 from .fsdp import fully_shard, shard_rows
 from .overlap_scheduler import INDUCTOR_CONFIG as _SCHEDULER_CONFIG
 from .overlap_scheduler import inline_control_deps, running as _scheduler_running
-from .to_ir import CaptureError, graph_to_ir
+from .to_ir import CaptureError, graph_to_ir, remember_group_sizes
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -63,6 +63,12 @@ class CaptureOptions:
     overlap_scheduler: str | None = None
     """A profile name or file: compile with Inductor's overlap scheduler on, its compute estimates from that profile's
     cost model (fx/overlap_scheduler.py), so the graphs hold the order it gives. None: Inductor's config as it is."""
+    tp: int = 1
+    """Tensor parallelism over this many ranks: a ("dp", "tp") mesh of world_size / tp x tp ranks, the model
+    parallelized over "tp" by `tensor_parallel`, then sharded over "dp" (FSDP2 + TP's order)."""
+    tensor_parallel: Any = None
+    """With tp > 1: the model's tensor-parallel plan, a callable (module, tp_mesh) that parallelizes it in place
+    (torch's parallelize_module; ce_overlap.models.llama.tensor_parallel for the zoo)."""
 
 
 def _inductor_pre_lowering(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], is_inference: bool):
@@ -100,6 +106,7 @@ class _Recorder:
         is_inference = bool(kwargs.get("is_inference", False))
         _inductor_pre_lowering(gm, example_inputs, is_inference)
         inline_control_deps(gm)  # an order Inductor's overlap scheduler fixed, as ordinary nodes
+        remember_group_sizes(gm)  # the IR is made after the fake groups are gone
         name = "backward" if is_backward else "forward"
         if any(n == name for n, _ in self.graphs):
             raise CaptureError(f"capture expected one {name} graph, got another: the model has a graph break "
@@ -164,9 +171,20 @@ def _fakeify_module(model: nn.Module, fsdp: bool, group, options: CaptureOptions
         # A dim name of its own per capture: DTensor caches sharding decisions keyed on meshes, which compare equal
         # across process groups over the same ranks, and each capture's fake group ends with it (a later capture
         # would be handed specs naming an ended group: "Could not resolve the process group ...").
+        name = f"ce_overlap_capture_{next(_CAPTURES)}"
         with unset_fake_temporarily():  # the mesh holds real rank tensors
-            mesh = DeviceMesh.from_group(group, options.device,
-                                          mesh_dim_names=(f"ce_overlap_capture_{next(_CAPTURES)}",))
+            if options.tp > 1:
+                ws = options.world_size
+                grid = DeviceMesh(options.device, torch.arange(ws).view(ws // options.tp, options.tp),
+                                  mesh_dim_names=(f"{name}_dp", f"{name}_tp"))
+                mesh, tp_mesh = grid[f"{name}_dp"], grid[f"{name}_tp"]
+            else:
+                mesh = DeviceMesh.from_group(group, options.device, mesh_dim_names=(name,))
+        if options.tp > 1:
+            try:
+                options.tensor_parallel(model, tp_mesh)
+            except Exception as e:  # the user's plan: a capture error naming it, never a crash
+                raise CaptureError(f"the tensor-parallel plan failed on the model: {type(e).__name__}: {e}") from e
         mp = MixedPrecisionPolicy(param_dtype=options.param_dtype, cast_forward_inputs=options.cast_forward_inputs)
         for path in options.keep_gathered:
             fully_shard(_submodule(model, path), mesh, mp_policy=mp, reshard_after_forward=False, device=options.device)
@@ -337,6 +355,7 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
         "fsdp": options.fsdp,
         "param_dtype": str(options.param_dtype).removeprefix("torch.") if options.param_dtype else "none",
         "reshard_after_forward": options.reshard_after_forward,
+        **({"tp": options.tp} if options.tp > 1 else {}),
         **({"vocab_parallel_embeddings": True} if options.fsdp and options.vocab_parallel_embeddings else {}),
         **({"keep_gathered": ",".join(options.keep_gathered)} if options.fsdp and options.keep_gathered else {}),
         "num_params": num_params,

@@ -383,8 +383,11 @@ def _tensor_parallel(param: DTensor, dp_mesh: DeviceMesh, where: str) -> tuple[_
             raise CeOverlapError(f"ce_overlap.fully_shard: the {what} mesh of {where} has no dimension name; make "
                                  "the mesh with init_device_mesh(..., mesh_dim_names=('dp', 'tp')) and pass "
                                  "mesh['dp'] (tensor parallelism over mesh['tp'])")
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     try:
-        spmd_mesh = DeviceMesh._concatenate([dp_mesh, tp_mesh])
+        with unset_fake_temporarily():  # the meshes' rank tensors are real (a capture shards under a fake mode)
+            spmd_mesh = DeviceMesh._concatenate([dp_mesh, tp_mesh])
     except (RuntimeError, AttributeError) as e:
         raise CeOverlapError(f"ce_overlap.fully_shard: {where} is placed on the tensor-parallel mesh "
                              f"{tp_mesh.mesh_dim_names} and sharded over {dp_mesh.mesh_dim_names}, which are not two "
@@ -448,6 +451,16 @@ def _under_activation_checkpointing(module: nn.Module) -> set[int]:
 
 _indices = itertools.count()  # the gather-once window's keys, unique in the process
 
+# Process group name -> what its collectives are to the step ("dp": fully_shard's data-parallel gathers and
+# reduce-scatters; "tp": the tensor-parallel mesh of the parameters it sharded). The IR's collective role
+# (fx/to_ir.py, docs/ir.md): the planner prefetches and may move "dp" collectives, and keeps "tp" ones where they are.
+_GROUP_ROLES: dict[str, str] = {}
+
+
+def group_role(group_name: str) -> str | None:
+    """"dp" or "tp" for a process group a fully_shard call named (the latest call wins), else None."""
+    return _GROUP_ROLES.get(str(group_name))
+
 
 def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None = None, *,
                 reshard_after_forward: bool = True, mp_policy=None, device: torch.device | str | None = None,
@@ -492,6 +505,7 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
     todo = [(sub, name, p) for sub in module.modules() for name, p in sub._parameters.items()
             if p is not None and id(p) not in specs]
     mesh = _mesh_of(mesh, [p for _, _, p in todo])
+    _GROUP_ROLES[mesh.get_group().group_name] = "dp"
     state = _ForwardState()
     # The parameters sharded by earlier calls on submodules (the blocks) join this call's gather-once window.
     for spec in specs.values():
@@ -511,6 +525,7 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
         if isinstance(param, DTensor):
             tp, spmd_mesh, placements = _tensor_parallel(param, mesh, where)
             _check_tensor_parallel_group(tp.mesh)
+            _GROUP_ROLES[tp.mesh.get_group().group_name] = "tp"
             rows = tp.local_shape[0]
         else:
             tp, spmd_mesh, placements, rows = None, mesh, (Shard(0),), param.shape[0]

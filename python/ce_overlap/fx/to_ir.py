@@ -102,6 +102,21 @@ def _group_size(group_name: str) -> int:
     return _resolve_process_group(group_name).size()
 
 
+_GROUP_SIZE_META = "ce_overlap_group_size"
+
+
+def remember_group_sizes(gm: torch.fx.GraphModule) -> None:
+    """Records on each collective that does not name its group's size (all_reduce) the size of its group, while the
+    group exists: a capture converts its graphs to IR after its fake process groups are gone."""
+    for node in gm.graph.nodes:
+        if _classify(node)[0] != "collective":
+            continue
+        normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
+        kwargs = normalized.kwargs if normalized is not None else dict(node.kwargs)
+        if kwargs.get("group_size") is None and kwargs.get("group_name") is not None:
+            node.meta[_GROUP_SIZE_META] = _group_size(str(kwargs["group_name"]))
+
+
 def _collective(node: torch.fx.Node, ctype: str) -> dict:
     target = node.target
     normalized = normalize_function(target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
@@ -117,12 +132,18 @@ def _collective(node: torch.fx.Node, ctype: str) -> dict:
         raise CaptureError(f"node {node.name}: collective {target} has no group_name argument")
     group_size = kwargs.get("group_size")
     if group_size is None:
-        group_size = _group_size(str(group_name))
+        group_size = node.meta.get(_GROUP_SIZE_META) or _group_size(str(group_name))
     reduce_op = kwargs.get("reduce_op")
     if reduce_op is not None:
         reduce_op = REDUCE_OPS.get(str(reduce_op).lower(), str(reduce_op).lower())
-    return {"type": ctype, "group": str(group_name), "group_size": int(group_size),
-            "reduce_op": reduce_op, "bytes": int(nbytes)}
+    out = {"type": ctype, "group": str(group_name), "group_size": int(group_size), "reduce_op": reduce_op,
+           "bytes": int(nbytes)}
+    from .fsdp import group_role  # the groups ce_overlap.fully_shard named: data- or tensor-parallel
+
+    role = group_role(str(group_name))
+    if role is not None:
+        out["role"] = role
+    return out
 
 
 def _classify(node: torch.fx.Node) -> tuple[str, str]:

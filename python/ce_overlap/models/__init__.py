@@ -15,6 +15,7 @@ class BuiltModel:
     module: Any               # torch.nn.Module
     example_inputs: tuple     # positional inputs of one training step
     name: str
+    tensor_parallel: Any = None  # (module, tp_mesh) -> None: its tensor-parallel plan, where it has one
 
 
 def names() -> list[str]:
@@ -37,7 +38,7 @@ def build_named(name: str, *, seq_len: int | None = None, batch: int = 1, n_laye
     `n_layers` builds it with that many blocks instead of its own."""
     import torch
 
-    from .llama import LLAMA_CONFIGS, Llama
+    from .llama import LLAMA_CONFIGS, Llama, tensor_parallel
 
     if name not in LLAMA_CONFIGS:
         raise CeOverlapError(f"unknown model {name!r} (known: {', '.join(names())}; or path/to/file.py:build)")
@@ -54,7 +55,7 @@ def build_named(name: str, *, seq_len: int | None = None, batch: int = 1, n_laye
     with torch.device("meta"):
         module = Llama(cfg)
     tokens = torch.zeros((batch, seq), dtype=torch.long, device="meta")
-    return BuiltModel(module, (tokens, tokens), name)
+    return BuiltModel(module, (tokens, tokens), name, tensor_parallel)
 
 
 def is_build_target(target: str) -> bool:
@@ -63,7 +64,8 @@ def is_build_target(target: str) -> bool:
 
 
 def build_from_file(target: str) -> BuiltModel:
-    """`path/to/file.py:fn`: import the file and call fn(), which returns (module, example_inputs)."""
+    """`path/to/file.py:fn`: import the file and call fn(), which returns (module, example_inputs). A function
+    `tensor_parallel(module, tp_mesh)` in the file is the model's tensor-parallel plan (captures with tp > 1)."""
     path, _, fn_name = target.rpartition(":")
     if not os.path.isfile(path):
         raise CeOverlapError(f"{target}: no such file {path!r}")
@@ -83,7 +85,10 @@ def build_from_file(target: str) -> BuiltModel:
         result = fn()
     except (Exception, SystemExit) as e:
         raise CeOverlapError(f"{target}: {fn_name}() raised {type(e).__name__}: {e}") from None
-    return _check_built(result, target)
+    built = _check_built(result, target)
+    plan = getattr(module, "tensor_parallel", None)
+    built.tensor_parallel = plan if callable(plan) else None
+    return built
 
 
 def _check_built(result, target: str) -> BuiltModel:
