@@ -49,6 +49,11 @@ struct Row {
   int64_t reduce_scatter_bytes = 0;
   int64_t other_collective_count = 0;
   int64_t other_collective_bytes = 0;
+  // Tensor parallelism's collectives (role tp), apart from FSDP's above: count, bytes (each rank's input), time.
+  int64_t tp_collective_count = 0;
+  int64_t tp_collective_bytes = 0;
+  double tp_comm_us = 0;
+  double tp_exposed_comm_us = 0;
   int64_t forward_flops = 0;
   int64_t backward_flops = 0;
   double compute_us = 0;
@@ -65,6 +70,10 @@ struct Row {
     reduce_scatter_bytes = sat_add(reduce_scatter_bytes, o.reduce_scatter_bytes);
     other_collective_count += o.other_collective_count;
     other_collective_bytes = sat_add(other_collective_bytes, o.other_collective_bytes);
+    tp_collective_count += o.tp_collective_count;
+    tp_collective_bytes = sat_add(tp_collective_bytes, o.tp_collective_bytes);
+    tp_comm_us += o.tp_comm_us;
+    tp_exposed_comm_us += o.tp_exposed_comm_us;
     forward_flops = sat_add(forward_flops, o.forward_flops);
     backward_flops = sat_add(backward_flops, o.backward_flops);
     compute_us += o.compute_us;
@@ -75,7 +84,7 @@ struct Row {
 };
 
 ordered_json row_json(int block, const std::string& path, const std::string& type, const Row& r) {
-  ordered_json j = object_with_capacity(17);
+  ordered_json j = object_with_capacity(21);
   j["block"] = block;
   j["path"] = path;
   j["type"] = type;
@@ -87,11 +96,15 @@ ordered_json row_json(int block, const std::string& path, const std::string& typ
   j["reduce_scatter_bytes"] = r.reduce_scatter_bytes;
   j["other_collective_count"] = r.other_collective_count;
   j["other_collective_bytes"] = r.other_collective_bytes;
+  j["tp_collective_count"] = r.tp_collective_count;
+  j["tp_collective_bytes"] = r.tp_collective_bytes;
   j["forward_flops"] = r.forward_flops;
   j["backward_flops"] = r.backward_flops;
   j["compute_us"] = r.compute_us;
   j["comm_us"] = r.comm_us;
   j["exposed_comm_us"] = r.exposed_comm_us;
+  j["tp_comm_us"] = r.tp_comm_us;
+  j["tp_exposed_comm_us"] = r.tp_exposed_comm_us;
   j["ce_candidates"] = r.ce_candidates;
   return j;
 }
@@ -99,11 +112,14 @@ ordered_json row_json(int block, const std::string& path, const std::string& typ
 const char* stream_name(Stream s) { return s == Stream::Comm ? "comm" : "compute"; }
 
 // Per collective node id, the compute that ran beside it in the simulated timeline, by kernel class.
-// Both streams run their events back to back in time order, so one sweep pairs them.
+// The compute stream runs its events back to back in time order; the collectives, one stream per group, are sorted by
+// start, so one sweep pairs them.
 std::vector<OverlapWindow> windows_beside(const Graph& g, const Timeline& tl, const CostModel& model) {
   std::vector<OverlapWindow> out(g.nodes.size());
   std::vector<const TimelineEvent*> compute, comm;
   for (const TimelineEvent& ev : tl.events) (ev.stream == Stream::Comm ? comm : compute).push_back(&ev);
+  std::stable_sort(comm.begin(), comm.end(),
+                   [](const TimelineEvent* a, const TimelineEvent* b) { return a->start_us < b->start_us; });
   size_t first = 0;
   for (const TimelineEvent* c : comm) {
     while (first < compute.size() && compute[first]->end_us <= c->start_us) ++first;
@@ -139,7 +155,12 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
     // Validation guarantees ids 0..n-1 in captured order with inputs first: that order is the schedule.
     std::vector<int> order(n);
     std::iota(order.begin(), order.end(), 0);
-    const Timeline tl = simulate(g, order, durations);
+    SimulateOptions link;  // collectives of different groups (TP beside FSDP) share the GPU's NVLink
+    link.link_share.assign(n, 0.0);
+    for (const Node& node : g.nodes) {
+      if (node.collective) link.link_share[node.id] = model.link_share(*node.collective, durations[node.id]);
+    }
+    const Timeline tl = simulate(g, order, durations, link);
     const MemoryEstimate mem = peak_memory(g, order);
     const CriticalPath cp = critical_path(g, durations);
     const std::vector<OverlapWindow> windows = windows_beside(g, tl, model);
@@ -147,6 +168,7 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
     double compute_us = 0;
     double comm_us = 0;
     double exposed_us = 0;
+    double tp_comm_us = 0, tp_exposed_us = 0;
     int64_t collectives = 0;
     // Where compute time goes: attention kernels, other compute-bound ops (GEMMs), memory-bound ops.
     double matmul_us = 0, attention_us = 0, memory_bound_us = 0, gap_us = 0;
@@ -176,6 +198,15 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
       exposed_us += exposed;
       row.comm_us += durations[i];
       row.exposed_comm_us += exposed;
+      if (c.role == CollectiveRole::TensorParallel) {  // on the critical path, kept on NCCL (not a CE candidate)
+        ++row.tp_collective_count;
+        row.tp_collective_bytes = sat_add(row.tp_collective_bytes, c.bytes);
+        row.tp_comm_us += durations[i];
+        row.tp_exposed_comm_us += exposed;
+        tp_comm_us += durations[i];
+        tp_exposed_us += exposed;
+        continue;
+      }
       if (model.decide(c, windows[i]).choice == Backend::Ce) ++row.ce_candidates;
       switch (c.type) {
         case CollectiveType::AllGather: {  // what it produces: every rank's shard
@@ -196,12 +227,14 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
       }
     }
 
-    ordered_json gj = object_with_capacity(13);
+    ordered_json gj = object_with_capacity(15);
     gj["name"] = g.name;
     gj["nodes"] = n;
     gj["compute_us"] = compute_us;
     gj["comm_us"] = comm_us;
     gj["exposed_comm_us"] = exposed_us;
+    gj["tp_comm_us"] = tp_comm_us;
+    gj["tp_exposed_comm_us"] = tp_exposed_us;
     gj["makespan_us"] = tl.makespan_us;
     gj["critical_path_us"] = cp.length;
     gj["peak_memory_bytes"] = mem.peak_bytes;
@@ -218,7 +251,7 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
 
     for (const TimelineEvent& ev : tl.events) {
       const Node& node = g.nodes[static_cast<size_t>(ev.node)];
-      ordered_json e = object_with_capacity(9);
+      ordered_json e = object_with_capacity(10);
       e["graph"] = g.name;
       e["node"] = ev.node;
       e["name"] = node.name;
@@ -226,6 +259,7 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
       e["kind"] = to_string(node.kind);
       e["block"] = node.block;
       e["stream"] = stream_name(ev.stream);
+      if (node.collective) e["group"] = node.collective->group;  // one comm stream per group
       e["start_us"] = graph_start_us + ev.start_us;
       e["end_us"] = graph_start_us + ev.end_us;
       timeline.push_back(std::move(e));

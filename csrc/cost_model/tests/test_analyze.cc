@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../../graph/tests/plan_builder.h"
 #include "cost_model/analyze.h"
 #include "cost_model/planner.h"
 #include "graph/analysis.h"
@@ -190,7 +191,7 @@ TEST(Analyze, TwoBlockDocument) {
   ASSERT_EQ(r["graphs"].size(), 2u);
   const ordered_json& f = r["graphs"][0];
   EXPECT_EQ(keys_of(f), (std::vector<std::string>{"name", "nodes", "compute_us", "comm_us", "exposed_comm_us",
-                                                  "makespan_us", "critical_path_us", "peak_memory_bytes",
+                                                  "tp_comm_us", "tp_exposed_comm_us", "makespan_us", "critical_path_us", "peak_memory_bytes",
                                                   "input_bytes", "collectives", "kernels", "kernel_gap_us",
                                                   "compute_by_class_us"}));
   EXPECT_EQ(f["name"], "forward");
@@ -239,14 +240,15 @@ TEST(Analyze, TwoBlockDocument) {
                                       "forward_all_gather_bytes", "backward_all_gather_count",
                                       "backward_all_gather_bytes",
                                       "reduce_scatter_count", "reduce_scatter_bytes", "other_collective_count",
-                                      "other_collective_bytes", "forward_flops", "backward_flops", "compute_us",
-                                      "comm_us", "exposed_comm_us", "ce_candidates"}));
+                                      "other_collective_bytes", "tp_collective_count", "tp_collective_bytes",
+                                      "forward_flops", "backward_flops", "compute_us", "comm_us", "exposed_comm_us",
+                                      "tp_comm_us", "tp_exposed_comm_us", "ce_candidates"}));
 
   // Timeline: forward AG, relu, mm; backward (shifted by the forward makespan) mm, RS, AR.
   const ordered_json& t = r["timeline"];
   ASSERT_EQ(t.size(), 6u);
   EXPECT_EQ(keys_of(t[0]), (std::vector<std::string>{"graph", "node", "name", "op", "kind", "block", "stream",
-                                                     "start_us", "end_us"}));
+                                                     "group", "start_us", "end_us"}));  // a collective's group
   struct Expected {
     std::string graph;
     int node;
@@ -329,6 +331,29 @@ TEST(Analyze, CeCandidatesCountWhatDecideGivesToCe) {
   // The hand-built document: its all-gather outlasts the relu beside it under either backend, so both
   // cost the same (a tie stays on NCCL); nothing else overlaps compute.
   EXPECT_EQ(analyze(two_block_doc(), CostModel(round_profile()))["totals"]["ce_candidates"], 0);
+}
+
+TEST(Analyze, TensorParallelCollectivesAreCountedApartFromFsdps) {
+  // tp_doc: per block one DP all-gather and a TP all-gather and reduce-scatter. The FSDP columns hold the DP ones
+  // only; the TP ones have their own count, bytes and time, and are no copy-engine candidates.
+  const Document doc = testing::tp_doc(3, 16384, 32768, int64_t{40} * 1000 * 1000 * 1000);
+  const ordered_json r = analyze(doc, CostModel(testing::builtin_profile("h200-sxm")));
+  const ordered_json& t = r["totals"];
+  EXPECT_EQ(t["forward_all_gather_count"], 3);
+  EXPECT_EQ(t["reduce_scatter_count"], 0);
+  EXPECT_EQ(t["tp_collective_count"], 6);
+  EXPECT_EQ(t["tp_collective_bytes"].get<int64_t>(), 3 * (int64_t{32768} * 256 * 2 + int64_t{65536} * 256 * 2));
+  EXPECT_LE(t["ce_candidates"].get<int64_t>(), 3);
+  const ordered_json& g = r["graphs"][0];
+  EXPECT_GT(g["tp_comm_us"].get<double>(), 0);
+  EXPECT_LE(g["tp_exposed_comm_us"].get<double>(), g["tp_comm_us"].get<double>() + 1e-9);
+  EXPECT_LE(g["tp_exposed_comm_us"].get<double>(), g["exposed_comm_us"].get<double>() + 1e-9);
+  EXPECT_NEAR(t["tp_comm_us"].get<double>(), g["tp_comm_us"].get<double>(), 1e-6);
+  int grouped = 0;
+  for (const ordered_json& e : r["timeline"]) {
+    if (e["stream"] == "comm") grouped += e.contains("group");
+  }
+  EXPECT_EQ(grouped, 9);
 }
 
 TEST(Analyze, RejectsInvalidDocument) {
