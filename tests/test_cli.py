@@ -157,9 +157,50 @@ def test_bad_inputs_exit_2_with_one_line(cli, tmp_path, tiny_doc):
         (["analyze", "llama3-tiny", "--world-size", "2", "--keep-gathered", "head"], ["no submodule 'head'"]),
         (["analyze", "llama3-tiny", "--world-size", "2", "--no-fsdp", "--keep-gathered", "output"],
          ["keep_gathered", "needs fsdp"]),
+        (["analyze", "llama3-tiny", "--world-size", "6", "--tp", "4"], ["tp must be an integer >= 1 that divides"]),
+        (["analyze", "llama3-tiny", "--world-size", "8", "--tp", "8"], ["n_heads (4) does not divide"]),
+        (["analyze", os.path.join(DATA, "resnetish.py") + ":build", "--world-size", "4", "--tp", "2"],
+         ["tp=2 needs the model's tensor-parallel plan", "tensor_parallel(module, tp_mesh)"]),
     ]
     for args, fragments in cases:
         _assert_clean_error(cli(*args), *fragments)
+
+
+def test_tensor_parallel_analysis_names_what_shares_nvlink_and_predicts_the_tp_modes(cli):
+    """--tp 2 at 8 ranks: the IR's collectives carry their roles (meta tp 2), the plans keep every TP collective on
+    NCCL where captured, name for each FSDP bucket the TP collectives it runs beside, and the report predicts
+    bench/train.py's TP modes (without the async-TP capture: --no-async-tp)."""
+    proc = cli("analyze", "llama3-1b", "--world-size", "8", "--tp", "2", "--no-async-tp", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout)
+    assert r["meta"]["tp"] == 2 and r["totals"]["tp_collective_count"] > 0
+    tp_names = {b["members"][0]["collective"] for p in r["plans"] for b in p["buckets"] if b.get("role") == "tp"}
+    assert tp_names and all(b["backend"] == "nccl" and len(b["members"]) == 1
+                            for p in r["plans"] for b in p["buckets"] if b.get("role") == "tp")
+    overlaps = [o for p in r["plans"] for b in p["buckets"] if b.get("role") == "dp" for o in b.get("overlaps", [])]
+    assert overlaps and all(o["collective"] in tp_names and o["collective_added_us"] > 0 for o in overlaps)
+    assert any("issued after tensor-parallel" in b["reason"] for p in r["plans"] for b in p["buckets"])
+    t = r["tensor_parallel"]
+    assert t["tp"] == 2 and t["data_parallel"] == 4 and not t["async_tp_captured"]
+    steps = t["predicted_step_ms"]
+    assert steps["fsdp2+tp+async-tp"] is None and steps["no-comm+tp"] < steps["ce_overlap+tp"] < steps["fsdp2+tp"]
+    text = cli("analyze", "llama3-1b", "--world-size", "8", "--tp", "2", "--no-async-tp").stdout
+    assert "tensor parallelism over 2 ranks, FSDP over 4" in text and "share NVLink with tensor-parallel" in text
+
+
+def test_async_tp_capture_holds_torchs_fused_ops_and_predicts_its_modes(cli, tmp_path):
+    """The second capture, with torch's micro-pipeline TP: its fused matmul-reduce-scatter ops (and, at batch 2, its
+    fused all-gather-matmul ones) are in the graphs with their GEMMs' FLOPs; the async-TP mode is predicted."""
+    from ce_overlap.ir import capture_named
+
+    ir = capture_named("llama3-tiny", world_size=4, tp=2, batch=2, async_tp=True)
+    ops = [n for g in ir.to_dict()["graphs"] for n in g["nodes"] if n["op"].startswith("symm_mem.fused_")]
+    assert {n["op"] for n in ops} == {"symm_mem.fused_all_gather_matmul.default",
+                                      "symm_mem.fused_matmul_reduce_scatter.default"}
+    assert all(n["kind"] == "compute" and n["flops"] > 0 for n in ops) and ir.meta["async_tp"]
+    r = json.loads(cli("analyze", "llama3-tiny", "--world-size", "4", "--tp", "2", "--batch", "2", "--json").stdout)
+    assert r["tensor_parallel"]["async_tp_captured"]
+    assert all(v is not None for v in r["tensor_parallel"]["predicted_step_ms"].values())
 
 
 def test_cycle_exits_2(cli, tmp_path, tiny_doc):

@@ -50,7 +50,11 @@ def _add_capture_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=_bounded("--batch", lowest=1), default=1, help="batch per rank for zoo models")
     p.add_argument("--tp", type=_bounded("--tp", lowest=1), default=1,
                    help="tensor parallelism over T ranks inside, in-graph FSDP over world-size / T (a zoo model's "
-                        "torchtitan plan, or a build file's tensor_parallel(module, tp_mesh)); default 1")
+                        "torchtitan plan, or a build file's tensor_parallel(module, tp_mesh)); default 1. analyze "
+                        "then plans (--plan) and predicts the TP modes, capturing the step a second time with torch's "
+                        "async TP")
+    p.add_argument("--no-async-tp", action="store_true",
+                   help="with --tp: skip the async-TP capture (its modes are not predicted)")
     p.add_argument("--param-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
                    help="dtype parameters are all-gathered in (default bfloat16)")
     p.add_argument("--no-reshard", action="store_true",
@@ -175,14 +179,15 @@ def _source_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def _cache_path(args, target: str) -> str | None:
+def _cache_path(args, target: str, async_tp: bool = False) -> str | None:
     if args.no_cache:
         return None
     import torch
 
     from . import models
 
-    key = {"target": target, "world_size": args.world_size, "tp": args.tp, "seq_len": args.seq_len, "batch": args.batch,
+    key = {"target": target, "world_size": args.world_size, "tp": args.tp, "async_tp": async_tp, "seq_len": args.seq_len,
+           "batch": args.batch,
            "param_dtype": args.param_dtype, "reshard": not args.no_reshard, "fsdp": not args.no_fsdp,
            "cast_inputs": not args.no_cast_inputs, "device": args.device,
            "vocab_parallel": args.vocab_parallel_embeddings, "keep_gathered": list(args.keep_gathered),
@@ -200,11 +205,11 @@ def _cache_path(args, target: str) -> str | None:
     return os.path.join(folder, f"ir-{digest}.json")
 
 
-def _capture_target(args, target: str):
+def _capture_target(args, target: str, async_tp: bool = False):
     from . import models
     from .ir import Ir, capture, capture_named
 
-    cache = _cache_path(args, target)
+    cache = _cache_path(args, target, async_tp)
     if cache and os.path.exists(cache):
         try:
             return Ir.load(cache), True
@@ -213,7 +218,7 @@ def _capture_target(args, target: str):
     common = dict(world_size=args.world_size, fsdp=not args.no_fsdp, param_dtype=args.param_dtype,
                   reshard_after_forward=not args.no_reshard, cast_forward_inputs=not args.no_cast_inputs,
                   vocab_parallel_embeddings=args.vocab_parallel_embeddings, keep_gathered=args.keep_gathered,
-                  device=args.device, tp=args.tp)
+                  device=args.device, tp=args.tp, async_tp=async_tp)
     if models.is_build_target(target):
         if args.seq_len is not None:
             raise CeOverlapError("--seq-len applies to zoo models; a build() target sets its own inputs")
@@ -249,13 +254,43 @@ def _capture_target(args, target: str):
     return ir, False
 
 
+def _is_ir_file(target: str) -> bool:
+    return target.endswith(".json") or (os.path.isfile(target) and not target.endswith(".py"))
+
+
 def _load_or_capture(args):
     from .ir import Ir
 
     target = args.target
-    if target.endswith(".json") or (os.path.isfile(target) and not target.endswith(".py")):
+    if _is_ir_file(target):
         return Ir.load(target), False
     return _capture_target(args, target)
+
+
+def _tensor_parallel_report(args, ir, profile_name: str, plan_config: dict) -> dict:
+    """With tensor parallelism: the predicted step of each of bench/train.py's TP modes (step_model.TP_MODES), the
+    async-TP ones from a second capture with torch's micro-pipeline TP (cached as the first; none for an IR file or
+    with --no-async-tp)."""
+    from . import step_model as sm
+
+    tp = int(ir.meta.get("tp", 1))
+    async_ir = None
+    if not _is_ir_file(args.target) and not args.no_async_tp:
+        async_ir, _ = _capture_target(args, args.target, async_tp=True)
+    logits = 0
+    if not _is_ir_file(args.target):
+        from . import models
+
+        if not models.is_build_target(args.target):  # a zoo Llama: batch x seq x vocab logits per rank
+            from .models.llama import LLAMA_CONFIGS
+
+            meta = ir.meta
+            logits = int(meta.get("batch", 1)) * int(meta.get("seq_len", 0)) * LLAMA_CONFIGS[args.target].vocab_size
+    pieces = sm.step_model(ir, profile_name, plan_config=plan_config, loss_logits=logits, async_ir=async_ir)
+    world = int(ir.meta.get("world_size", 1))
+    return {"tp": tp, "data_parallel": world // tp, "async_tp_captured": async_ir is not None,
+            "predicted_step_ms": {mode: sm.predicted_step_ms(pieces, mode) for mode in sm.TP_MODES},
+            "modes": {mode: how for mode, (_, _, how) in sm.TP_MODES.items()}}
 
 
 def _cmd_capture(args) -> int:
@@ -286,7 +321,8 @@ def _cmd_analyze(args) -> int:
         ir.save(args.save_ir)
     result = analyze(ir, profile)
     plans = None
-    if args.plan or args.plan_json:
+    tp = int(ir.meta.get("tp", 1))
+    if args.plan or args.plan_json or tp > 1:  # with tensor parallelism the plan is the report: what shares NVLink
         from .ir import plan
 
         config = _pass_config(args).plan_config()
@@ -295,6 +331,8 @@ def _cmd_analyze(args) -> int:
         # with every bucket on NCCL.
         baseline_plans = [plan(ir, g, profile, {**config, "ce": "off"}) for g in ir.graph_names]
         result["plans"] = plans
+        if tp > 1:
+            result["tensor_parallel"] = _tensor_parallel_report(args, ir, args.profile, config)
         if args.plan_json:
             with open(args.plan_json, "w", encoding="utf-8") as f:
                 json.dump(plans, f, indent=1)
@@ -313,6 +351,8 @@ def _cmd_analyze(args) -> int:
     if plans:  # the conclusion last, where the terminal leaves it
         print()
         print(report.format_recommendation(result, plans, baseline_plans, args.profile))
+        if "tensor_parallel" in result:
+            print(report.format_tensor_parallel(result))
     if args.plan_json:
         print(f"\nplans written to {args.plan_json}")
     # Where the IR came from is status, not report: stderr, so stdout stays the report alone.

@@ -60,7 +60,7 @@ class Ir:
 
 def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
                      cast_forward_inputs=True, device=None, vocab_parallel_embeddings=False, keep_gathered=(),
-                     overlap_scheduler=None, tp=1, tensor_parallel=None):
+                     overlap_scheduler=None, tp=1, tensor_parallel=None, async_tp=False):
     import torch
 
     from .fx.capture import CaptureOptions
@@ -89,6 +89,8 @@ def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward,
         raise CeOverlapError(f"tp={tp} needs the model's tensor-parallel plan: a callable (module, tp_mesh) that "
                              "parallelizes it (torch's parallelize_module); a build file defines "
                              "tensor_parallel(module, tp_mesh) beside build()")
+    if async_tp and tp <= 1:
+        raise CeOverlapError("async_tp (torch's micro-pipeline TP) needs tensor parallelism: tp > 1")
     if overlap_scheduler is not None:
         profiles.read_text(overlap_scheduler)  # a bad profile is named before the capture starts
     device, reason = capture_device(device)
@@ -97,7 +99,7 @@ def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward,
                           cast_forward_inputs=bool(cast_forward_inputs), device=device, device_reason=reason,
                           vocab_parallel_embeddings=bool(vocab_parallel_embeddings),
                           keep_gathered=tuple(keep_gathered), overlap_scheduler=overlap_scheduler, tp=tp,
-                          tensor_parallel=tensor_parallel if tp > 1 else None)
+                          tensor_parallel=tensor_parallel if tp > 1 else None, async_tp=bool(async_tp))
 
 
 def capture_device(device: str | None) -> tuple[str, str | None]:
@@ -139,7 +141,7 @@ def capture(model, example_inputs: Sequence[Any], *, world_size: int, rank: int 
             inductor_config: dict | None = None, name: str | None = None, meta: dict | None = None,
             device: str | None = None, vocab_parallel_embeddings: bool = False,
             keep_gathered: Sequence[str] = (), overlap_scheduler: str | None = None, tp: int = 1,
-            tensor_parallel=None) -> Ir:
+            tensor_parallel=None, async_tp: bool = False) -> Ir:
     """Capture one training step of `model` as Inductor's post-grad graphs, as IR.
 
     Runs on any machine (fake process group, fake tensors): build the model on the meta device to
@@ -156,12 +158,13 @@ def capture(model, example_inputs: Sequence[Any], *, world_size: int, rank: int 
     on, its compute estimates from that profile's model, so the graphs hold its order (fx/overlap_scheduler.py).
     `tp` > 1: tensor parallelism inside, in-graph FSDP across: a ("dp", "tp") mesh of world_size / tp x tp ranks,
     `tensor_parallel(model, tp_mesh)` (the model's plan: torch's parallelize_module) applied first, then the model
-    sharded over "dp" (meta["tp"]; each collective's role in the IR says which dimension it serves).
+    sharded over "dp" (meta["tp"]; each collective's role in the IR says which dimension it serves); `async_tp`: with
+    torch's micro-pipeline TP on (async TP: its fused all-gather-matmul and matmul-reduce-scatter ops in the graphs).
     Raises CeOverlapError for bad arguments or a model that does not compile to one graph.
     """
     options = _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
                                cast_forward_inputs, device, vocab_parallel_embeddings, keep_gathered,
-                               overlap_scheduler, tp, tensor_parallel)
+                               overlap_scheduler, tp, tensor_parallel, async_tp)
     return _from_doc(_capture_doc(model, example_inputs, options,
                                   {"model": name or type(model).__name__, **(meta or {})}))
 
@@ -174,7 +177,8 @@ def capture_named(name: str, *, world_size: int, seq_len: int | None = None, bat
                   fsdp: bool = True, param_dtype="bfloat16", reshard_after_forward: bool = True,
                   cast_forward_inputs: bool = True, inductor_config: dict | None = None, full: bool = False,
                   device: str | None = None, vocab_parallel_embeddings: bool = False,
-                  keep_gathered: Sequence[str] = (), overlap_scheduler: str | None = None, tp: int = 1) -> Ir:
+                  keep_gathered: Sequence[str] = (), overlap_scheduler: str | None = None, tp: int = 1,
+                  async_tp: bool = False) -> Ir:
     """Capture a zoo model (ce_overlap.models) by name (`tp` > 1: with torchtitan's tensor-parallel plan, capture's
     `tp`).
 
@@ -192,7 +196,7 @@ def capture_named(name: str, *, world_size: int, seq_len: int | None = None, bat
     built = models.build_named(name, seq_len=seq_len, batch=batch)
     options = _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
                                cast_forward_inputs, device, vocab_parallel_embeddings, keep_gathered,
-                               overlap_scheduler, tp, built.tensor_parallel)
+                               overlap_scheduler, tp, built.tensor_parallel, async_tp)
     tokens = built.example_inputs[0]
     meta = {"model": name, "batch": int(tokens.shape[0]), "seq_len": int(tokens.shape[1])}
     depth = models.depth(name)

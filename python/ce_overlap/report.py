@@ -86,6 +86,12 @@ def format_summary(report: dict) -> str:
     meta = report.get("meta", {})
     lines = []
     head = f"model {meta.get('model', '?')}, world size {meta.get('world_size', '?')}, profile {report['profile']}"
+    tp = meta.get("tp", 1)
+    if tp > 1:
+        ws = meta.get("world_size")
+        dp = ws // tp if isinstance(ws, int) else "?"
+        head += (f" (tensor parallelism over {tp} ranks inside, FSDP over {dp}"
+                 f"{', torch async TP' if meta.get('async_tp') else ''})")
     if "seq_len" in meta:
         head += f", batch {meta.get('batch', '?')} x seq {meta['seq_len']}"
     lines.append(head)
@@ -99,7 +105,9 @@ def format_summary(report: dict) -> str:
         lines.append(
             f"{g['name']:<9} {g['nodes']:>6} nodes, {g['collectives']:>4} collectives: compute {_ms(g['compute_us'])} ms, "
             f"comm {_ms(g['comm_us'])} ms, exposed {_ms(g['exposed_comm_us'])} ms, step {_ms(g['makespan_us'])} ms, "
-            f"peak activations {g['peak_memory_bytes'] / 2**30:.2f} GiB")
+            f"peak activations {g['peak_memory_bytes'] / 2**30:.2f} GiB"
+            + (f"; of the comm, tensor parallelism {_ms(g['tp_comm_us'])} ms (exposed {_ms(g['tp_exposed_comm_us'])})"
+               if g.get("tp_comm_us") else ""))
     lines += [f"note: {n}" for n in format_notes(report)]
     return "\n".join(lines)
 
@@ -150,7 +158,29 @@ def format_plan(plan: dict, *, max_rows: int | None = None) -> str:
                          for i, (cell, w) in enumerate(zip(cells, widths))).rstrip()
 
     lines += [line(_PLAN_HEADER), "-" * len(line(_PLAN_HEADER[:-1]) + "  reason"), *(line(r) for r in rows)]
+    lines += format_overlaps(plan, max_rows=max_rows)
     return "\n".join(lines)
+
+
+def format_overlaps(plan: dict, *, max_rows: int | None = None) -> list[str]:
+    """Which tensor-parallel collectives each FSDP bucket runs beside, and what sharing NVLink costs each side
+    (the plan's buckets[].overlaps); [] when none does."""
+    with_overlaps = [b for b in plan["buckets"] if b.get("overlaps")]
+    if not with_overlaps:
+        return []
+    added_tp = sum(o["collective_added_us"] for b in with_overlaps for o in b["overlaps"])
+    added_b = sum(o["bucket_added_us"] for b in with_overlaps for o in b["overlaps"])
+    out = [f"  {len(with_overlaps)} FSDP bucket{'s' if len(with_overlaps) != 1 else ''} share NVLink with "
+           f"tensor-parallel collectives: +{added_tp:.1f} us to those, +{added_b:.1f} us to the buckets"]
+    shown = with_overlaps if max_rows is None else with_overlaps[:max(1, max_rows // 2)]
+    for b in shown:
+        where = b["block_path"] or "outside blocks"
+        beside = ", ".join(f"{o['collective']} ({o['overlap_us']:.0f} us together, +{o['collective_added_us']:.1f} us "
+                           f"to it, +{o['bucket_added_us']:.1f} us to the bucket)" for o in b["overlaps"])
+        out.append(f"    bucket {b['id']} ({b['type']} {where}, {b['backend']}): {beside}")
+    if len(shown) < len(with_overlaps):
+        out.append(f"    ... {len(with_overlaps) - len(shown)} more (--all-blocks, or the plan JSON's overlaps)")
+    return out
 
 
 def _reason_kind(reason: str) -> str:
@@ -199,17 +229,52 @@ def format_recommendation(report: dict, plans: list[dict], baseline_plans: list[
     return "\n".join(lines)
 
 
+_TP_LABELS = {"fsdp2+tp": "FSDP2 + TP on NCCL", "fsdp2+tp+async-tp": "FSDP2 + TP with torch's async TP",
+              "ce_overlap+tp": "ce_overlap + TP", "no-comm+tp": "no FSDP communication (bound)"}
+
+
+def format_tensor_parallel(report: dict) -> str:
+    """The tensor-parallel modes' predicted steps (report["tensor_parallel"]: the CLI's) against the faster of FSDP2 +
+    TP with and without torch's async TP, what a user runs today; and what to do."""
+    t = report["tensor_parallel"]
+    steps = t["predicted_step_ms"]
+    lines = [f"tensor parallelism over {t['tp']} ranks, FSDP over {t['data_parallel']} "
+             f"(bench/train.py --tp {t['tp']}; predicted steps):"]
+    for mode, ms in steps.items():
+        what = "not predicted (no async-TP capture: --no-async-tp or an IR file)" if ms is None else f"{ms:.2f} ms"
+        lines.append(f"  {_TP_LABELS.get(mode, mode):<34} {what}")
+    baselines = {m: steps[m] for m in ("fsdp2+tp", "fsdp2+tp+async-tp") if steps.get(m) is not None}
+    ours = steps.get("ce_overlap+tp")
+    if baselines and ours is not None:
+        best = min(baselines, key=baselines.get)
+        gain = 100 * (baselines[best] - ours) / baselines[best]
+        if gain > 0:
+            lines.append(f"  -> use ce_overlap.fully_shard with the pass: {gain:.1f}% shorter than "
+                         f"{_TP_LABELS[best]} ({baselines[best]:.2f} ms)")
+        else:
+            lines.append(f"  -> keep {_TP_LABELS[best]}: ce_overlap's plan is not predicted faster here "
+                         f"({-gain:.1f}% longer)")
+    if not t.get("async_tp_captured"):
+        lines.append("  (ce_overlap + TP over the step as captured, TP on NCCL: without an async-TP capture)")
+    return "\n".join(lines)
+
+
 def to_chrome_trace(report: dict) -> dict:
-    """Chrome/Perfetto trace: one track for compute, one for communication, times in microseconds."""
+    """Chrome/Perfetto trace: one track for compute, one per process group's collectives, times in microseconds."""
     events = [
         {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"ce_overlap estimate ({report['profile']})"}},
         {"name": "thread_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "compute stream"}},
-        {"name": "thread_name", "ph": "M", "pid": 0, "tid": 1, "args": {"name": "comm stream"}},
     ]
+    tracks: dict[str, int] = {}
+    for e in report["timeline"]:
+        if e["stream"] == "comm" and e.get("group", "") not in tracks:
+            tracks[e.get("group", "")] = len(tracks) + 1
+            events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": tracks[e.get("group", "")],
+                           "args": {"name": f"comm stream, group {e['group']}" if e.get("group") else "comm stream"}})
     for e in report["timeline"]:
         events.append({
             "name": e["name"], "cat": e["kind"], "ph": "X", "pid": 0,
-            "tid": 1 if e["stream"] == "comm" else 0,
+            "tid": tracks[e.get("group", "")] if e["stream"] == "comm" else 0,
             "ts": e["start_us"], "dur": max(e["end_us"] - e["start_us"], 0.0),
             "args": {"op": e["op"], "graph": e["graph"], "block": e["block"]},
         })

@@ -14,6 +14,17 @@ The modes (bench/train.py's names) and how each is modelled, MODES; a mode not t
     fsdp2, fsdp2-ce            FSDP2 (torchtitan's wrap, bf16 parameters, fp32 reduce-scatters) on NCCL / on the copy
                                engines (ce_overlap's direct path), from the same step's plans: FSDP2 below
 
+With tensor parallelism (a capture with tp > 1; the TP collectives on NCCL where captured, on each block's critical
+path), the modes bench/train.py runs with --tp:
+
+    ce_overlap+tp              ce_overlap's plan over the step with torch's async TP where that step is given
+                               (step_model's async_ir: a capture with micro-pipeline TP), else over the step as captured
+    fsdp2+tp                   fsdp2's formula over the step as captured (TP on NCCL)
+    fsdp2+tp+async-tp          fsdp2's formula over the async-TP capture (its fused all-gather-matmul and
+                               matmul-reduce-scatter ops, priced as their GEMMs: the copy engines' chunks hide under them)
+    no-comm+tp                 no-comm, plus each TP collective's whole time (TP stays on the critical path), over the
+                               same capture as ce_overlap+tp
+
 compile: Inductor without its overlap scheduler leaves no collective beside compute. The trace of the 8-layer step on
 2x H200 (bench/results/step-prediction-2026-11-27-b) has the compute stream idle 39.1 ms beside 36.9 ms of NCCL
 kernels: every collective's whole time is on the step, each alone (no contention either way), as the capture orders
@@ -57,6 +68,16 @@ MODES = {
     "fsdp2": ("fsdp2", "compute, the NCCL plan's exposure and slowdown x 4/3, FSDP2's copies, eager loss, optimizer"),
     "fsdp2-ce": ("fsdp2-ce", "compute, the CE plan's exposure and slowdown x 4/3, the direct path's copies, eager loss, "
                              "optimizer"),
+}
+# Tensor parallelism's modes: mode -> (the mode whose formula it takes, over which capture: "async" for the async-TP one,
+# "async_if_given" for it where step_model was given one).
+TP_MODES = {
+    "fsdp2+tp": ("fsdp2", "captured", "fsdp2's formula, TP on NCCL"),
+    "fsdp2+tp+async-tp": ("fsdp2", "async", "fsdp2's formula over the async-TP capture"),
+    "ce_overlap+tp": ("ce_overlap", "async_if_given", "ce_overlap's plan, with torch's async TP where its capture is "
+                                                      "given"),
+    "no-comm+tp": ("no-comm", "async_if_given", "compute, optimizer, the local stand-ins and TP's collectives (over the "
+                                                "async-TP capture where given, as ce_overlap+tp)"),
 }
 _PLAN_CE = {"plan": "auto", "plan_nccl": "off"}
 # The overlap scheduler's step from its own captured order (step_model's scheduler_ir; the module docstring).
@@ -136,7 +157,7 @@ def optimizer_us(num_params: int, world: int, optimizer_us_per_byte: float) -> f
 
 
 _ANALYZE_KEYS = ("compute_us", "comm_us", "exposed_comm_us", "makespan_us", "kernels", "kernel_gap_us",
-                 "compute_by_class_us")
+                 "compute_by_class_us", "tp_comm_us", "tp_exposed_comm_us")
 
 
 def _graph_analyses(ir, profile: str) -> dict:
@@ -147,7 +168,7 @@ def _graph_analyses(ir, profile: str) -> dict:
 
 
 def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "consumer",
-               plan_config: dict | None = None, loss_logits: int = 0, scheduler_ir=None) -> dict:
+               plan_config: dict | None = None, loss_logits: int = 0, scheduler_ir=None, async_ir=None) -> dict:
     """The step's pieces (microseconds): per graph the analysis's compute ("analyze"), ce_overlap's plan ("plan") and
     the same with every bucket on NCCL ("plan_nccl"), each with plan_costs' slowdown and copies; the optimizer; the
     no-comm mode's local stand-ins. `plan_config`: the plan request's other fields (PassConfig.plan_config());
@@ -155,7 +176,8 @@ def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "
     cost includes its consumer's extra read). `loss_logits`: the logits the loss reads per step (batch x seq x
     vocab), for the FSDP2 modes' eager loss (0: not counted). `scheduler_ir`: the same step captured with Inductor's
     overlap scheduler on (ce_overlap.capture's overlap_scheduler): "scheduler" holds its analysis and its order priced
-    as captured, every collective on NCCL (SCHEDULER_CAPTURED)."""
+    as captured, every collective on NCCL (SCHEDULER_CAPTURED). `async_ir`: the same tensor-parallel step captured with
+    torch's micro-pipeline TP (capture's async_tp): "async" holds its analysis and plans (TP_MODES)."""
     from .ir import plan
 
     world = world or int(ir.meta.get("world_size", 1))
@@ -173,6 +195,12 @@ def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "
             "plan": {name: plan_costs(plan(scheduler_ir, name, profile, config), hbm_us_per_byte)
                      for name in scheduler_ir.graph_names},
         }
+    if async_ir is not None:
+        out["async"] = {"analyze": _graph_analyses(async_ir, profile)}
+        for key, ce in _PLAN_CE.items():
+            config = {**(plan_config or {}), "ce_reduction": ce_reduction, "ce": ce}
+            out["async"][key] = {name: plan_costs(plan(async_ir, name, profile, config), hbm_us_per_byte)
+                                 for name in async_ir.graph_names}
     out["optimizer_us"] = optimizer_us(ir.meta.get("num_params", 0), world, optimizer_us_per_byte)
     out["kernel_gap_us"] = spec["efficiency"].get("kernel_gap_us", 0.0)
     graphs = ir.to_dict()["graphs"]  # the IR serialized once for both
@@ -185,10 +213,10 @@ def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "
 
 
 def collectives_by_graph(graphs: list[dict]) -> dict:
-    """Per graph (`graphs`: the IR's JSON graphs, ir.to_dict()["graphs"]), in document order: its collectives' IR
-    records (type, bytes, group_size, ...)."""
-    return {g["name"]: [n["collective"] for n in g["nodes"] if n.get("kind") == "collective" and n.get("collective")]
-            for g in graphs}
+    """Per graph (`graphs`: the IR's JSON graphs, ir.to_dict()["graphs"]), in document order: its FSDP collectives' IR
+    records (type, bytes, group_size, ...); tensor parallelism's (role "tp") are not FSDP's."""
+    return {g["name"]: [n["collective"] for n in g["nodes"] if n.get("kind") == "collective" and n.get("collective")
+                        and n["collective"].get("role") != "tp"] for g in graphs}
 
 
 def collective_bytes(colls_by_graph: dict) -> dict:
@@ -264,7 +292,7 @@ def local_gather_us(graphs: list[dict], us_per_byte: float, kernel_gap_us: float
         moved = kernels = 0
         for n in g["nodes"]:
             c = n.get("collective") if n.get("kind") == "collective" else None
-            if not c or c["group_size"] <= 1:
+            if not c or c["group_size"] <= 1 or c.get("role") == "tp":  # the stand-ins replace FSDP's only
                 continue
             if c["type"] == "all_gather":
                 if n.get("inputs") and _fusible(source(n["inputs"][0])):
@@ -309,6 +337,16 @@ def predicted_step_ms(pred: dict, mode: str = "ce_overlap") -> float | None:
         sched = pred.get("scheduler")
         return predicted_step_ms({**pred, "analyze": sched["analyze"], "plan_nccl": sched["plan"]},
                                  "ce_overlap-nccl") if sched else None
+    if mode in TP_MODES:  # a 1-D mode's formula over the captured step or its async-TP capture
+        base, capture, _ = TP_MODES[mode]
+        over = pred.get("async") if capture == "async" or (capture == "async_if_given" and pred.get("async")) else pred
+        if over is None:
+            return None
+        step = predicted_step_ms({**pred, **{k: over[k] for k in ("analyze", "plan", "plan_nccl") if k in over}},
+                                 base)
+        if step is None or base != "no-comm":
+            return step
+        return step + sum(g.get("tp_comm_us") or 0.0 for g in (over.get("analyze") or {}).values()) / 1e3
     graphs = pred.get("analyze") or {}
     if not graphs or mode not in MODES:
         return None

@@ -69,6 +69,9 @@ class CaptureOptions:
     tensor_parallel: Any = None
     """With tp > 1: the model's tensor-parallel plan, a callable (module, tp_mesh) that parallelizes it in place
     (torch's parallelize_module; ce_overlap.models.llama.tensor_parallel for the zoo)."""
+    async_tp: bool = False
+    """With tp > 1: compile with torch's micro-pipeline TP (Inductor's _micro_pipeline_tp, symmetric memory on the TP
+    group: what async TP runs), so the graphs hold its fused all-gather-matmul and matmul-reduce-scatter ops."""
 
 
 def _inductor_pre_lowering(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], is_inference: bool):
@@ -194,6 +197,21 @@ def _fakeify_module(model: nn.Module, fsdp: bool, group, options: CaptureOptions
         for name, p in list(module.named_parameters(recurse=False)):
             module._parameters[name] = nn.Parameter(_to_fake(p, options.device), requires_grad=p.requires_grad)
     return model
+
+
+@contextlib.contextmanager
+def _async_tp(options: CaptureOptions):
+    """With options.async_tp: micro-pipeline TP on, symmetric memory taken as enabled for the tensor-parallel groups
+    (torch's test mode: nothing is allocated; the fused ops run on fake tensors)."""
+    if not options.async_tp:
+        yield
+        return
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    from .fsdp import groups_with_role
+
+    with torch._inductor.config.patch(_micro_pipeline_tp=True), symm_mem._test_mode(set(groups_with_role("tp"))):
+        yield
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -336,9 +354,10 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
             backend = functools.partial(compile_fx, inner_compile=recorder.inner_compile)
             compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=False)
             try:
-                loss, loss_meta = _scalar_loss(compiled(*inputs))
-                if loss.requires_grad:
-                    loss.backward()
+                with _async_tp(options):
+                    loss, loss_meta = _scalar_loss(compiled(*inputs))
+                    if loss.requires_grad:
+                        loss.backward()
             except CaptureError:
                 raise
             except Exception as e:  # the model failed to compile or run: a user-facing error, not a crash
@@ -356,6 +375,7 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
         "param_dtype": str(options.param_dtype).removeprefix("torch.") if options.param_dtype else "none",
         "reshard_after_forward": options.reshard_after_forward,
         **({"tp": options.tp} if options.tp > 1 else {}),
+        **({"async_tp": True} if options.async_tp else {}),
         **({"vocab_parallel_embeddings": True} if options.fsdp and options.vocab_parallel_embeddings else {}),
         **({"keep_gathered": ",".join(options.keep_gathered)} if options.fsdp and options.keep_gathered else {}),
         "num_params": num_params,

@@ -113,6 +113,29 @@ def _flex_flops(node: torch.fx.Node, name: str) -> int:
     return int(dense * density)
 
 
+def _async_tp_flops(node: torch.fx.Node, name: str) -> int:
+    """torch's micro-pipeline TP ops (symm_mem, Inductor's _micro_pipeline_tp): their matmuls' FLOPs, which the
+    flop counter does not know. fused_all_gather_matmul(A_shard, [B_i], gather_dim, group) -> (A, [C_i]): each C_i =
+    A @ B_i, 2 x numel(C_i) x K; fused_matmul_reduce_scatter(A, B, ...) -> the reduce-scattered A @ B: 2 x numel(A) x
+    N (the whole product each rank computes before it is scattered)."""
+    def val(x):
+        return x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+
+    if name == "fused_all_gather_matmul":
+        bs = node.args[1] if len(node.args) > 1 else ()
+        outs = node.meta.get("val")
+        cs = outs[1] if isinstance(outs, (tuple, list)) and len(outs) > 1 else ()
+        return sum(2 * int(c.numel()) * int(val(b).shape[0]) for b, c in zip(bs, cs)
+                   if isinstance(c, torch.Tensor) and val(b) is not None)
+    a, b = (val(x) for x in node.args[:2])
+    if a is None or b is None:
+        return 0
+    return 2 * int(a.numel()) * int(b.shape[-1])
+
+
+_ASYNC_TP_OPS = ("fused_all_gather_matmul", "fused_matmul_reduce_scatter")
+
+
 def node_flops(node: torch.fx.Node) -> int:
     target = node.target
     if node.op == "call_function" and isinstance(target, torch._ops.HigherOrderOperator) and target.name() in _FLEX:
@@ -120,6 +143,8 @@ def node_flops(node: torch.fx.Node) -> int:
     if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
         return 0
     name = target._opname
+    if target.namespace == "symm_mem" and name in _ASYNC_TP_OPS:
+        return _async_tp_flops(node, name)
     if _is_attention(name):
         tensors = [a.meta.get("val") for a in node.args if isinstance(a, torch.fx.Node)]
         causal = _is_causal(node)

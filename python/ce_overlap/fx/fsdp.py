@@ -462,6 +462,11 @@ def group_role(group_name: str) -> str | None:
     return _GROUP_ROLES.get(str(group_name))
 
 
+def groups_with_role(role: str) -> list[str]:
+    """The names of the process groups fully_shard named `role` ("dp" or "tp")."""
+    return [name for name, r in _GROUP_ROLES.items() if r == role]
+
+
 def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None = None, *,
                 reshard_after_forward: bool = True, mp_policy=None, device: torch.device | str | None = None,
                 vocab_parallel_embeddings: bool = False, _local_gather: bool = False) -> nn.Module:
