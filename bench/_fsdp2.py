@@ -45,9 +45,13 @@ def _no_comm_collectives(group):
     return LocalAllGather(), LocalReduceScatter()
 
 
-def build(cfg, mode: str, device: str, ce: str = "auto", wrap: str = "torchtitan", ac: bool = False):
+def build(cfg, mode: str, device: str, ce: str = "auto", wrap: str = "torchtitan", ac: bool = False, mesh=None,
+          compile_options: dict | None = None):
     """The model of an FSDP2 mode, on `device`; with `ac` each block is checkpointed as torchtitan's full AC does
-    (checkpoint_wrapper, then compile, then fully_shard). Raises RuntimeError naming what this torch lacks."""
+    (checkpoint_wrapper, then compile, then fully_shard). `mesh`: a ("dp", "tp") DeviceMesh: the model is first
+    parallelized over "tp" (torchtitan's Llama-3 plan), then sharded over "dp" (torchtitan's order); default: every
+    rank shards. `compile_options`: the blocks' torch.compile options (async TP: _micro_pipeline_tp). Raises
+    RuntimeError naming what this torch lacks."""
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
@@ -64,9 +68,15 @@ def build(cfg, mode: str, device: str, ce: str = "auto", wrap: str = "torchtitan
     with torch.device(device):
         model = Llama(cfg)
     init_weights(model)
+    dp = None
+    if mesh is not None:
+        from ce_overlap.models.llama import tensor_parallel
+
+        tensor_parallel(model, mesh["tp"])
+        dp = mesh["dp"]
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if wrap == "torchtitan":
-        fully_shard(model.tok_embeddings, mp_policy=mp)
+        fully_shard(model.tok_embeddings, mesh=dp, mp_policy=mp)
     if ac:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
@@ -74,15 +84,16 @@ def build(cfg, mode: str, device: str, ce: str = "auto", wrap: str = "torchtitan
             model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
     for block in model.layers:
         if device == "cuda":
-            block.compile()
-        fully_shard(block, mp_policy=mp)
+            block.compile(**({"options": compile_options} if compile_options else {}))
+        fully_shard(block, mesh=dp, mp_policy=mp)
     if wrap == "torchtitan":
-        fully_shard([model.norm, model.output], mp_policy=mp, reshard_after_forward=False)
-    fully_shard(model, mp_policy=mp)
+        fully_shard([model.norm, model.output], mesh=dp, mp_policy=mp, reshard_after_forward=False)
+    fully_shard(model, mesh=dp, mp_policy=mp)
     if mode in ("fsdp2-ce", "fsdp2-ce-hooks"):
         import ce_overlap.fsdp
 
-        ce_overlap.fsdp.use_copy_engines(model, ce=ce, direct=mode == "fsdp2-ce")
+        ce_overlap.fsdp.use_copy_engines(model, ce=ce, direct=mode == "fsdp2-ce",
+                                         group=dp.get_group() if dp is not None else None)
     elif mode == "fsdp2-symm-mem":
         for m in model.modules():
             if isinstance(m, FSDPModule):

@@ -22,14 +22,16 @@ KEEP_GATHERED = {"blocks": (), "torchtitan": ("norm", "output")}
 
 
 def capture_step(args, world: int, fsdp2: bool = False, overlap_scheduler: str | None = None,
-                 inductor_config: dict | None = None):
+                 inductor_config: dict | None = None, async_tp: bool = False):
     """The IR of this benchmark's training step for args' shape at `world` ranks: the model on the meta device,
     captured on fake tensors over the fake process group (CPU, no memory). Sharded as the in-graph modes shard it, or
     with `fsdp2` as the FSDP2 modes do (_fsdp2.build): the embedding table gathered (they have no vocabulary-parallel
     lookup), [norm, output] kept gathered as --fsdp2-wrap says. `overlap_scheduler` (a profile): compiled with
-    Inductor's overlap scheduler on (the compile+inductor-overlap mode's graphs); `inductor_config`: more patches."""
+    Inductor's overlap scheduler on (the compile+inductor-overlap mode's graphs); `inductor_config`: more patches.
+    With --tp > 1: tensor parallelism inside (torchtitan's plan), FSDP over the rest (bench/_tp.py), and with
+    `async_tp` torch's micro-pipeline TP."""
     import ce_overlap
-    from ce_overlap.models.llama import Llama
+    from ce_overlap.models.llama import Llama, tensor_parallel
 
     with torch.device("meta"):
         model = Llama(model_config(args))
@@ -37,7 +39,8 @@ def capture_step(args, world: int, fsdp2: bool = False, overlap_scheduler: str |
     return ce_overlap.capture(model, (tokens, tokens), world_size=world, overlap_scheduler=overlap_scheduler,
                               vocab_parallel_embeddings=args.vocab_parallel_embeddings and not fsdp2,
                               keep_gathered=KEEP_GATHERED[args.fsdp2_wrap if fsdp2 else args.in_graph_wrap],
-                              inductor_config=inductor_config)
+                              inductor_config=inductor_config, tp=getattr(args, "tp", 1),
+                              tensor_parallel=tensor_parallel, async_tp=async_tp)
 
 
 def fsdp2_shards_alike(args) -> bool:
@@ -50,8 +53,13 @@ def predict_steps(args, world: int, profile: str, ce_reduction: str = "consumer"
     """(ce_overlap.step_model's pieces of the in-graph capture (`ir` where the caller has it), the predicted step in ms
     of every mode of step_model.MODES): the FSDP2 modes from a capture sharded as they shard (capture_step's fsdp2)
     where that differs; with `scheduler_ir` (capture_step's overlap_scheduler) also step_model.SCHEDULER_CAPTURED."""
-    from ce_overlap.step_model import MODES, SCHEDULER_CAPTURED, predicted_step_ms, step_model
+    from ce_overlap.step_model import MODES, SCHEDULER_CAPTURED, TP_MODES, predicted_step_ms, step_model
 
+    if getattr(args, "tp", 1) > 1:  # the TP modes, from the step as captured and with torch's async TP
+        ir = ir if ir is not None else capture_step(args, world)
+        pieces = step_model(ir, profile, world, ce_reduction, loss_logits=loss_logits(args),
+                            async_ir=capture_step(args, world, async_tp=True))
+        return pieces, {m: predicted_step_ms(pieces, m) for m in TP_MODES}
     ir = ir if ir is not None else capture_step(args, world)
     pieces = step_model(ir, profile, world, ce_reduction, loss_logits=loss_logits(args), scheduler_ir=scheduler_ir)
     step_ms = {m: predicted_step_ms(pieces, m) for m in MODES}

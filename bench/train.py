@@ -36,6 +36,9 @@ Modes:
   fsdp2-symm-mem             fsdp2 with PyTorch's own symmetric-memory all-gather, where the torch has it
   fsdp2-no-comm              fsdp2 with its all-gather and reduce-scatter replaced by local copies of the same
                              shapes: the bound for the FSDP2 modes (as no-comm is for the in-graph ones)
+  fsdp2+tp, fsdp2+tp+async-tp, fsdp2-ce+tp, ce_overlap+tp, no-comm+tp
+                             with --tp T: tensor parallelism over T ranks inside, FSDP over the rest (bench/_tp.py);
+                             their "vs base" and "gap recov." columns compare with fsdp2+tp and no-comm+tp
 
 The FSDP2 modes shard as torchtitan does (--fsdp2-wrap torchtitan: embedding, each block, [norm, output], root);
 their "vs base" and "gap recov." columns compare with fsdp2 and fsdp2-no-comm, the in-graph modes' with compile and
@@ -50,6 +53,8 @@ formula and peak table, peak memory, loss) and, with --predict, the cost model's
 one. JSON results go to --out (bench/plot_train.py draws the chart from it).
 
     torchrun --standalone --nproc-per-node 2 bench/train.py --layers 8 --seq-len 4096 --out train.json
+    torchrun --standalone --nproc-per-node 4 bench/train.py --tp 2 --seq-len 8192 --layers 8 \
+        --modes fsdp2+tp,fsdp2+tp+async-tp,ce_overlap+tp,no-comm+tp --out train_tp.json
 """
 from __future__ import annotations
 
@@ -71,6 +76,7 @@ import _common  # noqa: E402  (sets NCCL_NVLS_ENABLE=0 / TORCH_SYMM_MEM_DISABLE_
 from _common import format_exc_line, header, init, log0, write_json  # noqa: E402
 from _titan import GC_FREQ, lr_at, peak_tflops, step_loop_gc  # noqa: E402
 
+import _tp  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from _kernel_profile import export_trace, log_kernel_table, profile_kernels, rank_summary  # noqa: E402
@@ -95,7 +101,8 @@ def max_over_ranks(value: float) -> float:
 
 MODES = ["eager", "compile", "compile+inductor-overlap", "compile+low-contention", "ce_overlap-nccl", "ce_overlap",
          "ce_overlap-packed", "ce_overlap-rs-kernel", "no-comm", "compile+inductor-overlap+ac", "ce_overlap+ac",
-         "fsdp2", "fsdp2-ce", "fsdp2-ce-hooks", "fsdp2-symm-mem", "fsdp2-no-comm", "fsdp2+ac"]
+         "fsdp2", "fsdp2-ce", "fsdp2-ce-hooks", "fsdp2-symm-mem", "fsdp2-no-comm", "fsdp2+ac", *_tp.MODES]
+DEFAULT_MODES = [m for m in MODES if m not in _tp.MODES]  # --tp 1; with --tp > 1: _tp.MODES
 CE_MODES = ("ce_overlap", "ce_overlap-packed", "ce_overlap-rs-kernel")  # modes that may run CE collectives
 AC = "+ac"  # a mode's suffix: activation checkpointing per block (torchtitan's full AC), then the same mode
 
@@ -112,7 +119,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=1, help="sequences per GPU per step")
     p.add_argument("--steps", type=int, default=30, help="measured steps per mode (after warm-up)")
     p.add_argument("--warmup", type=int, default=5, help="steps per mode before measuring (compile happens here)")
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {MODES}")
+    p.add_argument("--modes", default=None,
+                   help=f"comma-separated subset of {MODES} (default: every mode of the --tp given: "
+                        f"{','.join(_tp.MODES)} with --tp > 1)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor parallelism over this many ranks inside, FSDP over the rest (the TP modes: "
+                        "bench/_tp.py); default 1")
     p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (torchtitan's llama3-8b: 3e-4)")
     p.add_argument("--lr-warmup-steps", type=int, default=200,
                    help="linear warm-up of the learning rate over this many steps, as torchtitan's llama3-8b config "
@@ -185,9 +197,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="cpu: gloo on CPU, for a smoke test of the harness only (no meaningful numbers)")
     p.add_argument("--predict-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.tp < 1:
+        p.error(f"--tp must be >= 1, got {args.tp}")
+    if args.modes is None:
+        args.modes = ",".join(_tp.MODES if args.tp > 1 else DEFAULT_MODES)
     bad = [m for m in args.modes.split(",") if m not in MODES]
     if bad:
         p.error(f"unknown mode(s) {bad}; known: {MODES}")
+    wrong = [m for m in args.modes.split(",") if (m in _tp.MODES) != (args.tp > 1)]
+    if wrong:
+        p.error(f"mode(s) {wrong} need --tp {'> 1' if args.tp == 1 else '1'} (the TP modes {list(_tp.MODES)} run "
+                "with --tp > 1 only, the others without it)")
     if args.kernel_profile < 0:
         p.error(f"--kernel-profile: steps must be >= 0 (0: off), got {args.kernel_profile}")
     if not (args.kernel_profile_lead_s >= 0 and math.isfinite(args.kernel_profile_lead_s)):
@@ -209,12 +229,16 @@ IN_GRAPH_WRAP_BEFORE = "blocks"
 
 
 def build_model(cfg, mode: str, group, ce: str = "auto", wrap: str = "torchtitan", vocab_parallel: bool = False,
-                in_graph_wrap: str = IN_GRAPH_WRAP):
+                in_graph_wrap: str = IN_GRAPH_WRAP, async_tp: bool = False):
+    """The model of `mode` over `group` (a ("dp", "tp") DeviceMesh for the TP modes)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     import ce_overlap
     from ce_overlap.models.llama import Llama, init_weights
 
+    if without_ac(mode) in _tp.MODES:
+        return _tp.build(cfg, without_ac(mode), group, DEVICE, ce, KEEP_GATHERED[in_graph_wrap], async_tp,
+                         ac=mode.endswith(AC))
     if mode.startswith("fsdp2"):
         import _fsdp2
 
@@ -277,7 +301,8 @@ def compile_options(mode: str, ce: str = "auto") -> dict | None:
 
 
 def batch_for(step: int, cfg, args, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator(device="cpu").manual_seed(1000 * step + rank)
+    """This rank's tokens at `step`: its data-parallel rank's (the ranks of one TP group share them)."""
+    g = torch.Generator(device="cpu").manual_seed(1000 * step + rank // args.tp)
     tokens = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), generator=g)
     tokens = tokens.to(DEVICE, non_blocking=True)
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
@@ -309,11 +334,14 @@ class ModeResult:
     host_ms: list = dataclasses.field(default_factory=list)
     gc_ms: list = dataclasses.field(default_factory=list)
     step_ms_by_rank: list = dataclasses.field(default_factory=list)
+    async_tp: bool = False  # a TP mode ran torch's async TP (bench/_tp.py)
 
 
 def family_base_and_bound(mode: str) -> tuple[str, str]:
     """The baseline and the no-communication bound a mode is compared with: FSDP2 modes with fsdp2 and
-    fsdp2-no-comm, the in-graph modes with compile and no-comm."""
+    fsdp2-no-comm, the in-graph modes with compile and no-comm, the TP modes with fsdp2+tp and no-comm+tp."""
+    if mode in _tp.MODES:
+        return "fsdp2+tp", "no-comm+tp"
     return ("fsdp2", "fsdp2-no-comm") if mode.startswith("fsdp2") else ("compile", "no-comm")
 
 
@@ -392,7 +420,8 @@ def _free_port() -> int:
 
 def child_argv(args) -> list[str]:
     """The arguments that make a child run one mode exactly as this process would."""
-    argv = ["--model", args.model, "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--steps",
+    argv = ["--model", args.model, "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--tp", str(args.tp),
+            "--steps",
             str(args.steps), "--warmup", str(args.warmup), "--lr", repr(args.lr), "--lr-warmup-steps",
             str(args.lr_warmup_steps), "--gqa", args.gqa, "--kernel-profile", str(args.kernel_profile),
             "--kernel-profile-lead-s", str(args.kernel_profile_lead_s), "--ce", args.ce,
@@ -443,21 +472,32 @@ def run_mode(mode: str, cfg, args, group, peak: float) -> ModeResult:
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    tp_mode = without_ac(mode) in _tp.MODES
+    async_tp = False
+    if tp_mode:
+        async_tp, why_not = _tp.async_tp_for(without_ac(mode), group, DEVICE)
+        if async_tp:
+            _tp.enable_async_tp(group)
+        log0(f"[{mode}] tensor parallelism over {args.tp} ranks, FSDP over {dist.get_world_size() // args.tp}; "
+             + ("torch's async TP (micro-pipeline TP over symmetric memory)" if async_tp else
+                f"TP on NCCL ({why_not})"))
+        res.async_tp = async_tp
     model = build_model(cfg, mode, group, args.ce, args.fsdp2_wrap, args.vocab_parallel_embeddings,
-                        args.in_graph_wrap)
+                        args.in_graph_wrap, async_tp)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=DEVICE == "cuda")
     step_fn = model
     if mode != "eager" and not mode.startswith("fsdp2"):  # FSDP2 modes compile their blocks themselves
-        opts = compile_options(mode, args.ce)
+        opts = _tp.compile_options(without_ac(mode), args.ce, async_tp) if tp_mode else compile_options(mode, args.ce)
         if args.inductor_config:
             opts = {**inductor_config_items(args.inductor_config), **(opts or {})}
         step_fn = torch.compile(model, options=opts) if opts else torch.compile(model)
-    if without_ac(mode) in CE_MODES:
+    if without_ac(mode) in CE_MODES + ("ce_overlap+tp",):
         import ce_overlap.runtime as rt
 
         if rt.available():
-            rt.rendezvous(group)
-    tokens_per_step = args.batch * args.seq_len
+            rt.rendezvous(group["dp"].get_group() if tp_mode else group)
+    # Per GPU: the ranks of one TP group train on one data-parallel rank's tokens.
+    tokens_per_step = args.batch * args.seq_len / args.tp
     flops_per_token = model.flops_per_token(args.seq_len)
     total_mem = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory if DEVICE == "cuda" else 1
     # Every batch on the device before the timed loop: a copy from pageable host memory would synchronize the stream.
@@ -615,6 +655,7 @@ def predict(args, world: int, profile: str) -> dict:
     process, then plan (ce_overlap's pass) or, before planning existed, analyze."""
     cmd = [sys.executable, os.path.abspath(__file__), "--predict-only", "--model", args.model,
            "--layers", str(args.layers or 0), "--seq-len", str(args.seq_len), "--batch", str(args.batch),
+           "--tp", str(args.tp),
            "--gqa", args.gqa, "--profile", profile, "--in-graph-wrap", args.in_graph_wrap, "--fsdp2-wrap",
            args.fsdp2_wrap, "--out", "-"] + \
         (["--vocab-parallel-embeddings"] if args.vocab_parallel_embeddings else [])
@@ -662,11 +703,14 @@ def main(argv=None) -> int:
     else:
         info = {"gpu": "cpu", "world_size": world, "torch": torch.__version__, "command": " ".join(sys.argv)}
         log0("# ce_overlap training benchmark (bench/train.py) -- CPU smoke run, numbers mean nothing")
-    group = dist.group.WORLD
+    # The TP modes' ("dp", "tp") mesh: in the process that runs them (a parent running each mode in its own process only
+    # coordinates).
+    group = _tp.make_mesh(DEVICE, world, args.tp) if args.tp > 1 and not isolate else dist.group.WORLD
     cfg = model_config(args)
     peak = peak_tflops(info["gpu"])
-    log0(f"# model {args.model} widths, {cfg.n_layers} layers, seq {args.seq_len}, batch {args.batch}/GPU, "
-         f"gqa={args.gqa}, {world} GPUs, peak {peak} TFLOP/s (torchtitan table), {args.steps} steps after "
+    log0(f"# model {args.model} widths, {cfg.n_layers} layers, seq {args.seq_len}, batch {args.batch}/"
+         + (f"data-parallel rank, tensor parallelism over {args.tp} GPUs, " if args.tp > 1 else "GPU, ")
+         + f"gqa={args.gqa}, {world} GPUs, peak {peak} TFLOP/s (torchtitan table), {args.steps} steps after "
          f"{args.warmup} warm-up; in-graph modes: {args.in_graph_wrap} wrap"
          f"{', vocabulary-parallel embeddings' if args.vocab_parallel_embeddings else ''}")
     results: list[ModeResult] = []
@@ -726,7 +770,7 @@ def main(argv=None) -> int:
 
         profile = args.profile or builtin_for_device(info["gpu"], default=DEFAULT)
         prediction = predict(args, world, profile)
-        from ce_overlap.step_model import MODES  # noqa: PLC0415
+        from ce_overlap.step_model import MODES, TP_MODES  # noqa: PLC0415
 
         prediction.setdefault("step_ms", {})  # predict_steps' (absent where the prediction failed)
         log0(f"# the cost model's step (profile {profile}; ce_overlap.step_model) beside the measured one:")
@@ -734,7 +778,8 @@ def main(argv=None) -> int:
             r.predicted_ms = prediction["step_ms"].get(r.mode)
             if r.ok and r.predicted_ms:
                 log0(f"#   {r.mode:<26} predicted {r.predicted_ms:7.1f} ms, measured {r.median_ms:7.1f} ms "
-                     f"({100 * (r.predicted_ms / r.median_ms - 1):+.1f}%; {MODES[r.mode][1]})")
+                     f"({100 * (r.predicted_ms / r.median_ms - 1):+.1f}%; "
+                     f"{MODES[r.mode][1] if r.mode in MODES else TP_MODES[r.mode][2]})")
             elif r.ok:
                 log0(f"#   {r.mode:<26} not modelled")
         if not any(prediction["step_ms"].values()):

@@ -136,3 +136,33 @@ def test_train_harness_in_graph_torchtitan_wrap_with_the_vocabulary_parallel_loo
     assert plain_result["args"]["in_graph_wrap"] == "blocks"
     for mode in ("eager", "ce_overlap-nccl"):
         assert all(abs(a - b) < 1e-3 for a, b in zip(kept[mode], plain["eager"])), (mode, kept[mode], plain["eager"])
+
+
+def test_train_harness_tensor_parallel_modes_on_cpu(tmp_path):
+    """--tp 2 on 4 gloo ranks (a 2x2 ("dp", "tp") mesh): FSDP2 + TP and ce_overlap + TP with the pass train the same
+    losses up to bf16 rounding (bf16 gathers, fp32 against bf16 gradient reductions), each GPU counts the tokens of
+    its TP group once; async TP is refused off CUDA, naming why; the TP modes and the others do not mix."""
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import _tp
+    import train
+
+    out = tmp_path / "tp.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+           os.path.join(REPO, "bench", "train.py"), "--device", "cpu", "--model", "llama3-tiny", "--seq-len", "32",
+           "--steps", "1", "--warmup", "1", "--tp", "2", "--modes", "fsdp2+tp,ce_overlap+tp", "--same-process",
+           "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    modes = {r["mode"]: r for r in result["results"]}
+    assert all(r["ok"] and not r["async_tp"] for r in modes.values()) and result["args"]["tp"] == 2
+    assert all(abs(a - b) < 2e-2 for a, b in zip(modes["fsdp2+tp"]["losses"], modes["ce_overlap+tp"]["losses"]))
+    assert "tensor parallelism over 2 ranks, FSDP over 2; TP on NCCL (not on CUDA)" in proc.stdout
+    with pytest.raises(RuntimeError, match="fsdp2\\+tp\\+async-tp: torch's async TP cannot run here: not on CUDA"):
+        _tp.async_tp_for("fsdp2+tp+async-tp", None, "cpu")
+    assert _tp.async_tp_for("ce_overlap+tp", None, "cpu") == (False, "not on CUDA")
+    for bad, why in ((["--tp", "2", "--modes", "ce_overlap"], "need --tp 1"),
+                     (["--modes", "ce_overlap+tp"], "need --tp > 1"), (["--tp", "0"], "--tp must be >= 1")):
+        with pytest.raises(SystemExit):
+            train.parse_args(bad)
+    assert train.parse_args(["--tp", "2"]).modes == ",".join(_tp.MODES)

@@ -22,6 +22,8 @@ path), the modes bench/train.py runs with --tp:
     fsdp2+tp                   fsdp2's formula over the step as captured (TP on NCCL)
     fsdp2+tp+async-tp          fsdp2's formula over the async-TP capture (its fused all-gather-matmul and
                                matmul-reduce-scatter ops, priced as their GEMMs: the copy engines' chunks hide under them)
+    fsdp2-ce+tp                fsdp2-ce's formula over the step as captured (ce_overlap's copy engines on FSDP2's "dp"
+                               groups, TP on NCCL)
     no-comm+tp                 no-comm, plus each TP collective's whole time (TP stays on the critical path), over the
                                same capture as ce_overlap+tp
 
@@ -74,6 +76,7 @@ MODES = {
 TP_MODES = {
     "fsdp2+tp": ("fsdp2", "captured", "fsdp2's formula, TP on NCCL"),
     "fsdp2+tp+async-tp": ("fsdp2", "async", "fsdp2's formula over the async-TP capture"),
+    "fsdp2-ce+tp": ("fsdp2-ce", "captured", "fsdp2-ce's formula, TP on NCCL"),
     "ce_overlap+tp": ("ce_overlap", "async_if_given", "ce_overlap's plan, with torch's async TP where its capture is "
                                                       "given"),
     "no-comm+tp": ("no-comm", "async_if_given", "compute, optimizer, the local stand-ins and TP's collectives (over the "

@@ -53,6 +53,9 @@ LLAMA_CONFIGS: dict[str, LlamaConfig] = {
     # Llama 3 8B: 8,030,261,248 parameters.
     "llama3-8b": LlamaConfig(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336,
                              vocab_size=128256, seq_len=4096),
+    # Llama 3 70B: 70,553,706,496 parameters (torchtitan's 70B: sequence 8192).
+    "llama3-70b": LlamaConfig(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim=28672,
+                              vocab_size=128256, seq_len=8192),
     # Llama 3.2 1B widths, with an untied output projection (as the 8B has).
     "llama3-1b": LlamaConfig(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192,
                              vocab_size=128256, seq_len=4096),
