@@ -6,8 +6,9 @@ parallelized over "tp" with torchtitan's Llama-3 plan (ce_overlap.models.llama.t
     fsdp2+tp+async-tp   fsdp2+tp with torch's async TP: Inductor's micro-pipeline TP over symmetric memory on the TP
                         group (its fused all-gather-matmul / matmul-reduce-scatter ops)
     fsdp2-ce+tp         fsdp2+tp with ce_overlap.fsdp.use_copy_engines on the "dp" groups (the direct path)
-    ce_overlap+tp       ce_overlap.fully_shard over "dp" and the pass (the cost model's NCCL / copy-engine choice per FSDP
-                        bucket, TP kept on NCCL where captured), with torch's async TP where it runs (async_tp_refusal)
+    ce_overlap+tp       ce_overlap.fully_shard over "dp" and the pass (the cost model's NCCL / copy-engine choice per
+                        FSDP bucket, TP kept on NCCL where captured), with torch's async TP where it runs
+                        (async_tp_refusal)
     no-comm+tp          ce_overlap+tp's setup with the data-parallel all-gathers replaced by local ops of the same
                         shapes and no reduce-scatter: the bound for FSDP's communication (TP's stays)
 

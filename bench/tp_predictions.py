@@ -2,12 +2,15 @@
 
     python bench/tp_predictions.py --model llama3-70b --world-size 8 --tp 2,4,8 --profile h200-sxm
     python bench/tp_predictions.py --model llama3-tiny --world-size 4 --tp 2 --json out.json
+    python bench/tp_predictions.py --from-json out.json                     # the table again, from the rows
 
 Per TP degree T: the zoo model captured over world-size ranks as T-way tensor parallelism inside (torchtitan's plan)
 and world / T-way in-graph FSDP, once as captured and once with torch's micro-pipeline TP (async TP), then
 ce_overlap.step_model's prediction of fsdp2+tp, fsdp2+tp+async-tp, ce_overlap+tp and no-comm+tp, with what tensor
 parallelism's collectives cost (their time, exposed as captured) and how many FSDP buckets of ce_overlap's plan share
 NVLink with them. What `ce-overlap analyze MODEL --world-size N --tp T` reports, for several T in one table.
+Steps are per GPU for one batch per data-parallel rank: with more TP ranks a step trains fewer tokens, so rows compare
+by tokens/s/GPU (batch x seq / TP degree / step). The timing model does not ask whether the model fits in memory.
 """
 from __future__ import annotations
 
@@ -49,14 +52,18 @@ def predict(model: str, world: int, tp: int, profile: str, seq_len: int | None, 
 
 def table(rows: list[dict]) -> str:
     head = ("| model | GPUs | TP x FSDP | fsdp2+tp ms | fsdp2+tp+async-tp ms | ce_overlap+tp ms | no-comm+tp ms | "
-            "ce_overlap+tp vs the faster FSDP2 | TP comm ms | async-TP fused ops | FSDP buckets sharing NVLink |")
-    lines = [head, "|" + "|".join("---" for _ in range(11)) + "|"]
+            "ce_overlap+tp vs the faster FSDP2 | tokens/s/GPU: faster FSDP2, ce_overlap+tp | TP comm ms | "
+            "async-TP fused ops | FSDP buckets sharing NVLink |")
+    lines = [head, "|" + "|".join("---" for _ in range(head.count("|") - 1)) + "|"]
     for r in rows:
         s = r["predicted_step_ms"]
+        tokens = r["batch"] * r["seq_len"] / r["tp"]  # per GPU and step
+        best = min(s["fsdp2+tp"], s["fsdp2+tp+async-tp"])
         lines.append(f"| {r['model']} | {r['world_size']} | {r['tp']} x {r['data_parallel']} | "
                      + " | ".join(f"{s[m]:.1f}" for m in _MODES)
-                     + f" | {r['ce_overlap_vs_best_fsdp2']:.3f}x | {r['tp_comm_ms']:.1f} | {r['async_tp_fused_ops']} | "
-                       f"{r['fsdp_buckets_sharing_nvlink']} |")
+                     + f" | {r['ce_overlap_vs_best_fsdp2']:.3f}x | {1e3 * tokens / best:,.0f}, "
+                       f"{1e3 * tokens / s['ce_overlap+tp']:,.0f} | {r['tp_comm_ms']:.1f} | "
+                       f"{r['async_tp_fused_ops']} | {r['fsdp_buckets_sharing_nvlink']} |")
     return "\n".join(lines)
 
 
@@ -69,7 +76,12 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=int, default=None, help="default: the model's")
     p.add_argument("--batch", type=int, default=1, help="per data-parallel rank")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    p.add_argument("--from-json", metavar="FILE", help="print the table of rows a --json run wrote (no capture)")
     args = p.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json, encoding="utf-8") as f:
+            print(table(json.load(f)["rows"]))
+        return 0
     try:
         degrees = [int(x) for x in args.tp.split(",") if x]
     except ValueError:

@@ -190,14 +190,19 @@ def test_tensor_parallel_analysis_names_what_shares_nvlink_and_predicts_the_tp_m
 
 def test_async_tp_capture_holds_torchs_fused_ops_and_predicts_its_modes(cli, tmp_path):
     """The second capture, with torch's micro-pipeline TP: its fused matmul-reduce-scatter ops (and, at batch 2, its
-    fused all-gather-matmul ones) are in the graphs with their GEMMs' FLOPs; the async-TP mode is predicted."""
+    fused all-gather-matmul ones) are in the graphs with their GEMMs' FLOPs; ce_overlap's pass (in the capture, CE
+    on) plans and rewrites the FSDP collectives beside them; the async-TP mode is predicted."""
+    import ce_overlap
     from ce_overlap.ir import capture_named
 
-    ir = capture_named("llama3-tiny", world_size=4, tp=2, batch=2, async_tp=True)
-    ops = [n for g in ir.to_dict()["graphs"] for n in g["nodes"] if n["op"].startswith("symm_mem.fused_")]
+    ir = capture_named("llama3-tiny", world_size=4, tp=2, batch=2, async_tp=True,
+                       inductor_config=ce_overlap.inductor_options(ce="on", min_ce_bytes=0))
+    nodes = [n for g in ir.to_dict()["graphs"] for n in g["nodes"]]
+    ops = [n for n in nodes if n["op"].startswith("symm_mem.fused_")]
     assert {n["op"] for n in ops} == {"symm_mem.fused_all_gather_matmul.default",
                                       "symm_mem.fused_matmul_reduce_scatter.default"}
     assert all(n["kind"] == "compute" and n["flops"] > 0 for n in ops) and ir.meta["async_tp"]
+    assert any(n["op"].startswith("ce_overlap.") for n in nodes)  # the pass moved FSDP buckets to copy engines
     r = json.loads(cli("analyze", "llama3-tiny", "--world-size", "4", "--tp", "2", "--batch", "2", "--json").stdout)
     assert r["tensor_parallel"]["async_tp_captured"]
     assert all(v is not None for v in r["tensor_parallel"]["predicted_step_ms"].values())

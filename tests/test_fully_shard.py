@@ -260,11 +260,14 @@ def test_tensor_parallel_checkpoints_resume_and_move_to_fsdp2_and_other_mesh_sha
     _torchrun(4, "train", "--tp", "2", "--steps", "3", "--save", f"{t}/ce", "--record", f"{t}/ce3.pt")
     _torchrun(4, "train", "--tp", "2", "--load", f"{t}/ce", "--steps", "3", "--record", f"{t}/ce6.pt")
     assert "bit-identical" in _compare(t / "ref6.pt", t / "ce6.pt")
-    # ce_overlap + TP -> FSDP2 + TP (2x2): the same parameters, and training carries on identically.
+    # ce_overlap + TP -> FSDP2 + TP (2x2): the same parameters, and training carries on identically; and back, across
+    # mesh shapes: FSDP2 + TP's checkpoint (2x2) into ce_overlap without TP (4x1), the parameters as written.
     _torchrun(4, "train", "--tp", "2", "--impl", "fsdp2", "--load", f"{t}/ce", "--steps", "3",
-              "--record", f"{t}/fsdp2_6.pt")
+              "--save", f"{t}/fsdp2", "--record", f"{t}/fsdp2_6.pt")
     _compare(t / "ce6.pt", t / "fsdp2_6.pt")
-    # 2x2 -> 4x1 (no tensor parallelism), and FSDP2 + TP 2x2 -> ce_overlap 4x1 -> ... : the parameters as written.
+    _torchrun(4, "train", "--load", f"{t}/fsdp2", "--steps", "0", "--record", f"{t}/ce4x1_from_fsdp2.pt")
+    _compare(t / "fsdp2_6.pt", t / "ce4x1_from_fsdp2.pt")
+    # ce_overlap 2x2 -> 4x1 (no tensor parallelism), and FSDP2 without TP (4x1) -> ce_overlap + TP (2x2).
     _torchrun(4, "train", "--load", f"{t}/ce", "--steps", "0", "--record", f"{t}/ce4x1.pt")
     _compare(t / "ce3.pt", t / "ce4x1.pt")
     _torchrun(4, "train", "--impl", "fsdp2", "--steps", "3", "--save", f"{t}/fsdp2_4x1", "--record", f"{t}/f3.pt")

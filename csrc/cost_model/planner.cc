@@ -77,6 +77,65 @@ double paced_us(const CollectiveInfo& c, const BackendCost& ce, double gbps) {
   return std::max(ce.comm_us, ce.estimate.latency_us + copy_bytes(c) / gbps / 1e3);
 }
 
+// What a plan bucket carries in the timeline: the node that carries its time, its collective, the fixed part of its
+// time on the chosen backend, and (CE) the compute it can stretch over without delaying anything (0: none).
+struct Carried {
+  int node = -1;
+  CollectiveInfo c;
+  double fixed_us = 0;
+  double room_us = 0;
+};
+
+// Paces the unpaced CE data-parallel buckets that `tl` shows beside tensor-parallel collectives, where that fits:
+// each to the share of NVLink the graph's TP collectives leave (1 - the largest of their shares: stretched, a bucket
+// may reach the next one), when its copies stretched so still end within its room; sharing the link costs less than
+// a bucket that outlasts its window. Updates `after` and the link shares; returns whether it paced any (then the
+// timeline is simulated again).
+bool pace_for_tp(const Graph& g, const Timeline& tl, const std::vector<Carried>& carried,
+                 const std::vector<int>& plan_bucket_of, std::vector<double>& after, SimulateOptions& link,
+                 Plan& plan) {
+  std::vector<double> beside(plan.buckets.size(), 0.0);  // the largest TP share each bucket runs beside
+  std::vector<int> tp_node(plan.buckets.size(), -1);
+  for (const CollectiveOverlap& o : tl.overlaps) {
+    for (const auto& [mine, other] : {std::pair{o.a, o.b}, std::pair{o.b, o.a}}) {
+      const int pbi = plan_bucket_of[mine], obi = plan_bucket_of[other];
+      if (pbi < 0 || obi < 0 || plan.buckets[obi].role != CollectiveRole::TensorParallel ||
+          plan.buckets[pbi].role == CollectiveRole::TensorParallel || plan.buckets[pbi].backend != "ce") {
+        continue;
+      }
+      if (link.link_share[other] > beside[pbi]) {
+        beside[pbi] = link.link_share[other];
+        tp_node[pbi] = other;
+      }
+    }
+  }
+  double tp_share = 0;  // the largest link share of any TP collective of the graph
+  for (size_t i = 0; i < plan.buckets.size(); ++i) {
+    if (plan.buckets[i].role == CollectiveRole::TensorParallel) {
+      tp_share = std::max(tp_share, link.link_share[carried[i].node]);
+    }
+  }
+  bool paced = false;
+  for (size_t i = 0; i < plan.buckets.size(); ++i) {
+    PlanBucket& pb = plan.buckets[i];
+    const Carried& k = carried[i];
+    const double allowed = 1 - std::max(beside[i], tp_share), share = link.link_share[k.node];
+    if (beside[i] <= 0 || pb.copy_rate_gbps || allowed < 0.05 || share <= allowed) continue;
+    const double t = after[k.node];
+    const double paced_us = k.fixed_us + (t - k.fixed_us) * share / allowed;  // the same bus bytes at `allowed`
+    if (paced_us > k.room_us || paced_us <= k.fixed_us) continue;
+    const double gbps = copy_bytes(k.c) / (paced_us - k.fixed_us) / 1e3;
+    if (gbps < kMinPaceGbps) continue;
+    pb.copy_rate_gbps = gbps;
+    after[k.node] = paced_us;
+    link.link_share[k.node] = allowed;
+    pb.reason += "; paced at " + std::to_string(static_cast<int>(gbps + 0.5)) +
+                 " GB/s per peer copy to leave NVLink to tensor-parallel " + g.nodes[tp_node[i]].name;
+    paced = true;
+  }
+  return paced;
+}
+
 }  // namespace
 
 Plan make_plan(const Document& doc, const std::string& graph_name, const CostModel& base_model,
@@ -145,6 +204,8 @@ Plan make_plan(const Document& doc, const std::string& graph_name, const CostMod
     }
   }
   std::vector<int> plan_bucket_of(n, -1);  // the node that carries a bucket's time -> its plan bucket
+  // Per plan bucket, what pacing it around tensor parallelism needs (pace_for_tp).
+  std::vector<Carried> carried;
   for (size_t b : by_issue) {
     const Bucket& bucket = bs[b];
     CollectiveInfo c;
@@ -188,17 +249,20 @@ Plan make_plan(const Document& doc, const std::string& graph_name, const CostMod
       if (position[m] > position[last_member]) last_member = m;
     }
     const double window_us = w.compute_bound_us + w.memory_bound_us;
+    double room_us = 0;  // a CE bucket's window, cut where the next bucket of its group is issued
     if (choice.backend == Backend::Ce) {
       const int from = s.issue_position[b] + static_cast<int>(bucket.members.size());
       const int to = std::max(from, slot_end[b]);
       const double slot_us = cb_prefix[to] - cb_prefix[from] + mb_prefix[to] - mb_prefix[from];
-      pb.copy_rate_gbps = pace_rate(c, chosen, std::min(window_us, slot_us), config);
+      room_us = std::min(window_us, slot_us);
+      pb.copy_rate_gbps = pace_rate(c, chosen, room_us, config);
     }
     // The bucket starts when its last member's inputs are ready: it carries the whole time (paced: the longer one).
     // A sum left to the consumer runs on the compute stream after the wait: the first wait carries it.
     after[last_member] = pb.copy_rate_gbps ? paced_us(c, chosen, *pb.copy_rate_gbps) : chosen.comm_us;
     after_link.link_share[last_member] = model.link_share(c, after[last_member]);
     plan_bucket_of[last_member] = static_cast<int>(plan.buckets.size());
+    carried.push_back({last_member, c, chosen.estimate.latency_us, room_us});
     pb.role = bucket.role;
     for (int w : bucket.waits) {
       if (w < 0) continue;
@@ -232,7 +296,10 @@ Plan make_plan(const Document& doc, const std::string& graph_name, const CostMod
   std::vector<int> captured(n);
   std::iota(captured.begin(), captured.end(), 0);
   const Timeline before_tl = simulate(g, captured, durations, before_link);
-  const Timeline after_tl = simulate(g, s.order, after, after_link);
+  Timeline after_tl = simulate(g, s.order, after, after_link);
+  if (pace_for_tp(g, after_tl, carried, plan_bucket_of, after, after_link, plan)) {
+    after_tl = simulate(g, s.order, after, after_link);
+  }
   // What sharing NVLink with another group's collectives cost each data-parallel bucket and them.
   for (const CollectiveOverlap& o : after_tl.overlaps) {
     for (const auto& [mine, other, mine_added, other_added] :

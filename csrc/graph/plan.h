@@ -94,8 +94,8 @@ struct PlanPrediction {
   double exposed_us = 0;              // part of the chosen backend's time the window does not hide
 };
 
-// A collective of another group (a tensor-parallel one) that a bucket ran beside, and what sharing the GPU's NVLink cost
-// each side (the timeline's CollectiveOverlap, the planner's order and backends).
+// A collective of another group (a tensor-parallel one) that a bucket ran beside, and what sharing the GPU's NVLink
+// cost each side (the timeline's CollectiveOverlap, the planner's order and backends).
 struct PlanOverlap {
   std::string collective;      // its FX node name
   double overlap_us = 0;       // time both ran

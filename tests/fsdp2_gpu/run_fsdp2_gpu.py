@@ -18,6 +18,12 @@ forward, fixed per-rank tokens) in two variants:
   ce-hooks   (--paths) use_copy_engines(model, ce="on", direct=False): FSDP2's own path for every group, the
              all-gather in place in the symmetric pool, the reduce-scatter on copy engines plus the reduction kernel
 
+Tensor parallelism (--tp T): a ("dp", "tp") mesh of world / T x T ranks, the model parallelized over "tp" with
+torchtitan's Llama-3 plan first, then FSDP2 over "dp" (torchtitan's order); ce_overlap.fsdp.use_copy_engines puts the
+"dp" groups' collectives on copy engines. On one shared GPU the default group is "cpu:gloo,cuda:ce_overlap", so that
+tensor parallelism's eager collectives run (gloo's all-gather on CUDA tensors does not), on ce_overlap's backend in both
+variants; the reference's FSDP2 collectives go through host memory as without --tp.
+
 Checks (PASS/FAIL table, exit 1 on a failure): every FSDP group's all-gather and reduce-scatter ran on CE in the ce
 variant; losses, gradients and parameters bit-identical to the reference at 2 ranks, within the reduction order's
 tolerance at more (the largest relative error is printed: the all-gathers move bytes exactly, the reduce-scatter
@@ -47,7 +53,7 @@ from reduce_tolerances import tolerances  # noqa: E402  (beyond 2 ranks the sums
 import ce_overlap.fsdp as cefsdp  # noqa: E402
 import ce_overlap.fsdp_direct as fsdp_direct  # noqa: E402
 import ce_overlap.runtime as rt  # noqa: E402
-from ce_overlap.models.llama import LLAMA_CONFIGS, Llama, init_weights  # noqa: E402
+from ce_overlap.models.llama import LLAMA_CONFIGS, Llama, init_weights, tensor_parallel  # noqa: E402
 
 # Every rank on GPU 0 (over gloo) when asked, or when there are more local ranks than GPUs.
 SHARED_GPU = os.environ.get("CE_TEST_SHARED_GPU") == "1" or \
@@ -110,6 +116,10 @@ def reduce_dtype(setup: str) -> torch.dtype:
     return torch.bfloat16 if setup == "bf16-reduce" else torch.float32
 
 
+# --tp > 1: the ("dp", "tp") mesh.
+MESH = None
+
+
 def build(model_name: str, args, compiled: bool, setup: str = "default"):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -119,17 +129,21 @@ def build(model_name: str, args, compiled: bool, setup: str = "default"):
     with torch.device("cuda"):
         model = Llama(cfg)
     init_weights(model)
+    dp = None
+    if MESH is not None:  # torchtitan's order: tensor parallelism, then FSDP2 over "dp"
+        tensor_parallel(model, MESH["tp"])
+        dp = MESH["dp"]
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype(setup))
     reshard = {"no-reshard": False, "reshard-2": 2}.get(setup, True)
     if setup == "torchtitan-wrap":
-        fully_shard(model.tok_embeddings, mp_policy=mp)
+        fully_shard(model.tok_embeddings, mesh=dp, mp_policy=mp)
     for block in model.layers:
         if compiled:
             block.compile()
-        fully_shard(block, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(block, mesh=dp, mp_policy=mp, reshard_after_forward=reshard)
     if setup == "torchtitan-wrap":
-        fully_shard([model.norm, model.output], mp_policy=mp, reshard_after_forward=False)
-    fully_shard(model, mp_policy=mp)
+        fully_shard([model.norm, model.output], mesh=dp, mp_policy=mp, reshard_after_forward=False)
+    fully_shard(model, mesh=dp, mp_policy=mp)
     if setup == "explicit-prefetch":
         blocks = list(model.layers)
         for i, block in enumerate(blocks):
@@ -186,7 +200,8 @@ def run_variant(model_name: str, variant: str, compiled: bool, args, setup: str 
     model, cfg = build(model_name, args, compiled, setup)
     decisions = []
     if variant in ("ce", "ce-hooks"):
-        decisions = cefsdp.use_copy_engines(model, ce="on", direct=variant == "ce")
+        decisions = cefsdp.use_copy_engines(model, ce="on", direct=variant == "ce",
+                                            group=MESH["dp"].get_group() if MESH is not None else None)
     elif SHARED_GPU:
         for m in model.modules():
             if isinstance(m, FSDPModule):
@@ -202,7 +217,7 @@ def run_variant(model_name: str, variant: str, compiled: bool, args, setup: str 
         micro = 2 if setup == "grad-accum" else 1
         for step in range(args.steps):
             for m in range(micro):
-                gen.manual_seed(1000 * step + 10 * m + dist.get_rank())
+                gen.manual_seed(1000 * step + 10 * m + dist.get_rank() // (MESH["tp"].size() if MESH else 1))
                 tokens = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len), device="cuda", generator=gen)
                 if micro > 1:
                     model.set_requires_gradient_sync(m == micro - 1)  # the last microbatch reduce-scatters the sum
@@ -280,7 +295,7 @@ def check_variant(check, label: str, ce: dict, ref: dict, world: int, reduce_dty
 
 
 def main() -> int:
-    global CPU_GROUP
+    global CPU_GROUP, MESH
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="llama3-tiny,llama3-1b")
     p.add_argument("--modes", default="eager,compiled")
@@ -289,6 +304,7 @@ def main() -> int:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--setups", default="default",
                    help="comma-separated FSDP2 setups: " + "; ".join(f"{k}: {v}" for k, v in SETUPS.items()))
+    p.add_argument("--tp", type=int, default=1, help="tensor parallelism over this many ranks (a ('dp', 'tp') mesh)")
     p.add_argument("--paths", default="direct",
                    help="comma-separated: direct (use_copy_engines' default) and / or hooks (direct=False)")
     args = p.parse_args()
@@ -301,13 +317,23 @@ def main() -> int:
         p.error(f"--setups: unknown {unknown}; choose from {list(SETUPS)}")
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(0 if SHARED_GPU else local)
-    if SHARED_GPU:
+    if SHARED_GPU and args.tp > 1:  # tensor parallelism's eager all-gathers: ce_overlap's backend (gloo's crash)
+        dist.init_process_group("cpu:gloo,cuda:ce_overlap", timeout=datetime.timedelta(seconds=300))
+    elif SHARED_GPU:
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     else:
         dist.init_process_group("nccl", device_id=torch.device("cuda", local), timeout=datetime.timedelta(seconds=300))
     CPU_GROUP = dist.new_group(backend="gloo")
     torch.use_deterministic_algorithms(True)
     world = dist.get_world_size()
+    if args.tp > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if world % args.tp:
+            p.error(f"--tp {args.tp} must divide the {world} ranks")
+        MESH = init_device_mesh("cuda", (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
+        log0(f"tensor parallelism over {args.tp} ranks, FSDP2 over {world // args.tp}")
+        world //= args.tp  # the reduce-scatters' ranks: what bit-identity and the tolerances depend on
     log0(f"torch {torch.__version__}, {world} ranks on {'one shared ' if SHARED_GPU else ''}"
          f"{torch.cuda.get_device_name()}")
     rows = []

@@ -43,6 +43,13 @@ Checks (PASS/FAIL table on rank 0, exit code 1 if any fails):
     is bit-identical to pass-on-nccl.
 A check whose reference variant was not asked for is skipped (said in the log), not failed.
 
+Tensor parallelism (--tp T, the zoo Llamas): a ("dp", "tp") mesh of world / T x T ranks, the model parallelized over
+"tp" with torchtitan's plan, then sharded over "dp"; tokens per data-parallel rank. Each TP collective must stay a
+bucket of its own, on the group's backend, where the plan keeps it (checked). On one shared GPU the default group is
+"cpu:gloo,cuda:ce_overlap" (the torch.distributed backend of ce_overlap: every in-graph collective the pass leaves on
+the group's backend runs on copy engines through it, its all-reduces on gloo), so the reference (inductor) runs
+there too, and the variants are inductor, pass-on-nccl, pass-ce-all and pass-auto.
+
 One GPU (--shared-gpu, or CE_TEST_SHARED_GPU=1): every rank on GPU 0 over gloo (NCCL refuses two ranks on one GPU).
 Only the variants that put every collective on CE can run there (gloo's in-graph collectives on CUDA tensors do not
 work in torch 2.11), so the default variants are pass-ce-all,pass-ce-packed: real CUDA, real Inductor code, the
@@ -100,12 +107,21 @@ VARIANTS = {
     "pass-ce-rs-kernel": dict(ce="on", ce_reduction="kernel"),
     "pass-no-runtime": dict(ce="on"),
     "pass-auto": dict(ce="auto", min_ce_bytes=1 << 20),
+    # With --tp: the same with torch's async TP (micro-pipeline TP over symmetric memory on the TP group). Where torch
+    # or the machine refuses it, the variant says why (a "refused" line, not a failure): what async TP needs.
+    "inductor+async-tp": None,
+    "pass-ce-all+async-tp": dict(ce="on"),
 }
+ASYNC_TP = "+async-tp"
 # Variants that run every collective on CE (the only ones a shared GPU can run: no NCCL there). pass-auto is one there:
 # the planner keeps small buckets on the group's backend, but on gloo with CUDA tensors the pass moves them to CE
 # (gloo's in-graph all-gather on CUDA tensors crashes the process) or stops the compile with an error.
 ALL_CE = ("pass-ce-all", "pass-ce-packed", "pass-ce-rs-kernel", "pass-auto")
 SHARED_GPU = os.environ.get("CE_TEST_SHARED_GPU") == "1"
+# --tp > 1: the ("dp", "tp") mesh, and the variants one shared GPU runs with ce_overlap's backend underneath.
+TP, MESH = 1, None
+TP_SHARED_VARIANTS = ("inductor", "pass-on-nccl", "pass-ce-all", "pass-auto", "inductor+async-tp",
+                      "pass-ce-all+async-tp")
 # Besides the zoo's Llamas: tests/data/gpt2_tied.py, a GPT-2-style model whose output projection reuses the token
 # embedding's weight (its forward all-gather is waited on again in the backward) and whose forward returns
 # (loss, logits); its vocabulary (1001) does not divide by the ranks, so the tied shard is padded.
@@ -196,6 +212,8 @@ def runtime_absent(active: bool):
 def compile_options(variant: str, args) -> dict | None:
     fields = VARIANTS[variant]
     extra = {"deterministic": True} if "deterministic" in torch._inductor.config.get_config_copy() else {}
+    if variant.endswith(ASYNC_TP):
+        extra["_micro_pipeline_tp"] = True
     if fields is None:
         return extra
     opts = ce_overlap.inductor_options(**{"bucket_cap_mb": args.bucket_cap_mb, "min_ce_bytes": 0,
@@ -203,13 +221,48 @@ def compile_options(variant: str, args) -> dict | None:
     return {**opts, **extra}
 
 
+class AsyncTpRefused(RuntimeError):
+    """torch's async TP could not be set up here (symmetric memory on the TP group)."""
+
+
+def enable_async_tp() -> None:
+    """Symmetric memory on the TP group, and a rendezvous of it, as micro-pipeline TP's fused ops need: raises
+    AsyncTpRefused with torch's own error where it cannot."""
+    try:
+        from torch.distributed import _symmetric_memory as symm_mem
+
+        name = MESH["tp"].get_group().group_name
+        symm_mem.enable_symm_mem_for_group(name)
+        buf = symm_mem.empty(1024, dtype=torch.bfloat16, device="cuda")
+        symm_mem.rendezvous(buf, name)
+    except Exception as e:  # noqa: BLE001 (whatever torch raises is the answer)
+        raise AsyncTpRefused(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a parameter or gradient (a DTensor's local shard)."""
+    return t.to_local() if isinstance(t, torch.distributed.tensor.DTensor) else t
+
+
 def run_variant(model_name: str, variant: str, args) -> dict:
     rank = dist.get_rank()
     torch._dynamo.reset()
     torch.manual_seed(1234)
     model, vocab_size, seq_len = build_model(model_name, args)
-    fully_shard(model, dist.group.WORLD, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16),
+    over = dist.group.WORLD
+    if TP > 1:
+        from ce_overlap.models.llama import Llama as _Llama, tensor_parallel
+
+        if not isinstance(model, _Llama):
+            raise ValueError(f"--tp: {model_name} has no tensor-parallel plan here (the zoo Llamas do)")
+        tensor_parallel(model, MESH["tp"])
+        over = MESH["dp"]
+    fully_shard(model, over, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16),
                 vocab_parallel_embeddings=args.vocab_parallel_embeddings)
+    if variant.endswith(ASYNC_TP):
+        if TP == 1:
+            raise ValueError(f"{variant} needs --tp > 1")
+        enable_async_tp()
     named = list(model.named_parameters())
     params = [p for _, p in named]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.1)
@@ -227,7 +280,7 @@ def run_variant(model_name: str, variant: str, args) -> dict:
     try:
         with runtime_absent(variant == "pass-no-runtime"):
             for step in range(args.steps):
-                gen.manual_seed(1000 * step + rank)
+                gen.manual_seed(1000 * step + rank // TP)  # the ranks of one TP group share their tokens
                 tokens = torch.randint(0, vocab_size, (args.batch, seq_len), device="cuda", generator=gen)
                 torch.cuda.synchronize()
                 s0 = time.perf_counter()
@@ -241,7 +294,7 @@ def run_variant(model_name: str, variant: str, args) -> dict:
                 torch.cuda.synchronize()
                 out["step_s"].append(time.perf_counter() - s0)
                 out["losses"].append(loss.detach().double().item())
-                out["grads"].append([p.grad.detach().clone() for p in params])  # on the GPU: fast to compare
+                out["grads"].append([_local(p.grad).detach().clone() for p in params])  # on the GPU: fast to compare
                 opt.step()
                 opt.zero_grad(set_to_none=True)
     finally:
@@ -250,16 +303,17 @@ def run_variant(model_name: str, variant: str, args) -> dict:
         logger.propagate = old_propagate
     torch.cuda.synchronize()
     out["seconds"] = time.perf_counter() - t0
-    out["params"] = [p.detach().clone() for p in params]
+    out["params"] = [_local(p).detach().clone() for p in params]
     out["param_names"] = [n for n, _ in named]
     out["messages"] = handler.messages
     reports = opts["post_grad_custom_post_pass"].reports if opts and "post_grad_custom_post_pass" in opts else []
     out["reports"] = [{"graph": r.graph, "refused": r.refused, "collectives": r.collectives,
                        "buckets": [{"type": b.type, "members": b.members, "bytes": b.bytes, "backend": b.backend,
+                                    "tp": b.role == "tp",
                                     "planned": b.planned_backend, "reason": b.reason,
                                     "unreduced": any(n.endswith("_reduce_scatter_unreduced") for n in b.nodes)}
                                    for b in r.buckets],
-                       "summary": r.summary, "line": r.line()} for r in reports]
+                       "summary": r.summary, "line": r.line(), "async_tp_ops": r.async_tp_ops} for r in reports]
     del compiled, model, opt
     torch.cuda.empty_cache()
     return out
@@ -313,7 +367,7 @@ def ce_counts(res: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    global SHARED_GPU
+    global SHARED_GPU, TP, MESH
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="llama3-tiny,llama3-1b", help=f"zoo Llamas, {GPT2_TIED} and {TITAN_FLEX}")
     p.add_argument("--variants", default=",".join(VARIANTS), help="subset of: " + ", ".join(VARIANTS))
@@ -332,11 +386,18 @@ def main(argv=None) -> int:
                    help="every rank on GPU 0 over gloo (default: CE_TEST_SHARED_GPU=1, or more local ranks than GPUs); "
                         "all-CE variants only")
     p.add_argument("--out", default=None, help="JSON results (default: $OUT/pass_gpu.json when OUT is set)")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallelism over this many ranks (a ('dp', 'tp') mesh)")
     args = p.parse_args(argv)
+    TP = args.tp
 
     ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     SHARED_GPU = args.shared_gpu or ranks_here > torch.cuda.device_count()  # more ranks than GPUs: share GPU 0
-    if SHARED_GPU:
+    if SHARED_GPU and TP > 1:  # ce_overlap's backend under every in-graph collective the pass leaves to the group
+        if args.variants == ",".join(VARIANTS):
+            args.variants = ",".join(TP_SHARED_VARIANTS)
+        torch.cuda.set_device(0)
+        dist.init_process_group("cpu:gloo,cuda:ce_overlap", timeout=timedelta(seconds=600))
+    elif SHARED_GPU:
         if args.variants == ",".join(VARIANTS):
             args.variants = ",".join(ALL_CE)
         needs_nccl = [v for v in args.variants.split(",") if v and v not in ALL_CE]
@@ -359,6 +420,15 @@ def main(argv=None) -> int:
         if args.verbose:
             logging.getLogger("ce_overlap").setLevel(logging.INFO)
 
+    if TP > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        world = dist.get_world_size()
+        if world % TP:
+            raise SystemExit(f"--tp {TP} must divide the {world} ranks")
+        MESH = init_device_mesh("cuda", (world // TP, TP), mesh_dim_names=("dp", "tp"))
+        log0(f"tensor parallelism over {TP} ranks, FSDP over {world // TP}"
+             + (" (ce_overlap's torch.distributed backend for CUDA tensors)" if SHARED_GPU else ""))
     avail = rt.available()
     log0(f"torch {torch.__version__}, {dist.get_world_size()} ranks on "
          f"{'one shared ' if SHARED_GPU else ''}{torch.cuda.get_device_name()}, CE runtime: {avail.reason}")
@@ -390,6 +460,10 @@ def main(argv=None) -> int:
         for v in variants:
             try:
                 res = run_variant(model, v, margs)
+            except AsyncTpRefused as e:  # what async TP needs and this machine lacks: said, not failed
+                log0(f"  refused  {v}: torch's async TP cannot run here: {e}")
+                results.setdefault("refused", {})[v] = str(e)
+                continue
             except Exception as e:  # noqa: BLE001 (a failing variant is a FAIL row, the others still run)
                 traceback.print_exc()
                 check(model, f"{v} runs", False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
@@ -411,6 +485,11 @@ def main(argv=None) -> int:
                     log0(f"    {r['line']}")
             if quiet:
                 log0(f"    ({len(quiet)} graphs without collectives, unchanged)")
+            if VARIANTS[v] is not None and TP > 1:
+                tp_buckets = [b for r in res["reports"] for b in r["buckets"] if b["tp"]]
+                check(model, f"{v}: every TP collective a bucket of its own, left on the group's backend",
+                      tp_buckets and all(b["members"] == 1 and b["backend"] == "nccl" for b in tp_buckets),
+                      f"{len(tp_buckets)} TP buckets, backends {sorted({b['backend'] for b in tp_buckets})}")
             if VARIANTS[v] is not None:
                 graphs = sorted(r["graph"] for r in res["reports"] if r not in quiet and not r["refused"])
                 refused = [r["refused"] for r in res["reports"] if r["refused"]]
@@ -457,6 +536,9 @@ def main(argv=None) -> int:
                     check(model, "pass-ce-all: CE reduce-scatters summed in the graph (unreduced op)",
                           counts["unreduced"] == counts["reduce_scatter"] > 0, f"CE buckets {counts}")
                 against("pass-on-nccl", "pass-ce-all matches pass-on-nccl (tolerance)", exact=False, order_differs=True)
+                if TP > 1:
+                    against("inductor", "pass-ce-all matches inductor, the reference (tolerance)", exact=False,
+                            order_differs=True)
             elif v in ("pass-ce-packed", "pass-ce-rs-kernel"):
                 two = dist.get_world_size() == 2
                 if "pass-ce-all" in ran:
@@ -469,6 +551,14 @@ def main(argv=None) -> int:
                 what = "multi-tensor vs packed" if v == "pass-ce-packed" else "sum in the graph vs reduction kernel"
                 against("pass-ce-all", f"{v} {'bit-identical to' if two else 'matches'} pass-ce-all ({what})",
                         exact=two, order_differs=True)
+            elif v.endswith(ASYNC_TP):
+                if VARIANTS[v] is not None:  # the pass saw torch's fused ops in the graphs it planned
+                    fused = sum(r["async_tp_ops"] for r in res["reports"])
+                    check(model, f"{v}: the pass planned beside torch's micro-pipeline TP fused ops", fused > 0,
+                          f"{fused} symm_mem fused ops")
+                against("inductor", f"{v} matches inductor (tolerance)", exact=False, order_differs=True)
+            elif v == "pass-auto" and SHARED_GPU and TP > 1:  # ce_overlap's backend under what the plan leaves
+                against("inductor", "pass-auto matches inductor (tolerance)", exact=False, order_differs=True)
             elif v == "pass-auto":
                 if SHARED_GPU:  # gloo underneath: nothing may stay on it
                     forced = [b for r in res["reports"] for b in r["buckets"]
@@ -486,7 +576,7 @@ def main(argv=None) -> int:
                       sum(counts.values()) == 0 and len(unavailable) == 1,
                       f"CE buckets {counts}; messages: {unavailable}")
                 against("pass-on-nccl", "pass-no-runtime bit-identical to pass-on-nccl", exact=True)
-            if v == "pass-on-nccl":
+            if v == "pass-on-nccl" and TP == 1:
                 ran.pop("inductor", None)  # keep at most two runs' tensors in GPU memory
             if v in ("pass-nccl", "pass-ce-packed", "pass-ce-rs-kernel"):
                 ran.pop(v, None)

@@ -119,6 +119,30 @@ TEST(Planner, TensorParallelStaysOnNcclAndWhatSharingTheLinkCostsIsNamed) {
   }
 }
 
+TEST(Planner, ACeBucketBesideTensorParallelismIsPacedWhereItsWindowHoldsTheSlowerCopies) {
+  // As above, with a 0.5 ms GEMM after each block's TP reduce-scatter: the DP all-gather that ran into the reduce-
+  // scatter at full speed has room to copy at the link's rest instead. It is paced (its reason says for which TP
+  // collective), and then shares nothing: no overlap priced, the TP collectives no slower than alone.
+  const int64_t gemm = int64_t{40} * 1000 * 1000 * 1000;
+  const Document doc = testing::tp_doc(3, 16384, 32768, gemm, 10 * gemm);
+  const CostModel model(builtin_profile("h200-sxm"));
+  PlanConfig config;
+  config.ce = CeMode::On;
+  const Plan plan = make_plan(doc, "forward", model, config);
+  check_plan(doc, plan);
+  int paced = 0;
+  for (const PlanBucket& b : plan.buckets) {
+    if (!b.copy_rate_gbps) continue;
+    ++paced;
+    EXPECT_EQ(b.backend, "ce");
+    EXPECT_NE(b.reason.find("GB/s per peer copy to leave NVLink to tensor-parallel tp_rs_"), std::string::npos)
+        << b.reason;
+    EXPECT_TRUE(b.overlaps.empty()) << b.reason;
+  }
+  EXPECT_GT(paced, 0);
+  for (const PlanBucket& b : plan.buckets) EXPECT_TRUE(b.overlaps.empty()) << b.id << " " << b.reason;
+}
+
 TEST(Planner, CeModesMinBytesAndBlockers) {
   const Document doc = big_fsdp(true);
   const CostModel model(builtin_profile("h200-sxm"));

@@ -136,41 +136,45 @@ inline Document fsdp_doc(const FsdpOptions& o) {
 // and the tensor-parallel collectives around its GEMM (group "tp", 2 ranks, role tp): norm -> all-gather of the
 // sequence -> GEMM with the gathered weight -> reduce-scatter of the sequence -> residual add. `shard_rows` sizes the
 // weights (bf16 [shard_rows, 256] per rank, gathered to 4x), `seq` the activations ([seq, 256] per rank), `mm_flops`
-// the GEMM (0: 2 x 2seq x 256 x 256).
-inline Document tp_doc(int blocks = 3, int64_t shard_rows = 64, int64_t seq = 16, int64_t mm_flops = 0) {
+// the GEMM (0: 2 x 2seq x 256 x 256); `post_flops` > 0: a second GEMM of that many FLOPs after the residual add (the
+// feed-forward's, without its TP collectives): compute a bucket issued in the block can stretch over.
+inline Document tp_doc(int blocks = 3, int64_t shard_rows = 64, int64_t seq = 16, int64_t mm_flops = 0,
+                       int64_t post_flops = 0) {
   GraphBuilder b("forward");
   int x = b.placeholder("x", tensor({seq, 256}, "bfloat16"));
   std::vector<int> shards;
   for (int l = 0; l < blocks; ++l) {
     shards.push_back(b.placeholder("shard_" + std::to_string(l), tensor({shard_rows, 256}, "bfloat16")));
   }
-  auto role = [&](int id, CollectiveRole r) { b.node(id).collective->role = r; };
+  // A collective of `role` on `group` in block l reading `input`, and its wait: the wait's id.
+  auto collective = [&](const std::string& name, int input, CollectiveType type, int ranks, const std::string& group,
+                        CollectiveRole role, int l) {
+    const int c = functional_collective(b, name, input, type, ranks, group);
+    b.node(c).collective->role = role;
+    set_block(b.node(c), l);
+    const int w = b.wait(name + "_wait", c, b.graph().nodes[c].outputs[0]);
+    set_block(b.node(w), l);
+    return w;
+  };
   for (int l = 0; l < blocks; ++l) {
     const std::string s = std::to_string(l);
     const int cast = b.compute("cast_" + s, {shards[l]}, tensor({shard_rows, 256}, "bfloat16"));
     set_block(b.node(cast), l);
-    const int ag = functional_collective(b, "dp_ag_" + s, cast, CollectiveType::AllGather, 4, "dp");
-    role(ag, CollectiveRole::DataParallel);
-    set_block(b.node(ag), l);
-    const int w = b.wait("dp_wait_" + s, ag, b.graph().nodes[ag].outputs[0]);
-    set_block(b.node(w), l);
+    const int w = collective("dp_ag_" + s, cast, CollectiveType::AllGather, 4, "dp", CollectiveRole::DataParallel, l);
     const int norm = b.compute("norm_" + s, {x}, tensor({seq, 256}, "bfloat16"));
     set_block(b.node(norm), l);
-    const int tag = functional_collective(b, "tp_ag_" + s, norm, CollectiveType::AllGather, 2, "tp");
-    role(tag, CollectiveRole::TensorParallel);
-    set_block(b.node(tag), l);
-    const int tw = b.wait("tp_ag_wait_" + s, tag, b.graph().nodes[tag].outputs[0]);
-    set_block(b.node(tw), l);
+    const int tw = collective("tp_ag_" + s, norm, CollectiveType::AllGather, 2, "tp", CollectiveRole::TensorParallel, l);
     const int mm = b.compute("mm_" + s, {tw, w}, tensor({2 * seq, 256}, "bfloat16"),
                              mm_flops > 0 ? mm_flops : int64_t{2} * 2 * seq * 256 * 256);
     set_block(b.node(mm), l);
-    const int trs = functional_collective(b, "tp_rs_" + s, mm, CollectiveType::ReduceScatter, 2, "tp");
-    role(trs, CollectiveRole::TensorParallel);
-    set_block(b.node(trs), l);
-    const int rw = b.wait("tp_rs_wait_" + s, trs, b.graph().nodes[trs].outputs[0]);
-    set_block(b.node(rw), l);
+    const int rw = collective("tp_rs_" + s, mm, CollectiveType::ReduceScatter, 2, "tp", CollectiveRole::TensorParallel,
+                              l);
     x = b.compute("residual_" + s, {x, rw}, tensor({seq, 256}, "bfloat16"));
     set_block(b.node(x), l);
+    if (post_flops > 0) {
+      x = b.compute("post_" + s, {x}, tensor({seq, 256}, "bfloat16"), post_flops);
+      set_block(b.node(x), l);
+    }
   }
   b.output({x});
   Document doc = make_doc({b.graph()});

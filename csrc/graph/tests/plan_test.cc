@@ -497,7 +497,7 @@ TEST(Schedule, TensorParallelCollectivesStayInPlaceAndDataParallelOnesWaitForThe
   for (int l = 1; l < 3; ++l) {
     const std::string prev = std::to_string(l - 1);
     const int dp = id_of(g, "dp_ag_" + std::to_string(l));
-    EXPECT_GT(pos[dp], pos[id_of(g, "tp_ag_wait_" + prev)]) << l;
+    EXPECT_GT(pos[dp], pos[id_of(g, "tp_ag_" + prev + "_wait")]) << l;
     EXPECT_LT(pos[dp], pos[id_of(g, "mm_" + prev)]) << l;  // still under block l - 1's GEMM
     const auto it = std::find_if(s.buckets.begin(), s.buckets.end(), [&](const Bucket& b) {
       return b.members.front() == dp;

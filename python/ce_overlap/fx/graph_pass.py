@@ -76,6 +76,8 @@ class PassReport:
     dumped: list[str]
     changed: bool
     refused: str | None = None
+    async_tp_ops: int = 0  # torch's micro-pipeline TP fused ops (symm_mem) in the graph: its TP, beside the plan
+
 
     @property
     def ce_buckets(self) -> int:
@@ -96,6 +98,8 @@ class PassReport:
                 f"plan {self.plan_ms:.0f} ms, rewrite {self.rewrite_ms:.0f} ms")
         if kept:
             text += f"; {kept} bucket(s) planned for CE kept on NCCL (see above)"
+        if self.async_tp_ops:
+            text += f"; beside {self.async_tp_ops} of torch's async-TP fused ops"
         if self.dumped:
             text += f"; wrote {', '.join(self.dumped)}"
         return text
@@ -201,7 +205,9 @@ def run_pass(graph: torch.fx.Graph, config: PassConfig | None = None, *, planner
     report = PassReport(graph=name, nodes_before=nodes_before, nodes_after=len(graph.nodes),
                         collectives=sum(b.members for b in results), buckets=results,
                         summary=dict(plan.get("summary", {})), plan_ms=plan_ms, rewrite_ms=rewrite_ms,
-                        dumped=dump_plan(config, name, ir_text, plan), changed=True)
+                        dumped=dump_plan(config, name, ir_text, plan), changed=True,
+                        async_tp_ops=sum(1 for n in graph.nodes if n.op == "call_function" and
+                                         getattr(n.target, "namespace", None) == "symm_mem"))
     if config.verbose:
         for b in results:
             log.info("ce_overlap: %s bucket %d: %s x%d, %.2f MiB, %s%s", name, b.id, b.type, b.members,

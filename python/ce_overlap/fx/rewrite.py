@@ -164,6 +164,7 @@ class BucketResult:
     reason: str
     nodes: list[str]
     copy_rate_gbps: float = 0.0  # the rate its CE op paces its copies at (the plan's); 0: unpaced, or on NCCL
+    role: str | None = None      # the plan's: "dp", "tp" (tensor parallelism's, kept where captured), or unknown
 
 
 def ce_op_for(ctype: str):
@@ -504,7 +505,8 @@ def apply_plan(graph: torch.fx.Graph, checked: CheckedPlan, choose_backend: Back
                                     ce_reduction, replaced)
         results.append(BucketResult(id=cb.id, type=cb.type, members=len(cb.members), bytes=int(cb.raw["bytes"]),
                                     planned_backend=cb.backend, backend=backend, reason=reason, nodes=nodes,
-                                    copy_rate_gbps=cb.copy_rate_gbps if backend == "ce" else 0.0))
+                                    copy_rate_gbps=cb.copy_rate_gbps if backend == "ce" else 0.0,
+                                    role=cb.raw.get("role")))
     graph.lint()
     graph.eliminate_dead_code()
     return results
