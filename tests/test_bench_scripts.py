@@ -20,7 +20,7 @@ sys.path.insert(0, BENCH)
 # Every runnable script in bench/ (bench/README.md lists them); the collectives' subcommands are checked in-process.
 SCRIPTS = ["collectives.py", "train.py", "step_prediction.py", "plot_train.py", "cost_model_validation.py",
            "capture_speed.py", "capture_devices.py", "plan_speed.py", "fault_repeats.py", "pipeline.py", "repro_nccl_unbatched_p2p.py", "timeline.py",
-           "torchtitan_fsdp2.py", "copy_timeline.py", "clocks.py", "ce_ops.py"]
+           "torchtitan_fsdp2.py", "copy_timeline.py", "clocks.py", "ce_ops.py", "tp_predictions.py"]
 SUBCOMMANDS = ["all-gather", "reduce-scatter", "all-to-all", "broadcast", "all", "p2p", "overlap", "probe"]
 
 
@@ -36,6 +36,25 @@ def test_the_runnable_scripts_are_the_listed_ones():
     """bench/ has these entry points and no other runnable script (modules imported by them start with '_')."""
     runnable = sorted(f for f in os.listdir(BENCH) if f.endswith(".py") and not f.startswith("_"))
     assert runnable == sorted(SCRIPTS)
+
+
+def test_tp_predictions_table_from_its_json_and_its_bad_degrees(tmp_path, capsys):
+    """bench/tp_predictions.py: the table again from the rows a run wrote (tokens/s/GPU: batch x seq / TP degree per GPU
+    and step), and a TP degree that does not divide the world is refused before any capture."""
+    import tp_predictions
+
+    row = {"model": "m", "world_size": 4, "tp": 2, "data_parallel": 2, "seq_len": 1000, "batch": 2,
+           "predicted_step_ms": {"fsdp2+tp": 120.0, "fsdp2+tp+async-tp": 100.0, "ce_overlap+tp": 80.0,
+                                 "no-comm+tp": 70.0}, "ce_overlap_vs_best_fsdp2": 1.25, "tp_comm_ms": 9.5,
+           "async_tp_fused_ops": 3, "fsdp_buckets_sharing_nvlink": 1}
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps({"rows": [row]}))
+    assert tp_predictions.main(["--from-json", str(path)]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line == ("| m | 4 | 2 x 2 | 120.0 | 100.0 | 80.0 | 70.0 | 1.250x | 10,000, 12,500 | 9.5 | 3 | 1 |")
+    with pytest.raises(SystemExit):
+        tp_predictions.main(["--world-size", "6", "--tp", "4"])
+    assert "each degree must divide --world-size 6" in capsys.readouterr().err
 
 
 def _collectives(argv, capsys) -> tuple[int, str, str]:

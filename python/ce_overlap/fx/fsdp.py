@@ -126,6 +126,8 @@ def _vocab_parallel_ok(sub: nn.Module, spec: _ShardSpec, registrations: int, n: 
         return "its weight is tied (another module reads it whole)"
     if spec.tp is not None:
         return "tensor parallelism already shards its table"
+    if spec.hsdp:
+        return "HSDP would all-reduce its gradient across replicas too"
     if sub.padding_idx is not None or sub.max_norm is not None or sub.scale_grad_by_freq or sub.sparse:
         return "it uses padding_idx, max_norm, scale_grad_by_freq or sparse"
     if spec.rows - (n - 1) * spec.chunk <= 0:
@@ -193,6 +195,7 @@ class _ShardSpec:
     mesh: DeviceMesh | None = None     # the data-parallel mesh the shard is gathered over
     param: nn.Parameter | None = field(default=None, repr=False, compare=False)  # the sharded Parameter itself
     tp: _TensorParallel | None = None  # set when tensor parallelism sharded the parameter first
+    hsdp: bool = False                 # HSDP: the parameter is (Replicate(), Shard(0)) on a (replicate, shard) mesh
     # False under an activation-checkpoint wrapper: torch.compile traces the wrapped block as a higher-order op,
     # which may read the window but not write to it (a graph break); such a block reads each weight once anyway.
     keep: bool = True
@@ -209,6 +212,10 @@ def _replicate(shard: torch.Tensor, spec: _ShardSpec) -> torch.Tensor:
             x = torch.cat([x, x.new_zeros((spec.chunk - x.shape[0], *x.shape[1:]))])
         full = _LocalGather.apply(x, mesh.size(), mesh.get_local_rank())
         return full if full.shape[0] == spec.rows else full[: spec.rows]
+    if spec.hsdp:  # gathered over "shard"; the gradient averaged over both dimensions: a reduce-scatter, an all-reduce
+        return shard.redistribute(placements=[Replicate(), Replicate()], forward_dtype=spec.param_dtype,
+                                  backward_dtype=spec.reduce_dtype).to_local(
+            grad_placements=[Partial("avg"), Partial("avg")])
     if spec.tp is not None:  # the TP shard, sharded by rows over the data-parallel mesh, as a 1-D DTensor
         shard = DTensor.from_local(shard, mesh, [Shard(0)], run_check=False, shape=spec.tp.local_shape,
                                    stride=spec.tp.local_stride)
@@ -330,9 +337,13 @@ def _swap_class(module: nn.Module, names: tuple[str, ...]) -> None:
         module.__class__ = _sharded_class(type(module), names)
 
 
-def _mesh_of(mesh, params: list[nn.Parameter]) -> DeviceMesh:
-    """The data-parallel mesh to shard over: a 1-D mesh, the "dp" dimension of a ("dp", "tp") mesh, or the mesh a
-    process group spans."""
+HSDP_NAMES = ("replicate", "shard")  # FSDP2's HSDP mesh: replicas across (nodes), shards within
+
+
+def _mesh_of(mesh, params: list[nn.Parameter]) -> tuple[DeviceMesh, DeviceMesh | None]:
+    """(the data-parallel mesh to shard over, the HSDP mesh or None): a 1-D mesh; the "dp" dimension of a ("dp", "tp")
+    mesh; the "shard" dimension of a ("replicate", "shard") mesh (HSDP: then the mesh itself too); or the mesh a process
+    group spans."""
     if mesh is None:
         mesh = dist.group.WORLD
         if mesh is None:
@@ -347,16 +358,19 @@ def _mesh_of(mesh, params: list[nn.Parameter]) -> DeviceMesh:
                              f"{type(mesh).__name__}")
     if mesh.ndim == 2:
         names = mesh.mesh_dim_names or ()
+        if tuple(names) == HSDP_NAMES:
+            return mesh["shard"], mesh
         if set(names) != {"dp", "tp"}:
             raise CeOverlapError(f"ce_overlap.fully_shard: a 2-D mesh {tuple(mesh.shape)} with dimension names "
                                  f"{mesh.mesh_dim_names}; in-graph FSDP shards over the dimension named 'dp' of a "
-                                 "('dp', 'tp') mesh (tensor parallelism over 'tp'): name them so, or pass the "
-                                 "data-parallel dimension itself (mesh['dp'])")
-        return mesh["dp"]
+                                 "('dp', 'tp') mesh (tensor parallelism over 'tp'), or HSDP over a ('replicate', "
+                                 "'shard') mesh: name them so, or pass the data-parallel dimension itself (mesh['dp'])")
+        return mesh["dp"], None
     if mesh.ndim != 1:
         raise CeOverlapError(f"ce_overlap.fully_shard: a {mesh.ndim}-D mesh {tuple(mesh.shape)}; in-graph FSDP "
-                             "shards over one dimension (a 1-D mesh, or the 'dp' dimension of a ('dp', 'tp') mesh)")
-    return mesh
+                             "shards over one dimension (a 1-D mesh, the 'dp' dimension of a ('dp', 'tp') mesh) or "
+                             "HSDP over a ('replicate', 'shard') mesh")
+    return mesh, None
 
 
 def _tensor_parallel(param: DTensor, dp_mesh: DeviceMesh, where: str) -> tuple[_TensorParallel, DeviceMesh, tuple]:
@@ -398,6 +412,17 @@ def _tensor_parallel(param: DTensor, dp_mesh: DeviceMesh, where: str) -> tuple[_
     split = tp_mesh.size() if isinstance(placement, Shard) and placement.dim == 0 else 1
     dp_placement = _StridedShard(0, split_factor=split) if split > 1 else Shard(0)
     return tp, spmd_mesh, (dp_placement, placement)
+
+
+def _check_hsdp(hsdp_mesh: DeviceMesh) -> None:
+    """HSDP's "shard" dimension is the one the copy engines can serve: inside a node. One that spans nodes is allowed
+    (its collectives stay on NCCL; the pass and the runtime decide so) and said once."""
+    from .. import nodes
+
+    group = hsdp_mesh["shard"].get_group()
+    if len(set(nodes.nodes_of(group))) > 1:
+        log_once(logging.WARNING, f"ce_overlap.fully_shard: HSDP's 'shard' dimension spans nodes ({nodes.describe(group)}"
+                                  "): its all-gathers and reduce-scatters stay on NCCL (copy engines reach one node)")
 
 
 def _check_tensor_parallel_group(tp_mesh: DeviceMesh) -> None:
@@ -509,8 +534,11 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
              if (spec := getattr(sub, "_ce_overlap_specs", {}).get(name)) is not None}   # sharded by earlier calls
     todo = [(sub, name, p) for sub in module.modules() for name, p in sub._parameters.items()
             if p is not None and id(p) not in specs]
-    mesh = _mesh_of(mesh, [p for _, _, p in todo])
+    mesh, hsdp_mesh = _mesh_of(mesh, [p for _, _, p in todo])
     _GROUP_ROLES[mesh.get_group().group_name] = "dp"
+    if hsdp_mesh is not None:
+        _check_hsdp(hsdp_mesh)
+        _GROUP_ROLES[hsdp_mesh["replicate"].get_group().group_name] = "dp_replicate"
     state = _ForwardState()
     # The parameters sharded by earlier calls on submodules (the blocks) join this call's gather-once window.
     for spec in specs.values():
@@ -527,11 +555,16 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
         target = torch.device(device) if device is not None else \
             (param.device if param.device.type != "meta" else torch.device(mesh.device_type))
         local = _local_shard(param, mesh, target)
+        if isinstance(param, DTensor) and hsdp_mesh is not None:
+            raise CeOverlapError(f"ce_overlap.fully_shard: {where} is a DTensor (tensor parallelism?); HSDP over a "
+                                 "('replicate', 'shard') mesh shards plain parameters (HSDP x TP is not supported)")
         if isinstance(param, DTensor):
             tp, spmd_mesh, placements = _tensor_parallel(param, mesh, where)
             _check_tensor_parallel_group(tp.mesh)
             _GROUP_ROLES[tp.mesh.get_group().group_name] = "tp"
             rows = tp.local_shape[0]
+        elif hsdp_mesh is not None:  # FSDP2's HSDP layout: replicated over "replicate", sharded over "shard"
+            tp, spmd_mesh, placements, rows = None, hsdp_mesh, (Replicate(), Shard(0)), param.shape[0]
         else:
             tp, spmd_mesh, placements, rows = None, mesh, (Shard(0),), param.shape[0]
         dt = DTensor.from_local(local, spmd_mesh, placements, run_check=False, shape=param.shape,
@@ -539,7 +572,7 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
         shard = nn.Parameter(dt, requires_grad=param.requires_grad)
         specs[id(shard)] = _ShardSpec(rows, shard_rows(rows, mesh.size()), param_dtype, reduce_dtype,
                                       reshard_after_forward, _local_gather, state, index=next(_indices), mesh=mesh,
-                                      param=shard, tp=tp)
+                                      param=shard, tp=tp, hsdp=hsdp_mesh is not None)
         sharded[id(param)] = shard
     for sub, name, param in todo:
         shard = sharded[id(param)]
