@@ -184,6 +184,34 @@ def test_a_tensor_parallel_model_gets_fsdp2s_2d_layout_and_its_meshes_are_checke
         ce_overlap.fully_shard(tensor_parallel(_meta_llama(), mesh["tp"]), mesh["dp"])
 
 
+def test_hsdp_gets_fsdp2s_layout_and_its_groups_roles_and_nodes_are_recorded(world8, monkeypatch, caplog):
+    """The ("replicate", "shard") mesh of 2 x 4 fake ranks as 2 simulated nodes of 4: shards are FSDP2's HSDP DTensors
+    (Replicate(), Shard(0)); the shard group is data-parallel on one node, the replicate group spans 2 (the IR's role
+    and nodes); a "shard" dimension across nodes is said (its collectives stay on NCCL); HSDP x TP is refused."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from ce_overlap import nodes
+    from ce_overlap.fx.fsdp import group_role
+    from ce_overlap.models.llama import tensor_parallel
+
+    monkeypatch.setenv("CE_OVERLAP_RANKS_PER_NODE", "4")
+    mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("replicate", "shard"))
+    model = ce_overlap.fully_shard(_meta_llama(), mesh)
+    wq = model.layers[0].attention.wq.weight
+    assert wq.device_mesh.mesh_dim_names == ("replicate", "shard") and wq.placements == (Replicate(), Shard(0))
+    assert wq.to_local().shape == (64, 256)
+    shard, replicate = mesh["shard"].get_group().group_name, mesh["replicate"].get_group().group_name
+    assert (group_role(shard), group_role(replicate)) == ("dp", "replicate")
+    assert (nodes.recorded(shard), nodes.recorded(replicate)) == (1, 2)
+    monkeypatch.setenv("CE_OVERLAP_RANKS_PER_NODE", "2")  # the "shard" dimension (ranks 0-3) now spans 2 nodes
+    with caplog.at_level("WARNING", logger="ce_overlap"):
+        ce_overlap.fully_shard(_meta_llama(), mesh)
+    assert "HSDP's 'shard' dimension spans nodes" in caplog.text and nodes.recorded(shard) == 2
+    tp_mesh = init_device_mesh("cpu", (4, 2), mesh_dim_names=("dp", "tp"))
+    with pytest.raises(CeOverlapError, match=r"HSDP x TP is not supported"):
+        ce_overlap.fully_shard(tensor_parallel(_meta_llama(), tp_mesh["tp"]), mesh)
+
+
 def test_without_a_process_group_the_error_says_what_to_do():
     assert not dist.is_initialized()
     with pytest.raises(CeOverlapError, match="torch.distributed is not initialized"):
@@ -194,8 +222,8 @@ def test_without_a_process_group_the_error_says_what_to_do():
 # Real gloo groups (one process per rank)
 
 
-def _torchrun(n: int, *args: str, timeout: float = 600) -> str:
-    env = {**os.environ, "CE_TEST_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+def _torchrun(n: int, *args: str, timeout: float = 600, env: dict | None = None) -> str:
+    env = {**os.environ, "CE_TEST_DEVICE": "cpu", "OMP_NUM_THREADS": "1", **(env or {})}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
                            WORKER, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     out = proc.stdout + proc.stderr
@@ -272,6 +300,45 @@ def test_tensor_parallel_checkpoints_resume_and_move_to_fsdp2_and_other_mesh_sha
     _compare(t / "ce3.pt", t / "ce4x1.pt")
     _torchrun(4, "train", "--impl", "fsdp2", "--steps", "3", "--save", f"{t}/fsdp2_4x1", "--record", f"{t}/f3.pt")
     _torchrun(4, "train", "--tp", "2", "--load", f"{t}/fsdp2_4x1", "--steps", "0", "--record", f"{t}/ce2x2.pt")
+    _compare(t / "f3.pt", t / "ce2x2.pt")
+
+
+# HSDP (a 2x2 ("replicate", "shard") mesh, FSDP2's call shape; the replicas on two simulated nodes of 2 ranks)
+
+_TWO_NODES = {"CE_OVERLAP_RANKS_PER_NODE": "2"}
+
+
+def test_hsdp_2x2_on_two_simulated_nodes_trains_as_the_unsharded_model():
+    """Eager, compiled, with activation checkpointing and with ce_overlap's pass: losses, first gradients and
+    parameters after 3 clipped steps equal the unsharded model's (fp32 rounding; every rank on its own tokens, the
+    gradient averaged over both dimensions), the global norm, FSDP2's HSDP layout (Replicate(), Shard(0)), and the
+    errors: a copy-engine collective over the group that spans the nodes is refused naming its ranks and nodes."""
+    out = _torchrun(4, "check", "--hsdp", "--compile", env=_TWO_NODES)
+    # 3 layout checks, 2 per variant (eager, compiled, compiled-ac, compiled-pass), 3 errors
+    assert "FAIL" not in out and out.count("PASS") == 3 + 2 * 4 + 3, out
+    assert "(Replicate(), Shard(dim=0))" in out and "ranks 0, 1 on simulated node 0; ranks 2, 3 on simulated node 1" \
+        in out, out
+
+
+def test_hsdp_checkpoints_resume_and_move_to_fsdp2_hsdp_and_a_1x4_mesh(tmp_path):
+    t = tmp_path
+    _torchrun(4, "train", "--hsdp", "--steps", "6", "--record", f"{t}/ref6.pt", env=_TWO_NODES)
+    _torchrun(4, "train", "--hsdp", "--steps", "3", "--save", f"{t}/ce", "--record", f"{t}/ce3.pt", env=_TWO_NODES)
+    _torchrun(4, "train", "--hsdp", "--load", f"{t}/ce", "--steps", "3", "--record", f"{t}/ce6.pt", env=_TWO_NODES)
+    assert "bit-identical" in _compare(t / "ref6.pt", t / "ce6.pt")
+    # ce_overlap HSDP -> FSDP2 HSDP: the same parameters, and training carries on identically.
+    _torchrun(4, "train", "--hsdp", "--impl", "fsdp2", "--load", f"{t}/ce", "--steps", "3", "--save", f"{t}/fsdp2",
+              "--record", f"{t}/fsdp2_6.pt", env=_TWO_NODES)
+    assert "bit-identical" in _compare(t / "ce6.pt", t / "fsdp2_6.pt")
+    # FSDP2 HSDP (2x2) -> ce_overlap over 4 ranks (1x4), ce_overlap HSDP (2x2) -> 1x4, and FSDP2 1x4 -> ce HSDP 2x2:
+    # the parameters as written.
+    _torchrun(4, "train", "--load", f"{t}/fsdp2", "--steps", "0", "--record", f"{t}/ce1x4_from_fsdp2.pt")
+    _compare(t / "fsdp2_6.pt", t / "ce1x4_from_fsdp2.pt")
+    _torchrun(4, "train", "--load", f"{t}/ce", "--steps", "0", "--record", f"{t}/ce1x4.pt")
+    _compare(t / "ce3.pt", t / "ce1x4.pt")
+    _torchrun(4, "train", "--impl", "fsdp2", "--steps", "3", "--save", f"{t}/fsdp2_1x4", "--record", f"{t}/f3.pt")
+    _torchrun(4, "train", "--hsdp", "--load", f"{t}/fsdp2_1x4", "--steps", "0", "--record", f"{t}/ce2x2.pt",
+              env=_TWO_NODES)
     _compare(t / "f3.pt", t / "ce2x2.pt")
 
 

@@ -184,12 +184,16 @@ bool CostModel::compute_bound(const Node& node) const {
 // ---------------------------------------------------------------------------------------------
 // Placement: a group of n ranks occupies GPUs 0..n-1, filling node 0 first.
 
-CostModel::Placement CostModel::place(int group_size) const {
+CostModel::Placement CostModel::place(int group_size, int nodes) const {
   const TopologySpec& t = profile_.topology;
   const int g = t.gpus_per_node;
   Placement p;
-  p.nodes = (group_size + g - 1) / g;
+  p.nodes = nodes > 0 ? nodes : (group_size + g - 1) / g;
   if (p.nodes == 1) {
+    if (group_size > g) {
+      throw IrError("a group of " + std::to_string(group_size) + " ranks on one node of " + std::to_string(g) +
+                    " GPUs");
+    }
     p.ring_gbps = std::min(ring_prefix_gbps_[group_size - 1], t.link(group_size - 1, 0).gbps_per_direction);
     return p;
   }
@@ -197,16 +201,18 @@ CostModel::Placement CostModel::place(int group_size) const {
     throw IrError("a group of " + std::to_string(group_size) + " ranks spans " + std::to_string(p.nodes) +
                   " nodes of " + std::to_string(g) + " GPUs, but the profile has no topology.inter_node link");
   }
-  // The ring runs through node 0 (full) and leaves every node over the inter-node link.
-  p.ring_gbps = ring_prefix_gbps_[g - 1];
+  // The ring runs through each node's ranks of the group (as many as the group puts there) and leaves every node over
+  // the inter-node link.
+  const int per_node = std::min(g, (group_size + p.nodes - 1) / p.nodes);
+  p.ring_gbps = ring_prefix_gbps_[per_node - 1];
   return p;
 }
 
-std::optional<std::string> CostModel::ce_blocker(int group_size) const {
+std::optional<std::string> CostModel::ce_blocker(int group_size, int on_nodes) const {
   if (group_size <= 1) return std::nullopt;
   const TopologySpec& t = profile_.topology;
   const int g = t.gpus_per_node;
-  const int nodes = (group_size + g - 1) / g;
+  const int nodes = on_nodes > 0 ? on_nodes : (group_size + g - 1) / g;
   if (nodes > 1) {
     const bool nvlink = g >= 2 && starts_with_nvlink(t.link(0, 1).kind);
     return "group spans " + std::to_string(nodes) + " nodes; CE needs one " + (nvlink ? "NVLink" : "P2P") + " domain";
@@ -235,7 +241,7 @@ CollectiveEstimate CostModel::nccl_estimate(const CollectiveInfo& c) const {
   e.algorithm = "none";
   if (c.group_size <= 1) return e;  // nothing to exchange
   const NcclSpec& nccl = profile_.nccl;
-  const Placement pl = place(c.group_size);
+  const Placement pl = place(c.group_size, c.nodes);
   const bool spans = pl.nodes > 1;
   const RingShape ring = ring_shape(c);
   const double red = reduces(c.type) ? nccl.reduction_bandwidth_factor : 1.0;
@@ -288,7 +294,7 @@ CollectiveEstimate CostModel::nccl_estimate(const CollectiveInfo& c) const {
 // (copy_engines at a time) and its link port (switched fabric: the fastest of its pairs).
 
 CollectiveEstimate CostModel::ce_estimate(const CollectiveInfo& c) const {
-  if (auto blocker = ce_blocker(c.group_size)) throw IrError("ce: " + *blocker);
+  if (auto blocker = ce_blocker(c.group_size, c.nodes)) throw IrError("ce: " + *blocker);
   CollectiveEstimate e;
   e.backend = Backend::Ce;
   e.algorithm = "none";
@@ -458,7 +464,7 @@ double CostModel::collective_us(const CollectiveInfo& c) const { return estimate
 
 double CostModel::link_share(const CollectiveInfo& c, double us) const {
   const int n = c.group_size;
-  if (n <= 1 || us <= 0 || place(n).nodes > 1) return 0;
+  if (n <= 1 || us <= 0 || place(n, c.nodes).nodes > 1) return 0;
   const double bytes = static_cast<double>(c.bytes);
   double bus = 0;
   switch (c.type) {
@@ -470,7 +476,7 @@ double CostModel::link_share(const CollectiveInfo& c, double us) const {
     case CollectiveType::Send:
     case CollectiveType::Recv: bus = bytes; break;
   }
-  const double usable_gbps = place(n).ring_gbps * profile_.ce.bidirectional_efficiency;
+  const double usable_gbps = place(n, c.nodes).ring_gbps * profile_.ce.bidirectional_efficiency;
   if (usable_gbps <= 0) return 0;
   return std::min(1.0, bus / (us * usable_gbps * 1e3));  // bytes / (us x GB/s x 1e3 bytes per us per GB/s)
 }
@@ -560,7 +566,7 @@ Decision CostModel::decide(const CollectiveInfo& c, const OverlapWindow& window)
     d.reason = "nccl: a group of 1 moves no data";
     return d;
   }
-  if (auto blocker = ce_blocker(c.group_size)) {
+  if (auto blocker = ce_blocker(c.group_size, c.nodes)) {
     d.reason = "nccl: " + *blocker;
     return d;
   }

@@ -92,8 +92,9 @@ class CostModel {
   // Either backend. Groups are placed on GPUs 0..n-1 (nodes filled in order). Throws IrError with
   // the blocker when backend is CE and the group cannot use it.
   CollectiveEstimate estimate(const CollectiveInfo& c, Backend backend) const;
-  // Why CE cannot serve a group of this size ("group spans 2 nodes; ..."), or nullopt if it can.
-  std::optional<std::string> ce_blocker(int group_size) const;
+  // Why CE cannot serve a group of this size ("group spans 2 nodes; ..."), or nullopt if it can. With the nodes its
+  // ranks are on (CollectiveInfo::nodes; 0: placed on consecutive GPUs): a group on more than one node cannot.
+  std::optional<std::string> ce_blocker(int group_size, int nodes = 0) const;
 
   // Slowdown of kernels beside one phase of a collective (SM and HBM contention, kept apart).
   Slowdown slowdown_beside(const CollectivePhase& phase) const;
@@ -131,7 +132,9 @@ class CostModel {
     int nodes = 1;         // nodes the group spans
     double ring_gbps = 0;  // slowest intra-node link on the ring 0 -> 1 -> ... -> n-1 (-> 0 in one node)
   };
-  Placement place(int group_size) const;
+  // The group's placement: on `nodes` nodes when known (CollectiveInfo::nodes, its ranks spread evenly), else on
+  // consecutive GPUs, nodes filled in order.
+  Placement place(int group_size, int nodes = 0) const;
   CollectiveEstimate nccl_estimate(const CollectiveInfo& c) const;
   CollectiveEstimate ce_estimate(const CollectiveInfo& c) const;
   const Curve* find_curve(const CollectiveInfo& c, Backend backend) const;

@@ -33,7 +33,7 @@ Choice choose(const Bucket& bucket, const CollectiveInfo& c, const Decision& d, 
   }
   // A group of 1 moves no data; "on" still puts it on CE (the runtime's self copy), so one GPU exercises the CE path.
   if (c.group_size <= 1 && config.ce != CeMode::On) return {Backend::Nccl, d.reason};
-  if (c.group_size > 1 && model.ce_blocker(c.group_size)) return {Backend::Nccl, d.reason};  // the blocker
+  if (c.group_size > 1 && model.ce_blocker(c.group_size, c.nodes)) return {Backend::Nccl, d.reason};  // the blocker
   if (c.bytes < config.min_ce_bytes) {
     return {Backend::Nccl, "nccl: " + format_bytes(static_cast<double>(c.bytes)) + " is under min_ce_bytes (" +
                                format_bytes(static_cast<double>(config.min_ce_bytes)) + ")"};
@@ -214,6 +214,8 @@ Plan make_plan(const Document& doc, const std::string& graph_name, const CostMod
     c.group_size = bucket.group_size;
     c.reduce_op = bucket.reduce_op;
     c.bytes = bucket.bytes;
+    c.role = bucket.role;
+    c.nodes = bucket.nodes;
     OverlapWindow w;
     if (s.wait_position[b] > s.issue_position[b]) {
       // Strictly between the last member collective and the first member wait.

@@ -142,6 +142,7 @@ std::vector<Bucket> bucket_collectives(const Graph& g, const std::vector<Block>&
     proto.reduce_op = c.reduce_op;
     proto.block = node.block;
     proto.role = c.role;
+    proto.nodes = c.nodes;
     std::string scope_key;
     for (size_t p = 0; p < patterns.size() && proto.scope == BucketScope::Outside; ++p) {
       for (const auto& entry : node.module_stack) {

@@ -45,6 +45,7 @@ struct Bucket {
   bool planned = true;       // false: kept where captured (not bucketable), NCCL
   std::string kept_reason;   // why, when not planned ("read by 3 waits (coalesced)")
   CollectiveRole role = CollectiveRole::Unknown;  // its collectives' (they share the group)
+  int nodes = 0;  // nodes the group's ranks are on (CollectiveInfo::nodes; 0: not known)
 };
 
 // Groups every collective of g into exactly one bucket. Keys: the first bucket pattern (in config

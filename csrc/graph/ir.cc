@@ -124,6 +124,10 @@ void validate_collective(const JsonPath& path, const CollectiveInfo& c) {
     fail_at(JsonPath(path, "group_size"),
             "expected an integer in 1..65536, got " + std::to_string(c.group_size));
   }
+  if (c.nodes < 0 || c.nodes > c.group_size) {  // 0: not known (absent)
+    fail_at(JsonPath(path, "nodes"), "expected an integer in 1.." + std::to_string(c.group_size) +
+                                         " (the group's nodes, at most its ranks), got " + std::to_string(c.nodes));
+  }
   const JsonPath reduce_op_path(path, "reduce_op");
   const bool reduces = c.type == CollectiveType::ReduceScatter || c.type == CollectiveType::AllReduce;
   if (reduces) {
@@ -289,6 +293,7 @@ const char* to_string(CollectiveRole role) {
     case CollectiveRole::Unknown: return "";
     case CollectiveRole::DataParallel: return "dp";
     case CollectiveRole::TensorParallel: return "tp";
+    case CollectiveRole::Replicate: return "replicate";
   }
   throw IrError("invalid CollectiveRole value " + std::to_string(static_cast<int>(role)));
 }
@@ -296,7 +301,8 @@ const char* to_string(CollectiveRole role) {
 CollectiveRole collective_role_from_string(const std::string& s) {
   if (s == "dp") return CollectiveRole::DataParallel;
   if (s == "tp") return CollectiveRole::TensorParallel;
-  throw IrError("unknown collective role " + quoted(s) + " (accepted: dp, tp)");
+  if (s == "replicate") return CollectiveRole::Replicate;
+  throw IrError("unknown collective role " + quoted(s) + " (accepted: dp, tp, replicate)");
 }
 
 CollectiveType collective_type_from_string(const std::string& s) {

@@ -30,14 +30,15 @@ enum class CollectiveType { AllGather, ReduceScatter, AllReduce, AllToAll, Broad
 // What a collective's group does in the parallelism of the step (optional in the IR: "role" of a collective).
 // DataParallel: FSDP's parameter all-gathers and gradient reduce-scatters (the planner buckets, prefetches and may move
 // them to copy engines); TensorParallel: tensor parallelism's activation collectives, on the critical path of every
-// block (each stays where it was captured, on NCCL); Unknown: a group the capture could not name (planned as
+// block (each stays where it was captured, on NCCL); Replicate: HSDP's gradient all-reduces across replicas (nodes),
+// which follow the data-parallel reduce-scatters; Unknown: a group the capture could not name (planned as
 // data-parallel, as before roles existed).
-enum class CollectiveRole { Unknown, DataParallel, TensorParallel };
+enum class CollectiveRole { Unknown, DataParallel, TensorParallel, Replicate };
 
 const char* to_string(NodeKind kind);
 const char* to_string(CollectiveType type);
-const char* to_string(CollectiveRole role);  // "dp", "tp" ("" for Unknown: not written)
-CollectiveRole collective_role_from_string(const std::string& s);  // "dp" | "tp"; throws IrError listing them
+const char* to_string(CollectiveRole role);  // "dp", "tp", "replicate" ("" for Unknown: not written)
+CollectiveRole collective_role_from_string(const std::string& s);  // throws IrError listing the names
 NodeKind node_kind_from_string(const std::string& s);            // throws IrError listing the accepted names
 CollectiveType collective_type_from_string(const std::string& s);  // throws IrError listing the accepted names
 // Bytes per element of a dtype name from docs/ir.md; throws IrError listing the accepted names.
@@ -63,6 +64,9 @@ struct CollectiveInfo {
   std::optional<std::string> reduce_op;
   int64_t bytes = 0;  // bytes this rank contributes (all-gather: its shard; reduce-scatter: its full input)
   CollectiveRole role = CollectiveRole::Unknown;
+  // How many nodes (machines) the group's ranks are on; 0: not known, the cost model places the group on consecutive
+  // GPUs (nodes filled in order). Optional in the IR ("nodes"), at most group_size.
+  int nodes = 0;
 };
 
 struct Node {

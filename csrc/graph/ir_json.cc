@@ -66,8 +66,8 @@ constexpr std::string_view kNodeKeys[] = {"id",    "name",           "kind",    
 enum NodeKey { kId, kName, kKind, kOp, kInputs, kOutputs, kFlops, kBytesAccessed, kModuleStack, kBlock, kCollective };
 constexpr std::string_view kTensorKeys[] = {"shape", "dtype", "bytes"};
 enum TensorKey { kTensorShape, kTensorDtype, kTensorBytes };
-constexpr std::string_view kCollectiveKeys[] = {"type", "group", "group_size", "reduce_op", "bytes", "role"};
-enum CollectiveKey { kCollType, kCollGroup, kCollGroupSize, kCollReduceOp, kCollBytes, kCollRole };
+constexpr std::string_view kCollectiveKeys[] = {"type", "group", "group_size", "reduce_op", "bytes", "role", "nodes"};
+enum CollectiveKey { kCollType, kCollGroup, kCollGroupSize, kCollReduceOp, kCollBytes, kCollRole, kCollNodes };
 
 template <size_t N>
 constexpr uint32_t all_keys() {
@@ -284,6 +284,7 @@ class IrReader {
           }
           break;
         case kCollBytes: c.bytes = read_int64(JsonPath(path, "bytes")); break;
+        case kCollNodes: c.nodes = read_int32(JsonPath(path, "nodes")); break;
         case kCollRole: {
           const JsonPath role_path(path, "role");
           read_string(role_path, scratch_type_);
@@ -502,6 +503,11 @@ void append_node(std::string& out, const Node& node) {
       append_key(out, "role");
       append_string(out, to_string(c.role));
     }
+    if (c.nodes > 0) {
+      out += ", ";
+      append_key(out, "nodes");
+      append_int(out, c.nodes);
+    }
     out += '}';
   }
   out += '}';
@@ -638,6 +644,7 @@ json ir_to_json(const Document& doc) {
                                   {"reduce_op", c.reduce_op ? json(*c.reduce_op) : json(nullptr)},
                                   {"bytes", c.bytes}};
         if (c.role != CollectiveRole::Unknown) node["collective"]["role"] = to_string(c.role);
+        if (c.nodes > 0) node["collective"]["nodes"] = c.nodes;
       }
       nodes.push_back(std::move(node));
     }

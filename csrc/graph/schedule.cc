@@ -277,6 +277,16 @@ struct Scheduler {
       }
       key[u.collective_unit[b]] = {primary, first};
     }
+    // HSDP's all-reduce of a reduce-scatter's result goes out once the next reduce-scatter is issued: by then its
+    // input is done, so the compute stream does not wait for the reduce-scatter where the all-reduce is issued.
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      if (!buckets[b].planned || buckets[b].role != CollectiveRole::Replicate) continue;
+      const int source = reduce_scatter_feeding(b);
+      const int next = source >= 0 ? next_reduce_scatter(static_cast<size_t>(source)) : -1;
+      if (next < 0) continue;
+      const Key issue = key[u.collective_unit[next]];
+      key[u.collective_unit[b]] = {issue.primary + 0.3, issue.secondary};
+    }
     for (size_t b = 0; b < bounded.size(); ++b) {
       if (!bounded[b] || u.wait_unit[b] < 0) continue;
       const int next = next_reduce_scatter(b);
@@ -285,6 +295,24 @@ struct Scheduler {
       key[u.wait_unit[b]] = {issue.primary + 0.25, issue.secondary};
     }
     return key;
+  }
+
+  // The planned data-parallel reduce-scatter bucket whose waits feed bucket b's collectives (HSDP: the reduce-scatter
+  // before a replica all-reduce), or -1.
+  int reduce_scatter_feeding(size_t b) const {
+    for (int m : buckets[b].members) {
+      for (int input : g.nodes[m].inputs) {
+        const int c = waited_collective(g, input);
+        if (c < 0) continue;
+        for (size_t r = 0; r < buckets.size(); ++r) {
+          if (buckets[r].type == CollectiveType::ReduceScatter && buckets[r].role != CollectiveRole::TensorParallel &&
+              std::find(buckets[r].members.begin(), buckets[r].members.end(), c) != buckets[r].members.end()) {
+            return static_cast<int>(r);
+          }
+        }
+      }
+    }
+    return -1;
   }
 
   // The planned data-parallel reduce-scatter bucket issued after bucket b (buckets are in order of first member), or

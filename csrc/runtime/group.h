@@ -227,7 +227,7 @@ class Group {
   void set_bcast_segments(int segments);       // 0..kMaxBcastSegments; throws std::invalid_argument otherwise
 
   // Rendezvous, step 1 (pool allocated in the constructor) and step 2.
-  PoolHandleBlob export_blob() { return pool_->export_blob(); }
+  PoolHandleBlob export_blob(const std::string& node = "") { return pool_->export_blob(node); }
   void open(const std::vector<PoolHandleBlob>& blobs);
 
   // Everything below that touches streams, epochs or the pending list requires mutex() held.

@@ -18,7 +18,7 @@ namespace {
 // field), and its handle blob to publish.
 at::Tensor pool_create(std::string group_name, int64_t rank, int64_t world_size, int64_t device, double pool_mb,
                        double staging_mb, double p2p_mb, double timeout_s, double reduce_sms, double rs_round_mb,
-                       double pull_split, double copy_rate_gbps, std::string fault_inject) {
+                       double pull_split, double copy_rate_gbps, std::string fault_inject, std::string node) {
   GroupConfig config;
   try {
     config = GroupConfig::make(pool_mb, staging_mb, p2p_mb, timeout_s, reduce_sms, rs_round_mb, pull_split,
@@ -29,7 +29,7 @@ at::Tensor pool_create(std::string group_name, int64_t rank, int64_t world_size,
   std::shared_ptr<Group> g = Runtime::get().create_group(group_name, static_cast<int>(rank),
                                                          static_cast<int>(world_size), static_cast<int>(device), config);
   try {
-    const PoolHandleBlob blob = g->export_blob();
+    const PoolHandleBlob blob = g->export_blob(node);
     at::Tensor t = at::empty({static_cast<int64_t>(sizeof(blob))}, at::TensorOptions().dtype(at::kByte));
     std::memcpy(t.data_ptr(), &blob, sizeof(blob));
     return t;
@@ -168,7 +168,7 @@ TORCH_LIBRARY_FRAGMENT(ce_overlap, m) {
   using namespace ce_overlap;
   m.def("_pool_create(str group_name, int rank, int world_size, int device, float pool_mb, float staging_mb, "
         "float p2p_mb, float timeout_s, float reduce_sms, float rs_round_mb, float pull_split, float copy_rate_gbps, "
-        "str fault_inject) "
+        "str fault_inject, str node=\"\") "
         "-> Tensor", &pool_create);
   m.def("_pool_open(str group_name, Tensor handles) -> ()", &pool_open);
   m.def("_pool_abort(str group_name) -> ()", &pool_abort);

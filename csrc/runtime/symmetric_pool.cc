@@ -346,7 +346,7 @@ SymmetricPool::~SymmetricPool() {
   cudaSetDevice(saved);
 }
 
-PoolHandleBlob SymmetricPool::export_blob() const {
+PoolHandleBlob SymmetricPool::export_blob(const std::string& node) const {
   PoolHandleBlob blob;
   std::memset(&blob, 0, sizeof(blob));
   blob.magic = kPoolBlobMagic;
@@ -360,7 +360,11 @@ PoolHandleBlob SymmetricPool::export_blob() const {
   blob.staging_bytes = staging_bytes_;
   blob.p2p_bytes = p2p_bytes_;
   std::strncpy(blob.pci_bus_id, pci_bus_id(device_).c_str(), sizeof(blob.pci_bus_id) - 1);
-  gethostname(blob.hostname, sizeof(blob.hostname) - 1);
+  if (node.empty()) {
+    gethostname(blob.hostname, sizeof(blob.hostname) - 1);
+  } else {
+    std::strncpy(blob.hostname, node.c_str(), sizeof(blob.hostname) - 1);
+  }
   DeviceScope scope(device_);
   CE_CUDA_CHECK(cudaIpcGetMemHandle(&blob.handle, local_base_),
                 "exporting the symmetric pool of group '" + group_name_ + "' with cudaIpcGetMemHandle");
@@ -401,7 +405,7 @@ void SymmetricPool::open_peers(const std::vector<PoolHandleBlob>& blobs, bool re
                                "CE_OVERLAP_POOL_MB / CE_OVERLAP_STAGING_MB / CE_OVERLAP_P2P_MB)");
     }
     if (std::strncmp(b.hostname, blobs[0].hostname, sizeof(b.hostname)) != 0) {
-      throw std::runtime_error("ce_overlap: " + g + " spans hosts: " + who(0) + " and " + who(r) +
+      throw std::runtime_error("ce_overlap: " + g + " spans nodes: " + who(0) + " and " + who(r) +
                                "; copy-engine collectives need every rank on one host (one NVLink domain): keep "
                                "this group on NCCL");
     }

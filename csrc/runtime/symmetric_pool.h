@@ -77,7 +77,7 @@ struct PoolHandleBlob {
   uint64_t staging_bytes;
   uint64_t p2p_bytes;
   char pci_bus_id[32];  // identifies the GPU across processes
-  char hostname[64];
+  char hostname[64];  // the node (the hostname, or the node the caller named: a simulated one)
   cudaIpcMemHandle_t handle;
 };
 constexpr uint32_t kPoolBlobMagic = 0x43454f50;  // "CEOP"
@@ -122,7 +122,9 @@ class SymmetricPool {
   SymmetricPool(const SymmetricPool&) = delete;
   SymmetricPool& operator=(const SymmetricPool&) = delete;
 
-  PoolHandleBlob export_blob() const;
+  // `node`: the node this rank is on as ce_overlap.nodes sees it (its hostname, or a simulated node); "" for the
+  // hostname. Ranks whose nodes differ are refused by open_peers.
+  PoolHandleBlob export_blob(const std::string& node = "") const;
   // Validates every rank's blob (same host, sizes, world size; every pair P2P-capable), then opens the
   // peers' regions. Throws with a message naming the group, ranks and GPUs on any problem.
   // refuse_p2p (fault injection): every pair of ranks is treated as GPUs without peer access.

@@ -1,11 +1,15 @@
 """Which node (machine) each rank of a process group runs on: its hostname, or simulated nodes of
-CE_OVERLAP_RANKS_PER_NODE consecutive global ranks (tests and benchmarks that stand for several machines on one).
+CE_OVERLAP_RANKS_PER_NODE consecutive global ranks (tests and benchmarks that stand for several machines on one; a
+capture of several nodes sets the same with `simulated`).
 
 Copy engines reach only the GPUs of one NVLink domain, and tensor parallelism belongs inside one: a group that spans
-nodes is refused where that matters (ce_overlap.fully_shard's tensor-parallel mesh).
+nodes is refused where that matters (the CE runtime's rendezvous, ce_overlap.fully_shard's tensor-parallel mesh), and
+the IR records how many nodes each group ce_overlap.fully_shard named spans (`recorded`), so the cost model prices it
+across nodes.
 """
 from __future__ import annotations
 
+import contextlib
 import socket
 
 import torch.distributed as dist
@@ -14,10 +18,28 @@ from . import environment
 from .errors import CeOverlapError
 
 _HOSTS: dict[tuple[int, ...], tuple[str, ...]] = {}  # global ranks of a group -> their hosts (fixed for the job)
+_GROUP_NODES: dict[str, int] = {}  # process group name -> the nodes its ranks are on (groups `record` was given)
+_SIMULATED: list[int] = []  # ranks per node set by `simulated` (innermost last)
+
+
+@contextlib.contextmanager
+def simulated(ranks_per_node: int):
+    """Within: global rank r runs on node r // ranks_per_node (a capture of several nodes on one machine), over
+    CE_OVERLAP_RANKS_PER_NODE."""
+    if ranks_per_node < 1:
+        raise CeOverlapError(f"ranks per simulated node must be >= 1, got {ranks_per_node}")
+    _SIMULATED.append(int(ranks_per_node))
+    try:
+        yield
+    finally:
+        _SIMULATED.pop()
 
 
 def ranks_per_node() -> int | None:
-    """CE_OVERLAP_RANKS_PER_NODE as a positive integer, or None when unset."""
+    """The ranks per simulated node: `simulated`'s, else CE_OVERLAP_RANKS_PER_NODE as a positive integer, or None
+    (the hostname decides)."""
+    if _SIMULATED:
+        return _SIMULATED[-1]
     text = environment.read("CE_OVERLAP_RANKS_PER_NODE")
     if text is None or text.strip() == "":
         return None
@@ -54,3 +76,36 @@ def describe(group: dist.ProcessGroup) -> str:
         by_node.setdefault(node, []).append(rank)
     return "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))} on {node}"
                      for node, r in by_node.items())
+
+
+def this_node() -> str:
+    """The node of this process: its simulated node (by global rank), else its hostname."""
+    per_node = ranks_per_node()
+    if per_node is not None and dist.is_initialized():
+        return f"simulated node {dist.get_rank() // per_node}"
+    return socket.gethostname()
+
+
+def count(group: dist.ProcessGroup) -> int:
+    """How many nodes the ranks of `group` are on."""
+    return len(set(nodes_of(group)))
+
+
+def record(group: dist.ProcessGroup) -> int:
+    """Remembers (for the IR, fx/to_ir.py) and returns how many nodes the ranks of `group` are on."""
+    n = _GROUP_NODES[group.group_name] = count(group)
+    return n
+
+
+def recorded(group_name: str) -> int | None:
+    """The node count `record` found for the group of this name, or None."""
+    return _GROUP_NODES.get(str(group_name))
+
+
+def require_one_node(group: dist.ProcessGroup, what: str) -> None:
+    """Raises CeOverlapError naming the ranks and their nodes when `group` spans nodes: `what` ("copy-engine
+    collectives") needs one NVLink domain."""
+    if count(group) > 1:
+        raise CeOverlapError(f"{what} on group '{group.group_name}' need one node (one NVLink domain), but it spans "
+                             f"nodes: {describe(group)}; keep this group on NCCL (HSDP: copy engines on the 'shard' "
+                             "dimension inside each node)")

@@ -15,6 +15,9 @@ bf16 gathers and reduce-scatters). --impl fsdp2 shards it with torch's FSDP2 ins
 keys and DTensor layout). Every rank trains on its own tokens (seeded by rank and step); the unsharded reference
 trains on all ranks' tokens at once (their mean loss: the same gradient as FSDP's average).
 
+--hsdp: HSDP, a 2-D mesh ("replicate", "shard") of 2 x world / 2 ranks (FSDP2's call shape: fully_shard(mesh=mesh)),
+every rank on its own tokens; with CE_OVERLAP_RANKS_PER_NODE=world / 2 the replicas are two simulated nodes.
+
 --tp T: a 2-D mesh ("dp", "tp") of world / T x T ranks; the model is first parallelized over "tp" with torchtitan's
 Llama-3 plan (ce_overlap.models.llama.tensor_parallel), then sharded over "dp", as torchtitan orders FSDP2 + TP. The
 ranks of one "tp" group train on the same tokens (their data-parallel rank's).
@@ -38,6 +41,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
 import ce_overlap
+import ce_overlap.nodes
+import ce_overlap.runtime
 from ce_overlap.errors import CeOverlapError
 from ce_overlap.models.llama import LLAMA_CONFIGS, Llama, init_weights, tensor_parallel
 
@@ -71,8 +76,12 @@ def unsharded() -> Llama:
 
 
 def dp_mesh(mesh):
-    """The data-parallel mesh: the mesh itself (1-D), or its "dp" dimension."""
-    return mesh["dp"] if mesh.ndim == 2 else mesh
+    """What fully_shard takes: the mesh itself (1-D, or HSDP's ("replicate", "shard")), or its "dp" dimension."""
+    return mesh["dp"] if mesh.ndim == 2 and "dp" in mesh.mesh_dim_names else mesh
+
+
+def is_tp(mesh) -> bool:
+    return mesh.ndim == 2 and "tp" in mesh.mesh_dim_names
 
 
 def shard(model: Llama, impl: str, mesh, bf16: bool, vocab: bool = False, loss_parallel: bool = False,
@@ -84,7 +93,7 @@ def shard(model: Llama, impl: str, mesh, bf16: bool, vocab: bool = False, loss_p
         from torch.distributed.fsdp import fully_shard
     else:
         fully_shard = ce_overlap.fully_shard
-    if mesh.ndim == 2 and not parallelized:
+    if is_tp(mesh) and not parallelized:
         tensor_parallel(model, mesh["tp"], loss_parallel=loss_parallel)
     extra = {"vocab_parallel_embeddings": True} if vocab else {}
     for block in model.layers:
@@ -169,7 +178,8 @@ def full_grads(model) -> dict[str, torch.Tensor]:
 
 def run_check(args, mesh) -> None:
     world = data_rank()[1]
-    tp = mesh.ndim == 2
+    tp = is_tp(mesh)
+    hsdp = mesh.ndim == 2 and not tp
     ref = unsharded()
     ref_keys = {k: tuple(v.shape) for k, v in ref.state_dict().items()}
 
@@ -177,7 +187,7 @@ def run_check(args, mesh) -> None:
     sd = model.state_dict()
     check("state_dict keys and shapes are the unsharded model's", {k: tuple(v.shape) for k, v in sd.items()} ==
           ref_keys, f"{len(sd)} keys")
-    if not tp:
+    if mesh.ndim == 1:
         emb = sd["tok_embeddings.weight"]
         here = torch.tensor([emb.to_local().shape[0]], device=DEVICE)
         total = here.clone()
@@ -193,7 +203,8 @@ def run_check(args, mesh) -> None:
                                                and v.placements == fsdp2_sd[k].placements
                                                and torch.equal(v.to_local(), fsdp2_sd[k].to_local()))]
     check("every parameter is FSDP2's DTensor: the same mesh, placements and local rows" +
-          (" (tensor parallelism's shard, then the data-parallel one)" if tp else ""),
+          (" (tensor parallelism's shard, then the data-parallel one)" if tp else
+           " (HSDP: replicated over 'replicate', sharded over 'shard')" if hsdp else ""),
           not differ, f"differ: {differ[:3]}" if differ else sd["layers.0.attention.wq.weight"].placements.__repr__())
     full = full_params(model)
     check("the full state dict is the unsharded model's, bit for bit",
@@ -205,7 +216,7 @@ def run_check(args, mesh) -> None:
     variants = {"eager": ("eager", False, False, False, False)}
     if tp:
         variants["eager-lp"] = ("eager, loss parallel", False, False, False, True)
-    else:
+    elif not hsdp:
         variants["eager-vocab"] = ("eager, vocabulary-parallel embedding", False, False, True, False)
     if args.compile:
         variants["compiled"] = ("compiled", True, False, False, False)
@@ -213,7 +224,7 @@ def run_check(args, mesh) -> None:
         variants["compiled-pass"] = ("compiled with ce_overlap's pass", "pass", False, False, False)
         if tp:
             variants["compiled-lp"] = ("compiled, loss parallel", True, False, False, True)
-        else:
+        elif not hsdp:
             variants["compiled-vocab"] = ("compiled, vocabulary-parallel embedding", True, False, True, False)
     if args.variants:
         unknown = set(args.variants.split(",")) - set(variants)
@@ -274,12 +285,18 @@ def run_check(args, mesh) -> None:
             late(tokens(0, 0)[:, :-1], tokens(0, 0)[:, 1:])
 
         bad_cases.append((replaced_after_sharding, "a parameter replaced after fully_shard"))
+    spans = len(set(ce_overlap.nodes.nodes_of(dist.group.WORLD))) > 1
+    if spans:  # simulated nodes (CE_OVERLAP_RANKS_PER_NODE): the CE runtime refuses a group across them by name
+        bad_cases.append((lambda: ce_overlap.runtime.all_gather(torch.ones(4), group=dist.group.WORLD),
+                          "a copy-engine all-gather over a group that spans nodes"))
     for bad, what in bad_cases:
         try:
             bad()
             check(f"{what} is refused", False, "no error")
         except CeOverlapError as e:
-            check(f"{what} is refused", True, str(e)[:160])
+            named = "copy-engine" not in what or (f"ranks 0, 1 on {ce_overlap.nodes.nodes_of(dist.group.WORLD)[0]}"
+                                                 in str(e) and "need one node" in str(e))
+            check(f"{what} is refused", named, str(e)[:220])
     if tp:
         try:
             tensor_parallel(ce_overlap.fully_shard(unsharded(), mesh=dp_mesh(mesh)), mesh["tp"])
@@ -350,6 +367,7 @@ def main() -> int:
     p.add_argument("--ce", action="store_true", help="with --compile: ce_overlap's pass (inductor_options())")
     p.add_argument("--rtol", type=float, default=0.0, help="compare: the tolerance (0: bit-identical)")
     p.add_argument("--tp", type=int, default=1, help="tensor parallelism over this many ranks (a ('dp', 'tp') mesh)")
+    p.add_argument("--hsdp", action="store_true", help="HSDP over a ('replicate', 'shard') mesh of 2 x world / 2")
     p.add_argument("--variants", default="", help="check: only these training variants (comma-separated keys)")
     args = p.parse_args()
     global TP_SIZE
@@ -360,8 +378,12 @@ def main() -> int:
     if DEVICE == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     world = dist.get_world_size()
-    mesh = init_device_mesh(DEVICE, (world,)) if args.tp == 1 else \
-        init_device_mesh(DEVICE, (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
+    if args.hsdp:
+        mesh = init_device_mesh(DEVICE, (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    elif args.tp > 1:
+        mesh = init_device_mesh(DEVICE, (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
+    else:
+        mesh = init_device_mesh(DEVICE, (world,))
     try:
         run_check(args, mesh) if args.what == "check" else run_train(args, mesh)
     finally:

@@ -380,9 +380,25 @@ TEST(IrRoundTrip, CollectiveRoleIsOptionalAndRoundTrips) {
   EXPECT_EQ(save_ir(back), text);
   EXPECT_EQ(save_ir(ir_from_json(ir_to_json(back))), text);
   EXPECT_EQ(mutated_error([](json& j) { node(j, 2)["collective"]["role"] = "pp"; }),
-            "graphs[0].nodes[2].collective.role: unknown collective role \"pp\" (accepted: dp, tp)");
+            "graphs[0].nodes[2].collective.role: unknown collective role \"pp\" (accepted: dp, tp, replicate)");
   EXPECT_EQ(mutated_error([](json& j) { node(j, 2)["collective"]["role"] = 1; }),
             "graphs[0].nodes[2].collective.role: expected a string, got 1");
+}
+
+TEST(IrRoundTrip, CollectiveNodesAreOptionalAndBoundedByTheGroup) {
+  Document d = load_ir(save_ir(base_doc()));
+  EXPECT_EQ(d.graphs[0].nodes[2].collective->nodes, 0);  // absent: not known
+  d.graphs[0].nodes[2].collective->nodes = 2;
+  const std::string text = save_ir(d);
+  EXPECT_NE(text.find("\"nodes\": 2"), std::string::npos);
+  EXPECT_EQ(load_ir(text).graphs[0].nodes[2].collective->nodes, 2);
+  EXPECT_EQ(save_ir(ir_from_json(ir_to_json(load_ir(text)))), text);
+  EXPECT_EQ(mutated_error([](json& j) { node(j, 2)["collective"]["nodes"] = 9; }),
+            "graphs[0].nodes[2].collective.nodes: expected an integer in 1..8 (the group's nodes, at most its ranks), "
+            "got 9");
+  EXPECT_EQ(mutated_error([](json& j) { node(j, 2)["collective"]["nodes"] = -1; }),
+            "graphs[0].nodes[2].collective.nodes: expected an integer in 1..8 (the group's nodes, at most its ranks), "
+            "got -1");
 }
 
 TEST(IrReject, ReduceOp) {

@@ -584,7 +584,7 @@ TEST(PlanJson, RolesAndOverlapsRoundTripAndAreChecked) {
                 " (\"dp_ag_0\") has), got \"tp\"");
   nlohmann::json j = nlohmann::json::parse(text);
   j["buckets"][dp]["role"] = "pp";
-  EXPECT_EQ(error_of([&] { load_plan(j.dump()); }), b + ".role: unknown collective role \"pp\" (accepted: dp, tp)");
+  EXPECT_EQ(error_of([&] { load_plan(j.dump()); }), b + ".role: unknown collective role \"pp\" (accepted: dp, tp, replicate)");
 }
 
 TEST(PlanJson, MakespansAreOptionalOnLoad) {

@@ -49,6 +49,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from .. import nodes
 from ..errors import CeOverlapError
 from ..logs import log_once
 
@@ -91,6 +92,20 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
+class _ReplicaAverage(torch.autograd.Function):
+    """Identity forward; the gradient averaged over HSDP's replicas (an all-reduce over the "replicate" group: a
+    functional collective, so the pass sees it and issues it once its reduce-scatter is done)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group_name: str) -> torch.Tensor:
+        ctx.group_name = group_name
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return funcol.wait_tensor(funcol.all_reduce(grad.contiguous(), "avg", ctx.group_name)), None
+
+
 def _vocab_parallel_lookup(module: nn.Embedding, tokens: torch.Tensor) -> torch.Tensor:
     """nn.Embedding's forward on its row shard (fully_shard's vocab_parallel_embeddings; the module docstring): the
     tokens of every rank gathered, this rank's rows looked up (the others' zero), the partial embeddings
@@ -126,7 +141,7 @@ def _vocab_parallel_ok(sub: nn.Module, spec: _ShardSpec, registrations: int, n: 
         return "its weight is tied (another module reads it whole)"
     if spec.tp is not None:
         return "tensor parallelism already shards its table"
-    if spec.hsdp:
+    if spec.replicate is not None:
         return "HSDP would all-reduce its gradient across replicas too"
     if sub.padding_idx is not None or sub.max_norm is not None or sub.scale_grad_by_freq or sub.sparse:
         return "it uses padding_idx, max_norm, scale_grad_by_freq or sparse"
@@ -195,7 +210,8 @@ class _ShardSpec:
     mesh: DeviceMesh | None = None     # the data-parallel mesh the shard is gathered over
     param: nn.Parameter | None = field(default=None, repr=False, compare=False)  # the sharded Parameter itself
     tp: _TensorParallel | None = None  # set when tensor parallelism sharded the parameter first
-    hsdp: bool = False                 # HSDP: the parameter is (Replicate(), Shard(0)) on a (replicate, shard) mesh
+    # HSDP: the "replicate" mesh; the parameter is (Replicate(), Shard(0)) on the (replicate, shard) mesh
+    replicate: DeviceMesh | None = None
     # False under an activation-checkpoint wrapper: torch.compile traces the wrapped block as a higher-order op,
     # which may read the window but not write to it (a graph break); such a block reads each weight once anyway.
     keep: bool = True
@@ -212,11 +228,12 @@ def _replicate(shard: torch.Tensor, spec: _ShardSpec) -> torch.Tensor:
             x = torch.cat([x, x.new_zeros((spec.chunk - x.shape[0], *x.shape[1:]))])
         full = _LocalGather.apply(x, mesh.size(), mesh.get_local_rank())
         return full if full.shape[0] == spec.rows else full[: spec.rows]
-    if spec.hsdp:  # gathered over "shard"; the gradient averaged over both dimensions: a reduce-scatter, an all-reduce
-        return shard.redistribute(placements=[Replicate(), Replicate()], forward_dtype=spec.param_dtype,
-                                  backward_dtype=spec.reduce_dtype).to_local(
-            grad_placements=[Partial("avg"), Partial("avg")])
-    if spec.tp is not None:  # the TP shard, sharded by rows over the data-parallel mesh, as a 1-D DTensor
+    if spec.replicate is not None:
+        # HSDP, in FSDP2's order: gathered over "shard"; the gradient reduce-scattered (averaged) over "shard", then
+        # this rank's rows all-reduced (averaged) over "replicate": the replicas exchange a shard, not the weight.
+        local = _ReplicaAverage.apply(shard.to_local(), spec.replicate.get_group().group_name)
+        shard = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=shard.shape, stride=shard.stride())
+    elif spec.tp is not None:  # the TP shard, sharded by rows over the data-parallel mesh, as a 1-D DTensor
         shard = DTensor.from_local(shard, mesh, [Shard(0)], run_check=False, shape=spec.tp.local_shape,
                                    stride=spec.tp.local_stride)
     return shard.redistribute(placements=[Replicate()], forward_dtype=spec.param_dtype,
@@ -417,20 +434,19 @@ def _tensor_parallel(param: DTensor, dp_mesh: DeviceMesh, where: str) -> tuple[_
 def _check_hsdp(hsdp_mesh: DeviceMesh) -> None:
     """HSDP's "shard" dimension is the one the copy engines can serve: inside a node. One that spans nodes is allowed
     (its collectives stay on NCCL; the pass and the runtime decide so) and said once."""
-    from .. import nodes
 
+    nodes.record(hsdp_mesh["replicate"].get_group())
     group = hsdp_mesh["shard"].get_group()
-    if len(set(nodes.nodes_of(group))) > 1:
+    if nodes.record(group) > 1:
         log_once(logging.WARNING, f"ce_overlap.fully_shard: HSDP's 'shard' dimension spans nodes ({nodes.describe(group)}"
                                   "): its all-gathers and reduce-scatters stay on NCCL (copy engines reach one node)")
 
 
 def _check_tensor_parallel_group(tp_mesh: DeviceMesh) -> None:
     """Tensor parallelism's collectives sit on the critical path of every block: its group belongs inside one node."""
-    from .. import nodes
 
     group = tp_mesh.get_group()
-    if len(set(nodes.nodes_of(group))) > 1:
+    if nodes.record(group) > 1:
         raise CeOverlapError(f"ce_overlap.fully_shard: the tensor-parallel mesh {tp_mesh.mesh_dim_names} spans nodes "
                              f"({nodes.describe(group)}); keep tensor parallelism inside a node (the last dimension "
                              "of init_device_mesh, at most the GPUs of one node) and shard across nodes with 'dp'")
@@ -477,13 +493,14 @@ def _under_activation_checkpointing(module: nn.Module) -> set[int]:
 _indices = itertools.count()  # the gather-once window's keys, unique in the process
 
 # Process group name -> what its collectives are to the step ("dp": fully_shard's data-parallel gathers and
-# reduce-scatters; "tp": the tensor-parallel mesh of the parameters it sharded). The IR's collective role
-# (fx/to_ir.py, docs/ir.md): the planner prefetches and may move "dp" collectives, and keeps "tp" ones where they are.
+# reduce-scatters; "tp": the tensor-parallel mesh of the parameters it sharded; "replicate": HSDP's replicas). The IR's
+# collective role (fx/to_ir.py, docs/ir.md): the planner prefetches and may move "dp" collectives, keeps "tp" ones where
+# they are, and issues a "replicate" all-reduce once its reduce-scatter is done.
 _GROUP_ROLES: dict[str, str] = {}
 
 
 def group_role(group_name: str) -> str | None:
-    """"dp" or "tp" for a process group a fully_shard call named (the latest call wins), else None."""
+    """"dp", "tp" or "replicate" for a process group a fully_shard call named (the latest call wins), else None."""
     return _GROUP_ROLES.get(str(group_name))
 
 
@@ -536,9 +553,10 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
             if p is not None and id(p) not in specs]
     mesh, hsdp_mesh = _mesh_of(mesh, [p for _, _, p in todo])
     _GROUP_ROLES[mesh.get_group().group_name] = "dp"
+    nodes.record(mesh.get_group())  # the IR's collective "nodes": the cost model prices a group across nodes
     if hsdp_mesh is not None:
         _check_hsdp(hsdp_mesh)
-        _GROUP_ROLES[hsdp_mesh["replicate"].get_group().group_name] = "dp_replicate"
+        _GROUP_ROLES[hsdp_mesh["replicate"].get_group().group_name] = "replicate"
     state = _ForwardState()
     # The parameters sharded by earlier calls on submodules (the blocks) join this call's gather-once window.
     for spec in specs.values():
@@ -572,7 +590,8 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
         shard = nn.Parameter(dt, requires_grad=param.requires_grad)
         specs[id(shard)] = _ShardSpec(rows, shard_rows(rows, mesh.size()), param_dtype, reduce_dtype,
                                       reshard_after_forward, _local_gather, state, index=next(_indices), mesh=mesh,
-                                      param=shard, tp=tp, hsdp=hsdp_mesh is not None)
+                                      param=shard, tp=tp,
+                                      replicate=hsdp_mesh["replicate"] if hsdp_mesh is not None else None)
         sharded[id(param)] = shard
     for sub, name, param in todo:
         shard = sharded[id(param)]

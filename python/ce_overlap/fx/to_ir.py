@@ -143,6 +143,11 @@ def _collective(node: torch.fx.Node, ctype: str) -> dict:
     role = group_role(str(group_name))
     if role is not None:
         out["role"] = role
+    from ..nodes import recorded  # a group across nodes: the cost model prices it there
+
+    on_nodes = recorded(str(group_name))
+    if on_nodes is not None and on_nodes > 1:
+        out["nodes"] = on_nodes
     return out
 
 

@@ -179,7 +179,8 @@ def rendezvous(group=None, config: RuntimeConfig | None = None) -> str:
     rank of the group must call it (the first CE collective on a group calls it implicitly, with the default
     config). `config`: the group's RuntimeConfig (default RuntimeConfig.from_env()); its process-wide fields apply
     to the whole process from now on. Outside CUDA graph capture. Returns the group name. Refuses groups that are
-    not fully P2P-connected or span hosts."""
+    not fully P2P-connected or span nodes (CeOverlapError naming the ranks and their nodes: ce_overlap.nodes, so
+    simulated nodes too)."""
     import torch.distributed as dist
 
     load_library()
@@ -194,6 +195,10 @@ def rendezvous(group=None, config: RuntimeConfig | None = None) -> str:
         _groups[name] = dist.get_world_size(group)
         _configs.setdefault(name, config)
         return name
+    from ..nodes import require_one_node
+
+    # Every rank of the group gets the same answer (their nodes): all raise, none waits for the others.
+    require_one_node(group, "ce_overlap.runtime: copy-engine collectives")
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError(f"ce_overlap.rendezvous of group '{name}' must happen outside CUDA graph capture")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -217,7 +222,9 @@ def open_pool(name: str, rank: int, world: int, device: int, store, prefix: str,
     # those would map memory its owner has freed (seen on 2x H200: the first op after a re-rendezvous timed out).
     generation = _generations[name] = _generations.get(name, 0) + 1
     keys = [f"{prefix}{generation}/{r}" for r in range(world)]
-    blob = torch.ops.ce_overlap._pool_create(name, rank, world, device, *config.pool_create_args())
+    from ..nodes import this_node  # the C++ side refuses ranks whose nodes differ, naming them
+
+    blob = torch.ops.ce_overlap._pool_create(name, rank, world, device, *config.pool_create_args(), this_node())
     try:
         store.set(keys[rank], blob.numpy().tobytes())
         try:
