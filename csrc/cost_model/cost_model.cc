@@ -255,10 +255,22 @@ CollectiveEstimate CostModel::nccl_estimate(const CollectiveInfo& c) const {
   // Measured per collective and group size inside a node (nccl.bus_efficiency_scale); a group across nodes scales
   // its in-node part (the inter-node cap below applies after).
   const double scale = nccl.scale(c.type, std::min(c.group_size, profile_.topology.gpus_per_node));
+  // Across nodes the ring leaves each node once per channel, over the NICs of the group's ranks there (rail-optimized:
+  // one per rank, at most `rails`): every bus byte crosses one of them, so those NICs together cap the bus rate.
+  double inter_gbps = kInf;
+  if (spans) {
+    // The node with the fewest of the group's ranks: spread evenly (nodes given), else the last, partly filled one.
+    const int g = profile_.topology.gpus_per_node;
+    // A send or receive is one rank's: one NIC.
+    const bool p2p = c.type == CollectiveType::Send || c.type == CollectiveType::Recv;
+    const int fewest = p2p ? 1 : c.nodes > 0 ? c.group_size / pl.nodes : c.group_size - (pl.nodes - 1) * g;
+    inter_gbps = std::min(std::max(1, fewest), profile_.topology.rails) *
+                 profile_.topology.inter_node->gbps_per_direction * nccl.inter_node_bus_efficiency;
+  }
   double best = kInf;
   for (const NcclProtocol& proto : nccl.protocols) {
     double gbps = pl.ring_gbps * std::min(1.0, proto.bus_efficiency * scale);
-    if (spans) gbps = std::min(gbps, profile_.topology.inter_node->gbps_per_direction * nccl.inter_node_bus_efficiency);
+    if (spans) gbps = std::min(gbps, inter_gbps);
     gbps *= red;
     const double step_us = proto.per_step_latency_us + extra_step_us;  // one inter-node step
     const double ring_latency =
@@ -436,6 +448,71 @@ CollectiveEstimate CostModel::ce_estimate(const CollectiveInfo& c) const {
   return e;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Hierarchical (ce_overlap.runtime.hierarchical): a group of M nodes x p ranks. All-gather: the rail all-gather of
+// the shard over M ranks (NCCL, one NIC each), then the node all-gather of the M shards on copy engines, then one
+// copy into group-rank order on the compute stream. Reduce-scatter: that copy first, the node reduce-scatter on copy
+// engines, then the rail reduce-scatter of M chunks (NCCL). The copies run on the compute stream (consumer_us).
+
+std::optional<std::string> CostModel::hier_blocker(const CollectiveInfo& c) const {
+  if (c.type != CollectiveType::AllGather && c.type != CollectiveType::ReduceScatter) {
+    return std::string("hierarchical: only all-gathers and reduce-scatters, not ") + to_string(c.type);
+  }
+  const Placement pl = place(c.group_size, c.nodes);
+  if (pl.nodes < 2) return std::string("hierarchical: the group is on one node");
+  // Nodes not given: the group fills nodes in order (place), as many on each only when it fills them all.
+  const bool even = c.nodes > 0 ? c.group_size % pl.nodes == 0 : c.group_size % profile_.topology.gpus_per_node == 0;
+  if (!even) {
+    return "hierarchical: " + std::to_string(c.group_size) + " ranks over " + std::to_string(pl.nodes) +
+           " nodes are not as many on each";
+  }
+  const int per_node = c.group_size / pl.nodes;
+  if (per_node < 2) return std::string("hierarchical: one rank per node (the rail is the group)");
+  if (auto blocker = ce_blocker(per_node, 1)) return "hierarchical: inside a node, " + *blocker;
+  return std::nullopt;
+}
+
+CollectiveEstimate CostModel::hier_estimate(const CollectiveInfo& c) const {
+  if (auto blocker = hier_blocker(c)) throw IrError(*blocker);
+  const int m = place(c.group_size, c.nodes).nodes, p = c.group_size / m;
+  CollectiveInfo rail = c, node = c;
+  rail.group_size = m;
+  rail.nodes = m;
+  node.group_size = p;
+  node.nodes = 1;
+  double permuted = 0;  // bytes the reordering copy reads (and writes)
+  if (c.type == CollectiveType::AllGather) {
+    rail.bytes = c.bytes;                          // the shard, over the rail
+    node.bytes = c.bytes * m;                      // the rail's M shards, inside the node
+    permuted = static_cast<double>(c.bytes) * c.group_size;
+  } else {
+    node.bytes = c.bytes;                          // the full input, inside the node: M chunks per rank out
+    rail.bytes = c.bytes / p;                      // those M chunks, over the rail
+    permuted = static_cast<double>(c.bytes);
+  }
+  const CollectiveEstimate across = estimate(rail, Backend::Nccl);
+  const CollectiveEstimate inside = estimate(node, Backend::Ce);
+  CollectiveEstimate e;
+  e.backend = Backend::Hier;
+  e.algorithm = c.type == CollectiveType::AllGather ? "hier: " + across.algorithm + " over " + std::to_string(m) +
+                                                          " nodes, then " + inside.algorithm
+                                                    : "hier: " + inside.algorithm + ", then " + across.algorithm +
+                                                          " over " + std::to_string(m) + " nodes";
+  const CollectiveEstimate& first = c.type == CollectiveType::AllGather ? across : inside;
+  const CollectiveEstimate& second = c.type == CollectiveType::AllGather ? inside : across;
+  e.us = first.us + second.us;
+  e.latency_us = first.latency_us + second.latency_us;
+  for (const CollectiveEstimate* half : {&first, &second}) {
+    for (CollectivePhase ph : half->phases) {
+      ph.nccl = half == &across;
+      e.phases.push_back(ph);
+    }
+  }
+  e.consumer_us = inside.consumer_us + profile_.efficiency.kernel_launch_us +
+                  us_for(2 * permuted, profile_.gpu.hbm_gbps * profile_.efficiency.memory);
+  return e;
+}
+
 const Curve* CostModel::find_curve(const CollectiveInfo& c, Backend backend) const {
   for (const Curve& curve : profile_.curves) {
     if (curve.collective == c.type && curve.backend == backend && curve.group_size == c.group_size) return &curve;
@@ -444,6 +521,7 @@ const Curve* CostModel::find_curve(const CollectiveInfo& c, Backend backend) con
 }
 
 CollectiveEstimate CostModel::estimate(const CollectiveInfo& c, Backend backend) const {
+  if (backend == Backend::Hier) return hier_estimate(c);  // priced from its two halves' estimates
   CollectiveEstimate e = backend == Backend::Nccl ? nccl_estimate(c) : ce_estimate(c);
   // A CE reduce-scatter curve was measured with the reduction kernel: it does not time the unreduced exchange.
   const bool unreduced = backend == Backend::Ce && c.type == CollectiveType::ReduceScatter &&
@@ -513,12 +591,22 @@ BackendCost CostModel::cost(const CollectiveInfo& c, Backend backend, const Over
   const double cb_share = window_us > 0 ? std::max(0.0, window.compute_bound_us) / window_us : 0.0;
   const double t_alone = out.estimate.us;
 
-  // The collective's own slowdown while the window runs beside it.
-  const CollectiveSensitivity& own =
-      backend == Backend::Nccl ? profile_.contention.nccl_beside_compute : profile_.contention.ce_beside_compute;
-  const double own_slowdown = cb_share * own.compute_bound + (1 - cb_share) * own.memory_bound;
+  // The collective's own slowdown while the window runs beside it (hierarchical: each half's, by its time).
+  const CollectiveSensitivity& nccl_own = profile_.contention.nccl_beside_compute;
+  const CollectiveSensitivity& ce_own = profile_.contention.ce_beside_compute;
+  double nccl_share = backend == Backend::Nccl ? 1.0 : 0.0;
+  if (backend == Backend::Hier && t_alone > 0) {
+    double nccl_us = 0;
+    for (const CollectivePhase& ph : out.estimate.phases) nccl_us += ph.nccl ? ph.us : 0.0;
+    nccl_share = nccl_us / t_alone;
+  }
+  auto own_of = [&](const CollectiveSensitivity& own) {
+    return cb_share * own.compute_bound + (1 - cb_share) * own.memory_bound;
+  };
+  const double own_slowdown = nccl_share * own_of(nccl_own) + (1 - nccl_share) * own_of(ce_own);
   // Its fixed time beside compute (profile.h, CollectiveSensitivity), no longer than the window it runs in.
-  const double residency = t_alone > 0 && window_us > 0 ? std::min(own.residency_us, window_us) : 0.0;
+  const double own_residency = backend == Backend::Ce ? ce_own.residency_us : nccl_own.residency_us;
+  const double residency = t_alone > 0 && window_us > 0 ? std::min(own_residency, window_us) : 0.0;
   out.comm_us = t_alone + std::min(t_alone, window_us) * own_slowdown + residency;
   const double stretch = t_alone > 0 ? out.comm_us / t_alone : 1.0;
 
@@ -532,7 +620,8 @@ BackendCost CostModel::cost(const CollectiveInfo& c, Backend backend, const Over
     // The copy engines' own cost to the kernels beside them (their power, the SM clock): every CE phase that moves
     // bytes by copy engine, i.e. all but a reduction phase whose traffic is the kernel's alone.
     const auto& copies = profile_.contention.ce_copies;
-    if (backend == Backend::Ce && copies && !(ph.reduction && ph.hbm_bytes <= ph.reduction_hbm_bytes)) {
+    const bool by_copy_engine = backend == Backend::Ce || (backend == Backend::Hier && !ph.nccl);
+    if (by_copy_engine && copies && !(ph.reduction && ph.hbm_bytes <= ph.reduction_hbm_bytes)) {
       s.compute_bound += copies->compute_bound;
       s.memory_bound += copies->memory_bound;
     }
@@ -568,6 +657,21 @@ Decision CostModel::decide(const CollectiveInfo& c, const OverlapWindow& window)
   }
   if (auto blocker = ce_blocker(c.group_size, c.nodes)) {
     d.reason = "nccl: " + *blocker;
+    if (hier_blocker(c)) return d;
+    // Across nodes: the hierarchical choice, copy engines inside each node and NCCL over the rails.
+    d.hier = cost(c, Backend::Hier, window);
+    const BackendCost& h = *d.hier;
+    const double saved = std::abs(d.nccl.cost_us - h.cost_us);
+    const std::string vs = format_us(h.comm_us) + " hierarchical (" + format_us(h.exposed_us) + " exposed, " +
+                           format_us(h.slowdown_us + h.estimate.consumer_us) + " on compute) vs " +
+                           format_us(d.nccl.comm_us) + " flat NCCL (" + format_us(d.nccl.exposed_us) + " exposed, " +
+                           format_us(d.nccl.slowdown_us) + " on compute)";
+    if (h.cost_us < d.nccl.cost_us - 1e-9 * std::max(1.0, d.nccl.cost_us)) {
+      d.choice = Backend::Hier;
+      d.reason = "hier: saves " + format_us(saved) + " (" + vs + ")";
+    } else {
+      d.reason += "; flat NCCL saves " + format_us(saved) + " over hierarchical (" + vs + ")";
+    }
     return d;
   }
   d.ce = cost(c, Backend::Ce, window);

@@ -25,6 +25,7 @@ struct CollectivePhase {
   // formula (which charges its CTAs as SMs taken away).
   bool reduction = false;
   double reduction_hbm_bytes = 0;
+  bool nccl = false;  // a hierarchical collective's NCCL half (its other phases are the copy engines')
 };
 
 struct CollectiveEstimate {
@@ -64,6 +65,8 @@ struct Decision {
   Backend choice = Backend::Nccl;
   BackendCost nccl;
   std::optional<BackendCost> ce;  // absent when CE cannot serve the group (ce_blocker)
+  // The hierarchical choice (Backend::Hier) for a group across nodes; absent where it cannot serve (hier_blocker).
+  std::optional<BackendCost> hier;
   std::string reason;             // one line, "ce: ..." or "nccl: ..."
 };
 
@@ -95,6 +98,9 @@ class CostModel {
   // Why CE cannot serve a group of this size ("group spans 2 nodes; ..."), or nullopt if it can. With the nodes its
   // ranks are on (CollectiveInfo::nodes; 0: placed on consecutive GPUs): a group on more than one node cannot.
   std::optional<std::string> ce_blocker(int group_size, int nodes = 0) const;
+  // Why the hierarchical all-gather / reduce-scatter (Backend::Hier) cannot serve this collective, or nullopt: it
+  // needs an all-gather or reduce-scatter over a group on 2 or more nodes with as many ranks, at least 2, on each.
+  std::optional<std::string> hier_blocker(const CollectiveInfo& c) const;
 
   // Slowdown of kernels beside one phase of a collective (SM and HBM contention, kept apart).
   Slowdown slowdown_beside(const CollectivePhase& phase) const;
@@ -137,6 +143,7 @@ class CostModel {
   Placement place(int group_size, int nodes = 0) const;
   CollectiveEstimate nccl_estimate(const CollectiveInfo& c) const;
   CollectiveEstimate ce_estimate(const CollectiveInfo& c) const;
+  CollectiveEstimate hier_estimate(const CollectiveInfo& c) const;
   const Curve* find_curve(const CollectiveInfo& c, Backend backend) const;
 
   Profile profile_;

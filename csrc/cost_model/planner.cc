@@ -33,7 +33,17 @@ Choice choose(const Bucket& bucket, const CollectiveInfo& c, const Decision& d, 
   }
   // A group of 1 moves no data; "on" still puts it on CE (the runtime's self copy), so one GPU exercises the CE path.
   if (c.group_size <= 1 && config.ce != CeMode::On) return {Backend::Nccl, d.reason};
-  if (c.group_size > 1 && model.ce_blocker(c.group_size, c.nodes)) return {Backend::Nccl, d.reason};  // the blocker
+  if (c.group_size > 1 && model.ce_blocker(c.group_size, c.nodes)) {  // across nodes: flat NCCL or hierarchical
+    if (!d.hier) return {Backend::Nccl, d.reason};
+    if (c.bytes < config.min_ce_bytes) {
+      return {Backend::Nccl, "nccl: " + format_bytes(static_cast<double>(c.bytes)) + " is under min_ce_bytes (" +
+                                 format_bytes(static_cast<double>(config.min_ce_bytes)) + ")"};
+    }
+    if (config.ce == CeMode::On && d.choice != Backend::Hier) {
+      return {Backend::Hier, "hier: config.ce is on (the cost model prefers " + d.reason + ")"};
+    }
+    return {d.choice, d.reason};
+  }
   if (c.bytes < config.min_ce_bytes) {
     return {Backend::Nccl, "nccl: " + format_bytes(static_cast<double>(c.bytes)) + " is under min_ce_bytes (" +
                                format_bytes(static_cast<double>(config.min_ce_bytes)) + ")"};
@@ -228,7 +238,9 @@ Plan make_plan(const Document& doc, const std::string& graph_name, const CostMod
     }
     const Decision d = model.decide(c, w);
     const Choice choice = choose(bucket, c, d, model, config);
-    const BackendCost& chosen = choice.backend == Backend::Ce ? *d.ce : d.nccl;
+    const BackendCost& chosen = choice.backend == Backend::Ce     ? *d.ce
+                                : choice.backend == Backend::Hier ? *d.hier
+                                                                  : d.nccl;
 
     PlanBucket pb;
     pb.id = static_cast<int>(plan.buckets.size());
@@ -285,6 +297,10 @@ Plan make_plan(const Document& doc, const std::string& graph_name, const CostMod
     if (d.ce) {
       pb.predicted.ce_us = d.ce->comm_us;
       pb.predicted.ce_cost_us = d.ce->cost_us;
+    }
+    if (d.hier) {
+      pb.predicted.hier_us = d.hier->comm_us;
+      pb.predicted.hier_cost_us = d.hier->cost_us;
     }
     pb.predicted.window_us = window_us;
     pb.predicted.exposed_us = chosen.exposed_us;

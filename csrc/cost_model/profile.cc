@@ -257,7 +257,8 @@ json matrix_to_json(const std::vector<LinkSpec>& m, int n) {
 }
 
 TopologySpec read_topology(const json& j, const std::string& path) {
-  ObjectReader topo(j, path, {"gpus_per_node", "numa_node", "intra_node", "pairs", "matrix", "inter_node"});
+  ObjectReader topo(j, path,
+                    {"gpus_per_node", "numa_node", "intra_node", "pairs", "matrix", "inter_node", "rails"});
   TopologySpec t;
   t.gpus_per_node = topo.positive_int("gpus_per_node");
   if (t.gpus_per_node > kMaxGpusPerNode) {
@@ -328,6 +329,14 @@ TopologySpec read_topology(const json& j, const std::string& path) {
     }
   }
   if (topo.has("inter_node")) t.inter_node = read_link(topo, "inter_node");
+  if (topo.has("rails")) {
+    t.rails = topo.positive_int("rails");
+    if (!t.inter_node) throw IrError(topo.child("rails") + ": given without " + topo.child("inter_node"));
+    if (t.rails > n) {
+      throw IrError(topo.child("rails") + ": expected at most topology.gpus_per_node = " + std::to_string(n) +
+                    " NICs per node (one per rail), got " + std::to_string(t.rails));
+    }
+  }
   return t;
 }
 
@@ -385,6 +394,10 @@ std::vector<Curve> read_curves(const ObjectReader& root) {
       c.backend = backend_from_string(backend);
     } catch (const IrError& e) {
       throw IrError(r.child("backend") + ": " + e.what());
+    }
+    if (c.backend == Backend::Hier) {  // priced from its halves: their curves
+      throw IrError(r.child("backend") + ": a curve is measured for \"nccl\" or \"ce\"; \"hier\" is priced from "
+                    "those (its NCCL half over the nodes, its copy-engine half inside each)");
     }
     c.group_size = group_size_at(r);
     auto [it, inserted] = seen.emplace(std::make_tuple(c.collective, c.backend, c.group_size), i);
@@ -452,7 +465,14 @@ const LinkSpec& TopologySpec::link(int a, int b) const {
   return *intra_node;
 }
 
-const char* to_string(Backend b) { return b == Backend::Ce ? "ce" : "nccl"; }
+const char* to_string(Backend b) {
+  switch (b) {
+    case Backend::Nccl: return "nccl";
+    case Backend::Ce: return "ce";
+    case Backend::Hier: return "hier";
+  }
+  throw IrError("invalid Backend value " + std::to_string(static_cast<int>(b)));
+}
 
 double NcclSpec::scale(CollectiveType collective, int group_size) const {
   const NcclScale* below = nullptr;  // the largest listed size <= group_size
@@ -472,7 +492,8 @@ double NcclSpec::scale(CollectiveType collective, int group_size) const {
 Backend backend_from_string(const std::string& s) {
   if (s == "nccl") return Backend::Nccl;
   if (s == "ce") return Backend::Ce;
-  throw IrError("unknown backend \"" + s + "\" (accepted: nccl, ce)");
+  if (s == "hier") return Backend::Hier;
+  throw IrError("unknown backend \"" + s + "\" (accepted: nccl, ce, hier)");
 }
 
 TopologySpec topology_from_json(const json& j, const std::string& path) { return read_topology(j, path); }
@@ -491,6 +512,7 @@ json topology_to_json(const TopologySpec& t) {
   }
   if (!t.matrix.empty()) j["matrix"] = matrix_to_json(t.matrix, t.gpus_per_node);
   if (t.inter_node) j["inter_node"] = link_to_json(*t.inter_node);
+  if (t.rails != 1) j["rails"] = t.rails;
   return j;
 }
 

@@ -47,7 +47,10 @@ struct TopologySpec {
   std::optional<LinkSpec> intra_node;  // compact form
   std::vector<PairLink> pairs;         // compact form overrides
   std::vector<LinkSpec> matrix;        // per-pair form
-  std::optional<LinkSpec> inter_node;  // between nodes; absent: groups must fit one node
+  std::optional<LinkSpec> inter_node;  // between nodes, per NIC (rail); absent: groups must fit one node
+  // NICs per node, each on its own rail (rail-optimized: local GPU l on rail l % rails); a group with q ranks on each
+  // node drives min(q, rails) of them at once. Optional ("rails"; absent: 1).
+  int rails = 1;
 
   // The link between local GPUs a != b of one node.
   const LinkSpec& link(int a, int b) const;
@@ -170,7 +173,9 @@ struct ContentionSpec {
   std::optional<KernelClassSlowdown> ce_copies;
 };
 
-enum class Backend { Nccl, Ce };
+// Hier: a hierarchical all-gather / reduce-scatter over a group that spans nodes: copy engines among the ranks of
+// each node, NCCL among the rail-aligned ranks of the nodes (ce_overlap.runtime.hierarchical).
+enum class Backend { Nccl, Ce, Hier };
 const char* to_string(Backend b);
 Backend backend_from_string(const std::string& s);  // throws IrError listing the accepted names
 

@@ -92,6 +92,9 @@ struct PlanPrediction {
   double nccl_cost_us = 0;            // what it adds to the step on NCCL: exposed + slowdown of the window
   std::optional<double> ce_cost_us;   // same on CE; null when CE cannot serve the group
   double exposed_us = 0;              // part of the chosen backend's time the window does not hide
+  // The hierarchical choice's time and cost, for a group across nodes it can serve (optional: absent otherwise).
+  std::optional<double> hier_us;
+  std::optional<double> hier_cost_us;
 };
 
 // A collective of another group (a tensor-parallel one) that a bucket ran beside, and what sharing the GPU's NVLink
@@ -114,7 +117,7 @@ struct PlanBucket {
   std::optional<std::string> reduce_op;
   std::vector<PlanMember> members;        // bucket layout order
   int64_t bytes = 0;                      // sum of the members' bytes
-  std::string backend;                    // "nccl" or "ce"
+  std::string backend;                    // "nccl", "ce" or "hier" (copy engines inside nodes, NCCL across)
   std::string reason;                     // one line starting with "<backend>: "
   PlanPrediction predicted;
   // A CE bucket's copy rate, GB/s per peer copy (the runtime's pacing; config.copy_pace_fill); null: unpaced.

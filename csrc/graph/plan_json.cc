@@ -269,13 +269,16 @@ PlanBucket read_bucket(const json& j, const std::string& path) {
   b.backend = string_value(r["backend"], r.path("backend"));
   b.reason = string_value(r["reason"], r.path("reason"));
   ObjectReader p(r["predicted"], r.path("predicted"),
-                 {"nccl_us", "ce_us", "window_us", "nccl_cost_us", "ce_cost_us", "exposed_us"});
+                 {"nccl_us", "ce_us", "window_us", "nccl_cost_us", "ce_cost_us", "exposed_us"}, true,
+                 {"hier_us", "hier_cost_us"});
   b.predicted.nccl_us = us_value(p["nccl_us"], p.path("nccl_us"));
   b.predicted.ce_us = optional_us_value(p["ce_us"], p.path("ce_us"));
   b.predicted.window_us = us_value(p["window_us"], p.path("window_us"));
   b.predicted.nccl_cost_us = us_value(p["nccl_cost_us"], p.path("nccl_cost_us"));
   b.predicted.ce_cost_us = optional_us_value(p["ce_cost_us"], p.path("ce_cost_us"));
   b.predicted.exposed_us = us_value(p["exposed_us"], p.path("exposed_us"));
+  if (p.has("hier_us")) b.predicted.hier_us = optional_us_value(p["hier_us"], p.path("hier_us"));
+  if (p.has("hier_cost_us")) b.predicted.hier_cost_us = optional_us_value(p["hier_cost_us"], p.path("hier_cost_us"));
   if (r.has("copy_rate_gbps")) {
     const json& v = r["copy_rate_gbps"];
     if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() <= 0) {
@@ -423,14 +426,15 @@ void write_bucket(std::string& out, const PlanBucket& b) {
   members += ']';
   const PlanPrediction& p = b.predicted;
   line.field("bytes", b.bytes).field("backend", b.backend).field("reason", b.reason);
-  Line(line.raw("predicted"))
-      .field("nccl_us", num(p.nccl_us))
+  Line predicted(line.raw("predicted"));
+  predicted.field("nccl_us", num(p.nccl_us))
       .field("ce_us", opt(p.ce_us))
       .field("window_us", num(p.window_us))
       .field("nccl_cost_us", num(p.nccl_cost_us))
       .field("ce_cost_us", opt(p.ce_cost_us))
-      .field("exposed_us", num(p.exposed_us))
-      .close();
+      .field("exposed_us", num(p.exposed_us));
+  if (p.hier_us) predicted.field("hier_us", num(*p.hier_us)).field("hier_cost_us", opt(p.hier_cost_us));
+  predicted.close();
   if (b.copy_rate_gbps) line.field("copy_rate_gbps", num(*b.copy_rate_gbps));
   if (b.role != CollectiveRole::Unknown) line.field("role", to_string(b.role));
   if (!b.overlaps.empty()) {

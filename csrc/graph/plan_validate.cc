@@ -126,9 +126,9 @@ void check_bucket_fields(const PlanBucket& b, size_t index) {
 
 void check_bucket_backend(const PlanBucket& b, size_t index) {
   const std::string path = at("buckets", index);
-  if (b.backend != "nccl" && b.backend != "ce") {
+  if (b.backend != "nccl" && b.backend != "ce" && b.backend != "hier") {
     fail("bucket.backend", bucket_node(index), at(path, "backend"),
-         "expected \"nccl\" or \"ce\", got " + json_quoted(b.backend));
+         "expected \"nccl\", \"ce\" or \"hier\", got " + json_quoted(b.backend));
   }
   if (b.reason.rfind(b.backend + ": ", 0) != 0) {
     fail("bucket.reason", bucket_node(index), at(path, "reason"),
@@ -184,6 +184,19 @@ void check_bucket_predicted(const PlanBucket& b, size_t index) {
   }
   if (b.backend == "ce" && !p.ce_us) {
     fail("bucket.predicted", bucket_node(index), at(path, "ce_us"), "a bucket on CE needs a CE prediction, got null");
+  }
+  if (p.hier_us) check_us(*p.hier_us, "hier_us");
+  if (p.hier_cost_us) check_us(*p.hier_cost_us, "hier_cost_us");
+  if (p.hier_us.has_value() != p.hier_cost_us.has_value()) {
+    fail("bucket.predicted", bucket_node(index), at(path, "hier_cost_us"), "must be given exactly when hier_us is");
+  }
+  if (b.backend == "hier" && !p.hier_us) {
+    fail("bucket.predicted", bucket_node(index), at(path, "hier_us"),
+         "a hierarchical bucket needs a hierarchical prediction, got none");
+  }
+  if (b.backend == "hier" && b.type != CollectiveType::AllGather && b.type != CollectiveType::ReduceScatter) {
+    fail("bucket.backend", bucket_node(index), at(path, "backend"),
+         std::string("hierarchical buckets are all-gathers or reduce-scatters, this one is ") + to_string(b.type));
   }
   for (size_t k = 0; k < b.overlaps.size(); ++k) {
     const PlanOverlap& o = b.overlaps[k];

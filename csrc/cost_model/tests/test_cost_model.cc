@@ -259,6 +259,69 @@ TEST(CostModel, NcclAcrossNodes) {
   }
 }
 
+TEST(CostModel, AcrossNodesTheRingDrivesTheNicsOfTheGroupsRanksOnANode) {
+  Profile p = builtin_profile("h200-sxm");
+  ASSERT_EQ(p.topology.rails, 8);
+  const double nic = p.topology.inter_node->gbps_per_direction * p.nccl.inter_node_bus_efficiency;
+  CostModel rails8(p);
+  p.topology.rails = 1;
+  CostModel rails1(p);
+  const int64_t huge = int64_t{16} << 30;
+  // 16 ranks on 2 nodes: all 8 NICs of a node (8 x 45 GB/s, above NVLink's ring: NVLink binds); with one NIC, it binds.
+  const CollectiveInfo ag = coll(CollectiveType::AllGather, 16, huge);
+  const double bus = 15.0 * static_cast<double>(huge);
+  EXPECT_NEAR(rails1.estimate(ag, Backend::Nccl).us, bus / (nic * 1e3), 0.01 * bus / (nic * 1e3));
+  EXPECT_LT(rails8.estimate(ag, Backend::Nccl).us, bus / (4 * nic * 1e3));
+  // The rail group of a hierarchical collective has one rank per node: one NIC, whatever the rails.
+  CollectiveInfo rail = coll(CollectiveType::AllGather, 2, huge);
+  rail.nodes = 2;
+  EXPECT_NEAR(rails8.estimate(rail, Backend::Nccl).us, rails1.estimate(rail, Backend::Nccl).us, 1e-6);
+  EXPECT_NEAR(rails8.estimate(rail, Backend::Nccl).us, static_cast<double>(huge) / (nic * 1e3),
+              0.01 * static_cast<double>(huge) / (nic * 1e3));
+}
+
+TEST(CostModel, HierarchicalIsItsRailAndNodeHalvesPlusTheReorderingCopy) {
+  const Profile p = builtin_profile("h200-sxm");
+  CostModel m(p);
+  const double hbm = p.gpu.hbm_gbps * p.efficiency.memory * 1e3;  // bytes per us
+  for (int nodes : {2, 8}) {
+    const int n = 8 * nodes;
+    CollectiveInfo ag = coll(CollectiveType::AllGather, n, 64 * kMiB);
+    ag.nodes = nodes;
+    CollectiveInfo rail = coll(CollectiveType::AllGather, nodes, 64 * kMiB), node = coll(CollectiveType::AllGather,
+                                                                                         8, nodes * 64 * kMiB);
+    rail.nodes = nodes;
+    const CollectiveEstimate h = m.estimate(ag, Backend::Hier);
+    const double rail_us = m.estimate(rail, Backend::Nccl).us, node_us = m.estimate(node, Backend::Ce).us;
+    EXPECT_NEAR(h.us, rail_us + node_us, 1e-6) << h.algorithm;
+    EXPECT_NEAR(h.consumer_us, p.efficiency.kernel_launch_us + 2.0 * n * 64 * kMiB / hbm, 1e-6);
+    EXPECT_TRUE(starts_with(h.algorithm, "hier: ")) << h.algorithm;
+    double nccl_us = 0;
+    for (const CollectivePhase& ph : h.phases) nccl_us += ph.nccl ? ph.us : 0.0;
+    EXPECT_NEAR(nccl_us, rail_us, 1e-6);
+    // Reduce-scatter: the node half on the full input, then the rail half on the node's sum of M chunks.
+    CollectiveInfo rs = coll(CollectiveType::ReduceScatter, n, n * kMiB);
+    rs.reduce_op = "sum";
+    rs.nodes = nodes;
+    CollectiveInfo rs_node = coll(CollectiveType::ReduceScatter, 8, n * kMiB);
+    CollectiveInfo rs_rail = coll(CollectiveType::ReduceScatter, nodes, nodes * kMiB);
+    rs_node.reduce_op = rs_rail.reduce_op = "sum";
+    rs_rail.nodes = nodes;
+    EXPECT_NEAR(m.estimate(rs, Backend::Hier).us,
+                m.estimate(rs_node, Backend::Ce).us + m.estimate(rs_rail, Backend::Nccl).us, 1e-6);
+  }
+  // What it cannot serve, by name.
+  CollectiveInfo ar = coll(CollectiveType::AllReduce, 16, kMiB);
+  EXPECT_EQ(*m.hier_blocker(ar), "hierarchical: only all-gathers and reduce-scatters, not all_reduce");
+  EXPECT_EQ(*m.hier_blocker(coll(CollectiveType::AllGather, 8, kMiB)), "hierarchical: the group is on one node");
+  CollectiveInfo one = coll(CollectiveType::AllGather, 4, kMiB);
+  one.nodes = 4;
+  EXPECT_EQ(*m.hier_blocker(one), "hierarchical: one rank per node (the rail is the group)");
+  EXPECT_EQ(*m.hier_blocker(coll(CollectiveType::AllGather, 12, kMiB)),
+            "hierarchical: 12 ranks over 2 nodes are not as many on each");
+  EXPECT_THROW(m.estimate(ar, Backend::Hier), IrError);
+}
+
 TEST(CostModel, InterNodeSlowerThanIntraNode) {
   CostModel m(builtin_profile("h100-sxm"));
   for (CollectiveType t : kAllTypes) {
@@ -587,6 +650,9 @@ TEST(CostModel, MonotonicInBytesAndGroupSize) {
         for (int64_t bytes : {int64_t{4096}, 64 * kMiB}) {
           double prev = 0;
           for (int n = 1; n <= max_group; ++n) {
+            // Past one node, a partly filled last node drives fewer NICs than a full one: full nodes only.
+            const int g = m.profile().topology.gpus_per_node;
+            if (n > g && n % g != 0) continue;
             const double us = f.estimate(coll(t, n, bytes), backend).us;
             EXPECT_GE(us, prev) << n << " ranks, " << bytes << " bytes";
             prev = us;
@@ -650,7 +716,12 @@ TEST(CostModel, LatencyAndBandwidthBound) {
           EXPECT_NEAR(tiny.latency_us, min_latency, 1e-9) << n;
         }
         double gbps = ring_min_gbps(p, n) * best_eff;
-        if (spans) gbps = std::min(gbps, p.topology.inter_node->gbps_per_direction * p.nccl.inter_node_bus_efficiency);
+        // Across nodes, the NICs of the group's ranks on a node (8 here: rail-optimized, one per GPU; a send one).
+        const bool p2p = t == CollectiveType::Send || t == CollectiveType::Recv;
+        const int nics = p2p ? 1 : std::min(n / 2, p.topology.rails);
+        if (spans) {
+          gbps = std::min(gbps, nics * p.topology.inter_node->gbps_per_direction * p.nccl.inter_node_bus_efficiency);
+        }
         if (t == CollectiveType::ReduceScatter || t == CollectiveType::AllReduce) {
           gbps *= p.nccl.reduction_bandwidth_factor;
         }
@@ -693,17 +764,31 @@ TEST(CostModel, LatencyAndBandwidthBound) {
 const std::vector<OverlapWindow> kWindows = {{0, 0}, {1900, 0}, {0, 1900}, {50000, 50000}};
 const std::vector<int64_t> kSizes = {4 * kKiB, 64 * kKiB, 4 * kMiB, 64 * kMiB, kGiB};
 
-TEST(Decide, MultiNodeGroupNeverChoosesCe) {
+TEST(Decide, MultiNodeGroupNeverChoosesCeAndHierarchicalOnlyWhereItServesAndCostsLess) {
   for (const char* name : kBuiltins) {
     CostModel m(builtin_profile(name));
     for (CollectiveType t : kAllTypes) {
       for (int n : {9, 16, 64, 1024}) {
         for (int64_t bytes : kSizes) {
           for (const OverlapWindow& w : kWindows) {
-            Decision d = m.decide(coll(t, n, bytes), w);
-            EXPECT_EQ(d.choice, Backend::Nccl) << name << " " << to_string(t) << " " << n;
+            const CollectiveInfo c = coll(t, n, bytes);
+            Decision d = m.decide(c, w);
+            EXPECT_NE(d.choice, Backend::Ce) << name << " " << to_string(t) << " " << n;
             EXPECT_FALSE(d.ce.has_value());
-            EXPECT_TRUE(starts_with(d.reason, "nccl: group spans ")) << d.reason;
+            // 9 ranks on 8-GPU nodes are not as many on each; only all-gathers and reduce-scatters are hierarchical.
+            // And the node half needs copy engines among a node's 8 GPUs (not h100-pcie's, across NUMA nodes).
+            const bool hier = n % 8 == 0 && (t == CollectiveType::AllGather || t == CollectiveType::ReduceScatter) &&
+                              !m.ce_blocker(8, 1);
+            EXPECT_EQ(m.hier_blocker(c).has_value(), !hier) << name << " " << to_string(t) << " " << n;
+            EXPECT_EQ(d.hier.has_value(), hier);
+            if (!hier) {
+              EXPECT_EQ(d.choice, Backend::Nccl);
+              EXPECT_TRUE(starts_with(d.reason, "nccl: group spans ")) << d.reason;
+              continue;
+            }
+            EXPECT_EQ(d.choice == Backend::Hier, d.hier->cost_us < d.nccl.cost_us) << d.reason;
+            EXPECT_TRUE(starts_with(d.reason, d.choice == Backend::Hier ? "hier: saves " : "nccl: group spans "))
+                << d.reason;
           }
         }
         EXPECT_THROW(m.estimate(coll(t, n, kMiB), Backend::Ce), IrError);
@@ -711,8 +796,10 @@ TEST(Decide, MultiNodeGroupNeverChoosesCe) {
     }
   }
   CostModel h(builtin_profile("h200-sxm"));
-  EXPECT_EQ(h.decide(coll(CollectiveType::AllGather, 16, 64 * kMiB), {1900, 0}).reason,
-            "nccl: group spans 2 nodes; CE needs one NVLink domain");
+  // 16 ranks on 2 nodes, 64 MiB each: flat NCCL (8 NICs per node) against the hierarchical choice, said.
+  const std::string why = h.decide(coll(CollectiveType::AllGather, 16, 64 * kMiB), {1900, 0}).reason;
+  EXPECT_TRUE(starts_with(why, "nccl: group spans 2 nodes; CE needs one NVLink domain; flat NCCL saves ")) << why;
+  EXPECT_TRUE(contains(why, " hierarchical (") && contains(why, " flat NCCL (")) << why;
   try {
     h.estimate(coll(CollectiveType::AllGather, 16, kMiB), Backend::Ce);
   } catch (const IrError& e) {

@@ -182,7 +182,9 @@ TEST(Planner, CeModesMinBytesAndBlockers) {
     EXPECT_EQ(b.reason, "ce: config.ce is on (the cost model prefers nccl: a group of 1 moves no data)");
   }
 
-  // A group of 16 spans two 8-GPU nodes: NCCL with the blocker, even with ce on.
+  // A group of 16 spans two 8-GPU nodes: never CE. With ce on, the hierarchical choice (copy engines inside each
+  // node) where it serves: the all-gathers and reduce-scatters; a group of 12 (not as many ranks on each of 2 nodes)
+  // stays on NCCL with the blocker.
   Document wide = doc;
   for (Node& n : wide.graphs[0].nodes) {
     if (n.collective) n.collective->group_size = 16;
@@ -190,9 +192,23 @@ TEST(Planner, CeModesMinBytesAndBlockers) {
   const Plan p = make_plan(wide, "backward", model, on);
   check_plan(wide, p);
   for (const PlanBucket& b : p.buckets) {
+    EXPECT_FALSE(b.predicted.ce_us.has_value());
+    if (b.type == CollectiveType::AllGather || b.type == CollectiveType::ReduceScatter) {
+      EXPECT_EQ(b.backend, "hier") << b.reason;
+      EXPECT_TRUE(b.predicted.hier_us.has_value());
+      EXPECT_TRUE(b.reason.rfind("hier: ", 0) == 0) << b.reason;
+    } else {
+      EXPECT_EQ(b.backend, "nccl");
+    }
+  }
+  for (Node& n : wide.graphs[0].nodes) {
+    if (n.collective) n.collective->group_size = 12;
+  }
+  const Plan uneven = make_plan(wide, "backward", model, on);
+  for (const PlanBucket& b : uneven.buckets) {
     EXPECT_EQ(b.backend, "nccl");
     EXPECT_EQ(b.reason, "nccl: group spans 2 nodes; CE needs one NVLink domain");
-    EXPECT_FALSE(b.predicted.ce_us.has_value());
+    EXPECT_FALSE(b.predicted.ce_us.has_value() || b.predicted.hier_us.has_value());
   }
 }
 

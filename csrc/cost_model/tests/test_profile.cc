@@ -372,7 +372,7 @@ TEST(Profile, CurvesValidated) {
   EXPECT_TRUE(contains(error_of(with_curve(c)), "all_gather")) << error_of(with_curve(c));  // lists the names
   c = good_curve();
   c["backend"] = "nvshmem";
-  EXPECT_EQ(error_of(with_curve(c)), "curves[0].backend: unknown backend \"nvshmem\" (accepted: nccl, ce)");
+  EXPECT_EQ(error_of(with_curve(c)), "curves[0].backend: unknown backend \"nvshmem\" (accepted: nccl, ce, hier)");
   c = good_curve();
   c["group_size"] = 1;
   EXPECT_TRUE(starts_with(error_of(with_curve(c)), "curves[0].group_size: expected at least 2"));

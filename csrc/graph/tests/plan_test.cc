@@ -521,7 +521,7 @@ Plan sample_plan() {
   Plan plan = plan_of(doc, g, s, config);
   plan.buckets[1].backend = "ce";
   plan.buckets[1].reason = "ce: saves 0.1 ms (\"quoted\", \u00e9)";
-  plan.buckets[1].predicted = {12.5, 7.25, 100.0, 3.0, 0.5, 0.0};
+  plan.buckets[1].predicted = {12.5, 7.25, 100.0, 3.0, 0.5, 0.0, std::nullopt, std::nullopt};
   plan.summary.ce_buckets = 1;
   plan.summary.exposed_comm_us_before = 1234.5;
   plan.summary.exposed_comm_us_after = 0.1 + 0.2;
@@ -587,6 +587,37 @@ TEST(PlanJson, RolesAndOverlapsRoundTripAndAreChecked) {
   EXPECT_EQ(error_of([&] { load_plan(j.dump()); }), b + ".role: unknown collective role \"pp\" (accepted: dp, tp, replicate)");
 }
 
+TEST(PlanJson, HierarchicalBucketsRoundTripAndAreChecked) {
+  const Document doc = tp_doc();
+  const Graph& g = doc.graphs[0];
+  const Schedule s = schedule_graph(g, bucket_collectives(g, doc.blocks, PlanConfig()), PlanConfig());
+  Plan plan = plan_of(doc, g, s, PlanConfig());
+  size_t ag = plan.buckets.size();
+  for (size_t b = 0; b < plan.buckets.size() && ag == plan.buckets.size(); ++b) {
+    if (plan.buckets[b].type == CollectiveType::AllGather) ag = b;
+  }
+  ASSERT_LT(ag, plan.buckets.size());
+  plan.buckets[ag].backend = "hier";
+  plan.buckets[ag].reason = "hier: saves 0.2 ms";
+  plan.buckets[ag].predicted.hier_us = 40.5;
+  plan.buckets[ag].predicted.hier_cost_us = 2.25;
+  const std::string text = save_plan(plan);
+  EXPECT_NE(text.find("\"hier_us\": 40.5, \"hier_cost_us\": 2.25"), std::string::npos) << text;
+  const Plan loaded = load_plan(text);
+  EXPECT_EQ(save_plan(loaded), text);
+  check_plan(doc, loaded);
+  const std::string b = "buckets[" + std::to_string(ag) + "]";
+  Plan missing = plan;
+  missing.buckets[ag].predicted.hier_us.reset();
+  missing.buckets[ag].predicted.hier_cost_us.reset();
+  EXPECT_EQ(error_of([&] { check_plan(doc, missing); }),
+            b + ".predicted.hier_us: a hierarchical bucket needs a hierarchical prediction, got none");
+  Plan half = plan;
+  half.buckets[ag].predicted.hier_cost_us.reset();
+  EXPECT_EQ(error_of([&] { check_plan(doc, half); }),
+            b + ".predicted.hier_cost_us: must be given exactly when hier_us is");
+}
+
 TEST(PlanJson, MakespansAreOptionalOnLoad) {
   // Plans written before the summary had makespans still load, and save as they were.
   nlohmann::json j = nlohmann::json::parse(save_plan(sample_plan()));
@@ -622,7 +653,7 @@ TEST(PlanJson, ErrorsNameTheField) {
   EXPECT_EQ(with([](nlohmann::json& j) { j["buckets"][1]["reason"] = "nccl: no"; }),
             "buckets[1].reason: expected one line starting with \"ce: \", got \"nccl: no\"");
   EXPECT_EQ(with([](nlohmann::json& j) { j["buckets"][1]["backend"] = "nvshmem"; }),
-            "buckets[1].backend: expected \"nccl\" or \"ce\", got \"nvshmem\"");
+            "buckets[1].backend: expected \"nccl\", \"ce\" or \"hier\", got \"nvshmem\"");
   EXPECT_EQ(with([](nlohmann::json& j) { j["config"]["bucket_cap_bytes"] = 100; }).rfind("buckets[1].bytes: ", 0), 0u);
   EXPECT_EQ(with([](nlohmann::json& j) { j["config"]["ce"] = "sometimes"; }),
             "config.ce: expected \"auto\", \"on\" or \"off\", got \"sometimes\"");

@@ -172,6 +172,8 @@ def _fit_topology(p: dict, m: dict, base: dict, world: int, keep_topology: bool,
         topo = copy.deepcopy(topo)
         if "inter_node" in base["topology"] and "inter_node" not in topo:
             topo["inter_node"] = base["topology"]["inter_node"]
+            if "rails" in base["topology"]:  # NICs per node: at most one per GPU of the detected node
+                topo["rails"] = min(base["topology"]["rails"], topo.get("gpus_per_node", 1))
         if topo.get("gpus_per_node", 0) < world:
             raise CeOverlapError(f"measurements: topology.gpus_per_node: {topo.get('gpus_per_node')} GPUs, but "
                                  f"{world} ranks ran on this node")
