@@ -161,6 +161,10 @@ def test_bad_inputs_exit_2_with_one_line(cli, tmp_path, tiny_doc):
         (["analyze", "llama3-tiny", "--world-size", "8", "--tp", "8"], ["n_heads (4) does not divide"]),
         (["analyze", os.path.join(DATA, "resnetish.py") + ":build", "--world-size", "4", "--tp", "2"],
          ["tp=2 needs the model's tensor-parallel plan", "tensor_parallel(module, tp_mesh)"]),
+        (["analyze", "llama3-tiny", "--world-size", "6", "--nodes", "4"], ["nodes must be an integer >= 1 that divides"]),
+        (["analyze", "llama3-tiny", "--world-size", "4", "--hsdp"], ["hsdp", "needs nodes >= 2"]),
+        (["analyze", "llama3-tiny", "--world-size", "8", "--nodes", "2", "--tp", "8"],
+         ["tp=8 must divide the 4 ranks of a node"]),
     ]
     for args, fragments in cases:
         _assert_clean_error(cli(*args), *fragments)
@@ -186,6 +190,34 @@ def test_tensor_parallel_analysis_names_what_shares_nvlink_and_predicts_the_tp_m
     assert steps["fsdp2+tp+async-tp"] is None and steps["no-comm+tp"] < steps["ce_overlap+tp"] < steps["fsdp2+tp"]
     text = cli("analyze", "llama3-1b", "--world-size", "8", "--tp", "2", "--no-async-tp").stdout
     assert "tensor parallelism over 2 ranks, FSDP over 4" in text and "share NVLink with tensor-parallel" in text
+
+
+def test_analysis_across_nodes_records_them_and_predicts_the_multi_node_modes(cli):
+    """The acceptance's command (Llama-3-8B, 16 ranks as 2 nodes of 8, HSDP): the JSON records "nodes": 2 (meta and
+    the multi-node section), the replicas' all-reduces are NCCL buckets of their blocks (group across nodes), the
+    shard dimension's buckets may use copy engines; and flat FSDP over the two nodes prices the hierarchical choice
+    per bucket (always, with --ce on)."""
+    proc = cli("analyze", "llama3-8b", "--world-size", "16", "--nodes", "2", "--hsdp", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout)
+    assert r["meta"]["nodes"] == 2 and r["meta"]["hsdp"] is True
+    n = r["nodes"]
+    assert (n["nodes"], n["ranks_per_node"], n["hsdp"]) == (2, 8, True)
+    steps = n["predicted_step_ms"]
+    assert set(steps) == {"hsdp", "hsdp-ce_overlap", "no-comm"} and steps["no-comm"] < steps["hsdp"]
+    backward = next(p for p in r["plans"] if p["graph"] == "backward")
+    replicas = [b for b in backward["buckets"] if b.get("role") == "replicate"]
+    assert replicas and all(b["type"] == "all_reduce" and b["backend"] == "nccl" and b["group_size"] == 2
+                            and "group spans 2 nodes" in b["reason"] for b in replicas)
+    assert sum(len(b["members"]) > 1 for b in replicas) >= 32  # one bucket per block, not one per parameter
+    assert any(b["backend"] == "ce" for b in backward["buckets"] if b.get("role") == "dp")
+    text = cli("analyze", "llama3-tiny", "--world-size", "8", "--nodes", "2", "--ce", "on").stdout
+    assert "2 nodes x 4 ranks, FSDP over every rank (predicted steps):" in text, text[-2000:]
+    assert "FSDP, hierarchical everywhere" in text and "hierarchical (" in text
+    plans = json.loads(cli("analyze", "llama3-tiny", "--world-size", "8", "--nodes", "2", "--ce", "on",
+                           "--min-ce-bytes", "0", "--json").stdout)["plans"]
+    spanning = [b for p in plans for b in p["buckets"] if b["type"] in ("all_gather", "reduce_scatter")]
+    assert spanning and all(b["backend"] == "hier" and b["predicted"]["hier_us"] > 0 for b in spanning)
 
 
 def test_async_tp_capture_holds_torchs_fused_ops_and_predicts_its_modes(cli, tmp_path):

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.fx
 
 import ce_overlap
-from ce_overlap import PassConfig, logs
+from ce_overlap import PassConfig, logs, models
 from ce_overlap.fx import backend_choice, pass_, rewrite
 from ce_overlap.fx.capture import CaptureOptions, capture_graphs, fake_process_group
 from ce_overlap.models.llama import LLAMA_CONFIGS
@@ -291,6 +291,43 @@ def test_pass_with_the_cpp_planner(model, caplog, tmp_path):
     for f in files:
         doc = json.loads((tmp_path / f).read_text())
         assert doc["schema"] == ("ce_overlap.plan/1" if f.endswith(".plan.json") else "ce_overlap.ir/1")
+
+
+def test_hierarchical_buckets_across_two_nodes_run_the_rail_on_nccl_and_the_node_on_copy_engines():
+    """FSDP over 8 ranks as 2 simulated nodes of 4, ce="on" through a capture: every all-gather and reduce-scatter
+    bucket is hierarchical; its rail collective (4 x 2 ranks: the group of this rank's local index) is a functional
+    collective on 2 ranks, its node collective a CE op on 4, the rail wait sits before the CE issue inside the window
+    (not at the issue), and the graph keeps every invariant."""
+    from ce_overlap.runtime import hierarchical
+
+    built = models.build_named("llama3-tiny")
+    config = PassConfig(ce="on", min_ce_bytes=0, profile="h200-sxm")
+    opts = ce_overlap.inductor_options(config)
+    graphs, meta = capture_graphs(built.module, built.example_inputs, CaptureOptions(
+        world_size=8, nodes=2, inductor_config={"post_grad_custom_post_pass": opts["post_grad_custom_post_pass"]}))
+    assert meta["nodes"] == 2
+    reports = opts["post_grad_custom_post_pass"].reports
+    assert sorted(r.graph for r in reports) == ["backward", "forward"]
+    h = hierarchical.lookup("0")
+    assert (h.nodes, h.per_node) == (2, 4)
+    for (name, gm), r in zip(graphs, sorted(reports, key=lambda r: r.graph != "forward")):
+        assert r.graph == name and not r.refused
+        assert {b.backend for b in r.buckets} == {"hier"}, [(b.id, b.reason) for b in r.buckets]
+        assert "hierarchical (CE inside nodes)" in r.line()
+        rewrite.check_invariants(gm.graph)
+        nodes = list(gm.graph.nodes)
+        where = {n: i for i, n in enumerate(nodes)}
+        rails = [n for n in nodes if rewrite.is_functional_collective(n)]
+        ces = [n for n in nodes if rewrite.is_ce_collective(n)]
+        assert len(rails) == len(ces) == len(r.buckets)
+        for rail in rails:
+            assert rail.args[-2:] == (2, h.rail.group_name), rail.args
+        for ce in ces:
+            assert ce.args[-2:] == (4, h.node.group_name) or ce.args[-3:-1] == (4, h.node.group_name), ce.args
+        if name == "forward":  # all-gathers: rail first; its wait comes after some compute, before the CE issue
+            for rail, ce in zip(rails, ces):
+                (wait,) = rail.users
+                assert where[rail] + 1 < where[wait] < where[ce] and ce.args[0] is wait
 
 
 def test_paced_buckets_give_their_ce_op_the_plans_copy_rate():

@@ -64,9 +64,10 @@ std::string kept_reason(const Graph& g, const CollectiveUse& use, int collective
 }
 
 // Whether the FX rewriter can merge this collective with others (docs/plan.md): the plain functional
-// all_gather_into_tensor, reduce_scatter_tensor or all_reduce of a tensor of at least one dimension;
+// all_gather_into_tensor, reduce_scatter_tensor or all_reduce of a tensor of at least one dimension (an in-place
+// all_reduce_, as Inductor re-inplaces one, where nothing else reads its input: merged, the input keeps its values);
 // a reduce-scatter's dim 0 must split evenly over the group (rank-major copy-in).
-bool mergeable(const Graph& g, const Node& node) {
+bool mergeable(const Graph& g, const Node& node, const std::vector<int>& direct_users) {
   const CollectiveInfo& c = *node.collective;
   const char* name = nullptr;
   switch (c.type) {
@@ -79,11 +80,23 @@ bool mergeable(const Graph& g, const Node& node) {
   const size_t dot = node.op.find('.');
   if (dot == std::string::npos) return false;
   const size_t end = node.op.find('.', dot + 1);
-  if (node.op.compare(dot + 1, end == std::string::npos ? std::string::npos : end - dot - 1, name) != 0) return false;
+  const std::string op = node.op.substr(dot + 1, end == std::string::npos ? std::string::npos : end - dot - 1);
+  const bool in_place = c.type == CollectiveType::AllReduce && op == "all_reduce_";
+  if (op != name && !in_place) return false;
   if (node.inputs.size() != 1 || g.nodes[node.inputs[0]].outputs.empty()) return false;
+  if (in_place && direct_users[node.inputs[0]] != 1) return false;
   const std::vector<int64_t>& shape = g.nodes[node.inputs[0]].outputs[0].shape;
   if (shape.empty()) return false;
   return c.type != CollectiveType::ReduceScatter || shape[0] % c.group_size == 0;
+}
+
+// The block of the collective whose wait feeds `node` (through views), or -1.
+int fed_block(const Graph& g, const Node& node) {
+  for (int input : node.inputs) {
+    const int c = waited_collective(g, input);
+    if (c >= 0) return g.nodes[c].block;
+  }
+  return -1;
 }
 
 }  // namespace
@@ -109,7 +122,7 @@ std::vector<CollectiveUse> collective_uses(const Graph& g) {
     if (node.kind != NodeKind::Collective) continue;
     CollectiveUse& use = uses[node.id];
     use.bucketable = use.num_waits == 1 && direct_users[node.id] == 1 && g.nodes[use.wait].inputs[0] == node.id;
-    use.mergeable = use.bucketable && node.collective && mergeable(g, node);
+    use.mergeable = use.bucketable && node.collective && mergeable(g, node, direct_users);
   }
   return uses;
 }
@@ -140,7 +153,10 @@ std::vector<Bucket> bucket_collectives(const Graph& g, const std::vector<Block>&
     proto.group_size = c.group_size;
     proto.dtype = collective_dtype(g, node);
     proto.reduce_op = c.reduce_op;
-    proto.block = node.block;
+    // HSDP's replica all-reduce runs in no module (autograd made it): it buckets with the block of the reduce-scatter
+    // whose result it averages.
+    const int block = node.block >= 0 || c.role != CollectiveRole::Replicate ? node.block : fed_block(g, node);
+    proto.block = block;
     proto.role = c.role;
     proto.nodes = c.nodes;
     std::string scope_key;
@@ -153,10 +169,10 @@ std::vector<Bucket> bucket_collectives(const Graph& g, const std::vector<Block>&
         break;
       }
     }
-    if (proto.scope == BucketScope::Outside && node.block >= 0) {
+    if (proto.scope == BucketScope::Outside && block >= 0) {
       proto.scope = BucketScope::Block;
-      proto.key = node.block < static_cast<int>(blocks.size()) ? blocks[node.block].path : std::to_string(node.block);
-      scope_key = "b" + std::to_string(node.block);
+      proto.key = block < static_cast<int>(blocks.size()) ? blocks[block].path : std::to_string(block);
+      scope_key = "b" + std::to_string(block);
     }
     if (proto.scope != BucketScope::Outside) {
       for (const std::string& k : open_outside) open.erase(k);  // outside buckets hold neighbours only

@@ -55,6 +55,13 @@ def _add_capture_options(p: argparse.ArgumentParser) -> None:
                         "async TP")
     p.add_argument("--no-async-tp", action="store_true",
                    help="with --tp: skip the async-TP capture (its modes are not predicted)")
+    p.add_argument("--nodes", type=_bounded("--nodes", lowest=1), default=1,
+                   help="the ranks on M nodes, world-size / M each (default 1): groups across nodes are priced over "
+                        "the profile's inter-node link, FSDP over every rank may go hierarchical (copy engines inside "
+                        "each node, NCCL across); analyze then plans and predicts the multi-node modes")
+    p.add_argument("--hsdp", action="store_true",
+                   help="with --nodes M >= 2: HSDP, shards inside each node and replicas across (a ('replicate', "
+                        "'shard') mesh of M x world-size / M)")
     p.add_argument("--param-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
                    help="dtype parameters are all-gathered in (default bfloat16)")
     p.add_argument("--no-reshard", action="store_true",
@@ -187,6 +194,7 @@ def _cache_path(args, target: str, async_tp: bool = False) -> str | None:
     from . import models
 
     key = {"target": target, "world_size": args.world_size, "tp": args.tp, "async_tp": async_tp, "seq_len": args.seq_len,
+           "nodes": args.nodes, "hsdp": args.hsdp,
            "batch": args.batch,
            "param_dtype": args.param_dtype, "reshard": not args.no_reshard, "fsdp": not args.no_fsdp,
            "cast_inputs": not args.no_cast_inputs, "device": args.device,
@@ -218,7 +226,7 @@ def _capture_target(args, target: str, async_tp: bool = False):
     common = dict(world_size=args.world_size, fsdp=not args.no_fsdp, param_dtype=args.param_dtype,
                   reshard_after_forward=not args.no_reshard, cast_forward_inputs=not args.no_cast_inputs,
                   vocab_parallel_embeddings=args.vocab_parallel_embeddings, keep_gathered=args.keep_gathered,
-                  device=args.device, tp=args.tp, async_tp=async_tp)
+                  device=args.device, tp=args.tp, async_tp=async_tp, nodes=args.nodes, hsdp=args.hsdp)
     if models.is_build_target(target):
         if args.seq_len is not None:
             raise CeOverlapError("--seq-len applies to zoo models; a build() target sets its own inputs")
@@ -293,6 +301,22 @@ def _tensor_parallel_report(args, ir, profile_name: str, plan_config: dict) -> d
             "modes": {mode: how for mode, (_, _, how) in sm.TP_MODES.items()}}
 
 
+def _nodes_report(ir, profile_name: str, plan_config: dict) -> dict:
+    """Across nodes: the predicted step of each multi-node mode its capture stands for (step_model.NODE_MODES: the
+    flat FSDP modes, or with HSDP the HSDP ones) and the no-communication bound."""
+    from . import step_model as sm
+
+    nodes, hsdp = int(ir.meta.get("nodes", 1)), bool(ir.meta.get("hsdp", False))
+    world = int(ir.meta.get("world_size", 1))
+    pieces = sm.step_model(ir, profile_name, plan_config=plan_config)
+    modes = [m for m, (_, capture, _) in sm.NODE_MODES.items() if capture == ("hsdp" if hsdp else "flat")]
+    steps = {m: sm.predicted_step_ms(pieces, m) for m in modes}
+    steps["no-comm"] = sm.predicted_step_ms(pieces, "no-comm")
+    how = {m: sm.NODE_MODES[m][2] for m in modes}
+    how["no-comm"] = sm.MODES["no-comm"][1]
+    return {"nodes": nodes, "ranks_per_node": world // nodes, "hsdp": hsdp, "predicted_step_ms": steps, "modes": how}
+
+
 def _cmd_capture(args) -> int:
     started = time.perf_counter()
     ir, cached = _load_or_capture(args)
@@ -322,7 +346,9 @@ def _cmd_analyze(args) -> int:
     result = analyze(ir, profile)
     plans = None
     tp = int(ir.meta.get("tp", 1))
-    if args.plan or args.plan_json or tp > 1:  # with tensor parallelism the plan is the report: what shares NVLink
+    nodes = int(ir.meta.get("nodes", 1))
+    # With tensor parallelism the plan is the report (what shares NVLink); across nodes, what goes hierarchical.
+    if args.plan or args.plan_json or tp > 1 or nodes > 1:
         from .ir import plan
 
         config = _pass_config(args).plan_config()
@@ -333,6 +359,8 @@ def _cmd_analyze(args) -> int:
         result["plans"] = plans
         if tp > 1:
             result["tensor_parallel"] = _tensor_parallel_report(args, ir, args.profile, config)
+        if nodes > 1:
+            result["nodes"] = _nodes_report(ir, args.profile, config)
         if args.plan_json:
             with open(args.plan_json, "w", encoding="utf-8") as f:
                 json.dump(plans, f, indent=1)
@@ -353,6 +381,8 @@ def _cmd_analyze(args) -> int:
         print(report.format_recommendation(result, plans, baseline_plans, args.profile))
         if "tensor_parallel" in result:
             print(report.format_tensor_parallel(result))
+        if "nodes" in result:
+            print(report.format_nodes(result))
     if args.plan_json:
         print(f"\nplans written to {args.plan_json}")
     # Where the IR came from is status, not report: stderr, so stdout stays the report alone.

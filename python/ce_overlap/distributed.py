@@ -102,7 +102,9 @@ def _ce_rendezvous(store, rank: int, size: int, device: int, name: str, config: 
         why = avail.reason
     else:
         try:
-            runtime.open_pool(name, rank, size, device, store, "pool/", config)
+            # The backend stands in for the group's own (NCCL): hosts bind it, simulated nodes do not (on one machine
+            # its ranks share an NVLink domain; tests run a group across simulated nodes on it, as NCCL would).
+            runtime.open_pool(name, rank, size, device, store, "pool/", config, node="")
         except Exception as e:  # noqa: BLE001 (any failure means: keep the inner backend, and say why)
             why = f"{type(e).__name__}: {e}"
     store.set(f"ok/{rank}", why or "ok")

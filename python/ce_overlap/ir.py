@@ -60,7 +60,7 @@ class Ir:
 
 def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
                      cast_forward_inputs=True, device=None, vocab_parallel_embeddings=False, keep_gathered=(),
-                     overlap_scheduler=None, tp=1, tensor_parallel=None, async_tp=False):
+                     overlap_scheduler=None, tp=1, tensor_parallel=None, async_tp=False, nodes=1, hsdp=False):
     import torch
 
     from .fx.capture import CaptureOptions
@@ -91,6 +91,15 @@ def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward,
                              "tensor_parallel(module, tp_mesh) beside build()")
     if async_tp and tp <= 1:
         raise CeOverlapError("async_tp (torch's micro-pipeline TP) needs tensor parallelism: tp > 1")
+    if not isinstance(nodes, int) or nodes < 1 or world_size % nodes:
+        raise CeOverlapError(f"nodes must be an integer >= 1 that divides world_size ({world_size}): the ranks are "
+                             f"world_size / nodes per node, got {nodes!r}")
+    if tp > 1 and (world_size // nodes) % tp:
+        raise CeOverlapError(f"tp={tp} must divide the {world_size // nodes} ranks of a node (tensor parallelism "
+                             "stays inside one)")
+    if hsdp and (nodes < 2 or not fsdp or tp > 1):
+        raise CeOverlapError("hsdp shards inside each node and replicates across nodes: it needs nodes >= 2 and "
+                             "fsdp, without tp (HSDP x TP is not supported)")
     if overlap_scheduler is not None:
         profiles.read_text(overlap_scheduler)  # a bad profile is named before the capture starts
     device, reason = capture_device(device)
@@ -99,7 +108,8 @@ def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward,
                           cast_forward_inputs=bool(cast_forward_inputs), device=device, device_reason=reason,
                           vocab_parallel_embeddings=bool(vocab_parallel_embeddings),
                           keep_gathered=tuple(keep_gathered), overlap_scheduler=overlap_scheduler, tp=tp,
-                          tensor_parallel=tensor_parallel if tp > 1 else None, async_tp=bool(async_tp))
+                          tensor_parallel=tensor_parallel if tp > 1 else None, async_tp=bool(async_tp),
+                          nodes=nodes, hsdp=bool(hsdp))
 
 
 def capture_device(device: str | None) -> tuple[str, str | None]:
@@ -141,7 +151,7 @@ def capture(model, example_inputs: Sequence[Any], *, world_size: int, rank: int 
             inductor_config: dict | None = None, name: str | None = None, meta: dict | None = None,
             device: str | None = None, vocab_parallel_embeddings: bool = False,
             keep_gathered: Sequence[str] = (), overlap_scheduler: str | None = None, tp: int = 1,
-            tensor_parallel=None, async_tp: bool = False) -> Ir:
+            tensor_parallel=None, async_tp: bool = False, nodes: int = 1, hsdp: bool = False) -> Ir:
     """Capture one training step of `model` as Inductor's post-grad graphs, as IR.
 
     Runs on any machine (fake process group, fake tensors): build the model on the meta device to
@@ -160,11 +170,14 @@ def capture(model, example_inputs: Sequence[Any], *, world_size: int, rank: int 
     `tensor_parallel(model, tp_mesh)` (the model's plan: torch's parallelize_module) applied first, then the model
     sharded over "dp" (meta["tp"]; each collective's role in the IR says which dimension it serves); `async_tp`: with
     torch's micro-pipeline TP on (async TP: its fused all-gather-matmul and matmul-reduce-scatter ops in the graphs).
+    `nodes` > 1: the ranks on that many nodes, world_size / nodes each (consecutive ranks, as torchrun places them;
+    meta["nodes"], and each collective's "nodes" in the IR: the cost model prices a group across nodes there);
+    `hsdp`: HSDP, a ("replicate", "shard") mesh of nodes x world_size / nodes, shards inside each node.
     Raises CeOverlapError for bad arguments or a model that does not compile to one graph.
     """
     options = _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
                                cast_forward_inputs, device, vocab_parallel_embeddings, keep_gathered,
-                               overlap_scheduler, tp, tensor_parallel, async_tp)
+                               overlap_scheduler, tp, tensor_parallel, async_tp, nodes, hsdp)
     return _from_doc(_capture_doc(model, example_inputs, options,
                                   {"model": name or type(model).__name__, **(meta or {})}))
 
@@ -178,9 +191,9 @@ def capture_named(name: str, *, world_size: int, seq_len: int | None = None, bat
                   cast_forward_inputs: bool = True, inductor_config: dict | None = None, full: bool = False,
                   device: str | None = None, vocab_parallel_embeddings: bool = False,
                   keep_gathered: Sequence[str] = (), overlap_scheduler: str | None = None, tp: int = 1,
-                  async_tp: bool = False) -> Ir:
+                  async_tp: bool = False, nodes: int = 1, hsdp: bool = False) -> Ir:
     """Capture a zoo model (ce_overlap.models) by name (`tp` > 1: with torchtitan's tensor-parallel plan, capture's
-    `tp`).
+    `tp`; `nodes`, `hsdp`: capture's).
 
     Its blocks are identical, so unless `full` the model is captured at 3 and 4 blocks and the graphs of all
     its blocks are extrapolated from the two (ce_overlap.extrapolate: exact, node for node, or refused), which
@@ -196,7 +209,7 @@ def capture_named(name: str, *, world_size: int, seq_len: int | None = None, bat
     built = models.build_named(name, seq_len=seq_len, batch=batch)
     options = _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
                                cast_forward_inputs, device, vocab_parallel_embeddings, keep_gathered,
-                               overlap_scheduler, tp, built.tensor_parallel, async_tp)
+                               overlap_scheduler, tp, built.tensor_parallel, async_tp, nodes, hsdp)
     tokens = built.example_inputs[0]
     meta = {"model": name, "batch": int(tokens.shape[0]), "seq_len": int(tokens.shape[1])}
     depth = models.depth(name)

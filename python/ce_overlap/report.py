@@ -259,6 +259,35 @@ def format_tensor_parallel(report: dict) -> str:
     return "\n".join(lines)
 
 
+_NODE_LABELS = {"fsdp": "FSDP, flat, NCCL", "fsdp-hierarchical": "FSDP, hierarchical everywhere",
+                "fsdp-ce_overlap": "FSDP, ce_overlap (cost model's choice)", "hsdp": "HSDP, NCCL",
+                "hsdp-ce_overlap": "HSDP, copy engines inside each node", "no-comm": "no communication (bound)"}
+
+
+def format_nodes(report: dict) -> str:
+    """The multi-node modes' predicted steps (report["nodes"]: the CLI's) and what to do: ce_overlap's plan against
+    the same step all on NCCL, the user's baseline."""
+    n = report["nodes"]
+    steps = n["predicted_step_ms"]
+    kind = "HSDP: shards inside each node, replicas across" if n["hsdp"] else "FSDP over every rank"
+    lines = [f"{n['nodes']} nodes x {n['ranks_per_node']} ranks, {kind} (predicted steps):"]
+    for mode, ms in steps.items():
+        lines.append(f"  {_NODE_LABELS.get(mode, mode):<40} {'-' if ms is None else f'{ms:.2f} ms'}")
+    base, ours = ("hsdp", "hsdp-ce_overlap") if n["hsdp"] else ("fsdp", "fsdp-ce_overlap")
+    if steps.get(base) is not None and steps.get(ours) is not None:
+        gain = 100 * (steps[base] - steps[ours]) / steps[base]
+        if gain > 0.05:
+            lines.append(f"  -> use ce_overlap's pass: {gain:.1f}% shorter than {_NODE_LABELS[base]} "
+                         f"({steps[base]:.2f} ms)")
+        elif gain >= -0.05:
+            lines.append(f"  -> don't enable it here: ce_overlap's plan keeps these collectives on NCCL (the same "
+                         f"step as {_NODE_LABELS[base]}, {steps[base]:.2f} ms)")
+        else:
+            lines.append(f"  -> don't enable it here: ce_overlap's plan is not predicted faster than "
+                         f"{_NODE_LABELS[base]} ({steps[base]:.2f} ms, {-gain:.1f}% longer)")
+    return "\n".join(lines)
+
+
 def to_chrome_trace(report: dict) -> dict:
     """Chrome/Perfetto trace: one track for compute, one per process group's collectives, times in microseconds."""
     events = [

@@ -64,6 +64,8 @@ from .calibrate.common import ADAMW_BYTES_PER_PARAM
 MODES = {
     "ce_overlap": ("plan", "ce_overlap's plan"),
     "ce_overlap-nccl": ("plan_nccl", "ce_overlap's plan, every bucket on NCCL"),
+    "ce_overlap-on": ("plan_on", "ce_overlap's plan with ce='on': every bucket copy engines can serve on them (across "
+                                 "nodes: hierarchical, NCCL over the rails)"),
     "compile+inductor-overlap": ("plan_nccl", "modelled as ce_overlap's order with every bucket on NCCL"),
     "compile": ("captured", "the captured order, every collective on NCCL, alone and exposed"),
     "no-comm": (None, "compute, optimizer and the no-comm mode's local copies"),
@@ -83,6 +85,20 @@ TP_MODES = {
                                                 "async-TP capture where given, as ce_overlap+tp)"),
 }
 _PLAN_CE = {"plan": "auto", "plan_nccl": "off"}
+# Planned only for a capture across nodes (meta "nodes" > 1): the hierarchical choice everywhere it serves.
+_PLAN_CE_NODES = {"plan_on": "on"}
+# Across nodes (a capture's meta "nodes" > 1): mode -> (the mode whose formula it takes, the capture it needs: "flat"
+# for FSDP over every rank, "hsdp" for HSDP, replicas across nodes; what it is).
+NODE_MODES = {
+    "fsdp": ("ce_overlap-nccl", "flat", "FSDP over every rank, every collective on NCCL (ce_overlap's order)"),
+    "fsdp-hierarchical": ("ce_overlap-on", "flat", "FSDP over every rank, each all-gather and reduce-scatter "
+                                                   "hierarchical: copy engines inside each node, NCCL over the rails"),
+    "fsdp-ce_overlap": ("ce_overlap", "flat", "FSDP over every rank, hierarchical or flat NCCL per bucket, as the cost "
+                                              "model chooses"),
+    "hsdp": ("ce_overlap-nccl", "hsdp", "HSDP: shards inside each node, replicas across, every collective on NCCL"),
+    "hsdp-ce_overlap": ("ce_overlap", "hsdp", "HSDP with ce_overlap's plan: the shard dimension on copy engines "
+                                              "inside each node, the replicas' all-reduce on NCCL"),
+}
 # The overlap scheduler's step from its own captured order (step_model's scheduler_ir; the module docstring).
 SCHEDULER_CAPTURED = "compile+inductor-overlap:captured"
 
@@ -144,7 +160,7 @@ def plan_costs(plan: dict, hbm_us_per_byte: float) -> dict:
     slowdown = copies = 0.0
     for b in plan.get("buckets", []):
         pred = b["predicted"]
-        cost = pred["ce_cost_us"] if b["backend"] == "ce" else pred["nccl_cost_us"]
+        cost = {"ce": pred["ce_cost_us"], "hier": pred.get("hier_cost_us")}.get(b["backend"], pred["nccl_cost_us"])
         slowdown += max(0.0, (cost or 0.0) - (pred["exposed_us"] or 0.0))
         if len(b["members"]) > 1 and b["backend"] != "ce":
             moved = b["group_size"] * b["bytes"] if b["type"] == "all_gather" else b["bytes"]
@@ -187,7 +203,8 @@ def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "
     spec = _spec(profile)
     hbm_us_per_byte, optimizer_us_per_byte, fused_us_per_byte = bandwidths_us_per_byte(spec)
     out = {"profile": profile, "analyze": _graph_analyses(ir, profile)}
-    for key, ce in _PLAN_CE.items():
+    plans = {**_PLAN_CE, **(_PLAN_CE_NODES if int(ir.meta.get("nodes", 1)) > 1 else {})}
+    for key, ce in plans.items():
         config = {**(plan_config or {}), "ce_reduction": ce_reduction, "ce": ce}
         out[key] = {name: plan_costs(plan(ir, name, profile, config), hbm_us_per_byte)
                     for name in ir.graph_names}
@@ -340,6 +357,8 @@ def predicted_step_ms(pred: dict, mode: str = "ce_overlap") -> float | None:
         sched = pred.get("scheduler")
         return predicted_step_ms({**pred, "analyze": sched["analyze"], "plan_nccl": sched["plan"]},
                                  "ce_overlap-nccl") if sched else None
+    if mode in NODE_MODES:  # across nodes: a 1-D mode's formula over the flat or the HSDP capture (the caller's)
+        return predicted_step_ms(pred, NODE_MODES[mode][0])
     if mode in TP_MODES:  # a 1-D mode's formula over the captured step or its async-TP capture
         base, capture, _ = TP_MODES[mode]
         over = pred.get("async") if capture == "async" or (capture == "async_if_given" and pred.get("async")) else pred

@@ -96,6 +96,31 @@ def ce_possible(config: PassConfig, cb: rewrite.CheckedBucket, device: str | Non
     return group_ready(cb.members[0].group)
 
 
+def hier_choice(config: PassConfig, cb: rewrite.CheckedBucket, device: str | None) -> tuple[str, str]:
+    """A hierarchical bucket runs so where the config, the runtime and the group's node group allow, else on NCCL
+    (flat), saying why."""
+    from ..runtime import hierarchical
+
+    if config.ce == "off":
+        return "nccl", "nccl: PassConfig.ce is 'off'"
+    if cb.type not in config.ce_collectives:
+        return "nccl", f"nccl: PassConfig.ce_collectives excludes {cb.type}"
+    h = hierarchical.lookup(cb.members[0].group)
+    if h is None:
+        return "nccl", (f"nccl: group '{cb.members[0].group}' has no node and rail groups (ce_overlap.fully_shard "
+                        "makes them for a group across nodes)")
+    ok, why = ce_runtime_state(device)
+    if ok:
+        op, why = rewrite.ce_op_for(cb.type)
+        ok = op is not None
+    if ok:
+        ok, why = group_ready(h.node.group_name)
+    if not ok:
+        log_once(logging.WARNING, f"ce_overlap: hierarchical buckets keep flat NCCL: {why}")
+        return "nccl", f"nccl: flat, the hierarchical choice cannot run ({why})"
+    return "hier", cb.reason
+
+
 def backend_chooser(config: PassConfig, graph_name: str):
     def choose(cb: rewrite.CheckedBucket) -> tuple[str, str]:
         val = cb.members[0].input.meta.get("val") if cb.members[0].input is not None else None
@@ -113,6 +138,8 @@ def backend_chooser(config: PassConfig, graph_name: str):
                 f"engine cannot take it here ({why}). Give CUDA tensors NCCL (init_process_group('cpu:gloo,cuda:nccl'))"
                 ", or let copy engines run them (ce='auto' or 'on', the CE runtime built, "
                 "ce_overlap.runtime.rendezvous(group) before the first step)")
+        if cb.backend == "hier":
+            return hier_choice(config, cb, device)
         if cb.backend != "ce":
             return "nccl", cb.reason
         if config.ce == "off":

@@ -69,6 +69,11 @@ class CaptureOptions:
     tensor_parallel: Any = None
     """With tp > 1: the model's tensor-parallel plan, a callable (module, tp_mesh) that parallelizes it in place
     (torch's parallelize_module; ce_overlap.models.llama.tensor_parallel for the zoo)."""
+    nodes: int = 1
+    """The ranks on this many nodes, world_size / nodes each (consecutive ranks): each group's node count goes into
+    the IR (collective "nodes"), and meta["nodes"]."""
+    hsdp: bool = False
+    """HSDP: a ("replicate", "shard") mesh of nodes x world_size / nodes, shards inside each node, replicas across."""
     async_tp: bool = False
     """With tp > 1: compile with torch's micro-pipeline TP (Inductor's _micro_pipeline_tp, symmetric memory on the TP
     group: what async TP runs), so the graphs hold its fused all-gather-matmul and matmul-reduce-scatter ops."""
@@ -181,6 +186,10 @@ def _fakeify_module(model: nn.Module, fsdp: bool, group, options: CaptureOptions
                 grid = DeviceMesh(options.device, torch.arange(ws).view(ws // options.tp, options.tp),
                                   mesh_dim_names=(f"{name}_dp", f"{name}_tp"))
                 mesh, tp_mesh = grid[f"{name}_dp"], grid[f"{name}_tp"]
+            elif options.hsdp:  # FSDP2's HSDP names: fully_shard takes the 2-D mesh itself
+                ws = options.world_size
+                mesh = DeviceMesh(options.device, torch.arange(ws).view(options.nodes, ws // options.nodes),
+                                  mesh_dim_names=("replicate", "shard"))
             else:
                 mesh = DeviceMesh.from_group(group, options.device, mesh_dim_names=(name,))
         if options.tp > 1:
@@ -343,8 +352,11 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
         device_ctx = fake_cuda.enabled()
     elif options.device != "cpu":
         raise CaptureError(f"capture device must be 'cpu' or 'cuda', got {options.device!r}")
+    from .. import nodes
+
     try:
-        with device_ctx, torch.autograd.set_multithreading_enabled(False), \
+        with device_ctx, nodes.simulated(options.world_size // options.nodes), \
+                torch.autograd.set_multithreading_enabled(False), \
                 fake_process_group(options.world_size, options.rank) as group, \
                 torch._inductor.config.patch(patches), scheduler_ctx, \
                 torch._functorch.config.patch(enable_autograd_cache=False), \
@@ -376,6 +388,8 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
         "reshard_after_forward": options.reshard_after_forward,
         **({"tp": options.tp} if options.tp > 1 else {}),
         **({"async_tp": True} if options.async_tp else {}),
+        **({"nodes": options.nodes} if options.nodes > 1 else {}),
+        **({"hsdp": True} if options.hsdp else {}),
         **({"vocab_parallel_embeddings": True} if options.fsdp and options.vocab_parallel_embeddings else {}),
         **({"keep_gathered": ",".join(options.keep_gathered)} if options.fsdp and options.keep_gathered else {}),
         "num_params": num_params,

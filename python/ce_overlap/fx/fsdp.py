@@ -93,17 +93,21 @@ class _ScaleGrad(torch.autograd.Function):
 
 
 class _ReplicaAverage(torch.autograd.Function):
-    """Identity forward; the gradient averaged over HSDP's replicas (an all-reduce over the "replicate" group: a
-    functional collective, so the pass sees it and issues it once its reduce-scatter is done)."""
+    """Identity forward; the gradient averaged over HSDP's replicas in `reduce_dtype` (an all-reduce over the
+    "replicate" group: a functional collective, so the pass sees it and issues it once its reduce-scatter is done).
+    As FSDP2: the reduce-scatter's result in the reduce dtype, all-reduced in it, then cast to the parameter's."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group_name: str) -> torch.Tensor:
-        ctx.group_name = group_name
+    def forward(ctx, x: torch.Tensor, group_name: str, reduce_dtype: torch.dtype | None) -> torch.Tensor:
+        ctx.group_name, ctx.reduce_dtype = group_name, reduce_dtype
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return funcol.wait_tensor(funcol.all_reduce(grad.contiguous(), "avg", ctx.group_name)), None
+        x = grad.contiguous() if ctx.reduce_dtype is None else grad.to(ctx.reduce_dtype).contiguous()
+        out = funcol.all_reduce(x, "avg", ctx.group_name)  # traced: already waited; eager: async
+        out = out.wait() if isinstance(out, funcol.AsyncCollectiveTensor) else out
+        return out.to(grad.dtype), None, None
 
 
 def _vocab_parallel_lookup(module: nn.Embedding, tokens: torch.Tensor) -> torch.Tensor:
@@ -231,7 +235,7 @@ def _replicate(shard: torch.Tensor, spec: _ShardSpec) -> torch.Tensor:
     if spec.replicate is not None:
         # HSDP, in FSDP2's order: gathered over "shard"; the gradient reduce-scattered (averaged) over "shard", then
         # this rank's rows all-reduced (averaged) over "replicate": the replicas exchange a shard, not the weight.
-        local = _ReplicaAverage.apply(shard.to_local(), spec.replicate.get_group().group_name)
+        local = _ReplicaAverage.apply(shard.to_local(), spec.replicate.get_group().group_name, spec.reduce_dtype)
         shard = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=shard.shape, stride=shard.stride())
     elif spec.tp is not None:  # the TP shard, sharded by rows over the data-parallel mesh, as a 1-D DTensor
         shard = DTensor.from_local(shard, mesh, [Shard(0)], run_check=False, shape=spec.tp.local_shape,
@@ -442,6 +446,19 @@ def _check_hsdp(hsdp_mesh: DeviceMesh) -> None:
                                   "): its all-gathers and reduce-scatters stay on NCCL (copy engines reach one node)")
 
 
+def _split_for_hierarchical(group: dist.ProcessGroup) -> None:
+    """A data-parallel group across nodes gets its node and rail groups now (every rank calls fully_shard), so the
+    pass can run a bucket hierarchically (ce_overlap.runtime.hierarchical); a layout that cannot is said once and
+    keeps flat NCCL."""
+    from ..runtime import hierarchical
+
+    try:
+        hierarchical.hierarchy(group)
+    except CeOverlapError as e:
+        log_once(logging.INFO, f"ce_overlap.fully_shard: group '{group.group_name}' spans nodes; no hierarchical "
+                               f"collectives for it ({e}): flat NCCL")
+
+
 def _check_tensor_parallel_group(tp_mesh: DeviceMesh) -> None:
     """Tensor parallelism's collectives sit on the critical path of every block: its group belongs inside one node."""
 
@@ -553,7 +570,8 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
             if p is not None and id(p) not in specs]
     mesh, hsdp_mesh = _mesh_of(mesh, [p for _, _, p in todo])
     _GROUP_ROLES[mesh.get_group().group_name] = "dp"
-    nodes.record(mesh.get_group())  # the IR's collective "nodes": the cost model prices a group across nodes
+    if nodes.record(mesh.get_group()) > 1 and hsdp_mesh is None:  # the IR's "nodes": priced across nodes
+        _split_for_hierarchical(mesh.get_group())
     if hsdp_mesh is not None:
         _check_hsdp(hsdp_mesh)
         _GROUP_ROLES[hsdp_mesh["replicate"].get_group().group_name] = "replicate"

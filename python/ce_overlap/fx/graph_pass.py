@@ -87,17 +87,19 @@ class PassReport:
         if self.refused:
             return f"ce_overlap: {self.graph} graph: {self.refused}; graph unchanged"
         s = self.summary
-        kept = sum(b.planned_backend == "ce" and b.backend != "ce" for b in self.buckets)
+        kept = sum(b.planned_backend in ("ce", "hier") and b.backend != b.planned_backend for b in self.buckets)
+        hier = sum(b.backend == "hier" for b in self.buckets)
         delta = s.get("peak_memory_bytes_after", 0) - s.get("peak_memory_bytes_before", 0)
         text = (f"ce_overlap: {self.graph} graph ({self.nodes_before} -> {self.nodes_after} nodes): "
                 f"{self.collectives} collectives -> {len(self.buckets)} buckets "
-                f"({sum(b.members > 1 for b in self.buckets)} merged), {self.ce_buckets} moved to CE; "
+                f"({sum(b.members > 1 for b in self.buckets)} merged), {self.ce_buckets} moved to CE"
+                f"{f', {hier} hierarchical (CE inside nodes)' if hier else ''}; "
                 f"predicted exposed comm {s.get('exposed_comm_us_before', 0.0):.1f} us -> "
                 f"{s.get('exposed_comm_us_after', 0.0):.1f} us; peak memory {delta / _MIB:+.1f} MiB "
                 f"(budget {s.get('memory_budget_bytes', 0) / _MIB:.0f} MiB); "
                 f"plan {self.plan_ms:.0f} ms, rewrite {self.rewrite_ms:.0f} ms")
         if kept:
-            text += f"; {kept} bucket(s) planned for CE kept on NCCL (see above)"
+            text += f"; {kept} bucket(s) planned for CE or hierarchical kept on NCCL (see above)"
         if self.async_tp_ops:
             text += f"; beside {self.async_tp_ops} of torch's async-TP fused ops"
         if self.dumped:
@@ -196,7 +198,7 @@ def run_pass(graph: torch.fx.Graph, config: PassConfig | None = None, *, planner
     results = rewrite.apply_plan(graph, checked, backend_chooser(config, name),
                                  check_where=name if config.check_numerics and not capturing() else None,
                                  pack_ce=config.pack_ce_buckets, ce_reduction=config.ce_reduction)
-    if any(b.backend == "ce" for b in results) and not capturing():
+    if any(b.backend in ("ce", "hier") for b in results) and not capturing():
         register_ce_lowerings()
     rewrite.check_invariants(graph)
     if graph.owning_module is not None:
@@ -211,7 +213,8 @@ def run_pass(graph: torch.fx.Graph, config: PassConfig | None = None, *, planner
     if config.verbose:
         for b in results:
             log.info("ce_overlap: %s bucket %d: %s x%d, %.2f MiB, %s%s", name, b.id, b.type, b.members,
-                     b.bytes / _MIB, b.reason, "" if b.backend == b.planned_backend else " (planned ce)")
+                     b.bytes / _MIB, b.reason,
+                     "" if b.backend == b.planned_backend else f" (planned {b.planned_backend})")
     log.info("%s", report.line())
     return report
 

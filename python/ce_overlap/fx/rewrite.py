@@ -456,6 +456,108 @@ def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos:
     return [n.name for n in build.created]
 
 
+def _window_middle(order: list[torch.fx.Node], pos: dict, first_coll: torch.fx.Node,
+                   first_wait: torch.fx.Node) -> torch.fx.Node:
+    """The node halfway through a bucket's window in the plan's order (a node no rewrite erases: not a collective or
+    a wait), where a hierarchical bucket's second half is issued: its first half has had half the window."""
+    lo, hi = pos[first_coll], pos[first_wait]
+    for i in range((lo + hi + 1) // 2, hi):
+        n = order[i]
+        if n.graph is not None and not getattr(n, "_erased", False) and not is_functional_collective(n) \
+                and not is_wait(n):
+            return n
+    return first_wait
+
+
+def _rewrite_hier(graph: torch.fx.Graph, cb: CheckedBucket, pos: dict, order: list[torch.fx.Node],
+                  replaced: dict) -> list[str]:
+    """Rewrites a hierarchical bucket (ce_overlap.runtime.hierarchical's order, in the graph): an all-gather is the
+    rail all-gather (the group's backend, over the nodes) issued where the bucket was, the node all-gather on copy
+    engines issued halfway through the window, and at the first wait one copy into group-rank order; a
+    reduce-scatter is that copy and the node reduce-scatter on copy engines where the bucket was, then the rail
+    reduce-scatter halfway. Members are packed into one buffer as a merged NCCL bucket is."""
+    from ..runtime import hierarchical
+
+    for c in cb.members:
+        while c.input in replaced:
+            c.input = replaced[c.input]
+    members = cb.members
+    c0 = members[0]
+    h = hierarchical.lookup(c0.group)
+    if h is None or h.nodes * h.per_node != c0.group_size:
+        raise InvariantError(f"bucket {cb.id}: group '{c0.group}' has no hierarchy of {c0.group_size} ranks")
+    m, p, n = h.nodes, h.per_node, c0.group_size
+    rail, node = h.rail.group_name, h.node.group_name
+    first_coll = min((c.node for c in members), key=pos.__getitem__)
+    first_wait = min(cb.waits, key=pos.__getitem__)
+    middle = _window_middle(order, pos, first_coll, first_wait)
+    build = _Builder(graph, [c.node for c in members], f"ce_overlap_b{cb.id}")
+    vals = [c.input.meta["val"] for c in members]
+    numels = [int(v.numel()) for v in vals]
+    total = sum(numels)
+    ce_wait = torch.ops.ce_overlap.wait_tensor.default
+    ce_op, why = ce_op_for(cb.type)
+    if ce_op is None:
+        raise InvariantError(f"bucket {cb.id}: hierarchical without the CE op ({why})")
+    if cb.type == "all_gather":
+        with graph.inserting_before(first_coll):
+            parts = [build(aten.view.default, [build.contiguous(c.input, f"in{i}"), [k]], name=f"in{i}")
+                     for i, (c, k) in enumerate(zip(members, numels))]
+            buf = build(aten.cat.default, [parts], name="buf")
+            across = build(c10d.all_gather_into_tensor.default,
+                           _ce_args(c10d.all_gather_into_tensor.default, input=buf, group_size=m, group_name=rail),
+                           name="rail_all_gather")
+        with graph.inserting_before(middle):
+            got = build(c10d.wait_tensor.default, [across], name="rail_wait")
+            inside = build(ce_op, _ce_args(ce_op, input=got, group_size=p, group_name=node, reduce_op=None,
+                                           copy_rate_gbps=0.0), name="node_all_gather")
+        with graph.inserting_before(first_wait):
+            w = build(ce_wait, [inside], name="node_wait")
+            ranked = build(aten.permute.default, [build(aten.view.default, [w, [p, m, total]], name="by_local"),
+                                                  [1, 0, 2]], name="by_rank")
+            dense = build(aten.clone.default, [ranked], {"memory_format": torch.contiguous_format}, "ranked")
+            grid = build(aten.view.default, [dense, [n, total]], name="grid")
+            outs, off = [], 0
+            for i, (v, k) in enumerate(zip(vals, numels)):
+                sl = build(aten.slice.Tensor, [grid, 1, off, off + k], name=f"slice{i}")
+                copy = build(aten.clone.default, [sl], {"memory_format": torch.contiguous_format}, f"copy{i}")
+                outs.append(build(aten.view.default, [copy, [n * v.shape[0], *v.shape[1:]]], name=f"out{i}"))
+                off += k
+    else:
+        chunk = total // n
+        with graph.inserting_before(first_coll):
+            buf = _pack_reduce_scatter(build, members, n, [build.contiguous(c.input, f"in{i}")
+                                                           for i, c in enumerate(members)])
+            by_local = build(aten.permute.default, [build(aten.view.default, [buf, [m, p, chunk]], name="by_rank"),
+                                                    [1, 0, 2]], name="by_local")
+            dense = build(aten.clone.default, [by_local], {"memory_format": torch.contiguous_format}, "local_major")
+            flat = build(aten.view.default, [dense, [total]], name="flat")
+            inside = build(ce_op, _ce_args(ce_op, input=flat, reduce_op=c0.reduce_op_arg, group_size=p,
+                                           group_name=node, copy_rate_gbps=0.0), name="node_reduce_scatter")
+        with graph.inserting_before(middle):
+            summed = build(ce_wait, [inside], name="node_wait")
+            across = build(c10d.reduce_scatter_tensor.default,
+                           _ce_args(c10d.reduce_scatter_tensor.default, input=summed, reduce_op=c0.reduce_op_arg,
+                                    group_size=m, group_name=rail), name="rail_reduce_scatter")
+        with graph.inserting_before(first_wait):
+            w = build(c10d.wait_tensor.default, [across], name="rail_wait")
+            outs = _scattered_views(build, w, members, n)
+    for wt, out in zip(cb.waits, outs):
+        want, got = wt.meta.get("val"), out.meta["val"]
+        if isinstance(want, torch.Tensor) and (tuple(want.shape) != tuple(got.shape) or want.dtype != got.dtype):
+            raise InvariantError(f"bucket {cb.id}: hierarchical copy-out for {wt.name} has shape {tuple(got.shape)} "
+                                 f"{got.dtype}, the wait had {tuple(want.shape)} {want.dtype}")
+        users = list(wt.users)
+        wt.replace_all_uses_with(out)
+        replaced[wt] = out
+        _repair_user_meta(users)
+    for wt in cb.waits:
+        graph.erase_node(wt)
+    for c in members:
+        graph.erase_node(c.node)
+    return [x.name for x in build.created]
+
+
 def _pack_reduce_scatter(build: "_Builder", members: list, g: int, ins: list[torch.fx.Node]) -> torch.fx.Node:
     """The packed input of a merged reduce-scatter: rank p's chunk is every member's chunk p, in member order."""
     numels = [int(c.input.meta["val"].numel()) for c in members]
@@ -495,12 +597,14 @@ def apply_plan(graph: torch.fx.Graph, checked: CheckedPlan, choose_backend: Back
     replaced: dict[torch.fx.Node, torch.fx.Node] = {}  # rewritten waits -> their copy-outs (_rewrite_bucket)
     for cb in checked.buckets:
         backend, reason = choose_backend(cb) if choose_backend else (cb.backend, cb.reason)
-        if backend == "ce":
+        if backend in ("ce", "hier"):
             op, why = ce_op_for(cb.type)
             if op is None:
                 backend, reason = "nccl", f"nccl: {why}"
         nodes: list[str] = []
-        if len(cb.members) > 1 or backend == "ce":
+        if backend == "hier":
+            nodes = _rewrite_hier(graph, cb, pos, checked.order, replaced)
+        elif len(cb.members) > 1 or backend == "ce":
             nodes = _rewrite_bucket(graph, cb, backend, pos, check_where if backend == "ce" else None, pack_ce,
                                     ce_reduction, replaced)
         results.append(BucketResult(id=cb.id, type=cb.type, members=len(cb.members), bytes=int(cb.raw["bytes"]),

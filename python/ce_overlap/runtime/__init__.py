@@ -207,12 +207,14 @@ def rendezvous(group=None, config: RuntimeConfig | None = None) -> str:
     return name
 
 
-def open_pool(name: str, rank: int, world: int, device: int, store, prefix: str, config: RuntimeConfig) -> None:
+def open_pool(name: str, rank: int, world: int, device: int, store, prefix: str, config: RuntimeConfig,
+              node: str | None = None) -> None:
     """Rendezvous of group `name` through `store` (what rendezvous and the torch.distributed backend run): creates
     this rank's pool on `device`, publishes its handle under prefix + generation + "/" + rank (the generation counts
     this process's rendezvous of the name, the same on every rank), waits for every rank's
-    (RuntimeConfig.timeout_s) and maps them; applies the config's process fields. On failure nothing of the group
-    remains."""
+    (RuntimeConfig.timeout_s) and maps them; applies the config's process fields. Ranks on different nodes are
+    refused: `node` names this rank's (default ce_overlap.nodes.this_node(): simulated nodes count; "" for the
+    hostname alone). On failure nothing of the group remains."""
     load_library()
     _configure_process(config)
     _groups.pop(name, None)  # a group of this name that was closed (e.g. a destroyed process group's backend)
@@ -224,7 +226,8 @@ def open_pool(name: str, rank: int, world: int, device: int, store, prefix: str,
     keys = [f"{prefix}{generation}/{r}" for r in range(world)]
     from ..nodes import this_node  # the C++ side refuses ranks whose nodes differ, naming them
 
-    blob = torch.ops.ce_overlap._pool_create(name, rank, world, device, *config.pool_create_args(), this_node())
+    node = this_node() if node is None else node
+    blob = torch.ops.ce_overlap._pool_create(name, rank, world, device, *config.pool_create_args(), node)
     try:
         store.set(keys[rank], blob.numpy().tobytes())
         try:

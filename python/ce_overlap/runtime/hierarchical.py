@@ -37,6 +37,7 @@ class Hierarchy:
 
 
 _HIERARCHIES: dict[tuple[str, tuple[int, ...]], Hierarchy] = {}
+_BY_NAME: dict[str, Hierarchy] = {}  # group name -> its latest hierarchy (what the graph pass looks up)
 
 
 def layout(node_of_rank: list[str]) -> tuple[int, int]:
@@ -76,8 +77,14 @@ def hierarchy(group: dist.ProcessGroup) -> Hierarchy:
     rail_ranks = [ranks[k * p + local] for k in range(m)]
     node = dist.new_group(node_ranks, use_local_synchronization=True)
     rail = dist.new_group(rail_ranks, use_local_synchronization=True)
-    h = _HIERARCHIES[key] = Hierarchy(m, p, node, rail)
+    h = _HIERARCHIES[key] = _BY_NAME[group.group_name] = Hierarchy(m, p, node, rail)
     return h
+
+
+def lookup(group_name: str) -> Hierarchy | None:
+    """The hierarchy `hierarchy` made for the group of this name (ce_overlap.fully_shard makes one for a
+    data-parallel group that spans nodes), or None."""
+    return _BY_NAME.get(str(group_name))
 
 
 # The two halves of each collective, over a subgroup: (output, input, group) -> None; (output, input, op, group).
