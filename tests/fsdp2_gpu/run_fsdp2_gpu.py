@@ -24,6 +24,11 @@ torchtitan's Llama-3 plan first, then FSDP2 over "dp" (torchtitan's order); ce_o
 tensor parallelism's eager collectives run (gloo's all-gather on CUDA tensors does not), on ce_overlap's backend in both
 variants; the reference's FSDP2 collectives go through host memory as without --tp.
 
+HSDP (--hsdp): FSDP2's HSDP over a ("replicate", "shard") mesh of 2 x world / 2 (run it with
+CE_OVERLAP_RANKS_PER_NODE=world / 2: the replicas are two simulated nodes); use_copy_engines puts the "shard" groups'
+collectives on copy engines (FSDP2's own path: the direct path does not cover HSDP), FSDP2's all-reduce across the
+replicas stays on the group's backend (ce_overlap's torch.distributed backend on one shared GPU, as with --tp).
+
 Checks (PASS/FAIL table, exit 1 on a failure): every FSDP group's all-gather and reduce-scatter ran on CE in the ce
 variant; losses, gradients and parameters bit-identical to the reference at 2 ranks, within the reduction order's
 tolerance at more (the largest relative error is printed: the all-gathers move bytes exactly, the reduce-scatter
@@ -51,6 +56,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from reduce_tolerances import tolerances  # noqa: E402  (beyond 2 ranks the sums' order differs from NCCL's)
 
 import ce_overlap.fsdp as cefsdp  # noqa: E402
+import ce_overlap.nodes as ce_overlap_nodes  # noqa: E402
 import ce_overlap.fsdp_direct as fsdp_direct  # noqa: E402
 import ce_overlap.runtime as rt  # noqa: E402
 from ce_overlap.models.llama import LLAMA_CONFIGS, Llama, init_weights, tensor_parallel  # noqa: E402
@@ -116,8 +122,12 @@ def reduce_dtype(setup: str) -> torch.dtype:
     return torch.bfloat16 if setup == "bf16-reduce" else torch.float32
 
 
-# --tp > 1: the ("dp", "tp") mesh.
+# --tp > 1: the ("dp", "tp") mesh; --hsdp: the ("replicate", "shard") one.
 MESH = None
+
+
+def _tp() -> bool:
+    return MESH is not None and "tp" in MESH.mesh_dim_names
 
 
 def build(model_name: str, args, compiled: bool, setup: str = "default"):
@@ -130,9 +140,11 @@ def build(model_name: str, args, compiled: bool, setup: str = "default"):
         model = Llama(cfg)
     init_weights(model)
     dp = None
-    if MESH is not None:  # torchtitan's order: tensor parallelism, then FSDP2 over "dp"
+    if MESH is not None and "tp" in MESH.mesh_dim_names:  # torchtitan's order: tensor parallelism, then FSDP2 on "dp"
         tensor_parallel(model, MESH["tp"])
         dp = MESH["dp"]
+    elif MESH is not None:  # HSDP: fully_shard takes the ("replicate", "shard") mesh
+        dp = MESH
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype(setup))
     reshard = {"no-reshard": False, "reshard-2": 2}.get(setup, True)
     if setup == "torchtitan-wrap":
@@ -201,7 +213,7 @@ def run_variant(model_name: str, variant: str, compiled: bool, args, setup: str 
     decisions = []
     if variant in ("ce", "ce-hooks"):
         decisions = cefsdp.use_copy_engines(model, ce="on", direct=variant == "ce",
-                                            group=MESH["dp"].get_group() if MESH is not None else None)
+                                            group=MESH["dp"].get_group() if _tp() else None)
     elif SHARED_GPU:
         for m in model.modules():
             if isinstance(m, FSDPModule):
@@ -217,7 +229,7 @@ def run_variant(model_name: str, variant: str, compiled: bool, args, setup: str 
         micro = 2 if setup == "grad-accum" else 1
         for step in range(args.steps):
             for m in range(micro):
-                gen.manual_seed(1000 * step + 10 * m + dist.get_rank() // (MESH["tp"].size() if MESH else 1))
+                gen.manual_seed(1000 * step + 10 * m + dist.get_rank() // (MESH["tp"].size() if _tp() else 1))
                 tokens = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len), device="cuda", generator=gen)
                 if micro > 1:
                     model.set_requires_gradient_sync(m == micro - 1)  # the last microbatch reduce-scatters the sum
@@ -305,6 +317,7 @@ def main() -> int:
     p.add_argument("--setups", default="default",
                    help="comma-separated FSDP2 setups: " + "; ".join(f"{k}: {v}" for k, v in SETUPS.items()))
     p.add_argument("--tp", type=int, default=1, help="tensor parallelism over this many ranks (a ('dp', 'tp') mesh)")
+    p.add_argument("--hsdp", action="store_true", help="FSDP2's HSDP over a ('replicate', 'shard') mesh of 2 x world / 2")
     p.add_argument("--paths", default="direct",
                    help="comma-separated: direct (use_copy_engines' default) and / or hooks (direct=False)")
     args = p.parse_args()
@@ -317,7 +330,7 @@ def main() -> int:
         p.error(f"--setups: unknown {unknown}; choose from {list(SETUPS)}")
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(0 if SHARED_GPU else local)
-    if SHARED_GPU and args.tp > 1:  # tensor parallelism's eager all-gathers: ce_overlap's backend (gloo's crash)
+    if SHARED_GPU and (args.tp > 1 or args.hsdp):  # TP's eager all-gathers, HSDP's all-reduce: ce_overlap's backend
         dist.init_process_group("cpu:gloo,cuda:ce_overlap", timeout=datetime.timedelta(seconds=300))
     elif SHARED_GPU:
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
@@ -334,6 +347,12 @@ def main() -> int:
         MESH = init_device_mesh("cuda", (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
         log0(f"tensor parallelism over {args.tp} ranks, FSDP2 over {world // args.tp}")
         world //= args.tp  # the reduce-scatters' ranks: what bit-identity and the tolerances depend on
+    elif args.hsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        MESH = init_device_mesh("cuda", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+        log0(f"HSDP: 2 replicas x {world // 2} shards (nodes as ce_overlap sees them: "
+             f"{ce_overlap_nodes.describe(dist.group.WORLD)})")
     log0(f"torch {torch.__version__}, {world} ranks on {'one shared ' if SHARED_GPU else ''}"
          f"{torch.cuda.get_device_name()}")
     rows = []

@@ -50,6 +50,14 @@ bucket of its own, on the group's backend, where the plan keeps it (checked). On
 the group's backend runs on copy engines through it, its all-reduces on gloo), so the reference (inductor) runs
 there too, and the variants are inductor, pass-on-nccl, pass-ce-all and pass-auto.
 
+Across nodes (CE_OVERLAP_RANKS_PER_NODE=N: the ranks on simulated nodes of N): with --hsdp, FSDP's HSDP over a
+("replicate", "shard") mesh of 2 x world / 2 (the shard groups inside a node may use copy engines, the replicas'
+all-reduces stay on the group's backend, a bucket per block, issued after their reduce-scatters); without it, FSDP
+over every rank, its group across the nodes: pass-ce-all (ce="on") runs every all-gather and reduce-scatter
+hierarchically (the rail half on the group's backend, the node half on copy engines). On one shared GPU the default
+group is then "cpu:gloo,cuda:ce_overlap" as with --tp (its backend binds hosts, not simulated nodes: the rail halves and
+the replicas' all-reduces run on it), and the variants are inductor, pass-on-nccl, pass-ce-all and pass-auto.
+
 One GPU (--shared-gpu, or CE_TEST_SHARED_GPU=1): every rank on GPU 0 over gloo (NCCL refuses two ranks on one GPU).
 Only the variants that put every collective on CE can run there (gloo's in-graph collectives on CUDA tensors do not
 work in torch 2.11), so the default variants are pass-ce-all,pass-ce-packed: real CUDA, real Inductor code, the
@@ -92,6 +100,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from reduce_tolerances import tolerances  # noqa: E402
 
 import ce_overlap  # noqa: E402
+import ce_overlap.nodes as nodes  # noqa: E402
 import ce_overlap.runtime as rt  # noqa: E402
 from ce_overlap import logs  # noqa: E402
 from ce_overlap.fx.fsdp import fully_shard  # noqa: E402
@@ -122,6 +131,16 @@ SHARED_GPU = os.environ.get("CE_TEST_SHARED_GPU") == "1"
 TP, MESH = 1, None
 TP_SHARED_VARIANTS = ("inductor", "pass-on-nccl", "pass-ce-all", "pass-auto", "inductor+async-tp",
                       "pass-ce-all+async-tp")
+# --hsdp, and ranks on simulated nodes (CE_OVERLAP_RANKS_PER_NODE): ce_overlap's backend underneath on a shared GPU.
+HSDP = False
+SIMULATED = nodes.ranks_per_node() is not None
+NODES_SHARED_VARIANTS = ("inductor", "pass-on-nccl", "pass-ce-all", "pass-auto")
+
+
+def backend_underneath() -> bool:
+    """Whether ce_overlap's torch.distributed backend runs what the plan leaves to the groups (a shared GPU with TP,
+    HSDP or simulated nodes): the inductor reference runs there too."""
+    return SHARED_GPU and (TP > 1 or HSDP or SIMULATED)
 # Besides the zoo's Llamas: tests/data/gpt2_tied.py, a GPT-2-style model whose output projection reuses the token
 # embedding's weight (its forward all-gather is waited on again in the backward) and whose forward returns
 # (loss, logits); its vocabulary (1001) does not divide by the ranks, so the tied shard is padded.
@@ -257,8 +276,16 @@ def run_variant(model_name: str, variant: str, args) -> dict:
             raise ValueError(f"--tp: {model_name} has no tensor-parallel plan here (the zoo Llamas do)")
         tensor_parallel(model, MESH["tp"])
         over = MESH["dp"]
+    elif HSDP:
+        over = MESH
     fully_shard(model, over, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16),
                 vocab_parallel_embeddings=args.vocab_parallel_embeddings)
+    if rt.available():  # the groups copy engines serve: HSDP's shard group, a group across nodes' node groups
+        from ce_overlap.runtime import hierarchical
+
+        h = hierarchical.lookup(dist.group.WORLD.group_name) if not HSDP and TP == 1 else None
+        for g in ([MESH["shard"].get_group()] if HSDP else []) + ([h.node] if h is not None else []):
+            rt.rendezvous(g)
     if variant.endswith(ASYNC_TP):
         if TP == 1:
             raise ValueError(f"{variant} needs --tp > 1")
@@ -309,7 +336,7 @@ def run_variant(model_name: str, variant: str, args) -> dict:
     reports = opts["post_grad_custom_post_pass"].reports if opts and "post_grad_custom_post_pass" in opts else []
     out["reports"] = [{"graph": r.graph, "refused": r.refused, "collectives": r.collectives,
                        "buckets": [{"type": b.type, "members": b.members, "bytes": b.bytes, "backend": b.backend,
-                                    "tp": b.role == "tp",
+                                    "tp": b.role == "tp", "role": b.role,
                                     "planned": b.planned_backend, "reason": b.reason,
                                     "unreduced": any(n.endswith("_reduce_scatter_unreduced") for n in b.nodes)}
                                    for b in r.buckets],
@@ -356,9 +383,10 @@ def compare(x: dict, ref: dict) -> dict:
 
 
 def ce_counts(res: dict) -> dict:
-    counts = {"all_gather": 0, "reduce_scatter": 0, "multi_member": 0, "unreduced": 0}
+    counts = {"all_gather": 0, "reduce_scatter": 0, "multi_member": 0, "unreduced": 0, "hier": 0}
     for r in res["reports"]:
         for b in r["buckets"]:
+            counts["hier"] += b["backend"] == "hier"
             if b["backend"] == "ce" and b["type"] in counts:
                 counts[b["type"]] += 1
                 counts["multi_member"] += b["members"] > 1
@@ -367,7 +395,7 @@ def ce_counts(res: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    global SHARED_GPU, TP, MESH
+    global SHARED_GPU, TP, MESH, HSDP
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="llama3-tiny,llama3-1b", help=f"zoo Llamas, {GPT2_TIED} and {TITAN_FLEX}")
     p.add_argument("--variants", default=",".join(VARIANTS), help="subset of: " + ", ".join(VARIANTS))
@@ -387,14 +415,15 @@ def main(argv=None) -> int:
                         "all-CE variants only")
     p.add_argument("--out", default=None, help="JSON results (default: $OUT/pass_gpu.json when OUT is set)")
     p.add_argument("--tp", type=int, default=1, help="tensor parallelism over this many ranks (a ('dp', 'tp') mesh)")
+    p.add_argument("--hsdp", action="store_true", help="HSDP over a ('replicate', 'shard') mesh of 2 x world / 2")
     args = p.parse_args(argv)
-    TP = args.tp
+    TP, HSDP = args.tp, args.hsdp
 
     ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     SHARED_GPU = args.shared_gpu or ranks_here > torch.cuda.device_count()  # more ranks than GPUs: share GPU 0
-    if SHARED_GPU and TP > 1:  # ce_overlap's backend under every in-graph collective the pass leaves to the group
+    if backend_underneath():  # ce_overlap's backend under every in-graph collective the pass leaves to the group
         if args.variants == ",".join(VARIANTS):
-            args.variants = ",".join(TP_SHARED_VARIANTS)
+            args.variants = ",".join(TP_SHARED_VARIANTS if TP > 1 else NODES_SHARED_VARIANTS)
         torch.cuda.set_device(0)
         dist.init_process_group("cpu:gloo,cuda:ce_overlap", timeout=timedelta(seconds=600))
     elif SHARED_GPU:
@@ -420,6 +449,13 @@ def main(argv=None) -> int:
         if args.verbose:
             logging.getLogger("ce_overlap").setLevel(logging.INFO)
 
+    if HSDP:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        MESH = init_device_mesh("cuda", (2, dist.get_world_size() // 2), mesh_dim_names=("replicate", "shard"))
+        log0(f"HSDP: 2 replicas x {dist.get_world_size() // 2} shards")
+    if SIMULATED:
+        log0(f"nodes: {nodes.describe(dist.group.WORLD)}")
     if TP > 1:
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -432,7 +468,7 @@ def main(argv=None) -> int:
     avail = rt.available()
     log0(f"torch {torch.__version__}, {dist.get_world_size()} ranks on "
          f"{'one shared ' if SHARED_GPU else ''}{torch.cuda.get_device_name()}, CE runtime: {avail.reason}")
-    if avail:
+    if avail and nodes.count(dist.group.WORLD) == 1:
         rt.rendezvous(dist.group.WORLD)  # CE ops need the group's pool before the first compiled step
         ops = [n for n in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_gather_into_tensors",
                            "reduce_scatter_tensors") if hasattr(torch.ops.ce_overlap, n)]
@@ -536,9 +572,23 @@ def main(argv=None) -> int:
                     check(model, "pass-ce-all: CE reduce-scatters summed in the graph (unreduced op)",
                           counts["unreduced"] == counts["reduce_scatter"] > 0, f"CE buckets {counts}")
                 against("pass-on-nccl", "pass-ce-all matches pass-on-nccl (tolerance)", exact=False, order_differs=True)
-                if TP > 1:
+                if backend_underneath():
                     against("inductor", "pass-ce-all matches inductor, the reference (tolerance)", exact=False,
                             order_differs=True)
+                if HSDP:
+                    reps = [b for r in res["reports"] for b in r["buckets"] if b["role"] == "replicate"]
+                    check(model, "pass-ce-all: the replicas' all-reduces on the group's backend, a bucket per block",
+                          reps and all(b["backend"] == "nccl" for b in reps) and
+                          sum(b["members"] > 1 for b in reps) > 0,
+                          f"{len(reps)} replica buckets, {sum(b['members'] for b in reps)} all-reduces, backends "
+                          f"{sorted({b['backend'] for b in reps})}")
+                elif SIMULATED and TP == 1:
+                    spans = [b for r in res["reports"] for b in r["buckets"]
+                             if b["type"] in ("all_gather", "reduce_scatter")]
+                    check(model, "pass-ce-all: every all-gather and reduce-scatter across the nodes hierarchical",
+                          spans and all(b["backend"] == "hier" for b in spans),
+                          f"{counts['hier']} hierarchical of {len(spans)}; "
+                          f"{sorted({b['reason'][:80] for b in spans if b['backend'] != 'hier'})}")
             elif v in ("pass-ce-packed", "pass-ce-rs-kernel"):
                 two = dist.get_world_size() == 2
                 if "pass-ce-all" in ran:
@@ -557,7 +607,7 @@ def main(argv=None) -> int:
                     check(model, f"{v}: the pass planned beside torch's micro-pipeline TP fused ops", fused > 0,
                           f"{fused} symm_mem fused ops")
                 against("inductor", f"{v} matches inductor (tolerance)", exact=False, order_differs=True)
-            elif v == "pass-auto" and SHARED_GPU and TP > 1:  # ce_overlap's backend under what the plan leaves
+            elif v == "pass-auto" and backend_underneath():  # ce_overlap's backend under what the plan leaves
                 against("inductor", "pass-auto matches inductor (tolerance)", exact=False, order_differs=True)
             elif v == "pass-auto":
                 if SHARED_GPU:  # gloo underneath: nothing may stay on it
@@ -576,7 +626,7 @@ def main(argv=None) -> int:
                       sum(counts.values()) == 0 and len(unavailable) == 1,
                       f"CE buckets {counts}; messages: {unavailable}")
                 against("pass-on-nccl", "pass-no-runtime bit-identical to pass-on-nccl", exact=True)
-            if v == "pass-on-nccl" and TP == 1:
+            if v == "pass-on-nccl" and not backend_underneath():
                 ran.pop("inductor", None)  # keep at most two runs' tensors in GPU memory
             if v in ("pass-nccl", "pass-ce-packed", "pass-ce-rs-kernel"):
                 ran.pop(v, None)
