@@ -257,7 +257,8 @@ PYBIND11_MODULE(_core, m) {
       py::arg("profile"), py::arg("type"), py::arg("bytes"), py::arg("group_size"), py::arg("backend") = "nccl",
       "Predicted time in us of one collective alone (docs/cost_model.md). type: an IR collective type "
       "(all_gather, ...); bytes as in the IR (all-gather: the shard; reduce-scatter: the full input); "
-      "backend: nccl or ce. Raises IrError when CE cannot serve the group (spans nodes, no P2P).");
+      "backend: nccl, ce or hier. Raises IrError when the backend cannot serve the group (CE: spans nodes, no "
+      "P2P; hier: on one node, not as many ranks on each).");
 
   m.def(
       "decide",
@@ -274,13 +275,16 @@ PYBIND11_MODULE(_core, m) {
         out["reason"] = d.reason;
         out["nccl"] = cost_to_dict(d.nccl);
         out["ce"] = d.ce ? py::object(cost_to_dict(*d.ce)) : py::none();
+        out["hier_us"] = d.hier ? py::cast(d.hier->cost_us) : py::none();
+        out["hier"] = d.hier ? py::object(cost_to_dict(*d.hier)) : py::none();
         return out;
       },
       py::arg("profile"), py::arg("type"), py::arg("bytes"), py::arg("group_size"),
       py::arg("window_compute_bound_us") = 0.0, py::arg("window_memory_bound_us") = 0.0,
-      "NCCL or CE for one collective with `window` compute beside it: dict(choice, nccl_us, ce_us, reason, "
-      "nccl, ce). nccl_us / ce_us: what the collective adds to the step (exposed time + slowdown of the "
-      "window); ce_us is None when CE cannot serve the group. docs/cost_model.md.");
+      "NCCL, CE or hierarchical for one collective with `window` compute beside it: dict(choice, nccl_us, ce_us, "
+      "hier_us, reason, nccl, ce, hier). nccl_us / ce_us / hier_us: what the collective adds to the step (exposed "
+      "time + slowdown of the window); ce_us is None when CE cannot serve the group, hier_us unless the group spans "
+      "nodes with as many ranks on each (its nodes placed in order). docs/cost_model.md.");
 
   m.def(
       "check_topology",

@@ -20,7 +20,8 @@ sys.path.insert(0, BENCH)
 # Every runnable script in bench/ (bench/README.md lists them); the collectives' subcommands are checked in-process.
 SCRIPTS = ["collectives.py", "train.py", "step_prediction.py", "plot_train.py", "cost_model_validation.py",
            "capture_speed.py", "capture_devices.py", "plan_speed.py", "fault_repeats.py", "pipeline.py", "repro_nccl_unbatched_p2p.py", "timeline.py",
-           "torchtitan_fsdp2.py", "copy_timeline.py", "clocks.py", "ce_ops.py", "tp_predictions.py"]
+           "torchtitan_fsdp2.py", "copy_timeline.py", "clocks.py", "ce_ops.py", "tp_predictions.py",
+           "node_predictions.py"]
 SUBCOMMANDS = ["all-gather", "reduce-scatter", "all-to-all", "broadcast", "all", "p2p", "overlap", "probe"]
 
 
@@ -55,6 +56,27 @@ def test_tp_predictions_table_from_its_json_and_its_bad_degrees(tmp_path, capsys
     with pytest.raises(SystemExit):
         tp_predictions.main(["--world-size", "6", "--tp", "4"])
     assert "each degree must divide --world-size 6" in capsys.readouterr().err
+
+
+def test_node_predictions_table_from_its_json_and_its_bad_counts(tmp_path, capsys):
+    """bench/node_predictions.py: the table again from the rows a run wrote (a mode that does not apply is "-", the
+    best mode named against flat FSDP on NCCL), and a node count below 1 is refused before any capture."""
+    import node_predictions
+
+    row = {"model": "m", "nodes": 2, "gpus_per_node": 8, "world_size": 16, "seq_len": 1000, "batch": 1,
+           "predicted_step_ms": {"fsdp": 120.0, "fsdp-hierarchical": 125.0, "fsdp-ce_overlap": 119.0, "hsdp": 130.0,
+                                 "hsdp-ce_overlap": 100.0, "no-comm": 90.0}}
+    one = {**row, "nodes": 1, "world_size": 8, "predicted_step_ms": {"fsdp": 110.0, "fsdp-hierarchical": None,
+                                                                      "fsdp-ce_overlap": 100.0, "no-comm": 90.0}}
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps({"rows": [one, row]}))
+    assert node_predictions.main(["--from-json", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2] == "| m | 1 x 8 | 110.0 | - | 100.0 | - | - | 90.0 | FSDP, ce_overlap, 1.100x |"
+    assert lines[-1] == "| m | 2 x 8 | 120.0 | 125.0 | 119.0 | 130.0 | 100.0 | 90.0 | HSDP, CE inside nodes, 1.200x |"
+    with pytest.raises(SystemExit):
+        node_predictions.main(["--nodes", "0,2"])
+    assert "--nodes and --gpus-per-node must be >= 1" in capsys.readouterr().err
 
 
 def _collectives(argv, capsys) -> tuple[int, str, str]:

@@ -49,7 +49,7 @@ def test_estimate_collective_rejects_bad_arguments(h200):
         _core.estimate_collective(h200, "all_gather", MIB, 16, "ce")
     with pytest.raises(CeOverlapError, match=r"^type: .*all_gather"):  # lists the accepted names
         _core.estimate_collective(h200, "allgather", MIB, 2, "nccl")
-    with pytest.raises(CeOverlapError, match=r"backend: unknown backend \"nvshmem\" \(accepted: nccl, ce\)"):
+    with pytest.raises(CeOverlapError, match=r"backend: unknown backend \"nvshmem\" \(accepted: nccl, ce, hier\)"):
         _core.estimate_collective(h200, "all_gather", MIB, 2, "nvshmem")
     with pytest.raises(CeOverlapError, match="bytes: expected an integer in 0..2"):
         _core.estimate_collective(h200, "all_gather", -1, 2, "nccl")
@@ -75,7 +75,8 @@ def test_decide(h200):
 
     d = _core.decide(h200, "reduce_scatter", 64 * MIB, 16, 1900.0, 500.0)
     assert d["choice"] == "nccl" and d["ce_us"] is None and d["ce"] is None
-    assert d["reason"] == "nccl: group spans 2 nodes; CE needs one NVLink domain"
+    assert d["reason"].startswith("nccl: group spans 2 nodes; CE needs one NVLink domain; flat NCCL saves ")
+    assert d["hier_us"] > d["nccl_us"] and d["hier"]["comm_us"] > 0
 
     pcie = profiles.load("h100-pcie")
     d = _core.decide(pcie, "all_gather", 64 * MIB, 8, 1900.0, 0.0)

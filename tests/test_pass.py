@@ -308,8 +308,7 @@ def test_hierarchical_buckets_across_two_nodes_run_the_rail_on_nccl_and_the_node
     assert meta["nodes"] == 2
     reports = opts["post_grad_custom_post_pass"].reports
     assert sorted(r.graph for r in reports) == ["backward", "forward"]
-    h = hierarchical.lookup("0")
-    assert (h.nodes, h.per_node) == (2, 4)
+    assert hierarchical.lookup("0") is None  # the capture's fake groups ended with it, their hierarchy forgotten
     for (name, gm), r in zip(graphs, sorted(reports, key=lambda r: r.graph != "forward")):
         assert r.graph == name and not r.refused
         assert {b.backend for b in r.buckets} == {"hier"}, [(b.id, b.reason) for b in r.buckets]
@@ -320,10 +319,10 @@ def test_hierarchical_buckets_across_two_nodes_run_the_rail_on_nccl_and_the_node
         rails = [n for n in nodes if rewrite.is_functional_collective(n)]
         ces = [n for n in nodes if rewrite.is_ce_collective(n)]
         assert len(rails) == len(ces) == len(r.buckets)
-        for rail in rails:
-            assert rail.args[-2:] == (2, h.rail.group_name), rail.args
-        for ce in ces:
-            assert ce.args[-2:] == (4, h.node.group_name) or ce.args[-3:-1] == (4, h.node.group_name), ce.args
+        rail_groups = {rail.args[-1] for rail in rails}
+        node_groups = {ce.args[ce.args.index(4) + 1] for ce in ces if 4 in ce.args}
+        assert all(rail.args[-2] == 2 for rail in rails) and len(rail_groups) == 1, [r.args for r in rails]
+        assert len(node_groups) == 1 and not node_groups & rail_groups and "0" not in rail_groups | node_groups
         if name == "forward":  # all-gathers: rail first; its wait comes after some compute, before the CE issue
             for rail, ce in zip(rails, ces):
                 (wait,) = rail.users

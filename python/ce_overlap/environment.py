@@ -28,7 +28,7 @@ VARIABLES: dict[str, str] = {
     "CE_OVERLAP_FAULT_INJECT": "RuntimeConfig.fault_inject (tests only)",
     "CE_OVERLAP_RUNTIME_LIB": "the path _runtime.so is loaded from (default: next to the package)",
     "CE_OVERLAP_CACHE": "the capture cache folder of the CLI (default ~/.cache/ce_overlap)",
-    "CE_OVERLAP_RANKS_PER_NODE": "simulated nodes: global rank r runs on node r // N (default: the hostname)",
+    "CE_OVERLAP_RANKS_PER_NODE": "simulated nodes: global rank r runs on node r // N (default: the hostname; docs/nodes.md)",
 }
 
 

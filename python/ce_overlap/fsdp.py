@@ -88,8 +88,9 @@ def _decide(profile, kind: str, nbytes: int, world: int, ce: str) -> tuple[str, 
         return "nccl", "nccl: nothing to move"
     nccl_alone = _core.estimate_collective(profile, kind, nbytes, world, "nccl")
     d = _core.decide(profile, kind, nbytes, world, window_compute_bound_us=nccl_alone)
-    if d["ce_us"] is None:
-        return "nccl", f"nccl: {d['reason']}"
+    if d["ce_us"] is None:  # across nodes (hierarchical collectives are the pass's: FSDP2's hooks run flat)
+        return "nccl", d["reason"] if d["reason"].startswith("nccl: ") else \
+            f"nccl: the group spans nodes; the pass could run it hierarchically ({d['reason']})"
     return d["choice"], (f"{d['choice']}: adds {d['nccl_us']:.0f} us on NCCL vs {d['ce_us']:.0f} us on copy engines "
                          f"beside {nccl_alone:.0f} us of compute ({d['reason']})")
 

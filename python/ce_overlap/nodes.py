@@ -97,6 +97,18 @@ def record(group: dist.ProcessGroup) -> int:
     return n
 
 
+@contextlib.contextmanager
+def kept_apart():
+    """Within: groups recorded are forgotten on exit (a capture's fake groups end with it, and their names, "0" ...,
+    are the next process group's)."""
+    saved = dict(_GROUP_NODES)
+    try:
+        yield
+    finally:
+        _GROUP_NODES.clear()
+        _GROUP_NODES.update(saved)
+
+
 def recorded(group_name: str) -> int | None:
     """The node count `record` found for the group of this name, or None."""
     return _GROUP_NODES.get(str(group_name))

@@ -353,9 +353,11 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
     elif options.device != "cpu":
         raise CaptureError(f"capture device must be 'cpu' or 'cuda', got {options.device!r}")
     from .. import nodes
+    from ..runtime import hierarchical
 
     try:
-        with device_ctx, nodes.simulated(options.world_size // options.nodes), \
+        with device_ctx, nodes.simulated(options.world_size // options.nodes), nodes.kept_apart(), \
+                hierarchical.kept_apart(), \
                 torch.autograd.set_multithreading_enabled(False), \
                 fake_process_group(options.world_size, options.rank) as group, \
                 torch._inductor.config.patch(patches), scheduler_ctx, \

@@ -103,11 +103,13 @@ def _group_size(group_name: str) -> int:
 
 
 _GROUP_SIZE_META = "ce_overlap_group_size"
+_GROUP_NODES_META = "ce_overlap_group_nodes"
 
 
 def remember_group_sizes(gm: torch.fx.GraphModule) -> None:
-    """Records on each collective that does not name its group's size (all_reduce) the size of its group, while the
-    group exists: a capture converts its graphs to IR after its fake process groups are gone."""
+    """Records on each collective that does not name its group's size (all_reduce) the size of its group, and on every
+    collective the nodes its group is on (ce_overlap.nodes.recorded), while the group exists: a capture converts its
+    graphs to IR after its fake process groups are gone (and forgets what it recorded about them)."""
     for node in gm.graph.nodes:
         if _classify(node)[0] != "collective":
             continue
@@ -115,6 +117,10 @@ def remember_group_sizes(gm: torch.fx.GraphModule) -> None:
         kwargs = normalized.kwargs if normalized is not None else dict(node.kwargs)
         if kwargs.get("group_size") is None and kwargs.get("group_name") is not None:
             node.meta[_GROUP_SIZE_META] = _group_size(str(kwargs["group_name"]))
+        if kwargs.get("group_name") is not None:  # and the nodes its group is on, as fully_shard recorded them
+            from ..nodes import recorded
+
+            node.meta[_GROUP_NODES_META] = recorded(str(kwargs["group_name"]))
 
 
 def _collective(node: torch.fx.Node, ctype: str) -> dict:
@@ -145,7 +151,7 @@ def _collective(node: torch.fx.Node, ctype: str) -> dict:
         out["role"] = role
     from ..nodes import recorded  # a group across nodes: the cost model prices it there
 
-    on_nodes = recorded(str(group_name))
+    on_nodes = node.meta[_GROUP_NODES_META] if _GROUP_NODES_META in node.meta else recorded(str(group_name))
     if on_nodes is not None and on_nodes > 1:
         out["nodes"] = on_nodes
     return out

@@ -17,6 +17,7 @@ runtime's other `_out` ops. Where the hierarchical choice pays is the cost model
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable
 
@@ -79,6 +80,19 @@ def hierarchy(group: dist.ProcessGroup) -> Hierarchy:
     rail = dist.new_group(rail_ranks, use_local_synchronization=True)
     h = _HIERARCHIES[key] = _BY_NAME[group.group_name] = Hierarchy(m, p, node, rail)
     return h
+
+
+@contextlib.contextmanager
+def kept_apart():
+    """Within: hierarchies made are forgotten on exit (a capture's, over fake groups that end with it)."""
+    saved, saved_names = dict(_HIERARCHIES), dict(_BY_NAME)
+    try:
+        yield
+    finally:
+        _HIERARCHIES.clear()
+        _HIERARCHIES.update(saved)
+        _BY_NAME.clear()
+        _BY_NAME.update(saved_names)
 
 
 def lookup(group_name: str) -> Hierarchy | None:
