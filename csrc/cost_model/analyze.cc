@@ -11,25 +11,13 @@
 #include <vector>
 
 #include "../graph/analysis.h"
+#include "../graph/saturating.h"
 
 namespace ce_overlap {
 
 namespace {
 
 using nlohmann::ordered_json;
-
-// Byte and FLOP counters saturate instead of wrapping: the IR allows 2^50 bytes and 10^18 FLOPs
-// per node, so sums over many nodes (or an all-gather's shard x group size) can exceed int64.
-int64_t sat_add(int64_t a, int64_t b) {
-  int64_t r;
-  if (__builtin_add_overflow(a, b, &r)) return std::numeric_limits<int64_t>::max();
-  return r;
-}
-int64_t sat_mul(int64_t a, int64_t b) {
-  int64_t r;
-  if (__builtin_mul_overflow(a, b, &r)) return std::numeric_limits<int64_t>::max();
-  return r;
-}
 
 // An empty object with room for `keys` members: the report holds ~one object per node, and growing
 // each member vector from empty dominated analyze() time on large graphs.

@@ -6,6 +6,7 @@
 #include "ce_algorithms.h"
 
 #include "../graph/analysis.h"
+#include "../graph/saturating.h"
 
 #include <algorithm>
 #include <cctype>
@@ -483,7 +484,7 @@ CollectiveEstimate CostModel::hier_estimate(const CollectiveInfo& c) const {
   double permuted = 0;  // bytes the reordering copy reads (and writes)
   if (c.type == CollectiveType::AllGather) {
     rail.bytes = c.bytes;                          // the shard, over the rail
-    node.bytes = c.bytes * m;                      // the rail's M shards, inside the node
+    node.bytes = sat_mul(c.bytes, m);              // the rail's M shards, inside the node
     permuted = static_cast<double>(c.bytes) * c.group_size;
   } else {
     node.bytes = c.bytes;                          // the full input, inside the node: M chunks per rank out
