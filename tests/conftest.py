@@ -12,15 +12,23 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, "tests", "data")
 
 
-def load_data_module(name: str):
-    """tests/data/NAME.py as a module (registered in sys.modules: dataclasses look their module up)."""
+def load_module(path: str, name: str | None = None):
+    """The Python file at `path` as a module (registered in sys.modules: dataclasses look their module up)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"ce_overlap_test_{name}", os.path.join(DATA, f"{name}.py"))
+    name = name or "ce_overlap_test_" + os.path.splitext(os.path.basename(path))[0]
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_data_module(name: str):
+    """tests/data/NAME.py as a module."""
+    return load_module(os.path.join(DATA, f"{name}.py"), f"ce_overlap_test_{name}")
 
 
 @functools.cache
@@ -49,6 +57,28 @@ def run_cli(*args: str, env_extra: dict | None = None, timeout: float = 600) -> 
     env.update(env_extra or {})
     return subprocess.run([sys.executable, "-m", "ce_overlap.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
+
+
+def run_cli_batch(cases: list[list[str]], env_extra: dict | None = None,
+                  timeout: float = 600) -> list[subprocess.CompletedProcess]:
+    """Each command line of `cases` as run_cli runs it, all in one process (tests/cli_batch.py): for commands that
+    stop before capturing, where a process each would spend its time importing torch."""
+    import json
+    import tempfile
+
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    with tempfile.TemporaryDirectory() as d:
+        cases_path, out_path = os.path.join(d, "cases.json"), os.path.join(d, "out.json")
+        with open(cases_path, "w") as f:
+            json.dump([list(map(str, c)) for c in cases], f)
+        proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "cli_batch.py"), cases_path, out_path],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        with open(out_path) as f:
+            results = json.load(f)
+    return [subprocess.CompletedProcess(["ce-overlap", *c], r["returncode"], r["stdout"], r["stderr"])
+            for c, r in zip(cases, results)]
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import DATA
+from conftest import DATA, run_cli_batch
 
 
 def _assert_clean_error(proc, *fragments):
@@ -166,8 +166,10 @@ def test_bad_inputs_exit_2_with_one_line(cli, tmp_path, tiny_doc):
         (["analyze", "llama3-tiny", "--world-size", "8", "--nodes", "2", "--tp", "8"],
          ["tp=8 must divide the 4 ranks of a node"]),
     ]
-    for args, fragments in cases:
-        _assert_clean_error(cli(*args), *fragments)
+    # One process for all of them (tests/cli_batch.py: each its own exit code, stdout and stderr).
+    results = run_cli_batch([args for args, _ in cases], env_extra={"CE_OVERLAP_CACHE": str(tmp_path / "cache")})
+    for (args, fragments), proc in zip(cases, results):
+        _assert_clean_error(proc, *fragments)
 
 
 def test_tensor_parallel_analysis_names_what_shares_nvlink_and_predicts_the_tp_modes(cli):

@@ -232,10 +232,17 @@ def _torchrun(n: int, *args: str, timeout: float = 600, env: dict | None = None)
 
 
 def _compare(a, b, rtol: float = 0.0) -> str:
-    proc = subprocess.run([sys.executable, WORKER, "compare", str(a), str(b), "--rtol", str(rtol)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+    """The worker's `compare` of two records, in this process (torch is loaded here already)."""
+    import contextlib
+    import io
+
+    from conftest import load_module
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = load_module(WORKER).run_compare(str(a), str(b), rtol=rtol)
+    assert code == 0, out.getvalue()
+    return out.getvalue()
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])
@@ -244,19 +251,25 @@ def test_training_clipping_and_state_dicts_match_the_unsharded_model(ranks):
     assert "FAIL" not in out and out.count("PASS") == (20 if ranks == 2 else 11), out
 
 
+def _phases(n: int, *phases: str, env: dict | None = None) -> str:
+    """Train runs one after the other in one launch of `n` ranks (the worker's `phases`: a fresh model each, as
+    separate launches would train it); each phase a string of `worker.py train` options."""
+    return _torchrun(n, "phases", *phases, env=env)
+
+
 def test_a_checkpoint_resumes_bit_identically_and_moves_between_fsdp2_and_world_sizes(tmp_path):
     t = tmp_path
-    _torchrun(2, "train", "--steps", "10", "--record", f"{t}/ref10.pt")
-    _torchrun(2, "train", "--steps", "5", "--save", f"{t}/ce2", "--record", f"{t}/ce5.pt")
-    _torchrun(2, "train", "--load", f"{t}/ce2", "--steps", "5", "--record", f"{t}/ce10.pt")
+    _phases(2, f"--steps 10 --record {t}/ref10.pt",
+            f"--steps 5 --save {t}/ce2 --record {t}/ce5.pt",
+            f"--load {t}/ce2 --steps 5 --record {t}/ce10.pt",
+            # ce_overlap -> FSDP2 (2 ranks): the same parameters, and the optimizer state carries on identically.
+            f"--impl fsdp2 --load {t}/ce2 --steps 5 --record {t}/fsdp2_10.pt")
     assert "bit-identical" in _compare(t / "ref10.pt", t / "ce10.pt")
-    # ce_overlap -> FSDP2 (2 ranks): the same parameters, and the optimizer state carries on identically.
-    _torchrun(2, "train", "--impl", "fsdp2", "--load", f"{t}/ce2", "--steps", "5", "--record", f"{t}/fsdp2_10.pt")
     _compare(t / "ce10.pt", t / "fsdp2_10.pt")
     # ce_overlap 2 ranks -> 4 ranks, FSDP2 4 ranks -> ce_overlap 3 ranks: the parameters as written.
-    _torchrun(4, "train", "--load", f"{t}/ce2", "--steps", "0", "--record", f"{t}/ce4_loaded.pt")
+    _phases(4, f"--load {t}/ce2 --steps 0 --record {t}/ce4_loaded.pt",
+            f"--impl fsdp2 --steps 5 --save {t}/fsdp2_4 --record {t}/f5.pt")
     _compare(t / "ce5.pt", t / "ce4_loaded.pt")
-    _torchrun(4, "train", "--impl", "fsdp2", "--steps", "5", "--save", f"{t}/fsdp2_4", "--record", f"{t}/f5.pt")
     _torchrun(3, "train", "--load", f"{t}/fsdp2_4", "--steps", "0", "--record", f"{t}/ce3_loaded.pt")
     _compare(t / "f5.pt", t / "ce3_loaded.pt")
 
@@ -273,8 +286,10 @@ def test_tensor_parallel_2x2_trains_as_the_unsharded_model():
     after 3 clipped steps equal the unsharded model's (fp32 rounding), the global norm, FSDP2's DTensor layout, and
     the errors. Compiled loss parallel runs in a process of its own: torch 2.14's AOTAutograd fails it ("Node tangents_2
     was invalid, but is output", pytorch/torchtitan#3013) once the process compiled another tensor-parallel model, with
-    or without ce_overlap (torch 2.11 does not)."""
-    first = ["eager", "eager-lp", "compiled", "compiled-ac", "compiled-pass"]
+    or without ce_overlap (torch 2.11 does not). Plain compilation without activation checkpointing is the 1-D test's
+    (test_training_clipping_and_state_dicts_match_the_unsharded_model[2]); here every compile (~30 s per rank on the
+    CPU) adds a case: checkpointing, the pass, loss parallel."""
+    first = ["eager", "eager-lp", "compiled-ac", "compiled-pass"]
     out = _torchrun(4, "check", "--tp", "2", "--compile", "--variants", ",".join(first))
     # 3 layout checks, 2 per variant, 3 errors of ce_overlap's and torch's refusal of TP after sharding
     assert "FAIL" not in out and out.count("PASS") == 3 + sum(_TP_CHECKS[k] for k in first) + 4, out
@@ -284,22 +299,21 @@ def test_tensor_parallel_2x2_trains_as_the_unsharded_model():
 
 def test_tensor_parallel_checkpoints_resume_and_move_to_fsdp2_and_other_mesh_shapes(tmp_path):
     t = tmp_path
-    _torchrun(4, "train", "--tp", "2", "--steps", "6", "--record", f"{t}/ref6.pt")
-    _torchrun(4, "train", "--tp", "2", "--steps", "3", "--save", f"{t}/ce", "--record", f"{t}/ce3.pt")
-    _torchrun(4, "train", "--tp", "2", "--load", f"{t}/ce", "--steps", "3", "--record", f"{t}/ce6.pt")
+    _phases(4, f"--tp 2 --steps 6 --record {t}/ref6.pt",
+            f"--tp 2 --steps 3 --save {t}/ce --record {t}/ce3.pt",
+            f"--tp 2 --load {t}/ce --steps 3 --record {t}/ce6.pt",
+            # ce_overlap + TP -> FSDP2 + TP (2x2): the same parameters, and training carries on identically; and back,
+            # across mesh shapes: FSDP2 + TP's checkpoint (2x2) into ce_overlap without TP (4x1), as written.
+            f"--tp 2 --impl fsdp2 --load {t}/ce --steps 3 --save {t}/fsdp2 --record {t}/fsdp2_6.pt",
+            f"--load {t}/fsdp2 --steps 0 --record {t}/ce4x1_from_fsdp2.pt",
+            # ce_overlap 2x2 -> 4x1 (no tensor parallelism), and FSDP2 without TP (4x1) -> ce_overlap + TP (2x2).
+            f"--load {t}/ce --steps 0 --record {t}/ce4x1.pt",
+            f"--impl fsdp2 --steps 3 --save {t}/fsdp2_4x1 --record {t}/f3.pt",
+            f"--tp 2 --load {t}/fsdp2_4x1 --steps 0 --record {t}/ce2x2.pt")
     assert "bit-identical" in _compare(t / "ref6.pt", t / "ce6.pt")
-    # ce_overlap + TP -> FSDP2 + TP (2x2): the same parameters, and training carries on identically; and back, across
-    # mesh shapes: FSDP2 + TP's checkpoint (2x2) into ce_overlap without TP (4x1), the parameters as written.
-    _torchrun(4, "train", "--tp", "2", "--impl", "fsdp2", "--load", f"{t}/ce", "--steps", "3",
-              "--save", f"{t}/fsdp2", "--record", f"{t}/fsdp2_6.pt")
     _compare(t / "ce6.pt", t / "fsdp2_6.pt")
-    _torchrun(4, "train", "--load", f"{t}/fsdp2", "--steps", "0", "--record", f"{t}/ce4x1_from_fsdp2.pt")
     _compare(t / "fsdp2_6.pt", t / "ce4x1_from_fsdp2.pt")
-    # ce_overlap 2x2 -> 4x1 (no tensor parallelism), and FSDP2 without TP (4x1) -> ce_overlap + TP (2x2).
-    _torchrun(4, "train", "--load", f"{t}/ce", "--steps", "0", "--record", f"{t}/ce4x1.pt")
     _compare(t / "ce3.pt", t / "ce4x1.pt")
-    _torchrun(4, "train", "--impl", "fsdp2", "--steps", "3", "--save", f"{t}/fsdp2_4x1", "--record", f"{t}/f3.pt")
-    _torchrun(4, "train", "--tp", "2", "--load", f"{t}/fsdp2_4x1", "--steps", "0", "--record", f"{t}/ce2x2.pt")
     _compare(t / "f3.pt", t / "ce2x2.pt")
 
 
@@ -312,33 +326,33 @@ def test_hsdp_2x2_on_two_simulated_nodes_trains_as_the_unsharded_model():
     """Eager, compiled, with activation checkpointing and with ce_overlap's pass: losses, first gradients and
     parameters after 3 clipped steps equal the unsharded model's (fp32 rounding; every rank on its own tokens, the
     gradient averaged over both dimensions), the global norm, FSDP2's HSDP layout (Replicate(), Shard(0)), and the
-    errors: a copy-engine collective over the group that spans the nodes is refused naming its ranks and nodes."""
-    out = _torchrun(4, "check", "--hsdp", "--compile", env=_TWO_NODES)
-    # 3 layout checks, 2 per variant (eager, compiled, compiled-ac, compiled-pass), 3 errors
-    assert "FAIL" not in out and out.count("PASS") == 3 + 2 * 4 + 3, out
+    errors: a copy-engine collective over the group that spans the nodes is refused naming its ranks and nodes. Plain
+    compilation without checkpointing is the 1-D test's, as for tensor parallelism."""
+    out = _torchrun(4, "check", "--hsdp", "--compile", "--variants", "eager,compiled-ac,compiled-pass", env=_TWO_NODES)
+    # 3 layout checks, 2 per variant (eager, compiled-ac, compiled-pass), 3 errors
+    assert "FAIL" not in out and out.count("PASS") == 3 + 2 * 3 + 3, out
     assert "(Replicate(), Shard(dim=0))" in out and "ranks 0, 1 on simulated node 0; ranks 2, 3 on simulated node 1" \
         in out, out
 
 
 def test_hsdp_checkpoints_resume_and_move_to_fsdp2_hsdp_and_a_1x4_mesh(tmp_path):
     t = tmp_path
-    _torchrun(4, "train", "--hsdp", "--steps", "6", "--record", f"{t}/ref6.pt", env=_TWO_NODES)
-    _torchrun(4, "train", "--hsdp", "--steps", "3", "--save", f"{t}/ce", "--record", f"{t}/ce3.pt", env=_TWO_NODES)
-    _torchrun(4, "train", "--hsdp", "--load", f"{t}/ce", "--steps", "3", "--record", f"{t}/ce6.pt", env=_TWO_NODES)
+    one_node = "--ranks-per-node 4"  # the 1x4 runs: every rank on one node
+    _phases(4, f"--hsdp --steps 6 --record {t}/ref6.pt",
+            f"--hsdp --steps 3 --save {t}/ce --record {t}/ce3.pt",
+            f"--hsdp --load {t}/ce --steps 3 --record {t}/ce6.pt",
+            # ce_overlap HSDP -> FSDP2 HSDP: the same parameters, and training carries on identically.
+            f"--hsdp --impl fsdp2 --load {t}/ce --steps 3 --save {t}/fsdp2 --record {t}/fsdp2_6.pt",
+            # FSDP2 HSDP (2x2) -> ce_overlap over 4 ranks (1x4), ce_overlap HSDP (2x2) -> 1x4, and FSDP2 1x4 -> ce
+            # HSDP 2x2: the parameters as written.
+            f"{one_node} --load {t}/fsdp2 --steps 0 --record {t}/ce1x4_from_fsdp2.pt",
+            f"{one_node} --load {t}/ce --steps 0 --record {t}/ce1x4.pt",
+            f"{one_node} --impl fsdp2 --steps 3 --save {t}/fsdp2_1x4 --record {t}/f3.pt",
+            f"--hsdp --load {t}/fsdp2_1x4 --steps 0 --record {t}/ce2x2.pt", env=_TWO_NODES)
     assert "bit-identical" in _compare(t / "ref6.pt", t / "ce6.pt")
-    # ce_overlap HSDP -> FSDP2 HSDP: the same parameters, and training carries on identically.
-    _torchrun(4, "train", "--hsdp", "--impl", "fsdp2", "--load", f"{t}/ce", "--steps", "3", "--save", f"{t}/fsdp2",
-              "--record", f"{t}/fsdp2_6.pt", env=_TWO_NODES)
     assert "bit-identical" in _compare(t / "ce6.pt", t / "fsdp2_6.pt")
-    # FSDP2 HSDP (2x2) -> ce_overlap over 4 ranks (1x4), ce_overlap HSDP (2x2) -> 1x4, and FSDP2 1x4 -> ce HSDP 2x2:
-    # the parameters as written.
-    _torchrun(4, "train", "--load", f"{t}/fsdp2", "--steps", "0", "--record", f"{t}/ce1x4_from_fsdp2.pt")
     _compare(t / "fsdp2_6.pt", t / "ce1x4_from_fsdp2.pt")
-    _torchrun(4, "train", "--load", f"{t}/ce", "--steps", "0", "--record", f"{t}/ce1x4.pt")
     _compare(t / "ce3.pt", t / "ce1x4.pt")
-    _torchrun(4, "train", "--impl", "fsdp2", "--steps", "3", "--save", f"{t}/fsdp2_1x4", "--record", f"{t}/f3.pt")
-    _torchrun(4, "train", "--hsdp", "--load", f"{t}/fsdp2_1x4", "--steps", "0", "--record", f"{t}/ce2x2.pt",
-              env=_TWO_NODES)
     _compare(t / "f3.pt", t / "ce2x2.pt")
 
 

@@ -7,6 +7,7 @@ Run under torchrun; gloo on CPU (tests/test_fully_shard.py launches it at 2, 3 a
     torchrun --nproc-per-node 4 tests/fully_shard/worker.py check --tp 2     # the same with tensor parallelism (2x2)
     torchrun --nproc-per-node 2 tests/fully_shard/worker.py train --steps 5 --save DIR --record R5.pt [--compile --ce]
     torchrun --nproc-per-node 4 tests/fully_shard/worker.py train --load DIR --steps 5 --record R10.pt
+    torchrun --nproc-per-node 4 tests/fully_shard/worker.py phases "--steps 3 --save DIR" "--load DIR --impl fsdp2"
     python tests/fully_shard/worker.py compare A.pt B.pt [--rtol R]           # bit-identical (or within R)
 
 The model: ce_overlap's Llama (llama3-tiny widths, vocab 1001 so the embedding and output rows do not divide by
@@ -29,6 +30,7 @@ import contextlib
 import copy
 import dataclasses
 import os
+import shlex
 import sys
 
 import torch
@@ -353,10 +355,10 @@ def run_compare(a: str, b: str, rtol: float = 0.0) -> int:
     return 0 if ok else 1
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["check", "train", "compare"])
-    p.add_argument("files", nargs="*")
+    p.add_argument("what", choices=["check", "train", "phases", "compare"])
+    p.add_argument("files", nargs="*", help="compare: two records; phases: each a quoted list of train options")
     p.add_argument("--impl", choices=["ce", "fsdp2"], default="ce")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--save")
@@ -368,26 +370,46 @@ def main() -> int:
     p.add_argument("--rtol", type=float, default=0.0, help="compare: the tolerance (0: bit-identical)")
     p.add_argument("--tp", type=int, default=1, help="tensor parallelism over this many ranks (a ('dp', 'tp') mesh)")
     p.add_argument("--hsdp", action="store_true", help="HSDP over a ('replicate', 'shard') mesh of 2 x world / 2")
+    p.add_argument("--ranks-per-node", type=int, default=None,
+                   help="simulated nodes of this many ranks (ce_overlap.nodes.simulated; over CE_OVERLAP_RANKS_PER_NODE)")
     p.add_argument("--variants", default="", help="check: only these training variants (comma-separated keys)")
-    args = p.parse_args()
+    return p
+
+
+def _mesh(args, world: int):
+    if args.hsdp:
+        return init_device_mesh(DEVICE, (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    if args.tp > 1:
+        return init_device_mesh(DEVICE, (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
+    return init_device_mesh(DEVICE, (world,))
+
+
+def _run(what: str, args, world: int) -> None:
     global TP_SIZE
     TP_SIZE = args.tp
+    nodes = ce_overlap.nodes.simulated(args.ranks_per_node) if args.ranks_per_node else contextlib.nullcontext()
+    with nodes:
+        mesh = _mesh(args, world)
+        run_check(args, mesh) if what == "check" else run_train(args, mesh)
+
+
+def main() -> int:
+    p = _parser()
+    args = p.parse_args()
     if args.what == "compare":
         return run_compare(*args.files, rtol=args.rtol)
+    # phases: train runs one after the other in this process group (a launch of 4 CPU ranks costs ~10 s; the
+    # checkpoint tests chain up to 9 of them), each from a fresh model, as separate launches would run them.
+    runs = [("train", p.parse_args(["train", *shlex.split(phase)])) for phase in args.files] \
+        if args.what == "phases" else [(args.what, args)]
     dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
     if DEVICE == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-    world = dist.get_world_size()
-    if args.hsdp:
-        mesh = init_device_mesh(DEVICE, (2, world // 2), mesh_dim_names=("replicate", "shard"))
-    elif args.tp > 1:
-        mesh = init_device_mesh(DEVICE, (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
-    else:
-        mesh = init_device_mesh(DEVICE, (world,))
     try:
-        run_check(args, mesh) if args.what == "check" else run_train(args, mesh)
+        for what, run_args in runs:
+            _run(what, run_args, dist.get_world_size())
+            dist.barrier()
     finally:
-        dist.barrier()
         dist.destroy_process_group()
     if FAILED:
         log0(f"{len(FAILED)} check(s) failed: {', '.join(FAILED)}")
