@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import DATA, run_cli_batch
+from conftest import DATA, run_cli, run_cli_batch
 
 
 def _assert_clean_error(proc, *fragments):
@@ -85,6 +85,63 @@ def test_deep_zoo_models_are_extrapolated_and_say_so(cli, tmp_path):
     # at short sequences a run of nodes has no interior copy at 3 and 4 blocks: 4 and 5 are traced
     assert re.fullmatch(r"blocks traced at depths (3 and 4|4 and 5), extrapolated to 16", how), how
     assert "16 blocks" in proc.stdout and how in proc.stdout
+
+
+_BLOCKS = """import torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.fc = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+"""
+
+_MODEL = """import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from blocks import Block  # noqa: E402
+
+
+def build():
+    width = int(os.environ.get("CE_TEST_WIDTH", "64"))  # a size chosen by the environment, as torchtitan's flavors
+    return torch.nn.Sequential(Block(width), Block(width)), (torch.randn(4, width),)
+"""
+
+
+def test_the_capture_cache_follows_what_build_returns(tmp_path):
+    """The cache holds a capture of what build() returned, not of the file that builds it: the same model again comes
+    from the cache; the same file building another size (an environment variable) or with a class edited in a file
+    it imports is captured again."""
+    (tmp_path / "blocks.py").write_text(_BLOCKS)
+    (tmp_path / "model.py").write_text(_MODEL)
+    target = f"{tmp_path / 'model.py'}:build"
+
+    def analyze(width: str):
+        proc = run_cli("analyze", target, "--world-size", "2", "--json",
+                       env_extra={"CE_OVERLAP_CACHE": str(tmp_path / "cache"), "CE_TEST_WIDTH": width})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc
+
+    first = analyze("64")
+    assert "captured in" in first.stderr
+    assert "capture from cache" in analyze("64").stderr
+    wider = analyze("96")
+    assert "captured in" in wider.stderr and wider.stdout != first.stdout
+    (tmp_path / "blocks.py").write_text(_BLOCKS.replace("torch.relu", "torch.nn.functional.gelu"))
+    edited = analyze("64")
+    assert "captured in" in edited.stderr, edited.stderr
+    # The capture the cache holds now is the edited model's.
+    ir = tmp_path / "edited.json"
+    proc = run_cli("capture", target, "--world-size", "2", "-o", str(ir),
+                   env_extra={"CE_OVERLAP_CACHE": str(tmp_path / "cache"), "CE_TEST_WIDTH": "64"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "aten.erf" in ir.read_text()  # GELU, decomposed; the ReLU of the first capture has no erf
 
 
 def test_user_build_target(cli):

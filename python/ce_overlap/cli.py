@@ -186,7 +186,9 @@ def _source_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def _cache_path(args, target: str, async_tp: bool = False) -> str | None:
+def _cache_path(args, target: str, async_tp: bool = False, built=None) -> str | None:
+    """The cache file of this capture: keyed by the options, torch, the capture code and, for a build() target, what
+    build() returned (ce_overlap.models.fingerprint) and the file's bytes; a zoo model by its name."""
     if args.no_cache:
         return None
     import torch
@@ -204,6 +206,7 @@ def _cache_path(args, target: str, async_tp: bool = False) -> str | None:
         path = target.rpartition(":")[0]
         with open(path, "rb") as f:
             key["file"] = hashlib.sha256(f.read()).hexdigest()
+        key["model"] = models.fingerprint(built)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     from . import environment
 
@@ -217,7 +220,12 @@ def _capture_target(args, target: str, async_tp: bool = False):
     from . import models
     from .ir import Ir, capture, capture_named
 
-    cache = _cache_path(args, target, async_tp)
+    built = None
+    if models.is_build_target(target):
+        if args.seq_len is not None:
+            raise CeOverlapError("--seq-len applies to zoo models; a build() target sets its own inputs")
+        built = models.build_from_file(target)  # the cache key is what it returns
+    cache = _cache_path(args, target, async_tp, built)
     if cache and os.path.exists(cache):
         try:
             return Ir.load(cache), True
@@ -227,10 +235,7 @@ def _capture_target(args, target: str, async_tp: bool = False):
                   reshard_after_forward=not args.no_reshard, cast_forward_inputs=not args.no_cast_inputs,
                   vocab_parallel_embeddings=args.vocab_parallel_embeddings, keep_gathered=args.keep_gathered,
                   device=args.device, tp=args.tp, async_tp=async_tp, nodes=args.nodes, hsdp=args.hsdp)
-    if models.is_build_target(target):
-        if args.seq_len is not None:
-            raise CeOverlapError("--seq-len applies to zoo models; a build() target sets its own inputs")
-        built = models.build_from_file(target)
+    if built is not None:
         common["tensor_parallel"] = built.tensor_parallel
         try:
             ir = capture(built.module, built.example_inputs, name=built.name, **common)
@@ -333,6 +338,16 @@ def _cmd_capture(args) -> int:
     return 0
 
 
+def _say_where_the_ir_came_from(args, ir, cached: bool, loaded_s: float) -> None:
+    """Status, not report: on stderr, so stdout stays the report (or the JSON) alone."""
+    how = ir.meta.get("capture")
+    how = f"; {how}" if how else ""
+    if cached:
+        print(f"(capture from cache{how}; --no-cache to capture again)", file=sys.stderr)
+    elif not _is_ir_file(args.target):
+        print(f"(captured in {loaded_s:.1f} s{how}; the next analyze of this model reuses it)", file=sys.stderr)
+
+
 def _cmd_analyze(args) -> int:
     from . import profiles, report
     from .ir import analyze
@@ -368,6 +383,7 @@ def _cmd_analyze(args) -> int:
         report.write_trace(result, args.trace)
     if args.json:
         print(json.dumps(result, indent=1))
+        _say_where_the_ir_came_from(args, ir, cached, loaded_s)
         return 0
     print(report.format_summary(result))
     print()
@@ -385,13 +401,7 @@ def _cmd_analyze(args) -> int:
             print(report.format_nodes(result))
     if args.plan_json:
         print(f"\nplans written to {args.plan_json}")
-    # Where the IR came from is status, not report: stderr, so stdout stays the report alone.
-    how = ir.meta.get("capture")
-    how = f"; {how}" if how else ""
-    if cached:
-        print(f"(capture from cache{how}; --no-cache to capture again)", file=sys.stderr)
-    elif not args.target.endswith(".json"):
-        print(f"(captured in {loaded_s:.1f} s{how}; the next analyze of this model reuses it)", file=sys.stderr)
+    _say_where_the_ir_came_from(args, ir, cached, loaded_s)
     if args.trace:
         print(f"trace written to {args.trace} (open in ui.perfetto.dev or chrome://tracing)")
     return 0

@@ -104,3 +104,57 @@ def _check_built(result, target: str) -> BuiltModel:
     if not isinstance(inputs, (tuple, list)):
         raise CeOverlapError(f"{target}: build()[1] must be a tensor or a tuple of inputs, got {type(inputs).__name__}")
     return BuiltModel(module, tuple(inputs), target)
+
+
+def fingerprint(built: BuiltModel) -> str:
+    """What a capture of `built` depends on, as a hash: its module tree (names and classes), its parameters and
+    buffers (names, shapes, dtypes, whether trained), the source files of its modules' classes outside torch (an
+    edited class in any file the model imports), the file of its tensor-parallel plan, and its example inputs'
+    shapes and dtypes (or values, for plain numbers and strings). Two builds of one file that differ in any of these
+    (a size chosen by an environment variable) are different models to the capture cache."""
+    import hashlib
+    import inspect
+
+    import torch
+
+    h = hashlib.sha256()
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    files: set[str] = set()
+
+    def add(*parts) -> None:
+        h.update(repr(parts).encode())
+
+    def source_file(obj) -> None:
+        try:
+            path = inspect.getsourcefile(obj)
+        except (TypeError, OSError):
+            return
+        if path and not os.path.abspath(path).startswith(torch_dir):
+            files.add(os.path.abspath(path))
+
+    for name, sub in built.module.named_modules(remove_duplicate=False):
+        cls = type(sub)
+        add("module", name, cls.__module__, cls.__qualname__)
+        for base in cls.__mro__:
+            if base is not object:
+                source_file(base)
+    for name, p in built.module.named_parameters(remove_duplicate=False):
+        add("param", name, tuple(p.shape), str(p.dtype), p.requires_grad)
+    for name, b in built.module.named_buffers(remove_duplicate=False):
+        add("buffer", name, tuple(b.shape), str(b.dtype))
+    if built.tensor_parallel is not None:
+        source_file(built.tensor_parallel)
+    for leaf in torch.utils._pytree.tree_leaves(built.example_inputs):
+        if isinstance(leaf, torch.Tensor):
+            add("input", tuple(leaf.shape), str(leaf.dtype), leaf.requires_grad)
+        elif leaf is None or isinstance(leaf, (bool, int, float, str)):
+            add("input", leaf)
+        else:
+            add("input", type(leaf).__module__, type(leaf).__qualname__)
+    for path in sorted(files):
+        try:
+            with open(path, "rb") as f:
+                add("file", path, hashlib.sha256(f.read()).hexdigest())
+        except OSError:
+            add("file", path)
+    return h.hexdigest()
