@@ -7,6 +7,7 @@ import pytest
 
 import ce_overlap
 from ce_overlap import report as render
+from ce_overlap.ir import plan as plan_graph
 
 _SUMMED = ["forward_all_gather_count", "forward_all_gather_bytes", "backward_all_gather_count",
            "backward_all_gather_bytes", "reduce_scatter_count", "reduce_scatter_bytes", "other_collective_count",
@@ -132,3 +133,27 @@ def test_chrome_trace_matches_timeline(tiny_report):
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert len(spans) == len(tiny_report["timeline"])
     assert spans[0]["ts"] == tiny_report["timeline"][0]["start_us"]
+
+
+def test_the_recommendation_says_what_to_do_with_the_plan_it_was_given(tiny_ir):
+    """The plan as the user asked for it against their baseline (the same order, every bucket on NCCL): where it is
+    predicted slower (every bucket forced onto the copy engines on a model this small) the advice is to keep the
+    baseline; where the cost model chooses (ce auto) it is never slower, and a gain under 2% says it is small."""
+    report = ce_overlap.analyze(tiny_ir, "h100-sxm")
+    base_config = {"min_ce_bytes": 0}
+    plan = lambda config: [plan_graph(tiny_ir, g, "h100-sxm", config) for g in tiny_ir.graph_names]  # noqa: E731
+    baseline = plan({**base_config, "ce": "off"})
+    forced = render.recommendation(report, plan({**base_config, "ce": "on"}), baseline, "h100-sxm")
+    assert forced["use"] == "baseline" and forced["gain_percent"] < 0
+    assert forced["advice"].startswith("-> don't enable it here: ce_overlap's plan is not predicted faster than "
+                                       "Inductor's overlap scheduler") and "keep Inductor's overlap scheduler" in \
+        forced["advice"]
+    text = render.format_recommendation({**report, "recommendation": forced}, plan({**base_config, "ce": "on"}),
+                                        baseline, "h100-sxm")
+    assert text.splitlines()[-1] == "  " + forced["advice"]
+    chosen = render.recommendation(report, plan(base_config), baseline, "h100-sxm")
+    assert chosen["gain_percent"] >= 0
+    same = render.recommendation(report, baseline, baseline, "h100-sxm")
+    assert same["use"] == "baseline" and "the same step as" in same["advice"]
+    assert "(small: within the cost model's error" in render.advice(1.0, "X", 10.0)[1]
+    assert render.advice(5.0, "X", 10.0) == ("ce_overlap", "-> use ce_overlap's pass: 5.0% shorter than X (10.00 ms)")

@@ -372,6 +372,7 @@ def _cmd_analyze(args) -> int:
         # with every bucket on NCCL.
         baseline_plans = [plan(ir, g, profile, {**config, "ce": "off"}) for g in ir.graph_names]
         result["plans"] = plans
+        result["recommendation"] = report.recommendation(result, plans, baseline_plans, args.profile)
         if tp > 1:
             result["tensor_parallel"] = _tensor_parallel_report(args, ir, args.profile, config)
         if nodes > 1:

@@ -195,9 +195,7 @@ def format_recommendation(report: dict, plans: list[dict], baseline_plans: list[
     overlap scheduler, modelled by `baseline_plans` (the same planner's order with every bucket on NCCL: ce "off"),
     the step from ce_overlap.step_model (compute, exposed communication, the slowdown of the kernels beside the
     collectives, bucket copies, the optimizer). Never against the captured order with every collective exposed,
-    which no torch.compile user runs."""
-    from .step_model import plans_step_us
-
+    which no torch.compile user runs. Ends with what to do (`recommendation`)."""
     buckets = [(p["graph"], b) for p in plans for b in p["buckets"]]
     ce = [(g, b) for g, b in buckets if b["backend"] == "ce"]
     n_coll = sum(len(b["members"]) for _, b in buckets)
@@ -216,17 +214,55 @@ def format_recommendation(report: dict, plans: list[dict], baseline_plans: list[
     if len(ranked) > 4:
         rest = sum(len(m) for _, m in ranked[4:])
         lines.append(f"  {rest:>4} more bucket{'s' if rest != 1 else ''} (the tables above)")
-    ours, base = plans_step_us(report, plans, profile), plans_step_us(report, baseline_plans, profile)
-    lines.append(f"  exposed communication {_ms(base['exposed_us'])} ms per step with Inductor's overlap scheduler, "
-                 f"{_ms(ours['exposed_us'])} ms with ce_overlap")
-    if base["step_us"] > 0:
-        gain = 100 * (base["step_us"] - ours["step_us"]) / base["step_us"]
+    r = report.get("recommendation") or recommendation(report, plans, baseline_plans, profile)
+    lines.append(f"  exposed communication {r['baseline_exposed_ms']:.2f} ms per step with Inductor's overlap "
+                 f"scheduler, {r['ce_overlap_exposed_ms']:.2f} ms with ce_overlap")
+    if r["gain_percent"] is not None:
+        gain = r["gain_percent"]
         change = f"{gain:.1f}% shorter" if gain >= 0 else f"{-gain:.1f}% longer"
-        lines.append(f"  predicted step {_ms(base['step_us'])} ms with Inductor's overlap scheduler -> "
-                     f"{_ms(ours['step_us'])} ms with ce_overlap: {change}")
+        lines.append(f"  predicted step {r['baseline_step_ms']:.2f} ms with Inductor's overlap scheduler -> "
+                     f"{r['ce_overlap_step_ms']:.2f} ms with ce_overlap: {change}")
         lines.append("    (the overlap scheduler modelled as this order with every bucket on NCCL; over torch.compile "
                      "without it, at least as much)")
+        lines.append("  " + r["advice"])
     return "\n".join(lines)
+
+
+# Under this predicted gain (percent of the step) the advice says the gain is within the cost model's error.
+SMALL_GAIN_PERCENT = 2.0
+
+
+def advice(gain_percent: float, baseline: str, baseline_ms: float, same_plan: bool = False) -> tuple[str, str]:
+    """("ce_overlap" or "baseline", one line saying what to do) for a predicted gain over the user's baseline; the one
+    rule for every section of the report (one rank group, tensor parallelism, several nodes)."""
+    if gain_percent > 0.05:
+        small = (f" (small: within the cost model's error, docs/analysis.md; measure it before relying on it)"
+                 if gain_percent < SMALL_GAIN_PERCENT else "")
+        return "ce_overlap", (f"-> use ce_overlap's pass: {gain_percent:.1f}% shorter than {baseline} "
+                              f"({baseline_ms:.2f} ms){small}")
+    if same_plan or gain_percent >= -0.05:
+        return "baseline", (f"-> don't enable it here: ce_overlap's plan is the same step as {baseline} "
+                            f"({baseline_ms:.2f} ms); keep {baseline}")
+    return "baseline", (f"-> don't enable it here: ce_overlap's plan is not predicted faster than {baseline} "
+                        f"({baseline_ms:.2f} ms, {-gain_percent:.1f}% longer); keep {baseline}")
+
+
+def recommendation(report: dict, plans: list[dict], baseline_plans: list[dict], profile: str) -> dict:
+    """What to do, for the JSON and the text: ce_overlap's plans against the user's own baseline, Inductor's overlap
+    scheduler (modelled by `baseline_plans`: the same order with every bucket on NCCL), each step from
+    ce_overlap.step_model."""
+    from .step_model import plans_step_us
+
+    ours, base = plans_step_us(report, plans, profile), plans_step_us(report, baseline_plans, profile)
+    r = {"baseline": "Inductor's overlap scheduler", "baseline_step_ms": base["step_us"] / 1e3,
+         "ce_overlap_step_ms": ours["step_us"] / 1e3, "baseline_exposed_ms": base["exposed_us"] / 1e3,
+         "ce_overlap_exposed_ms": ours["exposed_us"] / 1e3, "gain_percent": None, "use": None, "advice": None}
+    if base["step_us"] > 0:
+        gain = 100 * (base["step_us"] - ours["step_us"]) / base["step_us"]
+        any_ce = any(b["backend"] != "nccl" for p in plans for b in p["buckets"])
+        r["gain_percent"] = gain
+        r["use"], r["advice"] = advice(gain, r["baseline"], r["baseline_step_ms"], same_plan=not any_ce)
+    return r
 
 
 _TP_LABELS = {"fsdp2+tp": "FSDP2 + TP on NCCL", "fsdp2+tp+async-tp": "FSDP2 + TP with torch's async TP",
@@ -248,12 +284,7 @@ def format_tensor_parallel(report: dict) -> str:
     if baselines and ours is not None:
         best = min(baselines, key=baselines.get)
         gain = 100 * (baselines[best] - ours) / baselines[best]
-        if gain > 0:
-            lines.append(f"  -> use ce_overlap.fully_shard with the pass: {gain:.1f}% shorter than "
-                         f"{_TP_LABELS[best]} ({baselines[best]:.2f} ms)")
-        else:
-            lines.append(f"  -> keep {_TP_LABELS[best]}: ce_overlap's plan is not predicted faster here "
-                         f"({-gain:.1f}% longer)")
+        lines.append("  " + advice(gain, _TP_LABELS[best], baselines[best])[1])
     if not t.get("async_tp_captured"):
         lines.append("  (ce_overlap + TP over the step as captured, TP on NCCL: without an async-TP capture)")
     return "\n".join(lines)
@@ -276,15 +307,7 @@ def format_nodes(report: dict) -> str:
     base, ours = ("hsdp", "hsdp-ce_overlap") if n["hsdp"] else ("fsdp", "fsdp-ce_overlap")
     if steps.get(base) is not None and steps.get(ours) is not None:
         gain = 100 * (steps[base] - steps[ours]) / steps[base]
-        if gain > 0.05:
-            lines.append(f"  -> use ce_overlap's pass: {gain:.1f}% shorter than {_NODE_LABELS[base]} "
-                         f"({steps[base]:.2f} ms)")
-        elif gain >= -0.05:
-            lines.append(f"  -> don't enable it here: ce_overlap's plan keeps these collectives on NCCL (the same "
-                         f"step as {_NODE_LABELS[base]}, {steps[base]:.2f} ms)")
-        else:
-            lines.append(f"  -> don't enable it here: ce_overlap's plan is not predicted faster than "
-                         f"{_NODE_LABELS[base]} ({steps[base]:.2f} ms, {-gain:.1f}% longer)")
+        lines.append("  " + advice(gain, _NODE_LABELS[base], steps[base])[1])
     return "\n".join(lines)
 
 
