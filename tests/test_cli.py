@@ -10,10 +10,14 @@ import pytest
 from conftest import DATA, run_cli, run_cli_batch
 
 
+# A capture's stages as they pass (ce_overlap.progress, on stderr): status lines before any error.
+_PROGRESS = re.compile(r"^capture .+: \d+\.\d s$")
+
+
 def _assert_clean_error(proc, *fragments):
     assert proc.returncode == 2, proc.stderr
-    lines = [l for l in proc.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1, proc.stderr          # one line, no traceback
+    lines = [l for l in proc.stderr.splitlines() if l.strip() and not _PROGRESS.match(l)]
+    assert len(lines) == 1, proc.stderr          # one error line (after the stages that passed), no traceback
     assert "Traceback" not in proc.stderr
     for f in fragments:
         assert f in lines[0], lines[0]
@@ -130,6 +134,10 @@ def test_the_capture_cache_follows_what_build_returns(tmp_path):
 
     first = analyze("64")
     assert "captured in" in first.stderr
+    # The stages as they passed (ce_overlap.progress; stderr is not a terminal here: plain lines).
+    stages = [line.split(": ")[1] for line in first.stderr.splitlines() if _PROGRESS.match(line)]
+    assert stages == ["build", "trace and compile the forward", "compile the backward", "convert to the IR"], \
+        first.stderr
     assert "capture from cache" in analyze("64").stderr
     wider = analyze("96")
     assert "captured in" in wider.stderr and wider.stdout != first.stdout
@@ -325,3 +333,33 @@ def test_bad_profile_is_rejected_before_capturing(cli, tmp_path):
     bad = _write(tmp_path, "p.json", '{"schema": "ce_overlap.profile/2", "name": ')
     _assert_clean_error(cli("analyze", "llama3-tiny", "--profile", bad), "malformed JSON")
     assert not (tmp_path / "cache").exists()  # nothing was captured (a capture fills the cache)
+
+
+def test_capture_progress_is_a_live_line_on_a_terminal_and_plain_lines_elsewhere():
+    """ce_overlap.progress: each finished stage a plain line with its time; on a terminal also a live line (a bar over
+    the stages expected, the stage, its seconds); a stage that raises leaves no line; nothing unless shown."""
+    import io
+    import time
+
+    from ce_overlap import progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for stream, live in ((io.StringIO(), False), (Terminal(), True)):
+        with progress.shown("capture m", expected=3, stream=stream):
+            with progress.stage("build"):
+                time.sleep(0.7 if live else 0)  # the live line ticks every 0.5 s
+            progress.next_stage("trace")
+            with pytest.raises(RuntimeError), progress.stage("compile"):
+                raise RuntimeError("boom")
+        text = stream.getvalue()
+        plain = [p for p in (line.split("\r")[-1].replace("\x1b[K", "") for line in text.split("\n")) if p.strip()]
+        assert [p.rsplit(":", 1)[0] for p in plain] == ["capture m: build", "capture m: trace"], plain
+        assert all(_PROGRESS.match(p) for p in plain)
+        assert ("capture m [" in text and "] 1/3 build" in text and "] 2/3 trace" in text) == live
+    quiet = io.StringIO()
+    with progress.stage("build"):  # not shown: silent
+        pass
+    assert quiet.getvalue() == ""

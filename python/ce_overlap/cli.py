@@ -217,14 +217,32 @@ def _cache_path(args, target: str, async_tp: bool = False, built=None) -> str | 
 
 
 def _capture_target(args, target: str, async_tp: bool = False):
-    from . import models
+    """The IR of a zoo model or a build() target: from the cache, else captured (its stages shown on stderr as they
+    pass: ce_overlap.progress) and cached."""
+    from . import models, progress
+    from .ir import EXTRAPOLATE_FROM_BLOCKS
+
+    if models.is_build_target(target):
+        expected = 4  # build, trace and compile the forward, compile the backward, convert
+    elif args.full_capture or models.depth(target) <= EXTRAPOLATE_FROM_BLOCKS + 1:
+        expected = 4
+    else:
+        expected = 8  # build, two small captures of three stages each, extrapolation
+    title = f"capture {target}" + (" (async TP)" if async_tp else "")
+    with progress.shown(title, expected):
+        return _capture_shown(args, target, async_tp)
+
+
+def _capture_shown(args, target: str, async_tp: bool):
+    from . import models, progress
     from .ir import Ir, capture, capture_named
 
     built = None
     if models.is_build_target(target):
         if args.seq_len is not None:
             raise CeOverlapError("--seq-len applies to zoo models; a build() target sets its own inputs")
-        built = models.build_from_file(target)  # the cache key is what it returns
+        with progress.stage("build"):
+            built = models.build_from_file(target)  # the cache key is what it returns
     cache = _cache_path(args, target, async_tp, built)
     if cache and os.path.exists(cache):
         try:

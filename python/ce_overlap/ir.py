@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from . import _core, profiles
+from . import _core, profiles, progress
 from .errors import CeOverlapError
 
 
@@ -135,9 +135,14 @@ def _capture_doc(model, example_inputs, options, meta: dict) -> dict:
     from .fx.to_ir import CaptureError
 
     try:
-        return capture_ir(model, example_inputs, options, meta)
-    except CaptureError as e:
-        raise CeOverlapError(str(e)) from None
+        doc = capture_ir(model, example_inputs, options, meta)
+    except BaseException as e:
+        progress.end_stage(failed=True)
+        if isinstance(e, CaptureError):
+            raise CeOverlapError(str(e)) from None
+        raise
+    progress.end_stage()
+    return doc
 
 
 def _from_doc(doc: dict) -> Ir:
@@ -206,7 +211,8 @@ def capture_named(name: str, *, world_size: int, seq_len: int | None = None, bat
     from . import models
     from .extrapolate import NeedsDeeperCaptures, NotExtrapolable, extrapolate
 
-    built = models.build_named(name, seq_len=seq_len, batch=batch)
+    with progress.stage(f"build {name}"):
+        built = models.build_named(name, seq_len=seq_len, batch=batch)
     options = _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward, inductor_config,
                                cast_forward_inputs, device, vocab_parallel_embeddings, keep_gathered,
                                overlap_scheduler, tp, built.tensor_parallel, async_tp, nodes, hsdp)
@@ -221,9 +227,11 @@ def capture_named(name: str, *, world_size: int, seq_len: int | None = None, bat
         for d in (a, a + 1):
             if d not in docs:
                 small = models.build_named(name, seq_len=seq_len, batch=batch, n_layers=d)
-                docs[d] = _capture_doc(small.module, small.example_inputs, options, dict(meta))
+                with progress.scope(f" ({d} blocks)"):
+                    docs[d] = _capture_doc(small.module, small.example_inputs, options, dict(meta))
         try:
-            doc = extrapolate(docs[a], docs[a + 1], a, depth)
+            with progress.stage(f"extrapolate to {depth} blocks"):
+                doc = extrapolate(docs[a], docs[a + 1], a, depth)
         except NeedsDeeperCaptures as e:
             how = f"every block traced (extrapolation refused: {e})"
             if sum(docs) + a + 2 >= depth:  # one more small capture would cost about what a full one does
@@ -237,7 +245,8 @@ def capture_named(name: str, *, world_size: int, seq_len: int | None = None, bat
                            capture_seconds=round(time.perf_counter() - started, 3),
                            capture=f"blocks traced at depths {a} and {a + 1}, extrapolated to {depth}")
         return _from_doc(doc)
-    doc = _capture_doc(built.module, built.example_inputs, options, meta)
+    with progress.scope(f" ({depth} blocks)"):
+        doc = _capture_doc(built.module, built.example_inputs, options, meta)
     doc["meta"]["capture"] = how
     return _from_doc(doc)
 

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from .. import progress
 from .fsdp import fully_shard, shard_rows
 from .overlap_scheduler import INDUCTOR_CONFIG as _SCHEDULER_CONFIG
 from .overlap_scheduler import inline_control_deps, running as _scheduler_running
@@ -116,6 +117,8 @@ class _Recorder:
         inline_control_deps(gm)  # an order Inductor's overlap scheduler fixed, as ordinary nodes
         remember_group_sizes(gm)  # the IR is made after the fake groups are gone
         name = "backward" if is_backward else "forward"
+        if not is_backward and not is_inference:  # the backward is compiled when the loss's backward runs
+            progress.next_stage(progress.labelled("compile the backward"))
         if any(n == name for n, _ in self.graphs):
             raise CaptureError(f"capture expected one {name} graph, got another: the model has a graph break "
                                "or recompiled; make it compile with fullgraph=True")
@@ -363,6 +366,7 @@ def capture_graphs(model: nn.Module, example_inputs: Sequence[Any], options: Cap
                 torch._inductor.config.patch(patches), scheduler_ctx, \
                 torch._functorch.config.patch(enable_autograd_cache=False), \
                 capture_mode(), FakeTensorMode(allow_non_fake_inputs=True):
+            progress.next_stage(progress.labelled("trace and compile the forward"))
             model = _fakeify_module(model, options.fsdp, group, options)
             inputs = [_to_fake(x, options.device) if isinstance(x, torch.Tensor) else x for x in example_inputs]
             backend = functools.partial(compile_fx, inner_compile=recorder.inner_compile)
@@ -412,6 +416,7 @@ def capture_ir(model: nn.Module, example_inputs: Sequence[Any], options: Capture
                extra_meta: dict | None = None) -> dict:
     """capture_graphs, converted to an IR document dict (blocks not yet detected)."""
     graphs, meta = capture_graphs(model, example_inputs, options)
+    progress.next_stage(progress.labelled("convert to the IR"))
     if not graphs:
         raise CaptureError("torch.compile produced no graph (nothing to compile in forward?)")
     meta.update(extra_meta or {})
