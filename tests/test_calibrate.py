@@ -401,6 +401,22 @@ def _curve(m, coll="all_gather", backend="nccl"):
     return next(c for c in m["collectives"] if c["collective"] == coll and c["backend"] == backend)
 
 
+# A compute grid as `calibrate --compute-grid` writes it (one row per part).
+_GRID = {"gemms": [{"m": 4096, "n": 4096, "k": 4096, "layout": "nt", "us": 190.0}],
+         "attention": [{"batch": 2, "heads": 32, "seq": 4096, "head_dim": 128, "causal": True, "forward_us": 600.0,
+                        "backward_us": 1500.0}],
+         "memory": [{"name": "add", "mib": 64, "bytes": 3 * 64 << 20, "us": 50.0}], "tiny_kernel_us": 2.0}
+
+
+def test_a_compute_grid_is_checked_and_kept_in_the_measurements(base):
+    """calibrate --compute-grid's rows pass the check and stay in the clean measurements (the input compute priced by
+    shape will be fitted to); the profile written from them is the one without."""
+    clean, _ = calibrate.check_measurements(_mutate(lambda m: m.update(compute_grid=_GRID)))
+    assert clean["compute_grid"] == _GRID
+    assert calibrate.build_profile(base, _mutate(lambda m: m.update(compute_grid=_GRID))) == \
+        calibrate.build_profile(base, _mutate(lambda m: None))
+
+
 REJECTED = {
     "schema": (lambda m: m.update(schema="ce_overlap.calibration/0"), "schema: expected 'ce_overlap.calibration/1'"),
     "time_drops": (lambda m: _curve(m)["points"][5].__setitem__(1, _curve(m)["points"][4][1] * 0.5),
@@ -431,6 +447,12 @@ REJECTED = {
                             "kernel_gap.idle_us: expected a number >= 0, got -5.0"),
     "kernel_gap_no_kernels": (lambda m: m.update(kernel_gap={"kernels": 0, "idle_us": 10.0}),
                               "kernel_gap.kernels: expected a number > 0, got 0"),
+    "grid_bad_layout": (lambda m: m.update(compute_grid={**_GRID, "gemms": [{**_GRID["gemms"][0], "layout": "tt"}]}),
+                        "compute_grid.gemms[0].layout: expected 'nt', 'nn' or 'tn', got 'tt'"),
+    "grid_negative_attention": (lambda m: m.update(compute_grid={**_GRID, "attention": [
+        {**_GRID["attention"][0], "backward_us": -1.0}]}), "compute_grid.attention[0].backward_us: expected a number > 0"),
+    "grid_no_tiny_kernel": (lambda m: m.update(compute_grid={k: v for k, v in _GRID.items() if k != "tiny_kernel_us"}),
+                            "compute_grid.tiny_kernel_us: missing"),
     "reduction_kernel_faster_beside": (
         lambda m: m.update(reduction_kernel={"ctas": 32, "bytes": 1.0, "us": 1.0,
                                              "gemm": {"alone_us": 1400.0, "beside_us": 1000.0},

@@ -169,6 +169,9 @@ def _parser() -> argparse.ArgumentParser:
     cal.add_argument("--warmup", type=_bounded("--warmup", lowest=1), default=3, help="untimed ops per point")
     cal.add_argument("--keep-topology", action="store_true", help="keep the base profile's topology")
     cal.add_argument("--measurements", metavar="FILE", help="also write the raw measurements as JSON")
+    cal.add_argument("--compute-grid", action="store_true",
+                     help="also measure compute by shape (GEMMs, attention, memory-bound kernels over a grid: "
+                          "calibrate.common.GRID_*) into the measurements")
     cal.add_argument("--from-measurements", metavar="FILE",
                      help="write the profile from a --measurements file instead of measuring (no GPU needed)")
     return parser

@@ -46,6 +46,8 @@ def check_measurements(m: dict) -> tuple[dict, list[str]]:
     if m.get("training_step") is not None:
         _check_training_step(m["training_step"])
     _check_layer_kernels(m)
+    if m.get("compute_grid") is not None:
+        _check_compute_grid(m["compute_grid"])
     _check_collectives(m, world, notes)
     _check_reduction_kernel(m)
     _check_slowdowns(m, world)
@@ -155,6 +157,27 @@ def _check_layer_kernels(m: dict) -> None:
                 raise CeOverlapError(f"measurements: transformer_gemms[{i}].{key}: expected a positive integer, "
                                      f"got {g[key]!r}")
         _path_num(g, "us", f"transformer_gemms[{i}]")
+
+
+def _check_compute_grid(grid) -> None:
+    """compute_grid (calibrate --compute-grid): GEMMs, attention shapes, memory-bound kernels, the tiny-kernel time."""
+    if not isinstance(grid, dict):
+        raise CeOverlapError("measurements: compute_grid: expected an object")
+    fields = {"gemms": ("m", "n", "k", "us"), "attention": ("batch", "heads", "seq", "head_dim", "forward_us",
+                                                             "backward_us"),
+              "memory": ("mib", "bytes", "us")}
+    for part, keys in fields.items():
+        rows = _path_list(grid, part, "compute_grid")
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict):
+                raise CeOverlapError(f"measurements: compute_grid.{part}[{i}]: expected an object")
+            for key in keys:
+                _path_num(row, key, f"compute_grid.{part}[{i}]")
+    for i, g in enumerate(grid.get("gemms", [])):
+        if g.get("layout") not in ("nt", "nn", "tn"):
+            raise CeOverlapError(f"measurements: compute_grid.gemms[{i}].layout: expected 'nt', 'nn' or 'tn', got "
+                                 f"{g.get('layout')!r}")
+    _path_num(grid, "tiny_kernel_us", "compute_grid")
 
 
 def _check_collectives(m: dict, world: int, notes: list[str]) -> None:

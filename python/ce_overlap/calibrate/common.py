@@ -23,6 +23,16 @@ OPTIMIZER_PARAMS = 256 << 20
 # GEMM efficiency curve that the square GEMMs fit at the shapes a training step runs (fit_report prints them).
 TRANSFORMER_GEMMS = ((4096, 4096, 4096), (4096, 1024, 4096), (4096, 14336, 4096), (4096, 4096, 14336),
                      (4096, 128256, 4096))
+# The compute grid (`ce-overlap calibrate --compute-grid`): what compute priced by shape is to be fitted to (issue 55).
+# bf16 GEMMs (m x k) @ (k x n) over every m, n, k below, in the three layouts a training step runs (forward x @ w.T,
+# input gradient dy @ w, weight gradient dy.T @ x); causal SDPA over (batch, heads, seq, head_dim) with batch x seq
+# 8192 tokens; memory-bound kernels (an add, SwiGLU's silu(a) * b, an RMSNorm-like row reduction) per operand size;
+# and the GPU's time per kernel in a run of many tiny ones (the launch floor).
+GRID_GEMM_DIMS = (512, 1024, 2048, 4096, 8192, 16384)
+GRID_ATTENTION = tuple((8192 // s, h, s, d) for s in (512, 1024, 2048, 4096, 8192) for h in (8, 16, 32)
+                       for d in (64, 128))
+GRID_MEMORY_MIB = (1, 4, 16, 64, 256, 1024)
+GRID_TINY_KERNELS = 2000
 MEMBOUND_BYTES_PER_OPERAND = 1 << 30  # add of two 1 GiB bf16 tensors into a third: 3 GiB through HBM
 COMPUTE_KINDS = {"gemm": "compute_bound", "memory_bound": "memory_bound"}  # measurement -> kernel class
 COLLECTIVES = ("all_gather", "reduce_scatter", "send", "recv")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import statistics
 
-from .common import (ADAMW_BYTES_PER_PARAM, ATTENTION_SHAPE, COMPUTE_KINDS, MEMBOUND_BYTES_PER_OPERAND, MIB,
-                     OPTIMIZER_PARAMS, TRANSFORMER_GEMMS)
-from .timing import NotAvailable, measure_beside, median_us, time_each_us, torch_module
+from .common import (ADAMW_BYTES_PER_PARAM, ATTENTION_SHAPE, COMPUTE_KINDS, GRID_ATTENTION, GRID_GEMM_DIMS,
+                     GRID_MEMORY_MIB, GRID_TINY_KERNELS, MEMBOUND_BYTES_PER_OPERAND, MIB, OPTIMIZER_PARAMS,
+                     TRANSFORMER_GEMMS)
+from .timing import NotAvailable, gpu_head_start, measure_beside, median_us, time_each_us, torch_module
 
 
 def make_compute(kind: str):
@@ -163,3 +164,75 @@ def measure_peer_copy(nbytes: int = 256 * MIB, iters: int = 5) -> dict:
     bufs.clear()
     torch.cuda.empty_cache()
     return {"bytes": nbytes, "us": us, "from": src, "to": dst}
+
+
+def measure_compute_grid(iters: int, warmup: int, log=None) -> dict:
+    """The compute grid (common.GRID_*): {"gemms": [{m, n, k, layout, us}], "attention": [{batch, heads, seq, head_dim,
+    causal, forward_us, backward_us}], "memory": [{name, mib, bytes, us}], "tiny_kernel_us": float}. One GPU, no
+    collectives; bf16 throughout. `log`: called with a line per part done."""
+    torch = torch_module()
+    grid: dict = {"gemms": [], "attention": [], "memory": []}
+    dims = GRID_GEMM_DIMS
+    big = max(dims)
+    # Operands cut from three buffers of the largest size: no allocation per shape.
+    pool = [torch.randn(big * big, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
+    for m in dims:
+        for n in dims:
+            for k in dims:
+                x = pool[0][:m * k].view(m, k)            # activations (tokens x in)
+                w = pool[1][:n * k].view(n, k)            # weight (out x in): x @ w.T is m x n
+                out = pool[2][:m * n].view(m, n)
+                a_t = pool[0][:k * m].view(k, m)          # dy.T @ x: the weight gradient's layout (k = tokens)
+                b_nt = pool[1][:k * n].view(k, n)
+                for layout, fn in (("nt", lambda: torch.mm(x, w.t(), out=out)),
+                                   ("nn", lambda: torch.mm(x, b_nt, out=out)),
+                                   ("tn", lambda: torch.mm(a_t.t(), b_nt, out=out))):
+                    grid["gemms"].append({"m": m, "n": n, "k": k, "layout": layout,
+                                          "us": median_us(fn, iters, warmup)})
+    del pool
+    torch.cuda.empty_cache()
+    if log:
+        log(f"compute grid: {len(grid['gemms'])} GEMMs")
+    for shape in GRID_ATTENTION:
+        grid["attention"].append(measure_attention(iters, warmup, shape))
+    torch.cuda.empty_cache()
+    if log:
+        log(f"compute grid: {len(grid['attention'])} attention shapes")
+    silu_mul = torch.compile(lambda x, y: torch.nn.functional.silu(x) * y, dynamic=False)
+    rms = torch.compile(lambda x: x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(x.dtype),
+                        dynamic=False)
+    for mib in GRID_MEMORY_MIB:
+        numel = (mib << 20) // 2
+        a = torch.randn(numel // 1024, 1024, dtype=torch.bfloat16, device="cuda")
+        b = torch.randn_like(a)
+        c = torch.empty_like(a)
+        for name, fn, nbytes in (("add", lambda: torch.add(a, b, out=c), 3 * numel * 2),
+                                 ("silu_mul", lambda: silu_mul(a, b), 3 * numel * 2),
+                                 ("rmsnorm", lambda: rms(a), 2 * numel * 2)):
+            grid["memory"].append({"name": name, "mib": mib, "bytes": nbytes, "us": median_us(fn, iters, warmup)})
+        del a, b, c
+        torch.cuda.empty_cache()
+    if log:
+        log(f"compute grid: {len(grid['memory'])} memory-bound kernels")
+    grid["tiny_kernel_us"] = _tiny_kernel_us()
+    return grid
+
+
+def _tiny_kernel_us(repeats: int = 3) -> float:
+    """The GPU's time per kernel in a run of GRID_TINY_KERNELS tiny adds enqueued behind a held stream (so the host's
+    enqueueing is not timed): the floor a graph of many small kernels pays per kernel. Median of `repeats`."""
+    torch = torch_module()
+    tiny = torch.zeros(1024, device="cuda")
+    tiny.add_(1.0)
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        gpu_head_start(GRID_TINY_KERNELS * 20.0)  # longer than the host takes to enqueue them (~5 us each)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(GRID_TINY_KERNELS):
+            tiny.add_(1.0)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / GRID_TINY_KERNELS)
+    return statistics.median(times)

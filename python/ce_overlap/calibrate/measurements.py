@@ -11,8 +11,8 @@ import time
 from .collectives import Collectives, measure_slowdowns
 from .common import (GEMM_SIZES, MEASUREMENTS_SCHEMA, REMEASURES, Progress, format_bytes, inconsistent_drop, one_line,
                      parse_size)
-from .kernels import (make_compute, measure_attention, measure_memory_kernels, measure_optimizer, measure_peer_copy,
-                      measure_reduction_kernel, measure_transformer_gemms)
+from .kernels import (make_compute, measure_attention, measure_compute_grid, measure_memory_kernels, measure_optimizer,
+                      measure_peer_copy, measure_reduction_kernel, measure_transformer_gemms)
 from .step import measure_training_step
 from .timing import NotAvailable, dist_if_initialized, median_us, torch_module
 
@@ -52,11 +52,15 @@ def measure(args, progress_enabled: bool = True) -> dict:
                "skipped": {}}
     n_points = len(sizes) * (2 * 2 + 1) if world > 1 else 0
     n_slow = 4 * 2 if world > 1 else 0
-    prog = Progress(len(GEMM_SIZES) + 7 + n_points + n_slow + 2, enabled=progress_enabled and rank == 0)
+    grid = bool(getattr(args, "compute_grid", False))
+    prog = Progress(len(GEMM_SIZES) + 7 + n_points + n_slow + 2 + grid, enabled=progress_enabled and rank == 0)
     prog.show("starting")
 
     _measure_kernels(m, args, prog)
     _measure_optional_kernels(m, args, prog)
+    if grid:  # compute by shape (issue 55): measured and recorded; the profile's efficiencies do not use it yet
+        m["compute_grid"] = measure_compute_grid(args.iters, args.warmup)
+        prog.step("compute grid")
     if world == 1:
         m["skipped"]["collectives"] = ("1 GPU: no NCCL/CE curves and no contention (run under torchrun "
                                        "--nproc-per-node N for them)")
