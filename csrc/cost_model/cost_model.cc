@@ -717,6 +717,14 @@ Decision CostModel::decide(const CollectiveInfo& c, const OverlapWindow& window)
     d.reason = "nccl: saves " + format_us(saved) + " (CE " + type + " adds a " +
                std::to_string(profile_.ce.reduce_sms) + "-SM reduction kernel of " + format_us(reduction_us(ce_est)) +
                ")";
+  } else if (ce_est.consumer_us > 0 && ce.cost_us - ce_est.consumer_us <= nccl.cost_us) {
+    // CE alone would win; the reads it leaves to the consumer (the sum of the peers' chunks, on the compute stream)
+    // are what lose it.
+    std::string type = to_string(c.type);
+    std::replace(type.begin(), type.end(), '_', '-');
+    d.reason = "nccl: saves " + format_us(saved) + " (CE " + type + "'s sum in the consumer adds " +
+               format_us(ce_est.consumer_us) + " on the compute stream, its " + size + " in " + format_us(ce.comm_us) +
+               " vs " + format_us(nccl.comm_us) + " on NCCL)";
   } else if (ce.slowdown_us - nccl.slowdown_us > nccl.exposed_us - ce.exposed_us && ce.slowdown_us > nccl.slowdown_us) {
     d.reason = "nccl: saves " + format_us(saved) + " (CE traffic " + slows(ce) + ")";
   } else {

@@ -1185,5 +1185,25 @@ TEST(CostModel, KernelGapIsChargedOncePerKernel) {
   EXPECT_DOUBLE_EQ(profile_from_json(profile_to_json(round_profile())).efficiency.kernel_gap_us, 0.0);
 }
 
+TEST(CostModel, ANcclChoiceThatTheConsumersSumDecidedSaysSo) {
+  // With the sum left to the consumer (the pass's CE reduce-scatter), a CE reduce-scatter can be faster than NCCL's
+  // and still lose: its reads land on the compute stream. The reason names them, never "X in <CE's longer time> vs
+  // <NCCL's shorter one>" the other way round. Swept over windows of GEMMs; at least one such case exists.
+  CostModel m(builtin_profile("h200-sxm"));
+  m.set_ce_reduction(CeReduction::Consumer);
+  const CollectiveInfo c = coll(CollectiveType::ReduceScatter, 4, int64_t{1002} << 20);
+  int found = 0;
+  for (double w = 0; w <= 20000; w += 250) {
+    const Decision d = m.decide(c, {w, 0});
+    ASSERT_TRUE(d.ce.has_value());
+    if (d.choice != Backend::Nccl || d.ce->comm_us >= d.nccl.comm_us) continue;
+    if (d.ce->cost_us - d.ce->estimate.consumer_us > d.nccl.cost_us) continue;
+    ++found;
+    EXPECT_NE(d.reason.find("reduce-scatter's sum in the consumer adds"), std::string::npos) << d.reason;
+    EXPECT_NE(d.reason.find("on the compute stream, its 1002 MiB in"), std::string::npos) << d.reason;
+  }
+  EXPECT_GT(found, 0);
+}
+
 }  // namespace
 }  // namespace ce_overlap
