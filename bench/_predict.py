@@ -1,11 +1,13 @@
 """The cost model's side of bench/train.py: its training step captured (as the in-graph modes shard it, as the FSDP2
 modes do, with Inductor's overlap scheduler on) and every mode's step predicted from it (ce_overlap.step_model). No
-GPU: the captures run on fake tensors over a fake process group. Not a script."""
+GPU: the captures run on fake tensors over a fake process group. Also the frame of the prediction-table scripts
+(bench/tp_predictions.py, bench/node_predictions.py): their common options, --from-json, the table and the JSON.
+Not a script."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
-
-import torch
+import json
 
 
 def model_config(args):
@@ -30,6 +32,8 @@ def capture_step(args, world: int, fsdp2: bool = False, overlap_scheduler: str |
     Inductor's overlap scheduler on (the compile+inductor-overlap mode's graphs); `inductor_config`: more patches.
     With --tp > 1: tensor parallelism inside (torchtitan's plan), FSDP over the rest (bench/_tp.py), and with
     `async_tp` torch's micro-pipeline TP."""
+    import torch
+
     import ce_overlap
     from ce_overlap.models.llama import Llama, tensor_parallel
 
@@ -75,3 +79,39 @@ def predict_steps(args, world: int, profile: str, ce_reduction: str = "consumer"
 def loss_logits(args) -> int:
     """The logits the loss reads per step (step_model's FSDP2 modes run that loss eagerly)."""
     return args.batch * args.seq_len * model_config(args).vocab_size
+
+
+def table_script_parser(description: str, model: str, batch_help: str) -> argparse.ArgumentParser:
+    """The options every prediction-table script has; the script adds the axis it sweeps."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--model", default=model, help="a zoo Llama (ce-overlap list)")
+    p.add_argument("--profile", default="h200-sxm")
+    p.add_argument("--seq-len", type=int, default=None, help="default: the model's")
+    p.add_argument("--batch", type=int, default=1, help=batch_help)
+    p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    p.add_argument("--from-json", metavar="FILE", help="print the table of rows a --json run wrote (no capture)")
+    return p
+
+
+def int_list(p: argparse.ArgumentParser, flag: str, text: str) -> list[int]:
+    """A comma list of integers from option `flag`, or the parser's error naming it."""
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError:
+        p.error(f"{flag}: expected a comma list of integers, got {text!r}")
+
+
+def run_table_script(p: argparse.ArgumentParser, argv, table, schema: str, rows_of) -> int:
+    """--from-json: the table of a written run; else the rows `rows_of(args)` captures and predicts, their table, and
+    with --json the rows under `schema`."""
+    args = p.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json, encoding="utf-8") as f:
+            print(table(json.load(f)["rows"]))
+        return 0
+    rows = rows_of(args)
+    print(table(rows))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"schema": schema, "rows": rows}, f, indent=1)
+    return 0

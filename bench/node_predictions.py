@@ -18,13 +18,12 @@ per rank; the timing model does not ask whether the model fits in memory.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import _predict  # noqa: E402 (bench/, beside this script)
 
 # Table columns: (label, capture, mode).
 _COLUMNS = (("FSDP, NCCL", "flat", "fsdp"), ("FSDP, hierarchical", "flat", "fsdp-hierarchical"),
@@ -76,35 +75,21 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="llama3-8b", help="a zoo Llama (ce-overlap list)")
+    p = _predict.table_script_parser(__doc__.split("\n\n")[0], "llama3-8b", "per rank")
     p.add_argument("--nodes", default="1,2,8,64", help="comma list of node counts")
     p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--profile", default="h200-sxm")
-    p.add_argument("--seq-len", type=int, default=None, help="default: the model's")
-    p.add_argument("--batch", type=int, default=1, help="per rank")
-    p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
-    p.add_argument("--from-json", metavar="FILE", help="print the table of rows a --json run wrote (no capture)")
-    args = p.parse_args(argv)
-    if args.from_json:
-        with open(args.from_json, encoding="utf-8") as f:
-            print(table(json.load(f)["rows"]))
-        return 0
-    try:
-        counts = [int(x) for x in args.nodes.split(",") if x]
-    except ValueError:
-        p.error(f"--nodes: expected a comma list of integers, got {args.nodes!r}")
-    if not counts or any(m < 1 for m in counts) or args.gpus_per_node < 1:
-        p.error(f"--nodes and --gpus-per-node must be >= 1, got {args.nodes!r} and {args.gpus_per_node}")
-    rows = []
-    for m in counts:
-        rows.append(predict(args.model, m, args.gpus_per_node, args.profile, args.seq_len, args.batch))
-        print(f"{m} nodes: captured and predicted in {rows[-1]['seconds']} s", file=sys.stderr)
-    print(table(rows))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"schema": "ce_overlap.bench.node_predictions/1", "rows": rows}, f, indent=1)
-    return 0
+
+    def rows_of(args) -> list[dict]:
+        counts = _predict.int_list(p, "--nodes", args.nodes)
+        if not counts or any(m < 1 for m in counts) or args.gpus_per_node < 1:
+            p.error(f"--nodes and --gpus-per-node must be >= 1, got {args.nodes!r} and {args.gpus_per_node}")
+        rows = []
+        for m in counts:
+            rows.append(predict(args.model, m, args.gpus_per_node, args.profile, args.seq_len, args.batch))
+            print(f"{m} nodes: captured and predicted in {rows[-1]['seconds']} s", file=sys.stderr)
+        return rows
+
+    return _predict.run_table_script(p, argv, table, "ce_overlap.bench.node_predictions/1", rows_of)
 
 
 if __name__ == "__main__":

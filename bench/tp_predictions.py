@@ -14,13 +14,12 @@ by tokens/s/GPU (batch x seq / TP degree / step). The timing model does not ask 
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import _predict  # noqa: E402 (bench/, beside this script)
 
 _MODES = ("fsdp2+tp", "fsdp2+tp+async-tp", "ce_overlap+tp", "no-comm+tp")
 
@@ -68,36 +67,22 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="llama3-70b", help="a zoo Llama (ce-overlap list)")
+    p = _predict.table_script_parser(__doc__.split("\n\n")[0], "llama3-70b", "per data-parallel rank")
     p.add_argument("--world-size", type=int, default=8)
     p.add_argument("--tp", default="2,4,8", help="comma list of TP degrees (each divides --world-size)")
-    p.add_argument("--profile", default="h200-sxm")
-    p.add_argument("--seq-len", type=int, default=None, help="default: the model's")
-    p.add_argument("--batch", type=int, default=1, help="per data-parallel rank")
-    p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
-    p.add_argument("--from-json", metavar="FILE", help="print the table of rows a --json run wrote (no capture)")
-    args = p.parse_args(argv)
-    if args.from_json:
-        with open(args.from_json, encoding="utf-8") as f:
-            print(table(json.load(f)["rows"]))
-        return 0
-    try:
-        degrees = [int(x) for x in args.tp.split(",") if x]
-    except ValueError:
-        p.error(f"--tp: expected a comma list of integers, got {args.tp!r}")
-    bad = [t for t in degrees if t < 1 or args.world_size % t]
-    if bad or not degrees:
-        p.error(f"--tp: each degree must divide --world-size {args.world_size}, got {bad or args.tp!r}")
-    rows = []
-    for t in degrees:
-        rows.append(predict(args.model, args.world_size, t, args.profile, args.seq_len, args.batch))
-        print(f"tp {t}: captured and predicted in {rows[-1]['seconds']} s", file=sys.stderr)
-    print(table(rows))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"schema": "ce_overlap.bench.tp_predictions/1", "rows": rows}, f, indent=1)
-    return 0
+
+    def rows_of(args) -> list[dict]:
+        degrees = _predict.int_list(p, "--tp", args.tp)
+        bad = [t for t in degrees if t < 1 or args.world_size % t]
+        if bad or not degrees:
+            p.error(f"--tp: each degree must divide --world-size {args.world_size}, got {bad or args.tp!r}")
+        rows = []
+        for t in degrees:
+            rows.append(predict(args.model, args.world_size, t, args.profile, args.seq_len, args.batch))
+            print(f"tp {t}: captured and predicted in {rows[-1]['seconds']} s", file=sys.stderr)
+        return rows
+
+    return _predict.run_table_script(p, argv, table, "ce_overlap.bench.tp_predictions/1", rows_of)
 
 
 if __name__ == "__main__":
