@@ -403,9 +403,7 @@ def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos:
                 buf = _pack_reduce_scatter(build, members, g, [build.contiguous(c.input, f"in{i}")
                                                               for i, c in enumerate(members)])
             else:
-                parts = [build(aten.view.default, [build.contiguous(c.input, f"in{i}"), [n]], name=f"in{i}")
-                         for i, (c, n) in enumerate(zip(members, numels))]
-                buf = build(aten.cat.default, [parts], name="buf")
+                buf = _pack_all_gather(build, members, numels)
             if ce:
                 op, _ = ce_op_for(cb.type)
                 args = _ce_args(op, input=buf, reduce_op=c0.reduce_op_arg, group_size=g, group_name=str(c0.group_name),
@@ -425,12 +423,7 @@ def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos:
             if cb.type == "all_gather":
                 total = sum(numels)
                 grid = build(aten.view.default, [wait, [g, total]], name="grid")
-                off = 0
-                for i, (v, n) in enumerate(zip(vals, numels)):
-                    sl = build(aten.slice.Tensor, [grid, 1, off, off + n], name=f"slice{i}")
-                    dense = build(aten.clone.default, [sl], {"memory_format": torch.contiguous_format}, f"copy{i}")
-                    outs.append(build(aten.view.default, [dense, [g * v.shape[0], *v.shape[1:]]], name=f"out{i}"))
-                    off += n
+                outs = _gathered_views(build, grid, vals, numels, g)
             elif cb.type == "reduce_scatter":
                 outs = _scattered_views(build, wait, members, g)
             else:
@@ -439,20 +432,7 @@ def _rewrite_bucket(graph: torch.fx.Graph, cb: CheckedBucket, backend: str, pos:
                     sl = build(aten.slice.Tensor, [wait, 0, off, off + n], name=f"slice{i}")
                     outs.append(build(aten.view.default, [sl, list(v.shape)], name=f"out{i}"))
                     off += n
-    for w, out in zip(cb.waits, outs):
-        want = w.meta.get("val")
-        got = out.meta["val"]
-        if isinstance(want, torch.Tensor) and (tuple(want.shape) != tuple(got.shape) or want.dtype != got.dtype):
-            raise InvariantError(f"bucket {cb.id}: copy-out for {w.name} has shape {tuple(got.shape)} {got.dtype}, "
-                                 f"the wait had {tuple(want.shape)} {want.dtype}")
-        users = list(w.users)
-        w.replace_all_uses_with(out)
-        replaced[w] = out
-        _repair_user_meta(users)
-    for w in cb.waits:
-        graph.erase_node(w)
-    for c in members:
-        graph.erase_node(c.node)
+    _replace_waits(graph, cb, outs, members, replaced, "copy-out")
     return [n.name for n in build.created]
 
 
@@ -501,9 +481,7 @@ def _rewrite_hier(graph: torch.fx.Graph, cb: CheckedBucket, pos: dict, order: li
         raise InvariantError(f"bucket {cb.id}: hierarchical without the CE op ({why})")
     if cb.type == "all_gather":
         with graph.inserting_before(first_coll):
-            parts = [build(aten.view.default, [build.contiguous(c.input, f"in{i}"), [k]], name=f"in{i}")
-                     for i, (c, k) in enumerate(zip(members, numels))]
-            buf = build(aten.cat.default, [parts], name="buf")
+            buf = _pack_all_gather(build, members, numels)
             across = build(c10d.all_gather_into_tensor.default,
                            _ce_args(c10d.all_gather_into_tensor.default, input=buf, group_size=m, group_name=rail),
                            name="rail_all_gather")
@@ -517,12 +495,7 @@ def _rewrite_hier(graph: torch.fx.Graph, cb: CheckedBucket, pos: dict, order: li
                                                   [1, 0, 2]], name="by_rank")
             dense = build(aten.clone.default, [ranked], {"memory_format": torch.contiguous_format}, "ranked")
             grid = build(aten.view.default, [dense, [n, total]], name="grid")
-            outs, off = [], 0
-            for i, (v, k) in enumerate(zip(vals, numels)):
-                sl = build(aten.slice.Tensor, [grid, 1, off, off + k], name=f"slice{i}")
-                copy = build(aten.clone.default, [sl], {"memory_format": torch.contiguous_format}, f"copy{i}")
-                outs.append(build(aten.view.default, [copy, [n * v.shape[0], *v.shape[1:]]], name=f"out{i}"))
-                off += k
+            outs = _gathered_views(build, grid, vals, numels, n)
     else:
         chunk = total // n
         with graph.inserting_before(first_coll):
@@ -542,20 +515,47 @@ def _rewrite_hier(graph: torch.fx.Graph, cb: CheckedBucket, pos: dict, order: li
         with graph.inserting_before(first_wait):
             w = build(c10d.wait_tensor.default, [across], name="rail_wait")
             outs = _scattered_views(build, w, members, n)
-    for wt, out in zip(cb.waits, outs):
-        want, got = wt.meta.get("val"), out.meta["val"]
+    _replace_waits(graph, cb, outs, members, replaced, "hierarchical copy-out")
+    return [x.name for x in build.created]
+
+
+def _pack_all_gather(build: "_Builder", members: list, numels: list[int]) -> torch.fx.Node:
+    """The packed input of a merged all-gather: every member's shard, flattened, in member order."""
+    parts = [build(aten.view.default, [build.contiguous(c.input, f"in{i}"), [n]], name=f"in{i}")
+             for i, (c, n) in enumerate(zip(members, numels))]
+    return build(aten.cat.default, [parts], name="buf")
+
+
+def _gathered_views(build: "_Builder", grid: torch.fx.Node, vals: list, numels: list[int],
+                    g: int) -> list[torch.fx.Node]:
+    """Each member's gathered tensor from a merged all-gather's (g ranks x packed shards) grid: its columns, made
+    dense, viewed as g times its shard's rows."""
+    outs, off = [], 0
+    for i, (v, n) in enumerate(zip(vals, numels)):
+        sl = build(aten.slice.Tensor, [grid, 1, off, off + n], name=f"slice{i}")
+        dense = build(aten.clone.default, [sl], {"memory_format": torch.contiguous_format}, f"copy{i}")
+        outs.append(build(aten.view.default, [dense, [g * v.shape[0], *v.shape[1:]]], name=f"out{i}"))
+        off += n
+    return outs
+
+
+def _replace_waits(graph: torch.fx.Graph, cb, outs: list[torch.fx.Node], members: list, replaced: dict,
+                   what: str) -> None:
+    """The bucket's copy-outs take its waits' place (checked against each wait's shape and dtype), then the waits and
+    the collectives they waited on leave the graph."""
+    for w, out in zip(cb.waits, outs):
+        want, got = w.meta.get("val"), out.meta["val"]
         if isinstance(want, torch.Tensor) and (tuple(want.shape) != tuple(got.shape) or want.dtype != got.dtype):
-            raise InvariantError(f"bucket {cb.id}: hierarchical copy-out for {wt.name} has shape {tuple(got.shape)} "
-                                 f"{got.dtype}, the wait had {tuple(want.shape)} {want.dtype}")
-        users = list(wt.users)
-        wt.replace_all_uses_with(out)
-        replaced[wt] = out
+            raise InvariantError(f"bucket {cb.id}: {what} for {w.name} has shape {tuple(got.shape)} {got.dtype}, "
+                                 f"the wait had {tuple(want.shape)} {want.dtype}")
+        users = list(w.users)
+        w.replace_all_uses_with(out)
+        replaced[w] = out
         _repair_user_meta(users)
-    for wt in cb.waits:
-        graph.erase_node(wt)
+    for w in cb.waits:
+        graph.erase_node(w)
     for c in members:
         graph.erase_node(c.node)
-    return [x.name for x in build.created]
 
 
 def _pack_reduce_scatter(build: "_Builder", members: list, g: int, ins: list[torch.fx.Node]) -> torch.fx.Node:
