@@ -33,23 +33,17 @@ Choice choose(const Bucket& bucket, const CollectiveInfo& c, const Decision& d, 
   }
   // A group of 1 moves no data; "on" still puts it on CE (the runtime's self copy), so one GPU exercises the CE path.
   if (c.group_size <= 1 && config.ce != CeMode::On) return {Backend::Nccl, d.reason};
-  if (c.group_size > 1 && model.ce_blocker(c.group_size, c.nodes)) {  // across nodes: flat NCCL or hierarchical
-    if (!d.hier) return {Backend::Nccl, d.reason};
-    if (c.bytes < config.min_ce_bytes) {
-      return {Backend::Nccl, "nccl: " + format_bytes(static_cast<double>(c.bytes)) + " is under min_ce_bytes (" +
-                                 format_bytes(static_cast<double>(config.min_ce_bytes)) + ")"};
-    }
-    if (config.ce == CeMode::On && d.choice != Backend::Hier) {
-      return {Backend::Hier, "hier: config.ce is on (the cost model prefers " + d.reason + ")"};
-    }
-    return {d.choice, d.reason};
-  }
+  // Where CE cannot serve the group (it spans nodes), the alternative to flat NCCL is the hierarchical choice, if any.
+  const bool across = c.group_size > 1 && model.ce_blocker(c.group_size, c.nodes);
+  if (across && !d.hier) return {Backend::Nccl, d.reason};
   if (c.bytes < config.min_ce_bytes) {
     return {Backend::Nccl, "nccl: " + format_bytes(static_cast<double>(c.bytes)) + " is under min_ce_bytes (" +
                                format_bytes(static_cast<double>(config.min_ce_bytes)) + ")"};
   }
-  if (config.ce == CeMode::On && d.choice != Backend::Ce) {
-    return {Backend::Ce, "ce: config.ce is on (the cost model prefers " + d.reason + ")"};
+  const Backend alternative = across ? Backend::Hier : Backend::Ce;
+  if (config.ce == CeMode::On && d.choice != alternative) {
+    return {alternative,
+            std::string(to_string(alternative)) + ": config.ce is on (the cost model prefers " + d.reason + ")"};
   }
   return {d.choice, d.reason};
 }
