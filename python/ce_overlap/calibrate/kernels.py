@@ -36,24 +36,31 @@ MEMORY_KERNEL_MIB = (32, 112)
 
 def measure_memory_kernels(iters: int, warmup: int) -> list[dict]:
     """[{name, bytes, us}] for the memory-bound kernels above, each at MEMORY_KERNEL_MIB per operand."""
+    return [{"name": f"{name} {mib} MiB", "bytes": nbytes, "us": us}
+            for name, mib, nbytes, us in _memory_kernel_times(MEMORY_KERNEL_MIB, 4096, iters, warmup)]
+
+
+def _memory_kernel_times(mibs, columns: int, iters: int, warmup: int) -> list[tuple[str, int, int, float]]:
+    """(name, MiB per operand, HBM bytes, median us) of an add, SwiGLU's silu(a) * b and an RMSNorm-like row reduction
+    over bf16 operands of each size in `mibs`, rows of `columns` elements."""
     torch = torch_module()
+    # dynamic=False: the same code at a second size would otherwise recompile as a dynamic-shape kernel,
+    # which is not what a training step's static shapes run.
+    silu_mul = torch.compile(lambda x, y: torch.nn.functional.silu(x) * y, dynamic=False)
+    rms = torch.compile(lambda x: x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(x.dtype),
+                        dynamic=False)
     out = []
-    for mib in MEMORY_KERNEL_MIB:
+    for mib in mibs:
         numel = (mib << 20) // 2
-        a = torch.randn(numel // 4096, 4096, dtype=torch.bfloat16, device="cuda")
+        a = torch.randn(numel // columns, columns, dtype=torch.bfloat16, device="cuda")
         b = torch.randn_like(a)
         c = torch.empty_like(a)
-        # dynamic=False: the same code at a second size would otherwise recompile as a dynamic-shape kernel,
-        # which is not what a training step's static shapes run.
-        silu_mul = torch.compile(lambda x, y: torch.nn.functional.silu(x) * y, dynamic=False)
-        rms = torch.compile(lambda x: x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(x.dtype),
-                            dynamic=False)
         for name, fn, nbytes in (("add", lambda: torch.add(a, b, out=c), 3 * numel * 2),
                                  ("silu_mul", lambda: silu_mul(a, b), 3 * numel * 2),
                                  ("rmsnorm", lambda: rms(a), 2 * numel * 2)):
-            out.append({"name": f"{name} {mib} MiB", "bytes": nbytes, "us": median_us(fn, iters, warmup)})
+            out.append((name, mib, nbytes, median_us(fn, iters, warmup)))
         del a, b, c
-    torch.cuda.empty_cache()
+        torch.cuda.empty_cache()
     return out
 
 
@@ -198,20 +205,8 @@ def measure_compute_grid(iters: int, warmup: int, log=None) -> dict:
     torch.cuda.empty_cache()
     if log:
         log(f"compute grid: {len(grid['attention'])} attention shapes")
-    silu_mul = torch.compile(lambda x, y: torch.nn.functional.silu(x) * y, dynamic=False)
-    rms = torch.compile(lambda x: x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(x.dtype),
-                        dynamic=False)
-    for mib in GRID_MEMORY_MIB:
-        numel = (mib << 20) // 2
-        a = torch.randn(numel // 1024, 1024, dtype=torch.bfloat16, device="cuda")
-        b = torch.randn_like(a)
-        c = torch.empty_like(a)
-        for name, fn, nbytes in (("add", lambda: torch.add(a, b, out=c), 3 * numel * 2),
-                                 ("silu_mul", lambda: silu_mul(a, b), 3 * numel * 2),
-                                 ("rmsnorm", lambda: rms(a), 2 * numel * 2)):
-            grid["memory"].append({"name": name, "mib": mib, "bytes": nbytes, "us": median_us(fn, iters, warmup)})
-        del a, b, c
-        torch.cuda.empty_cache()
+    grid["memory"] = [{"name": name, "mib": mib, "bytes": nbytes, "us": us}
+                      for name, mib, nbytes, us in _memory_kernel_times(GRID_MEMORY_MIB, 1024, iters, warmup)]
     if log:
         log(f"compute grid: {len(grid['memory'])} memory-bound kernels")
     grid["tiny_kernel_us"] = _tiny_kernel_us()
