@@ -25,12 +25,18 @@ TRANSFORMER_GEMMS = ((4096, 4096, 4096), (4096, 1024, 4096), (4096, 14336, 4096)
                      (4096, 128256, 4096))
 # The compute grid (`ce-overlap calibrate --compute-grid`): what compute priced by shape is to be fitted to (issue 55).
 # bf16 GEMMs (m x k) @ (k x n) over every m, n, k below, in the three layouts a training step runs (forward x @ w.T,
-# input gradient dy @ w, weight gradient dy.T @ x); causal SDPA over (batch, heads, seq, head_dim) with batch x seq
-# 8192 tokens; memory-bound kernels (an add, SwiGLU's silu(a) * b, an RMSNorm-like row reduction) per operand size;
-# and the GPU's time per kernel in a run of many tiny ones (the launch floor).
+# input gradient dy @ w, weight gradient dy.T @ x); SDPA over (batch, heads, seq, head_dim, causal) with batch x seq
+# 8192 tokens, causal (language models) from seq 256 and non-causal (vision: a ViT's 197 or 257 tokens) up to seq
+# 4096; memory-bound kernels (an add, SwiGLU's silu(a) * b, an RMSNorm-like row reduction) per operand size; and the
+# GPU's time per kernel in a run of many tiny ones (the launch floor).
 GRID_GEMM_DIMS = (512, 1024, 2048, 4096, 8192, 16384)
-GRID_ATTENTION = tuple((8192 // s, h, s, d) for s in (512, 1024, 2048, 4096, 8192) for h in (8, 16, 32)
-                       for d in (64, 128))
+GRID_ATTENTION_HEADS = (8, 16, 32)
+GRID_ATTENTION_HEAD_DIMS = (64, 128)
+GRID_ATTENTION_SEQS = {True: (256, 512, 1024, 2048, 4096, 8192), False: (128, 256, 512, 1024, 2048, 4096)}
+GRID_ATTENTION_TOKENS = 8192
+GRID_ATTENTION = tuple((GRID_ATTENTION_TOKENS // s, h, s, d, causal) for causal in (True, False)
+                       for s in GRID_ATTENTION_SEQS[causal] for h in GRID_ATTENTION_HEADS
+                       for d in GRID_ATTENTION_HEAD_DIMS)
 GRID_MEMORY_MIB = (1, 4, 16, 64, 256, 1024)
 GRID_TINY_KERNELS = 2000
 MEMBOUND_BYTES_PER_OPERAND = 1 << 30  # add of two 1 GiB bf16 tensors into a third: 3 GiB through HBM

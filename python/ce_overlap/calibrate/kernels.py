@@ -64,6 +64,42 @@ def _memory_kernel_times(mibs, columns: int, iters: int, warmup: int) -> list[tu
     return out
 
 
+def _fused_kind_times(mibs, iters: int, warmup: int) -> list[tuple[str, int, int, float]]:
+    """(name, MiB per operand, HBM bytes, median us) of the fused kernels a training step runs beyond an add, SwiGLU and
+    an RMSNorm (_memory_kernel_times), as Inductor compiles them, over bf16 operands of each size in `mibs`: GELU with
+    tanh and with erf (transcendental pointwise), LayerNorm (two statistics per row), a bias gradient's sum over rows
+    (a column reduction), and the cross-entropy loss's forward and backward over vocabulary-wide rows."""
+    torch = torch_module()
+    import torch.nn.functional as F
+
+    gelu_tanh = torch.compile(lambda x: F.gelu(x, approximate="tanh"), dynamic=False)
+    gelu_erf = torch.compile(lambda x: F.gelu(x), dynamic=False)
+    layernorm = torch.compile(lambda x: F.layer_norm(x.float(), x.shape[-1:]).to(x.dtype), dynamic=False)
+    column_sum = torch.compile(lambda x: x.float().sum(0).to(x.dtype), dynamic=False)
+    ce_forward = torch.compile(lambda x, y: F.cross_entropy(x.float(), y), dynamic=False)
+    # The loss's backward as Inductor generates it: softmax minus the one-hot target, scaled, cast back.
+    ce_backward = torch.compile(lambda x, y, g: ((torch.softmax(x.float(), -1) - F.one_hot(y, x.shape[-1])) * g
+                                                 / x.shape[0]).to(x.dtype), dynamic=False)
+    out = []
+    for mib in mibs:
+        numel = (mib << 20) // 2
+        a = torch.randn(numel // 1024, 1024, dtype=torch.bfloat16, device="cuda")
+        logits = a.view(-1, 32768) if numel >= 32768 else a.view(1, -1)  # vocabulary-wide rows
+        labels = torch.randint(0, logits.shape[-1], (logits.shape[0],), device="cuda")
+        g = torch.ones((), device="cuda")
+        rows = [("gelu_tanh", lambda: gelu_tanh(a), 2 * numel * 2),
+                ("gelu_erf", lambda: gelu_erf(a), 2 * numel * 2),
+                ("layernorm", lambda: layernorm(a), 2 * numel * 2),
+                ("column_sum", lambda: column_sum(a), numel * 2),
+                # forward reads the logits; backward reads them and writes their gradient: 3 bytes-per-logit passes
+                ("cross_entropy", lambda: (ce_forward(logits, labels), ce_backward(logits, labels, g)), 3 * numel * 2)]
+        for name, fn, nbytes in rows:
+            out.append((name, mib, nbytes, median_us(fn, iters, warmup)))
+        del a, logits, labels
+        torch.cuda.empty_cache()
+    return out
+
+
 def measure_optimizer(iters: int, warmup: int, numel: int = OPTIMIZER_PARAMS) -> dict:
     """One fused AdamW step (torch.optim.AdamW(fused=True)) over `numel` fp32 parameters in 64 tensors, as a training
     step runs it over fp32 master shards: ADAMW_BYTES_PER_PARAM bytes of HBM traffic per parameter."""
@@ -79,27 +115,29 @@ def measure_optimizer(iters: int, warmup: int, numel: int = OPTIMIZER_PARAMS) ->
     return {"params": 64 * n, "bytes": ADAMW_BYTES_PER_PARAM * 64 * n, "us": us}
 
 
-def measure_attention(iters: int, warmup: int, shape: tuple[int, int, int, int] = ATTENTION_SHAPE) -> dict:
-    """Causal bf16 scaled-dot-product attention as the models call it: forward alone, and forward + backward (the
-    backward is the difference), medians in us."""
+def measure_attention(iters: int, warmup: int, shape: tuple = ATTENTION_SHAPE, causal: bool = True) -> dict:
+    """bf16 scaled-dot-product attention as the models call it (causal for language models): forward alone, and
+    forward + backward (the backward is the difference), medians in us. `shape`: (batch, heads, seq, head_dim), or with
+    a fifth entry that says whether it is causal (common.GRID_ATTENTION's)."""
     torch = torch_module()
     import torch.nn.functional as F
 
-    b, h, s, d = shape
+    b, h, s, d = shape[:4]
+    causal = bool(shape[4]) if len(shape) > 4 else causal
     q, k, v = (torch.randn(b, h, s, d, dtype=torch.bfloat16, device="cuda", requires_grad=True) for _ in range(3))
     grad = torch.randn(b, h, s, d, dtype=torch.bfloat16, device="cuda")
 
     def forward():
         with torch.no_grad():
-            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     def forward_backward():
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         torch.autograd.grad(out, (q, k, v), grad)
 
     fwd = median_us(forward, iters, warmup)
     both = median_us(forward_backward, iters, warmup)
-    return {"batch": b, "heads": h, "seq": s, "head_dim": d, "causal": True, "forward_us": fwd,
+    return {"batch": b, "heads": h, "seq": s, "head_dim": d, "causal": causal, "forward_us": fwd,
             "backward_us": max(both - fwd, 1e-3)}
 
 
@@ -206,7 +244,8 @@ def measure_compute_grid(iters: int, warmup: int, log=None) -> dict:
     if log:
         log(f"compute grid: {len(grid['attention'])} attention shapes")
     grid["memory"] = [{"name": name, "mib": mib, "bytes": nbytes, "us": us}
-                      for name, mib, nbytes, us in _memory_kernel_times(GRID_MEMORY_MIB, 1024, iters, warmup)]
+                      for name, mib, nbytes, us in _memory_kernel_times(GRID_MEMORY_MIB, 1024, iters, warmup)
+                      + _fused_kind_times(GRID_MEMORY_MIB, iters, warmup)]
     if log:
         log(f"compute grid: {len(grid['memory'])} memory-bound kernels")
     grid["tiny_kernel_us"] = _tiny_kernel_us()

@@ -1,0 +1,387 @@
+"""The cost model's compute on models it was not fitted to: each model of MODELS at world size 1, measured on one GPU
+and predicted by the cost model (ce_overlap.step_model), side by side with the kernel time per class on both sides.
+
+Measured (on a GPU, each model in a process of its own): the model under `ce_overlap.fully_shard` (each block, then the
+root; bf16 parameters, MixedPrecisionPolicy), compiled whole with ce_overlap's pass (the loss inside), fused AdamW;
+steps timed as bench/train.py times them (CUDA events between step ends, the host never waits inside the loop, Python's
+collector off with a generation-1 collection every 50 steps), the host's time to issue each step beside it, then the
+GPU kernel time per class over a few steps run after 1.5 s of the same (bench/_kernel_profile.py). Predicted (no GPU:
+--predict): the same model captured at world size 1 on fake CUDA tensors and priced by the built-in profile.
+
+    python bench/compute_models.py --out measured.json                       # on the GPU box
+    python bench/compute_models.py --predict --measured measured.json --out compute-models.json   # anywhere
+    python bench/compute_models.py --predict --models gpt2-1024 --profile h200-sxm
+
+Prints one table (model, measured / predicted ms, error, host ms) and, with --measured, each model's kernel classes
+(predicted vs measured). The JSON's rows: {"model", "predicted_ms", "measured_ms", ...}.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SCHEMA = "ce_overlap.compute_models/1"
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """One model of the table: a zoo Llama (`zoo`) or a test model file's class (`file`, `cls`, its config class
+    `config` with `overrides`); `inputs` "tokens" (tokens and labels of the config's batch x seq_len) or "images"."""
+    what: str
+    zoo: str = ""
+    layers: int = 0
+    seq_len: int = 0
+    batch: int = 1
+    file: str = ""
+    cls: str = ""
+    config: str = ""
+    overrides: tuple = ()
+    inputs: str = "tokens"
+
+
+# Shapes chosen so the GPU, not the host, bounds each step (issue 56 is the host-bound case): the host's ms per step is
+# measured beside every row.
+MODELS = {
+    "llama3-1b": ModelSpec("zoo Llama-3-1B widths, 4 layers, seq 4096, batch 1", zoo="llama3-1b", layers=4,
+                           seq_len=4096),
+    "llama3-8b": ModelSpec("zoo Llama-3-8B widths, 4 layers, seq 4096, batch 1", zoo="llama3-8b", layers=4,
+                           seq_len=4096),
+    "gpt2-1024": ModelSpec("GPT-2 style (LayerNorm, GELU, biases, tied), width 1024, 16 heads, 12 layers, seq 1024, "
+                           "batch 24", file="tests/data/gpt2_tied.py", cls="Gpt2", config="Gpt2Config",
+                           overrides=(("vocab_size", 50257), ("n_ctx", 1024), ("dim", 1024), ("n_heads", 16),
+                                      ("n_layers", 12), ("seq_len", 1024), ("batch", 24))),
+    "gpt2-2048": ModelSpec("GPT-2 style, width 2048, 16 heads, 8 layers, seq 2048, batch 4",
+                           file="tests/data/gpt2_tied.py", cls="Gpt2", config="Gpt2Config",
+                           overrides=(("vocab_size", 50257), ("n_ctx", 2048), ("dim", 2048), ("n_heads", 16),
+                                      ("n_layers", 8), ("seq_len", 2048), ("batch", 4))),
+    "moe-2048": ModelSpec("MoE (shared + 4 routed experts, top 2, dense dispatch, QK-norm, GQA 16/4), width 2048, "
+                          "6 layers, seq 2048, batch 4", file="tests/data/moe.py", cls="Moe", config="MoeConfig",
+                          overrides=(("vocab_size", 32000), ("dim", 2048), ("n_layers", 6), ("n_heads", 16),
+                                     ("n_kv_heads", 4), ("n_experts", 4), ("top_k", 2), ("expert_hidden", 2816),
+                                     ("seq_len", 2048), ("batch", 4))),
+    "vit-b16": ModelSpec("ViT-B/16 (conv patches, class token, LayerNorm, GELU), 224 px, 12 layers, batch 256",
+                         file="tests/data/vit.py", cls="Vit", config="VitConfig", inputs="images",
+                         overrides=(("image", 224), ("patch", 16), ("dim", 768), ("n_heads", 12), ("n_layers", 12),
+                                    ("classes", 1000), ("batch", 256))),
+    "titan-flex": ModelSpec("torchtitan-shaped Llama (flex attention, complex RoPE, GQA 32/8), width 2048, 4 layers, "
+                            "seq 4096, batch 1", file="tests/data/titan_llama.py", cls="WithLoss",
+                            config="TitanConfig",
+                            overrides=(("vocab_size", 128256), ("dim", 2048), ("n_layers", 4), ("n_heads", 32),
+                                       ("n_kv_heads", 8), ("ffn_dim", 8192), ("seq_len", 4096), ("batch", 1))),
+}
+
+
+def _load_file(path: str):
+    """The test model file at `path` (from the repository root) as a module, loaded once."""
+    name = f"ce_compute_models_{os.path.basename(path)[:-3]}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # before it runs: its dataclasses look their module up
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _tiny(spec: ModelSpec) -> ModelSpec:
+    """The same model at the test file's default (small) config, the zoo's llama3-tiny: the harness on a CPU."""
+    if spec.zoo:
+        return dataclasses.replace(spec, zoo="llama3-tiny", layers=2, seq_len=64)
+    return dataclasses.replace(spec, overrides=())
+
+
+def build(name: str, device: str, tiny: bool = False):
+    """(model built under torch.device(`device`), batch maker `batch(step) -> inputs` on that device) of
+    MODELS[name]; `tiny`: at the small config of _tiny."""
+    import torch
+
+    spec = _tiny(MODELS[name]) if tiny else MODELS[name]
+    if spec.zoo:
+        from ce_overlap.models.llama import LLAMA_CONFIGS, Llama
+
+        cfg = dataclasses.replace(LLAMA_CONFIGS[spec.zoo], n_layers=spec.layers, seq_len=spec.seq_len)
+        with torch.device(device):
+            model = Llama(cfg)
+        vocab, batch, seq = cfg.vocab_size, spec.batch, spec.seq_len
+    else:
+        module = _load_file(spec.file)
+        cfg = getattr(module, spec.config)(**dict(spec.overrides))
+        with torch.device(device):
+            model = getattr(module, spec.cls)(cfg)
+        vocab, batch = getattr(cfg, "vocab_size", 0), cfg.batch
+        seq = getattr(cfg, "seq_len", 0)
+
+    def make_batch(step: int):
+        g = torch.Generator(device="cpu").manual_seed(1000 + step)
+        if spec.inputs == "images":
+            images = torch.randn((batch, cfg.channels, cfg.image, cfg.image), generator=g)
+            labels = torch.randint(0, cfg.classes, (batch,), generator=g)
+            return images.to(device), labels.to(device)
+        tokens = torch.randint(0, vocab, (batch, seq + 1), generator=g).to(device)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    return model, make_batch
+
+
+def blocks(model):
+    """The model's transformer blocks: the children of its largest ModuleList / ModuleDict."""
+    import torch.nn as nn
+
+    lists = [m for m in model.modules() if isinstance(m, (nn.ModuleList, nn.ModuleDict))]
+    return list(max(lists, key=len).children()) if lists else []
+
+
+def _init_weights(model) -> None:
+    """Weights a step runs on (the values do not change the kernels): matrices N(0, 0.02), biases 0, norms 1."""
+    import torch
+
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if p.ndim >= 2:
+                p.normal_(0.0, 0.02)
+            elif pname.endswith("bias"):
+                p.zero_()
+            else:
+                p.fill_(1.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Measured (one model per process, on a GPU)
+
+def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: str = "cuda",
+                tiny: bool = False) -> dict:
+    import _common  # noqa: F401  (the NCCL / symm-mem environment before torch)
+    import gc
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    import ce_overlap
+    from _titan import GC_FREQ, step_loop_gc
+
+    on_gpu = device == "cuda"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    if on_gpu:
+        torch.cuda.set_device(0)
+    dist.init_process_group("cuda:nccl,cpu:gloo" if on_gpu else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=0, world_size=1)
+    torch.manual_seed(0)
+    model, make_batch = build(name, device, tiny)
+    _init_weights(model)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    for block in blocks(model):
+        ce_overlap.fully_shard(block, dist.group.WORLD, mp_policy=mp)
+    ce_overlap.fully_shard(model, dist.group.WORLD, mp_policy=mp)
+    step_fn = torch.compile(model, options=ce_overlap.inductor_options(ce="off"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=on_gpu)
+    batches = [make_batch(i) for i in range(warmup + steps)]
+
+    def run_step(inputs):
+        out = step_fn(*inputs)
+        loss = out[0] if isinstance(out, (tuple, list)) else out
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    def mark():  # a step's end: a CUDA event (the host does not wait), or the host's clock on a CPU
+        if on_gpu:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def between(a, b) -> float:
+        return a.elapsed_time(b) if on_gpu else 1e3 * (b - a)
+
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    ends, host_ms, losses = [], [], []
+    t_compile = time.perf_counter()
+    compile_s = 0.0
+    with step_loop_gc("torchtitan"):
+        sync()
+        for i, inputs in enumerate(batches, 1):
+            t0 = time.perf_counter()
+            if i > 1 and i % GC_FREQ == 0:
+                gc.collect(1)
+            losses.append(run_step(inputs).detach())
+            ends.append(mark())
+            if i > warmup:
+                host_ms.append(1e3 * (time.perf_counter() - t0))
+            if i == 1:
+                sync()
+                compile_s = time.perf_counter() - t_compile
+        sync()
+    step_ms = [between(a, b) for a, b in zip(ends[warmup - 1:], ends[warmup:])]
+    median = statistics.median(step_ms)
+    kernels = None
+    if profile_steps and on_gpu:
+        from _kernel_profile import profile_kernels
+
+        lead = max(1, math.ceil(1500.0 / max(median, 1e-3)))
+        kernels = profile_kernels(lambda: run_step(batches[-1]), profile_steps, lead=lead)
+    info = {"gpu": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
+            "cuda": torch.version.cuda}
+    peak = torch.cuda.max_memory_reserved() / 2**30 if on_gpu else 0.0
+    dist.destroy_process_group()
+    return {"model": name, "what": MODELS[name].what, "ok": True, "measured_ms": round(median, 3),
+            "step_ms": [round(x, 3) for x in step_ms], "host_ms": round(statistics.median(host_ms), 3),
+            "losses": [round(float(x), 4) for x in losses], "compile_s": round(compile_s, 1),
+            "peak_mem_gib": round(peak, 2), "kernels": kernels, "info": info}
+
+
+def measure(names: list[str], args) -> list[dict]:
+    """Each model in a fresh process (no compiled code, memory or library state carried between models); --out is
+    written after each, so a run cut short keeps the models it finished."""
+    rows = []
+    for name in names:
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+            out = f.name
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--steps", str(args.steps), "--warmup",
+               str(args.warmup), "--kernel-profile", str(args.kernel_profile), "--device", args.device, "--out", out]
+        cmd += ["--tiny"] if args.tiny else []
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd)
+        try:
+            with open(out) as f:
+                row = json.load(f)
+        except (OSError, ValueError):
+            row = {"model": name, "ok": False, "error": f"its process exited {proc.returncode} without a result"}
+        finally:
+            os.remove(out)
+        row["wall_s"] = round(time.perf_counter() - t0, 1)
+        print(f"# {name}: " + (f"{row['measured_ms']:.2f} ms per step, host {row['host_ms']:.2f} ms, "
+                               f"compile {row['compile_s']} s" if row.get("ok") else row["error"]), flush=True)
+        rows.append(row)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"schema": SCHEMA, "rows": rows}, f, indent=1)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Predicted (no GPU)
+
+def predict_one(name: str, profile: str, tiny: bool = False, ir_dir: str | None = None) -> dict:
+    """The cost model's step of MODELS[name] at world size 1 (captured on fake CUDA tensors), with its pieces
+    (step_model's: the time per kernel class among them). `ir_dir`: the capture is read from DIR/NAME.ir.json where
+    it is there, else written there (a later prediction with another profile need not capture again)."""
+    import ce_overlap
+    from ce_overlap.step_model import predicted_step_ms, step_model
+
+    t0 = time.perf_counter()
+    path = os.path.join(ir_dir, f"{name}{'-tiny' if tiny else ''}.ir.json") if ir_dir else None
+    if path and os.path.exists(path):
+        ir = ce_overlap.Ir.load(path)
+    else:
+        model, make_batch = build(name, "meta", tiny)
+        ir = ce_overlap.capture(model, make_batch(0), world_size=1, device="cuda")
+        if path:
+            os.makedirs(ir_dir, exist_ok=True)
+            ir.save(path)
+    pieces = step_model(ir, profile, 1)
+    return {"model": name, "predicted_ms": round(predicted_step_ms(pieces, "ce_overlap-nccl"), 3),
+            "capture_device": ir.meta.get("capture_device"), "pieces": pieces,
+            "predict_s": round(time.perf_counter() - t0, 1)}
+
+
+def class_rows(pieces: dict, kernels: dict | None) -> list[dict]:
+    from step_prediction import compare_classes
+
+    return compare_classes(pieces, kernels)
+
+
+def table(rows: list[dict]) -> str:
+    head = f"{'model':<12} {'measured ms':>11} {'predicted ms':>12} {'error':>7} {'host ms':>8}  what"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        meas, pred = r.get("measured_ms"), r.get("predicted_ms")
+        err = f"{100 * (pred / meas - 1):+6.1f}%" if meas and pred else "      -"
+        host = f"{r['host_ms']:8.2f}" if r.get("host_ms") is not None else "       -"
+        lines.append(f"{r['model']:<12} {meas or 0:11.2f} {pred or 0:12.2f} {err} {host}  {r.get('what', '')}")
+    return "\n".join(lines)
+
+
+def class_table(name: str, classes: list[dict]) -> str:
+    lines = [f"{name}: kernel time per class, ms per step"]
+    for c in classes:
+        meas = c["measured_ms"]
+        err = f"{c['error_pct']:+6.1f}%" if c.get("error_pct") is not None else "      -"
+        lines.append(f"  {c['class']:<58} pred {c['predicted_ms']:8.2f}  meas "
+                     f"{meas if meas is not None else float('nan'):8.2f}  {err}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma list of {list(MODELS)}")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--kernel-profile", type=int, default=3, metavar="STEPS", help="steps profiled by kernel class "
+                   "(0: none)")
+    p.add_argument("--predict", action="store_true", help="predict (no GPU) instead of measuring")
+    p.add_argument("--measured", metavar="JSON", help="with --predict: a measured run's JSON to compare with")
+    p.add_argument("--profile", default="h200-sxm", help="with --predict: the cost model's profile (a built-in name "
+                   "or a file)")
+    p.add_argument("--ir-dir", metavar="DIR", help="with --predict: keep each model's capture in DIR (NAME.ir.json) "
+                   "and read it from there when it is there")
+    p.add_argument("--out", metavar="JSON")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="where to measure (cpu: the harness "
+                   "only, for the tests)")
+    p.add_argument("--tiny", action="store_true", help="each model at a small config (the tests)")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        row = measure_one(args.child, args.steps, args.warmup, args.kernel_profile, args.device, args.tiny)
+        with open(args.out, "w") as f:
+            json.dump(row, f)
+        return 0
+    names = [n for n in args.models.split(",") if n]
+    bad = [n for n in names if n not in MODELS]
+    if bad:
+        p.error(f"--models: unknown {bad}; known: {list(MODELS)}")
+    if args.warmup < 2 or args.steps < 1:
+        p.error("--warmup must be >= 2 (the first step compiles) and --steps >= 1")
+    if not args.predict:
+        rows = measure(names, args)
+        payload = {"schema": SCHEMA, "rows": rows}
+    else:
+        measured = {}
+        if args.measured:
+            with open(args.measured) as f:
+                measured = {r["model"]: r for r in json.load(f)["rows"] if r.get("ok")}
+        rows = []
+        for name in names:
+            pred = predict_one(name, args.profile, args.tiny, args.ir_dir)
+            meas = measured.get(name, {})
+            classes = class_rows(pred["pieces"], meas.get("kernels")) if meas else []
+            rows.append({"model": name, "what": MODELS[name].what, "predicted_ms": pred["predicted_ms"],
+                         "measured_ms": meas.get("measured_ms"), "host_ms": meas.get("host_ms"),
+                         "classes": classes, "profile": args.profile})
+            if classes:
+                print(class_table(name, classes), flush=True)
+        payload = {"schema": SCHEMA, "profile": args.profile, "rows": rows}
+    print(table(rows))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(payload, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
