@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../graph/ir.h"
+#include "shapes.h"
 
 namespace ce_overlap {
 
@@ -202,6 +203,8 @@ struct Profile {
   CeSpec ce;
   ContentionSpec contention;
   std::vector<Curve> curves;
+  // Optional ("shapes"): compute priced by shape (shapes.h); absent, the scalar efficiencies above price every kernel.
+  std::optional<ComputeShapes> shapes;
 };
 
 // Parse and validate; throws IrError naming the field ("gpu.hbm_gbps: expected a positive number, got -1").

@@ -519,8 +519,27 @@ std::vector<FusionGroup> fusion_groups(const Graph& g) {
     }
     return false;
   };
+  // A reduction over leading dimensions (a bias or norm weight's gradient: the sum over tokens of a [tokens, width]
+  // tensor) iterates its input column-wise, where the pointwise kernel producing that input iterates it row by row:
+  // Inductor runs it as a kernel of its own, which reads the input again (the GPT-2 and ViT traces on an H200: a
+  // separate `triton_red_fused_..._sum` per bias, bench/results/compute-models-2026-12-01). Such a node joins no
+  // producer's group; its consumers may join it.
+  auto column_reduction = [&](int i) {
+    const Node& node = g.nodes[i];
+    if (node.kind != NodeKind::Compute || node.inputs.empty() || node.outputs.empty()) return false;
+    if (node.op.rfind("aten.sum.", 0) != 0 && node.op.rfind("aten.mean.", 0) != 0) return false;
+    const Node& src = g.nodes[node.inputs.front()];
+    if (src.outputs.empty()) return false;
+    const std::vector<int64_t>& in = src.outputs.front().shape;
+    const std::vector<int64_t>& out = node.outputs.front().shape;
+    if (in.size() < 2 || out.empty() || out.back() != in.back() || in.back() <= 1) return false;
+    int64_t in_numel = 1, out_numel = 1;
+    for (int64_t d : in) in_numel *= d;
+    for (int64_t d : out) out_numel *= d;
+    return out_numel < in_numel;
+  };
   for (int i = 0; i < n; ++i) {
-    if (!member(i)) continue;
+    if (!member(i) || column_reduction(i)) continue;
     for (int in : g.nodes[i].inputs) {
       if (!member(in)) continue;
       const int ri = find(i), rin = find(in);

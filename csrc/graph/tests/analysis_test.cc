@@ -370,6 +370,27 @@ TEST(FusionGroups, PointwiseChainBetweenGemmsIsOneKernel) {
   (void)v;
 }
 
+TEST(FusionGroups, AReductionOverLeadingDimensionsIsAKernelOfItsOwn) {
+  // mul [64, 32] -> sum over rows (a bias gradient, [32]) and -> sum over columns (a norm's statistic, [64, 1]): the
+  // column-wise sum joins no producer (it reads mul's output again), the row-wise one fuses with mul.
+  GraphBuilder g;
+  const int p = g.placeholder("p", tensor({64, 32}));
+  const int mul = g.compute("mul", {p}, tensor({64, 32}));
+  g.node(mul).op = "aten.mul.Tensor";
+  const int bias_grad = g.compute("bias_grad", {mul}, tensor({32}));
+  g.node(bias_grad).op = "aten.sum.dim_IntList";
+  const int cast = g.compute("cast", {bias_grad}, tensor({32}));  // its consumer may join it
+  const int row_sum = g.compute("row_sum", {mul}, tensor({64, 1}));
+  g.node(row_sum).op = "aten.sum.dim_IntList";
+  g.output({cast, row_sum});
+  const std::vector<FusionGroup> groups = fusion_groups(g.graph());
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].compute_nodes, (std::vector<int>{mul, row_sum}));
+  EXPECT_EQ(groups[1].compute_nodes, (std::vector<int>{bias_grad, cast}));
+  EXPECT_EQ(groups[1].bytes_in, 64 * 32 * 4);  // mul's output read again
+  EXPECT_EQ(groups[0].bytes_out, 64 * 32 * 4 + 64 * 4);  // mul's output leaves for the column sum
+}
+
 TEST(FusionGroups, ViewsReadOutsideMakeTheirProducerWriteAndUnusedOutputsCount) {
   // a -> v -> mm (outside): a's output leaves through its view. b has no user at all: written (an effect).
   // c reads a view of the GEMM: the view's 8 bytes enter, not the GEMM's 64.
