@@ -21,7 +21,7 @@ sys.path.insert(0, BENCH)
 SCRIPTS = ["collectives.py", "train.py", "step_prediction.py", "plot_train.py", "cost_model_validation.py",
            "capture_speed.py", "capture_devices.py", "plan_speed.py", "fault_repeats.py", "pipeline.py", "repro_nccl_unbatched_p2p.py", "timeline.py",
            "torchtitan_fsdp2.py", "copy_timeline.py", "clocks.py", "ce_ops.py", "tp_predictions.py",
-           "node_predictions.py"]
+           "node_predictions.py", "compute_models.py", "fit_shapes.py", "repredict.py"]
 SUBCOMMANDS = ["all-gather", "reduce-scatter", "all-to-all", "broadcast", "all", "p2p", "overlap", "probe"]
 
 

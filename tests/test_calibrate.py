@@ -405,16 +405,35 @@ def _curve(m, coll="all_gather", backend="nccl"):
 _GRID = {"gemms": [{"m": 4096, "n": 4096, "k": 4096, "layout": "nt", "us": 190.0}],
          "attention": [{"batch": 2, "heads": 32, "seq": 4096, "head_dim": 128, "causal": True, "forward_us": 600.0,
                         "backward_us": 1500.0}],
-         "memory": [{"name": "add", "mib": 64, "bytes": 3 * 64 << 20, "us": 50.0}], "tiny_kernel_us": 2.0}
+         "memory": [{"name": "add", "mib": 64, "bytes": 3 * 64 << 20, "us": 50.0},
+                    {"name": "rmsnorm", "mib": 64, "bytes": 2 * 64 << 20, "us": 40.0}], "tiny_kernel_us": 2.0}
 
 
-def test_a_compute_grid_is_checked_and_kept_in_the_measurements(base):
-    """calibrate --compute-grid's rows pass the check and stay in the clean measurements (the input compute priced by
-    shape will be fitted to); the profile written from them is the one without."""
+def test_a_compute_grid_becomes_the_profiles_shape_tables(base):
+    """calibrate --compute-grid's rows pass the check, stay in the clean measurements, and become the profile's
+    "shapes": this GPU's burst efficiencies (FLOPs or bytes over time against the base's peaks), the base's in-step
+    factors kept (fitted to training steps, not to bursts); the C++ loader takes the result."""
     clean, _ = calibrate.check_measurements(_mutate(lambda m: m.update(compute_grid=_GRID)))
     assert clean["compute_grid"] == _GRID
-    assert calibrate.build_profile(base, _mutate(lambda m: m.update(compute_grid=_GRID))) == \
-        calibrate.build_profile(base, _mutate(lambda m: None))
+    prof, notes = calibrate.build_profile(base, _mutate(lambda m: m.update(compute_grid=_GRID)))
+    sh = prof["shapes"]
+    assert sh["gemm"] == {"dims": [4096], "efficiency": [round(2 * 4096**3 / (190.0 * 989e6), 4)]}
+    flops = 4 * 2 * 32 * 4096**2 * 128 / 2  # causal: half the square
+    assert sh["attention"]["causal"]["forward"] == [round(flops / (600.0 * 989e6), 4)]
+    assert sh["attention"]["causal"]["backward"] == [round(2.5 * flops / (1500.0 * 989e6), 4)]
+    assert sh["memory"]["bytes"] == [3 * 64 << 20]
+    assert sh["memory"]["pointwise"] == [round((3 * 64 << 20) / (50.0 * 4800e3), 4)]
+    assert sh["memory"]["reduction"] == [round((2 * 64 << 20) / (40.0 * 4800e3), 4)]  # one size: its value
+    assert sh["in_step"] == json.loads(profiles.read_text("h200-sxm"))["shapes"]["in_step"]
+    assert any("shapes from the compute grid" in n for n in notes)
+    without, _ = calibrate.build_profile(base, _mutate(lambda m: None))
+    assert without["shapes"] == json.loads(profiles.read_text("h200-sxm"))["shapes"]  # kept from the base
+
+
+def test_a_compute_grid_without_reduction_kernels_is_refused(base):
+    grid = {**_GRID, "memory": _GRID["memory"][:1]}
+    with pytest.raises(CeOverlapError, match=r"compute grid: no reduction kernels \(rmsnorm, layernorm, column_sum\)"):
+        calibrate.build_profile(base, _mutate(lambda m: m.update(compute_grid=grid)))
 
 
 REJECTED = {

@@ -108,6 +108,15 @@ def format_summary(report: dict) -> str:
             f"peak activations {g['peak_memory_bytes'] / 2**30:.2f} GiB"
             + (f"; of the comm, tensor parallelism {_ms(g['tp_comm_us'])} ms (exposed {_ms(g['tp_exposed_comm_us'])})"
                if g.get("tp_comm_us") else ""))
+    by_class: dict[str, float] = {}
+    for g in report["graphs"]:
+        for cls, us in (g.get("compute_by_class_us") or {}).items():
+            by_class[cls] = by_class.get(cls, 0.0) + us
+    if by_class:  # what to hold against a profiler's kernel table (torch.profiler, nsys) of one step
+        names = {"matmul": "GEMMs", "attention": "attention", "memory_bound": "fused / memory-bound"}
+        lines.append("kernel time per step by class (what a profiler's kernel table shows): " + ", ".join(
+            f"{names.get(c, c)} {_ms(us)} ms" for c, us in sorted(by_class.items(), key=lambda kv: -kv[1]))
+            + " (the optimizer and the GPU's gaps between kernels apart)")
     lines += [f"note: {n}" for n in format_notes(report)]
     return "\n".join(lines)
 

@@ -142,12 +142,15 @@ def _spec(profile: str) -> dict:
 def bandwidths_us_per_byte(spec: dict) -> tuple[float, float, float]:
     """(HBM us per byte at the profile's memory efficiency, the fused optimizer's us per byte: its own calibrated
     efficiency where the profile has one, else the memory efficiency, and a compiled step's fused kernels' us per
-    byte: efficiency.fused_memory, else the memory efficiency, as the C++ model charges fusion groups); `spec`: the
+    byte: with shape tables a large pointwise kernel's (the stand-ins this prices are weight-sized casts), else
+    efficiency.fused_memory, else the memory efficiency, as the C++ model charges fusion groups); `spec`: the
     profile's JSON."""
     hbm = spec["gpu"]["hbm_gbps"] * 1e3
     eff = spec["efficiency"]
-    return (1.0 / (hbm * eff["memory"]), 1.0 / (hbm * eff.get("optimizer", eff["memory"])),
-            1.0 / (hbm * eff.get("fused_memory", eff["memory"])))
+    fused = eff.get("fused_memory", eff["memory"])
+    if "shapes" in spec:
+        fused = spec["shapes"]["memory"]["pointwise"][-1] * spec["shapes"]["in_step"]["memory"]
+    return (1.0 / (hbm * eff["memory"]), 1.0 / (hbm * eff.get("optimizer", eff["memory"])), 1.0 / (hbm * fused))
 
 
 def plan_costs(plan: dict, hbm_us_per_byte: float) -> dict:

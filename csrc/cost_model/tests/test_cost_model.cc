@@ -70,6 +70,7 @@ TEST(CostModel, GemmRooflineExact) {
 
   // The built-in profile: 989 TFLOP/s x gemm with the ramp: (F + ramp) / (989e6 x gemm) us.
   Profile p = builtin_profile("h200-sxm");
+  p.shapes.reset();  // the scalar model (the shape tables: test_shapes.cc)
   CostModel h(p);
   const double f8192 = 2.0 * 8192 * 8192 * 8192;
   const double expected = (f8192 + p.efficiency.gemm_ramp_flops) / (989.0 * 1e6 * p.efficiency.gemm);
@@ -139,6 +140,7 @@ TEST(CostModel, FlexAttentionHasItsOwnEfficiencyElseAttentions) {
 
 TEST(CostModel, GemmEfficiencyRamp) {
   Profile p = builtin_profile("h200-sxm");
+  p.shapes.reset();  // the scalar model (the shape tables: test_shapes.cc)
   CostModel m(p);
   const double peak_per_us = p.gpu.peak_bf16_tflops * 1e6;
   auto efficiency = [&](double flops) {

@@ -16,6 +16,7 @@ from ..errors import CeOverlapError
 from .check import check_measurements
 from .common import COMPUTE_KINDS, attention_executed_flops, format_bytes
 from .model import collective_us, core_profile, predicted_slowdown, step_gemms_model_us
+from .shapes import shapes_from_grid
 
 
 
@@ -99,6 +100,7 @@ def build_profile(base: dict, measurements: dict, *, name: str | None = None,
     _fit_training_step(p, m, fitted)
     _fit_optimizer(p, m, fitted, kept)
     _fit_kernel_gap(p, m, fitted, kept)
+    _fit_shapes(p, m, base, fitted, kept)
 
     curves = {(c["collective"], c["backend"], c["group_size"]): c["points"] for c in m.get("collectives", [])}
     analytic = copy.deepcopy(p)  # fits of the analytic model run without curves (they would mask it)
@@ -324,6 +326,26 @@ def _fit_kernel_gap(p: dict, m: dict, fitted: list[str], kept: list[str]) -> Non
                       f"{kg['kernels']:.0f} kernels and copies of compiled training steps)")
     else:
         kept.append("efficiency.kernel_gap_us")
+
+
+def _fit_shapes(p: dict, m: dict, base: dict, fitted: list[str], kept: list[str]) -> None:
+    """shapes: compute priced by shape from the compute grid (--compute-grid), its efficiencies this GPU's bursts; the
+    in-step factors are the base's (they are fitted to training steps profiled by kernel class: bench/fit_shapes.py),
+    1 where the base has none."""
+    grid = m.get("compute_grid")
+    if not grid:
+        if "shapes" in p:
+            kept.append("shapes (no --compute-grid in this run)")
+        return
+    in_step = (base.get("shapes") or {}).get("in_step")
+    p["shapes"] = shapes_from_grid(grid, p["gpu"], f"ce-overlap calibrate --compute-grid on {m['gpu']['name']}",
+                                   in_step)
+    sh = p["shapes"]
+    fitted.append(f"shapes from the compute grid ({len(sh['gemm']['dims'])}^3 GEMMs, "
+                  f"{sum(len(t['forward']) for k, t in sh['attention'].items() if k != 'tokens')} attention shapes, "
+                  f"{len(sh['memory']) - 1} memory kinds at {len(sh['memory']['bytes'])} sizes)")
+    kept.append(f"shapes.in_step {sh['in_step']}" if in_step else
+                "shapes.in_step 1 (the base has none: fit them with bench/fit_shapes.py)")
 
 
 def _fit_nccl_all_gather(analytic: dict, curves: dict, world: int, fitted: list[str], kept: list[str]) -> dict:
