@@ -14,10 +14,15 @@ GPU kernel time per class over a few steps run after 1.5 s of the same (bench/_k
 
 Prints one table (model, measured / predicted ms, error, host ms) and, with --measured, each model's kernel classes
 (predicted vs measured). The JSON's rows: {"model", "predicted_ms", "measured_ms", ...}.
+
+Host time (issue 56): `--setups fully_shard,plain` measures each model also unsharded (fp32 weights under bf16
+autocast, compiled whole), and `--host-profile` adds the host's time to issue one step on an idle device, the step
+with a sync after, and cProfile's functions over 10 steps (HOST_MODELS holds that issue's host-bound shapes).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -82,6 +87,21 @@ MODELS = {
                             overrides=(("vocab_size", 128256), ("dim", 2048), ("n_layers", 4), ("n_heads", 32),
                                        ("n_kv_heads", 8), ("ffn_dim", 8192), ("seq_len", 4096), ("batch", 1))),
 }
+# Issue 56's host-bound shapes (the host, not the GPU, bounds these steps): measured with --setups fully_shard,plain
+# --host-profile, not part of the seven-model check.
+HOST_MODELS = {
+    "gpt2-1536-host": ModelSpec("GPT-2 style, width 1536, 12 heads, 8 layers, seq 1024, batch 4",
+                                file="tests/data/gpt2_tied.py", cls="Gpt2", config="Gpt2Config",
+                                overrides=(("vocab_size", 50257), ("n_ctx", 1024), ("dim", 1536), ("n_heads", 12),
+                                           ("n_layers", 8), ("seq_len", 1024), ("batch", 4))),
+    "moe-1536-host": ModelSpec("MoE (shared + 4 routed experts, top 2, dense dispatch, QK-norm, GQA 12/4), width 1536, "
+                               "6 layers, seq 1024, batch 4", file="tests/data/moe.py", cls="Moe", config="MoeConfig",
+                               overrides=(("vocab_size", 32000), ("dim", 1536), ("n_layers", 6), ("n_heads", 12),
+                                          ("n_kv_heads", 4), ("n_experts", 4), ("top_k", 2), ("expert_hidden", 2048),
+                                          ("seq_len", 1024), ("batch", 4))),
+}
+ALL_MODELS = {**MODELS, **HOST_MODELS}
+SETUPS = ("fully_shard", "plain")
 
 
 def _load_file(path: str):
@@ -107,7 +127,7 @@ def build(name: str, device: str, tiny: bool = False):
     MODELS[name]; `tiny`: at the small config of _tiny."""
     import torch
 
-    spec = _tiny(MODELS[name]) if tiny else MODELS[name]
+    spec = _tiny(ALL_MODELS[name]) if tiny else ALL_MODELS[name]
     if spec.zoo:
         from ce_overlap.models.llama import LLAMA_CONFIGS, Llama
 
@@ -161,7 +181,7 @@ def _init_weights(model) -> None:
 # Measured (one model per process, on a GPU)
 
 def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: str = "cuda",
-                tiny: bool = False) -> dict:
+                tiny: bool = False, setup: str = "fully_shard", host_profile: bool = False) -> dict:
     import _common  # noqa: F401  (the NCCL / symm-mem environment before torch)
     import gc
 
@@ -183,16 +203,22 @@ def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: 
     torch.manual_seed(0)
     model, make_batch = build(name, device, tiny)
     _init_weights(model)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
-    for block in blocks(model):
-        ce_overlap.fully_shard(block, dist.group.WORLD, mp_policy=mp)
-    ce_overlap.fully_shard(model, dist.group.WORLD, mp_policy=mp)
-    step_fn = torch.compile(model, options=ce_overlap.inductor_options(ce="off"))
+    autocast = contextlib.nullcontext
+    if setup == "fully_shard":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+        for block in blocks(model):
+            ce_overlap.fully_shard(block, dist.group.WORLD, mp_policy=mp)
+        ce_overlap.fully_shard(model, dist.group.WORLD, mp_policy=mp)
+        step_fn = torch.compile(model, options=ce_overlap.inductor_options(ce="off"))
+    else:  # plain: the unsharded model, fp32 weights under bf16 autocast, compiled whole
+        step_fn = torch.compile(model)
+        autocast = lambda: torch.autocast(device, dtype=torch.bfloat16)  # noqa: E731
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=on_gpu)
     batches = [make_batch(i) for i in range(warmup + steps)]
 
     def run_step(inputs):
-        out = step_fn(*inputs)
+        with autocast():
+            out = step_fn(*inputs)
         loss = out[0] if isinstance(out, (tuple, list)) else out
         loss.backward()
         opt.step()
@@ -235,14 +261,50 @@ def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: 
 
         lead = max(1, math.ceil(1500.0 / max(median, 1e-3)))
         kernels = profile_kernels(lambda: run_step(batches[-1]), profile_steps, lead=lead)
+    host = _host_profile(run_step, batches[-1], sync) if host_profile else None
     info = {"gpu": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
             "cuda": torch.version.cuda}
     peak = torch.cuda.max_memory_reserved() / 2**30 if on_gpu else 0.0
     dist.destroy_process_group()
-    return {"model": name, "what": MODELS[name].what, "ok": True, "measured_ms": round(median, 3),
+    return {"model": name, "what": ALL_MODELS[name].what, "setup": setup, "host": host, "ok": True,
+            "measured_ms": round(median, 3),
             "step_ms": [round(x, 3) for x in step_ms], "host_ms": round(statistics.median(host_ms), 3),
             "losses": [round(float(x), 4) for x in losses], "compile_s": round(compile_s, 1),
             "peak_mem_gib": round(peak, 2), "kernels": kernels, "info": info}
+
+
+def _host_profile(run_step, inputs, sync, steps: int = 10, top: int = 40) -> dict:
+    """Where the host's time to issue one step goes: the Python time to enqueue a step that starts on an idle
+    device (a sync before it, none inside: `enqueue_ms`), the same step with a sync after (`synced_ms`), and
+    cProfile over `steps` such steps: the `top` functions by own time and by cumulative time (ms per step)."""
+    import cProfile
+    import pstats
+
+    enqueue, synced = [], []
+    for _ in range(steps):
+        sync()
+        t0 = time.perf_counter()
+        run_step(inputs)
+        enqueue.append(1e3 * (time.perf_counter() - t0))
+        sync()
+        synced.append(1e3 * (time.perf_counter() - t0))
+    prof = cProfile.Profile()
+    for _ in range(steps):
+        sync()
+        prof.enable()
+        run_step(inputs)
+        prof.disable()
+    sync()
+    stats = pstats.Stats(prof).stats
+
+    def rows(key: int) -> list[dict]:
+        ranked = sorted(stats.items(), key=lambda kv: -kv[1][key])[:top]
+        return [{"function": f"{os.path.relpath(f[0]) if f[0].startswith('/') else f[0]}:{f[1]}({f[2]})",
+                 "calls": v[1] / steps, "own_ms": round(1e3 * v[2] / steps, 3), "cumulative_ms":
+                 round(1e3 * v[3] / steps, 3)} for f, v in ranked]
+
+    return {"enqueue_ms": round(statistics.median(enqueue), 3), "synced_ms": round(statistics.median(synced), 3),
+            "by_own_time": rows(2), "by_cumulative_time": rows(3)}
 
 
 def measure(names: list[str], args) -> list[dict]:
@@ -252,21 +314,28 @@ def measure(names: list[str], args) -> list[dict]:
     for name in names:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
             out = f.name
+        name, _, setup = name.partition("@")
         cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--steps", str(args.steps), "--warmup",
-               str(args.warmup), "--kernel-profile", str(args.kernel_profile), "--device", args.device, "--out", out]
+               str(args.warmup), "--kernel-profile", str(args.kernel_profile), "--device", args.device, "--out", out,
+               "--setups", setup or "fully_shard"]
         cmd += ["--tiny"] if args.tiny else []
+        cmd += ["--host-profile"] if args.host_profile else []
         t0 = time.perf_counter()
         proc = subprocess.run(cmd)
         try:
             with open(out) as f:
                 row = json.load(f)
         except (OSError, ValueError):
-            row = {"model": name, "ok": False, "error": f"its process exited {proc.returncode} without a result"}
+            row = {"model": name, "setup": setup or "fully_shard", "ok": False,
+                   "error": f"its process exited {proc.returncode} without a result"}
         finally:
             os.remove(out)
         row["wall_s"] = round(time.perf_counter() - t0, 1)
-        print(f"# {name}: " + (f"{row['measured_ms']:.2f} ms per step, host {row['host_ms']:.2f} ms, "
-                               f"compile {row['compile_s']} s" if row.get("ok") else row["error"]), flush=True)
+        host = row.get("host") or {}
+        print(f"# {name} ({setup or 'fully_shard'}): " + (
+            f"{row['measured_ms']:.2f} ms per step, host {row['host_ms']:.2f} ms, compile {row['compile_s']} s"
+            + (f", enqueue {host['enqueue_ms']:.2f} ms, synced {host['synced_ms']:.2f} ms" if host else "")
+            if row.get("ok") else row["error"]), flush=True)
         rows.append(row)
         if args.out:
             with open(args.out, "w") as f:
@@ -313,7 +382,8 @@ def table(rows: list[dict]) -> str:
         meas, pred = r.get("measured_ms"), r.get("predicted_ms")
         err = f"{100 * (pred / meas - 1):+6.1f}%" if meas and pred else "      -"
         host = f"{r['host_ms']:8.2f}" if r.get("host_ms") is not None else "       -"
-        lines.append(f"{r['model']:<12} {meas or 0:11.2f} {pred or 0:12.2f} {err} {host}  {r.get('what', '')}")
+        name = r["model"] + (f"@{r['setup']}" if r.get("setup", "fully_shard") != "fully_shard" else "")
+        lines.append(f"{name:<12} {meas or 0:11.2f} {pred or 0:12.2f} {err} {host}  {r.get('what', '')}")
     return "\n".join(lines)
 
 
@@ -344,21 +414,29 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="where to measure (cpu: the harness "
                    "only, for the tests)")
     p.add_argument("--tiny", action="store_true", help="each model at a small config (the tests)")
+    p.add_argument("--setups", default="fully_shard", help=f"comma list of {list(SETUPS)}: each model under "
+                   "ce_overlap.fully_shard, and/or plain (unsharded, fp32 weights under bf16 autocast)")
+    p.add_argument("--host-profile", action="store_true", help="also the host's time to issue a step and cProfile's "
+                   "functions over 10 steps (issue 56)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        row = measure_one(args.child, args.steps, args.warmup, args.kernel_profile, args.device, args.tiny)
+        row = measure_one(args.child, args.steps, args.warmup, args.kernel_profile, args.device, args.tiny,
+                          args.setups, args.host_profile)
         with open(args.out, "w") as f:
             json.dump(row, f)
         return 0
     names = [n for n in args.models.split(",") if n]
-    bad = [n for n in names if n not in MODELS]
+    bad = [n for n in names if n not in ALL_MODELS]
     if bad:
-        p.error(f"--models: unknown {bad}; known: {list(MODELS)}")
+        p.error(f"--models: unknown {bad}; known: {list(ALL_MODELS)}")
+    setups = [s for s in args.setups.split(",") if s]
+    if not setups or any(s not in SETUPS for s in setups):
+        p.error(f"--setups: expected a comma list of {list(SETUPS)}, got {args.setups!r}")
     if args.warmup < 2 or args.steps < 1:
         p.error("--warmup must be >= 2 (the first step compiles) and --steps >= 1")
     if not args.predict:
-        rows = measure(names, args)
+        rows = measure([f"{n}@{s}" for n in names for s in setups], args)
         payload = {"schema": SCHEMA, "rows": rows}
     else:
         measured = {}
@@ -370,7 +448,7 @@ def main(argv=None) -> int:
             pred = predict_one(name, args.profile, args.tiny, args.ir_dir)
             meas = measured.get(name, {})
             classes = class_rows(pred["pieces"], meas.get("kernels")) if meas else []
-            rows.append({"model": name, "what": MODELS[name].what, "predicted_ms": pred["predicted_ms"],
+            rows.append({"model": name, "what": ALL_MODELS[name].what, "predicted_ms": pred["predicted_ms"],
                          "measured_ms": meas.get("measured_ms"), "host_ms": meas.get("host_ms"),
                          "classes": classes, "profile": args.profile})
             if classes:
