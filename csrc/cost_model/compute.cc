@@ -62,8 +62,9 @@ CostModel::Roofline CostModel::roofline(const Node& node) const {
     const bool backward = node.op.find("backward") != std::string::npos;
     const bool flex = is_flex_attention_op(node.op);
     double e = flex ? eff.flex_attention_or_attention(backward) : eff.attention_or_gemm(backward);
-    const std::vector<int64_t>& q = node.outputs.front().shape;  // the output (forward) or grad_q: [b, h, s, d]
-    if (shapes && half && q.size() == 4) {
+    // The output (forward) or grad_q (backward): [b, h, s, d]. `half` means there is an output.
+    if (shapes && half && node.outputs.front().shape.size() == 4) {
+      const std::vector<int64_t>& q = node.outputs.front().shape;
       const double b = static_cast<double>(q[0]), h = static_cast<double>(q[1]), seq = static_cast<double>(q[2]),
                    d = static_cast<double>(q[3]);
       // Executed FLOPs well under the full square's (4 b h s^2 d forward, 2.5x that backward): causal.
