@@ -3,6 +3,7 @@
 training step, fitted to steps whose kernel time per class was measured. No torch, no GPU."""
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 
@@ -37,50 +38,49 @@ def shapes_from_grid(grid: dict, gpu: dict, source: str, in_step: dict | None = 
             "in_step": {"gemm": 1.0, "attention": 1.0, "memory": 1.0, **(in_step or {})}}
 
 
+def _row_major(axes: list[list[int]], cells: dict, missing) -> list:
+    """The values of `cells` (keyed by one coordinate per axis) in row-major order over `axes`; a missing one raises
+    CeOverlapError(missing(*coordinates))."""
+    out = []
+    for key in itertools.product(*axes):
+        if key not in cells:
+            raise CeOverlapError(missing(*key))
+        out.append(cells[key])
+    return out
+
+
 def _gemm_table(rows: list[dict], peak: float) -> dict:
     dims = sorted({int(r["m"]) for r in rows})
+    if not dims:
+        raise CeOverlapError("compute grid: no GEMMs")
     by_shape: dict[tuple, list[float]] = {}
     for r in rows:  # the layouts averaged: the grid's three differ by under 1% at 4096^3
         by_shape.setdefault((int(r["m"]), int(r["n"]), int(r["k"])), []).append(
             2.0 * r["m"] * r["n"] * r["k"] / (r["us"] * peak))
-    eff = []
-    for m in dims:
-        for n in dims:
-            for k in dims:
-                if (m, n, k) not in by_shape:
-                    raise CeOverlapError(f"compute grid: no GEMM of m={m}, n={n}, k={k} (the table needs every "
-                                         f"combination of {dims})")
-                eff.append(_fraction(statistics.mean(by_shape[(m, n, k)])))
-    if not dims:
-        raise CeOverlapError("compute grid: no GEMMs")
-    return {"dims": dims, "efficiency": eff}
+    cells = {shape: statistics.mean(effs) for shape, effs in by_shape.items()}
+    eff = _row_major([dims] * 3, cells, lambda m, n, k: f"compute grid: no GEMM of m={m}, n={n}, k={k} (the table "
+                                                        f"needs every combination of {dims})")
+    return {"dims": dims, "efficiency": [_fraction(e) for e in eff]}
 
 
 def _attention_tables(rows: list[dict], peak: float) -> dict:
     out: dict = {"tokens": GRID_ATTENTION_TOKENS}
     for causal, key in ((True, "causal"), (False, "non_causal")):
-        mine = [r for r in rows if bool(r.get("causal", True)) == causal]
-        if not mine:
-            continue
-        seqs = sorted({int(r["seq"]) for r in mine})
-        heads = sorted({int(r["batch"]) * int(r["heads"]) * int(r["seq"]) // GRID_ATTENTION_TOKENS for r in mine})
-        dims = sorted({int(r["head_dim"]) for r in mine})
-        cell = {}
-        for r in mine:
+        cells = {}  # (seq, heads at GRID_ATTENTION_TOKENS tokens, head_dim) -> (forward, backward) efficiency
+        for r in rows:
+            if bool(r.get("causal", True)) != causal:
+                continue
             flops = 4.0 * r["batch"] * r["heads"] * r["seq"] ** 2 * r["head_dim"] * (0.5 if causal else 1.0)
             h = int(r["batch"]) * int(r["heads"]) * int(r["seq"]) // GRID_ATTENTION_TOKENS
-            cell[(int(r["seq"]), h, int(r["head_dim"]))] = (flops / (r["forward_us"] * peak),
-                                                           2.5 * flops / (r["backward_us"] * peak))
-        fwd, bwd = [], []
-        for s in seqs:
-            for h in heads:
-                for d in dims:
-                    if (s, h, d) not in cell:
-                        raise CeOverlapError(f"compute grid: no {key} attention at seq {s}, {h} heads at "
-                                             f"{GRID_ATTENTION_TOKENS} tokens, head dim {d}")
-                    fwd.append(_fraction(cell[(s, h, d)][0]))
-                    bwd.append(_fraction(cell[(s, h, d)][1]))
-        out[key] = {"seqs": seqs, "heads": heads, "head_dims": dims, "forward": fwd, "backward": bwd}
+            cells[(int(r["seq"]), h, int(r["head_dim"]))] = (flops / (r["forward_us"] * peak),
+                                                            2.5 * flops / (r["backward_us"] * peak))
+        if not cells:
+            continue
+        axes = [sorted({c[i] for c in cells}) for i in range(3)]
+        effs = _row_major(axes, cells, lambda s, h, d: f"compute grid: no {key} attention at seq {s}, {h} heads at "
+                                                       f"{GRID_ATTENTION_TOKENS} tokens, head dim {d}")
+        out[key] = {"seqs": axes[0], "heads": axes[1], "head_dims": axes[2],
+                    "forward": [_fraction(f) for f, _ in effs], "backward": [_fraction(b) for _, b in effs]}
     if len(out) == 1:
         raise CeOverlapError("compute grid: no attention shapes")
     return out
