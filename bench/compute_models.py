@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -104,17 +103,6 @@ ALL_MODELS = {**MODELS, **HOST_MODELS}
 SETUPS = ("fully_shard", "plain")
 
 
-def _load_file(path: str):
-    """The test model file at `path` (from the repository root) as a module, loaded once."""
-    name = f"ce_compute_models_{os.path.basename(path)[:-3]}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # before it runs: its dataclasses look their module up
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 def _tiny(spec: ModelSpec) -> ModelSpec:
     """The same model at the test file's default (small) config, the zoo's llama3-tiny: the harness on a CPU."""
     if spec.zoo:
@@ -136,7 +124,9 @@ def build(name: str, device: str, tiny: bool = False):
             model = Llama(cfg)
         vocab, batch, seq = cfg.vocab_size, spec.batch, spec.seq_len
     else:
-        module = _load_file(spec.file)
+        from ce_overlap.models import load_file
+
+        module = load_file(os.path.join(ROOT, spec.file))
         cfg = getattr(module, spec.config)(**dict(spec.overrides))
         with torch.device(device):
             model = getattr(module, spec.cls)(cfg)
@@ -307,17 +297,16 @@ def _host_profile(run_step, inputs, sync, steps: int = 10, top: int = 40) -> dic
             "by_own_time": rows(2), "by_cumulative_time": rows(3)}
 
 
-def measure(names: list[str], args) -> list[dict]:
-    """Each model in a fresh process (no compiled code, memory or library state carried between models); --out is
-    written after each, so a run cut short keeps the models it finished."""
+def measure(runs: list[tuple[str, str]], args) -> list[dict]:
+    """Each (model, setup) of `runs` in a fresh process (no compiled code, memory or library state carried between
+    them); --out is written after each, so a run cut short keeps the ones it finished."""
     rows = []
-    for name in names:
+    for name, setup in runs:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
             out = f.name
-        name, _, setup = name.partition("@")
         cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--steps", str(args.steps), "--warmup",
                str(args.warmup), "--kernel-profile", str(args.kernel_profile), "--device", args.device, "--out", out,
-               "--setups", setup or "fully_shard"]
+               "--setups", setup]
         cmd += ["--tiny"] if args.tiny else []
         cmd += ["--host-profile"] if args.host_profile else []
         t0 = time.perf_counter()
@@ -326,13 +315,13 @@ def measure(names: list[str], args) -> list[dict]:
             with open(out) as f:
                 row = json.load(f)
         except (OSError, ValueError):
-            row = {"model": name, "setup": setup or "fully_shard", "ok": False,
+            row = {"model": name, "setup": setup, "ok": False,
                    "error": f"its process exited {proc.returncode} without a result"}
         finally:
             os.remove(out)
         row["wall_s"] = round(time.perf_counter() - t0, 1)
         host = row.get("host") or {}
-        print(f"# {name} ({setup or 'fully_shard'}): " + (
+        print(f"# {name} ({setup}): " + (
             f"{row['measured_ms']:.2f} ms per step, host {row['host_ms']:.2f} ms, compile {row['compile_s']} s"
             + (f", enqueue {host['enqueue_ms']:.2f} ms, synced {host['synced_ms']:.2f} ms" if host else "")
             if row.get("ok") else row["error"]), flush=True)
@@ -367,12 +356,6 @@ def predict_one(name: str, profile: str, tiny: bool = False, ir_dir: str | None 
     return {"model": name, "predicted_ms": round(predicted_step_ms(pieces, "ce_overlap-nccl"), 3),
             "capture_device": ir.meta.get("capture_device"), "pieces": pieces,
             "predict_s": round(time.perf_counter() - t0, 1)}
-
-
-def class_rows(pieces: dict, kernels: dict | None) -> list[dict]:
-    from step_prediction import compare_classes
-
-    return compare_classes(pieces, kernels)
 
 
 def table(rows: list[dict]) -> str:
@@ -436,18 +419,21 @@ def main(argv=None) -> int:
     if args.warmup < 2 or args.steps < 1:
         p.error("--warmup must be >= 2 (the first step compiles) and --steps >= 1")
     if not args.predict:
-        rows = measure([f"{n}@{s}" for n in names for s in setups], args)
+        rows = measure([(n, s) for n in names for s in setups], args)
         payload = {"schema": SCHEMA, "rows": rows}
     else:
+        from step_prediction import compare_classes
+
         measured = {}
         if args.measured:
             with open(args.measured) as f:
-                measured = {r["model"]: r for r in json.load(f)["rows"] if r.get("ok")}
+                measured = {r["model"]: r for r in json.load(f)["rows"]
+                            if r.get("ok") and r.get("setup", "fully_shard") == "fully_shard"}
         rows = []
         for name in names:
             pred = predict_one(name, args.profile, args.tiny, args.ir_dir)
             meas = measured.get(name, {})
-            classes = class_rows(pred["pieces"], meas.get("kernels")) if meas else []
+            classes = compare_classes(pred["pieces"], meas.get("kernels")) if meas else []
             rows.append({"model": name, "what": ALL_MODELS[name].what, "predicted_ms": pred["predicted_ms"],
                          "measured_ms": meas.get("measured_ms"), "host_ms": meas.get("host_ms"),
                          "classes": classes, "profile": args.profile})

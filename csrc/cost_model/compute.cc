@@ -76,9 +76,9 @@ CostModel::Roofline CostModel::roofline(const Node& node) const {
       }
     }
     r.flops_us = flops / (peak_tflops * 1e6 * e);
-  } else if (flops > 0 && shapes && half && gemm_mnk(node)) {
-    const std::array<double, 3> mnk = *gemm_mnk(node);
-    const double e = shapes->gemm_efficiency(mnk[0], mnk[1], mnk[2]) * shapes->in_step_gemm;
+  } else if (const std::optional<std::array<double, 3>> mnk =
+                 flops > 0 && shapes && half ? gemm_mnk(node) : std::nullopt) {
+    const double e = shapes->gemm_efficiency((*mnk)[0], (*mnk)[1], (*mnk)[2]) * shapes->in_step_gemm;
     r.flops_us = flops / (peak_tflops * 1e6 * e);
   } else {
     // Efficiency gemm x F / (F + ramp): small GEMMs leave SMs idle (too few output tiles for one wave).

@@ -63,21 +63,29 @@ def is_build_target(target: str) -> bool:
     return bool(sep) and path.endswith(".py")
 
 
-def build_from_file(target: str) -> BuiltModel:
-    """`path/to/file.py:fn`: import the file and call fn(), which returns (module, example_inputs). A function
-    `tensor_parallel(module, tp_mesh)` in the file is the model's tensor-parallel plan (captures with tp > 1)."""
-    path, _, fn_name = target.rpartition(":")
+def load_file(path: str, label: str | None = None):
+    """The Python file at `path` imported as a module (registered in sys.modules while it runs, as an import would:
+    dataclasses and pickling look the module up by name). Raises CeOverlapError, prefixed with `label` (default the
+    path), for a missing file or one whose import raises."""
+    label = label or path
     if not os.path.isfile(path):
-        raise CeOverlapError(f"{target}: no such file {path!r}")
+        raise CeOverlapError(f"{label}: no such file {path!r}")
     spec = importlib.util.spec_from_file_location(f"ce_overlap_user_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(spec)
-    # Registered while it runs, as an import would: dataclasses and pickling look the module up by name.
     sys.modules[spec.name] = module
     try:
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as e:  # the user's file: report, never crash or exit
         sys.modules.pop(spec.name, None)
-        raise CeOverlapError(f"{target}: importing {path} raised {type(e).__name__}: {e}") from None
+        raise CeOverlapError(f"{label}: importing {path} raised {type(e).__name__}: {e}") from None
+    return module
+
+
+def build_from_file(target: str) -> BuiltModel:
+    """`path/to/file.py:fn`: import the file and call fn(), which returns (module, example_inputs). A function
+    `tensor_parallel(module, tp_mesh)` in the file is the model's tensor-parallel plan (captures with tp > 1)."""
+    path, _, fn_name = target.rpartition(":")
+    module = load_file(path, target)
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise CeOverlapError(f"{target}: {path} has no callable {fn_name!r}")
