@@ -21,6 +21,8 @@ def model_config(args):
 # --in-graph-wrap torchtitan: the submodules sharded by a call of their own, not resharded after forward (torchtitan's
 # FSDP2 wrap does this for [norm, output], bench/_fsdp2.py): the backward starts with them.
 KEEP_GATHERED = {"blocks": (), "torchtitan": ("norm", "output")}
+# The in-graph wrap of a result that does not record one (train.py's --in-graph-wrap before it existed).
+IN_GRAPH_WRAP_BEFORE = "blocks"
 
 
 def capture_step(args, world: int, fsdp2: bool = False, overlap_scheduler: str | None = None,
@@ -45,6 +47,16 @@ def capture_step(args, world: int, fsdp2: bool = False, overlap_scheduler: str |
                               keep_gathered=KEEP_GATHERED[args.fsdp2_wrap if fsdp2 else args.in_graph_wrap],
                               inductor_config=inductor_config, tp=getattr(args, "tp", 1),
                               tensor_parallel=tensor_parallel, async_tp=async_tp)
+
+
+def recorded_step_args(a: dict) -> argparse.Namespace:
+    """capture_step's arguments of a recorded bench/train.py run (its JSON's "args"), with train.py's defaults where an
+    older run did not record one (its in-graph wrap: "blocks" before the wrap was recorded)."""
+    return argparse.Namespace(model=a.get("model", "llama3-8b"), layers=a["layers"], seq_len=a.get("seq_len", 4096),
+                              batch=a.get("batch", 1), gqa=a.get("gqa", "expand"),
+                              vocab_parallel_embeddings=bool(a.get("vocab_parallel_embeddings")),
+                              in_graph_wrap=a.get("in_graph_wrap", IN_GRAPH_WRAP_BEFORE),
+                              fsdp2_wrap=a.get("fsdp2_wrap", "torchtitan"), device="cpu")
 
 
 def fsdp2_shards_alike(args) -> bool:

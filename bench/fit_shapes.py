@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def recorded_steps(results: str, gpu: str, mode: str = "no-comm") -> list[tuple[str, dict, dict]]:
-    """(path, args, kernels) of every train.json under `results` whose `mode` ran on a `gpu` (a substring of the
-    device name) with a kernel profile."""
+    """(path, run, kernels) of every train.json under `results` whose `mode` ran on a `gpu` (a substring of the
+    device name) with a kernel profile; `run` is the whole JSON."""
     out = []
     for path in sorted(glob.glob(os.path.join(results, "**", "train.json"), recursive=True)):
         with open(path) as f:
@@ -34,19 +34,8 @@ def recorded_steps(results: str, gpu: str, mode: str = "no-comm") -> list[tuple[
         for r in run.get("results", []):
             kernels = r.get("kernels") or {}
             if r.get("mode") == mode and r.get("ok", True) and kernels.get("by_class_ms"):
-                out.append((path, run["args"], kernels))
+                out.append((path, run, kernels))
     return out
-
-
-def step_args(a: dict):
-    """bench/train.py's capture arguments of a recorded run (its defaults where an older run did not record one)."""
-    import train
-
-    return argparse.Namespace(model=a.get("model", "llama3-8b"), layers=a["layers"], seq_len=a.get("seq_len", 4096),
-                              batch=a.get("batch", 1), gqa=a.get("gqa", "expand"),
-                              vocab_parallel_embeddings=bool(a.get("vocab_parallel_embeddings")),
-                              in_graph_wrap=a.get("in_graph_wrap", train.IN_GRAPH_WRAP_BEFORE),
-                              fsdp2_wrap=a.get("fsdp2_wrap", "torchtitan"), device="cpu")
 
 
 def main(argv=None) -> int:
@@ -60,6 +49,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     import train
+    from _predict import recorded_step_args
     from ce_overlap import profiles
     from ce_overlap.calibrate.shapes import in_step_factors, shapes_from_grid
     from ce_overlap.step_model import step_model
@@ -79,9 +69,9 @@ def main(argv=None) -> int:
         unit = os.path.join(tmp, "factor-1.json")
         with open(unit, "w") as f:
             json.dump(base, f)
-        for path, a, kernels in steps:
-            world = int(json.load(open(path))["info"]["world_size"])
-            sa = step_args(a)
+        for path, run, kernels in steps:
+            world = int(run["info"]["world_size"])
+            sa = recorded_step_args(run["args"])
             key = (world, sa.layers, sa.vocab_parallel_embeddings, sa.in_graph_wrap, sa.seq_len, sa.gqa)
             if key not in captures:
                 captures[key] = train.capture_step(sa, world)

@@ -52,16 +52,16 @@ def without_key(profile: str, key: str, tmp: str) -> str:
     return path
 
 
-def run_key(run: dict):
-    """What the capture depends on: (model, world, layers, lookup, wrap, profile, seq, gqa, fsdp2 wrap, tp)."""
-    import train
+def run_key(run: dict) -> tuple:
+    """What the capture depends on, in the order runs are listed: (model, world, layers, lookup, wrap, profile, seq,
+    gqa, fsdp2 wrap, tp, batch), then capture_step's arguments themselves (bench/_predict.py recorded_step_args)."""
+    from _predict import recorded_step_args
     from ce_overlap.profiles import DEFAULT, builtin_for_device
 
-    a = run["args"]
-    return (a.get("model", "llama3-8b"), run["info"]["world_size"], a["layers"],
-            bool(a.get("vocab_parallel_embeddings")), a.get("in_graph_wrap", train.IN_GRAPH_WRAP_BEFORE),
-            builtin_for_device(run["info"]["gpu"], default=DEFAULT), a.get("seq_len", 4096), a.get("gqa", "expand"),
-            a.get("fsdp2_wrap", "torchtitan"), a.get("tp", 1), a.get("batch", 1))
+    sa = recorded_step_args(run["args"])
+    return (sa.model, run["info"]["world_size"], sa.layers, sa.vocab_parallel_embeddings, sa.in_graph_wrap,
+            builtin_for_device(run["info"]["gpu"], default=DEFAULT), sa.seq_len, sa.gqa, sa.fsdp2_wrap,
+            run["args"].get("tp", 1), sa.batch), sa
 
 
 def main(argv=None) -> int:
@@ -82,21 +82,21 @@ def main(argv=None) -> int:
     import train
 
     runs = collections.defaultdict(list)
+    step_args = {}  # key -> capture_step's arguments
     for path in sorted(glob.glob(os.path.join(args.results, "**", "train.json"), recursive=True)):
         with open(path) as f:
             run = json.load(f)
         name = os.path.relpath(path, args.results)
         meas = {x["mode"]: x["median_ms"] for x in run["results"] if x.get("ok", True) and x.get("median_ms")}
-        runs[run_key(run)].append((name, meas, why_not_modelled(name, run, extra)))
+        key, step_args[key] = run_key(run)
+        runs[key].append((name, meas, why_not_modelled(name, run, extra)))
     errors = collections.defaultdict(list)  # profile -> [(|error| as shipped, [|error| without each key], ...)]
     with tempfile.TemporaryDirectory() as tmp:
         for key, rs in sorted(runs.items()):
-            model, world, layers, vocab, wrap, profile, seq, gqa, fsdp2_wrap, tp, batch = key
+            _, world, layers, vocab, wrap, profile, _, _, _, tp, _ = key
             if tp > 1:
                 continue  # the TP modes' predictions need an async-TP capture per run: bench/tp_predictions.py
-            sa = argparse.Namespace(model=model, layers=layers, seq_len=seq, batch=batch, gqa=gqa,
-                                    vocab_parallel_embeddings=vocab, in_graph_wrap=wrap, fsdp2_wrap=fsdp2_wrap,
-                                    device="cpu")
+            sa = step_args[key]
             ir = train.capture_step(sa, world)
             _, pred = train.predict_steps(sa, world, profile, ir=ir)
             alt = [train.predict_steps(sa, world, without_key(profile, k, tmp), ir=ir)[1] for k in args.without]

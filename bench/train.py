@@ -81,8 +81,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from _kernel_profile import export_trace, log_kernel_table, profile_kernels, rank_summary  # noqa: E402
 from _memory import ce_pool_gib, live_at_peak_by_site, live_blocks_by_site, memory_report  # noqa: E402
-from _predict import (KEEP_GATHERED, capture_step, fsdp2_shards_alike, loss_logits, model_config,  # noqa: E402,F401
-                      predict_steps)
+from _predict import (IN_GRAPH_WRAP_BEFORE, KEEP_GATHERED, capture_step, fsdp2_shards_alike,  # noqa: E402,F401
+                      loss_logits, model_config, predict_steps)
 
 # "cuda" normally; "cpu" (gloo, --device cpu) only for the smoke test that runs in CI (tests/test_train_bench.py).
 DEVICE = "cuda"
@@ -225,7 +225,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 # 0.5 GiB less allocated; bench/results/step-prediction-2026-11-28-b). A result that does not record its wrap ran
 # "blocks" (IN_GRAPH_WRAP_BEFORE).
 IN_GRAPH_WRAP = "torchtitan"
-IN_GRAPH_WRAP_BEFORE = "blocks"
 
 
 def build_model(cfg, mode: str, group, ce: str = "auto", wrap: str = "torchtitan", vocab_parallel: bool = False,
