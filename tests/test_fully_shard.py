@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 import ce_overlap
 from ce_overlap.errors import CeOverlapError
@@ -394,3 +394,100 @@ def test_uneven_shards_give_every_rank_the_same_plan():
         names = {m[k] for b in first["buckets"] for m in b["members"] for k in ("collective", "wait")}
         assert [n for n in first["order"] if n in names] == [n for n in last["order"] if n in names]
         assert len(first["order"]) < len(last["order"])  # the pad: rank 3 holds fewer rows
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 8)
+        self.b = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x))).square().sum()
+
+
+def test_the_compiled_step_takes_plain_tensors_and_gradients_land_on_the_dtensor_parameters(gloo_world1):
+    """Host time (issue 56): the compiled graph's inputs are the shards' local tensors, not DTensors (AOTAutograd
+    would rebuild every gradient as a DTensor, Dynamo check every spec in Python); each gradient still reaches its
+    DTensor Parameter with the Parameter's own spec, accumulates over backward passes, and equals the eager one."""
+    inputs = []
+
+    def backend(gm, example_inputs):
+        inputs.extend(example_inputs)
+        return gm.forward
+
+    torch.manual_seed(0)
+    eager, compiled = _Net(), _Net()
+    compiled.load_state_dict(eager.state_dict())
+    for m in (eager, compiled):
+        ce_overlap.fully_shard(m)
+    x = torch.randn(4, 16)
+    step = torch.compile(compiled, backend=backend)
+    for _ in range(2):  # the second backward accumulates into the first's gradients
+        step(x).backward()
+        eager(x).backward()
+    assert inputs and not any(isinstance(t, DTensor) for t in inputs)
+    for (name, p), q in zip(compiled.named_parameters(), eager.parameters()):
+        assert isinstance(p.grad, DTensor) and p.grad._spec == p._spec, name
+        assert torch.equal(p.grad.to_local(), q.grad.to_local()), name
+        assert p._local_tensor.grad is None, name  # handed over, not kept twice
+
+
+def test_frozen_moved_and_replaced_parameters_after_sharding(gloo_world1):
+    """What nn.Module does to a sharded model keeps the gather's leaves current: requires_grad_ freezes (no
+    gradient), .to() moves the shards (the moved ones train), and a Parameter replaced by name is refused at once."""
+    model = ce_overlap.fully_shard(_Net())
+    x = torch.randn(4, 16)
+    model.a.requires_grad_(False)
+    model(x).backward()
+    assert model.a.weight.grad is None and model.b.weight.grad is not None
+    model.a.requires_grad_(True)
+    model.to(torch.float64)
+    model.zero_grad(set_to_none=True)
+    model(x.double()).backward()
+    assert model.a.weight.dtype == torch.float64 and model.a.weight.grad.dtype == torch.float64
+    with pytest.raises(CeOverlapError, match="'weight' of Linear was replaced after it was sharded"):
+        model.a.weight = nn.Parameter(torch.zeros(8, 16))
+    with pytest.raises(RuntimeError, match="replaced after it was sharded"):  # torch's load_state_dict wraps it
+        model.load_state_dict(model.state_dict(), assign=True)
+
+
+def test_fused_optimizers_step_dtensors_on_their_local_shards_bit_identically(gloo_world1):
+    """fully_shard routes torch's fused optimizers over DTensors to the local shards (fx/fused_optim.py): the same
+    parameters and states, bit for bit, as DTensor's own dispatch; a Partial gradient still takes DTensor's way."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ce_overlap.fx import fused_optim
+
+    mesh = DeviceMesh.from_group(gloo_world1, "cpu")
+    torch.manual_seed(0)
+    values = [torch.randn(6, 3), torch.randn(5)]
+    grads = [[torch.randn_like(v) for v in values] for _ in range(3)]
+
+    def run(kind: str, fast: bool):
+        handlers = DTensor._op_dispatcher._custom_op_handlers
+        saved = {op: handlers.pop(op) for op in fused_optim._ops() if op in handlers}
+        if fast:
+            fused_optim.install()
+        try:
+            params = [nn.Parameter(DTensor.from_local(v.clone(), mesh, [Shard(0)])) for v in values]
+            opt = (torch.optim.AdamW(params, lr=0.1, fused=True) if kind == "adamw" else
+                   torch.optim.Adam(params, lr=0.1, amsgrad=True, fused=True))
+            for step in grads:
+                for p, g in zip(params, step):
+                    p.grad = DTensor.from_local(g.clone(), mesh, [Shard(0)])
+                opt.step()
+            return [p.to_local() for p in params], [t.to_local() for s in opt.state.values() for t in s.values()
+                                                    if isinstance(t, DTensor)]
+        finally:
+            for op in fused_optim._ops():
+                handlers.pop(op, None)
+            handlers.update(saved)
+
+    for kind in ("adamw", "adam-amsgrad"):
+        fast, slow = run(kind, True), run(kind, False)
+        assert all(torch.equal(a, b) for a, b in zip(fast[0] + fast[1], slow[0] + slow[1])), kind
+        assert len(fast[1]) == len(slow[1]) > 0
+    local = fused_optim._local_lists(([DTensor.from_local(values[0], mesh, [Shard(0)])],
+                                      [DTensor.from_local(values[0], mesh, [Partial()])]), {})
+    assert local is None  # a Partial gradient: DTensor's own rule (it reduces first)

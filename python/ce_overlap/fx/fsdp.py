@@ -50,6 +50,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from .. import nodes
+from . import fused_optim
 from ..errors import CeOverlapError
 from ..logs import log_once
 
@@ -117,11 +118,11 @@ def _vocab_parallel_lookup(module: nn.Embedding, tokens: torch.Tensor) -> torch.
     world), as the gathered weight's Partial("avg") reduce-scatter averages it."""
     param = module._parameters["weight"]
     spec: _ShardSpec = module._ce_overlap_specs["weight"]
-    mesh = spec.mesh
+    mesh = spec.config.mesh
     n, rank = mesh.size(), mesh.get_local_rank()
-    w = param.to_local(grad_placements=[Shard(0)])
-    if spec.param_dtype is not None:
-        w = w.to(spec.param_dtype)
+    w = spec.leaf
+    if spec.config.param_dtype is not None:
+        w = w.to(spec.config.param_dtype)
     w = _ScaleGrad.apply(w, 1.0 / n)
     everyone = funcol.all_gather_tensor(tokens.reshape(-1), 0, mesh)  # rank order: rank r's tokens at r * T
     local = everyone - rank * spec.chunk
@@ -136,16 +137,16 @@ def _vocab_parallel_ok(sub: nn.Module, spec: _ShardSpec, registrations: int, n: 
     """Why `sub` cannot look up on its row shard (None: it can)."""
     if n == 1:
         return "a world of one rank has no table to gather"
-    if spec.reduce_dtype != spec.param_dtype:
+    if spec.config.reduce_dtype != spec.config.param_dtype:
         # The table's gradient is summed over ranks inside the lookup's backward, in the gathered weight's dtype.
-        return f"its gradient reduces in {spec.reduce_dtype}, not in the gathered {spec.param_dtype}"
+        return f"its gradient reduces in {spec.config.reduce_dtype}, not in the gathered {spec.config.param_dtype}"
     if user_class(type(sub)).forward is not nn.Embedding.forward:
         return "its forward is not nn.Embedding's"
     if registrations > 1:
         return "its weight is tied (another module reads it whole)"
     if spec.tp is not None:
         return "tensor parallelism already shards its table"
-    if spec.replicate is not None:
+    if spec.config.replicate is not None:
         return "HSDP would all-reduce its gradient across replicas too"
     if sub.padding_idx is not None or sub.max_norm is not None or sub.scale_grad_by_freq or sub.sparse:
         return "it uses padding_idx, max_norm, scale_grad_by_freq or sparse"
@@ -200,70 +201,119 @@ class _TensorParallel:
     local_stride: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class _GatherConfig:
+    """What one fully_shard call's parameters share: one object, so that torch.compile guards its fields once per call
+    and not once per parameter (Dynamo checks a second path to an object it already guards by identity)."""
+    param_dtype: torch.dtype | None
+    reduce_dtype: torch.dtype | None
+    reshard_after_forward: bool
+    local: bool                    # the no-communication stand-in (bench/train.py's bound), not a sharded model
+    mesh: DeviceMesh               # the data-parallel mesh the shards are gathered over
+    # HSDP: the "replicate" mesh; the parameters are (Replicate(), Shard(0)) on the (replicate, shard) mesh
+    replicate: DeviceMesh | None = None
+
+
 @dataclass
 class _ShardSpec:
     """How one sharded parameter is gathered (one per Parameter, however many modules register it)."""
     rows: int                      # the unsharded dim 0 (of this TP rank's shard, under tensor parallelism)
     chunk: int                     # rows per rank, the last ranks' shards shorter (torch's chunk layout)
-    param_dtype: torch.dtype | None
-    reduce_dtype: torch.dtype | None
-    reshard_after_forward: bool
-    local: bool                    # the no-communication stand-in (bench/train.py's bound), not a sharded model
+    config: _GatherConfig
     state: _ForwardState
     index: int                     # the key of its gathered value in the gather-once window
-    mesh: DeviceMesh | None = None     # the data-parallel mesh the shard is gathered over
-    param: nn.Parameter | None = field(default=None, repr=False, compare=False)  # the sharded Parameter itself
+    shape: torch.Size              # the data-parallel DTensor's global shape and stride (the TP shard's under TP)
+    stride: tuple[int, ...]
+    param: nn.Parameter = field(repr=False, compare=False)  # the sharded Parameter itself
     tp: _TensorParallel | None = None  # set when tensor parallelism sharded the parameter first
-    # HSDP: the "replicate" mesh; the parameter is (Replicate(), Shard(0)) on the (replicate, shard) mesh
-    replicate: DeviceMesh | None = None
     # False under an activation-checkpoint wrapper: torch.compile traces the wrapped block as a higher-order op,
     # which may read the window but not write to it (a graph break); such a block reads each weight once anyway.
     keep: bool = True
+    leaf: torch.Tensor | None = field(default=None, repr=False, compare=False)  # the autograd leaf the gather reads
+    hooked: torch.Tensor | None = field(default=None, repr=False, compare=False)  # the leaf with _grad_to_param
+    owners: list = field(default_factory=list, repr=False, compare=False)   # (module, name) registering the Parameter
+
+
+def _grad_to_param(spec: _ShardSpec, leaf: torch.Tensor) -> None:
+    """The leaf's gradient, just accumulated, handed to the sharded Parameter as a DTensor of the Parameter's own spec
+    (summed into a gradient already there, as autograd accumulates). A frozen Parameter's is dropped."""
+    grad, leaf.grad = leaf.grad, None
+    param = spec.param
+    if grad is None or leaf is not spec.leaf or not param.requires_grad:
+        return
+    for module, name in spec.owners:  # a Parameter swapped in under a compiled forward (which does not look)
+        if module._parameters.get(name) is not param:
+            raise _replaced(module, name)
+    if param.grad is None:
+        param.grad = DTensor.__new__(DTensor, grad, param._spec, requires_grad=False)  # no __init__: nothing in it
+    else:
+        param.grad._local_tensor.add_(grad)
+
+
+def _attach_leaf(spec: _ShardSpec) -> None:
+    """Makes the sharded Parameter's local tensor the autograd leaf that the gather reads (again after nn.Module._apply
+    swapped the Parameter's contents: .to(), .to_empty(), .double()), with the Parameter's requires_grad."""
+    leaf, wanted = spec.param._local_tensor, spec.param.requires_grad
+    spec.leaf = leaf
+    if leaf.requires_grad != wanted:
+        leaf.requires_grad_(wanted)
+    if wanted and spec.hooked is not leaf:  # a hook needs a tensor that requires grad
+        leaf.register_post_accumulate_grad_hook(functools.partial(_grad_to_param, spec))
+        spec.hooked = leaf
+
+
+def _replaced(module: nn.Module, name: str) -> CeOverlapError:
+    return CeOverlapError(f"ce_overlap.fully_shard: parameter {name!r} of {user_class(type(module)).__name__} was "
+                          "replaced after it was sharded (tensor parallelism applied after fully_shard? "
+                          "load_state_dict(assign=True)?): apply parallelize_module first, then fully_shard, as with "
+                          "FSDP2, and load state dicts in place (torch.distributed.checkpoint, or assign=False)")
 
 
 def _replicate(shard: torch.Tensor, spec: _ShardSpec) -> torch.Tensor:
-    """The gathered weight (a plain tensor) from this rank's shard: the parameter itself (a Shard(0) DTensor over the
-    data-parallel mesh), or, under tensor parallelism, its local rows (this rank's part of its TP rank's shard)."""
-    mesh = spec.mesh
-    if spec.local:
-        x = shard.to_local() if isinstance(shard, DTensor) else shard
-        x = x if spec.param_dtype is None else x.to(spec.param_dtype)
+    """The gathered weight (a plain tensor) from this rank's shard (`shard`: the Parameter's local tensor; under tensor
+    parallelism this rank's rows of its TP rank's shard), through a Shard(0) DTensor over the data-parallel mesh."""
+    cfg = spec.config
+    mesh = cfg.mesh
+    if cfg.local:
+        x = shard if cfg.param_dtype is None else shard.to(cfg.param_dtype)
         if x.shape[0] < spec.chunk:
             x = torch.cat([x, x.new_zeros((spec.chunk - x.shape[0], *x.shape[1:]))])
         full = _LocalGather.apply(x, mesh.size(), mesh.get_local_rank())
         return full if full.shape[0] == spec.rows else full[: spec.rows]
-    if spec.replicate is not None:
+    if cfg.replicate is not None:
         # HSDP, in FSDP2's order: gathered over "shard"; the gradient reduce-scattered (averaged) over "shard", then
         # this rank's rows all-reduced (averaged) over "replicate": the replicas exchange a shard, not the weight.
-        local = _ReplicaAverage.apply(shard.to_local(), spec.replicate.get_group().group_name, spec.reduce_dtype)
-        shard = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=shard.shape, stride=shard.stride())
-    elif spec.tp is not None:  # the TP shard, sharded by rows over the data-parallel mesh, as a 1-D DTensor
-        shard = DTensor.from_local(shard, mesh, [Shard(0)], run_check=False, shape=spec.tp.local_shape,
-                                   stride=spec.tp.local_stride)
-    return shard.redistribute(placements=[Replicate()], forward_dtype=spec.param_dtype,
-                              backward_dtype=spec.reduce_dtype).to_local(grad_placements=[Partial("avg")])
+        shard = _ReplicaAverage.apply(shard, cfg.replicate.get_group().group_name, cfg.reduce_dtype)
+    shard = DTensor.from_local(shard, mesh, [Shard(0)], run_check=False, shape=spec.shape, stride=spec.stride)
+    return shard.redistribute(placements=[Replicate()], forward_dtype=cfg.param_dtype,
+                              backward_dtype=cfg.reduce_dtype).to_local(grad_placements=[Partial("avg")])
 
 
 def _gather(module: nn.Module, name: str) -> torch.Tensor:
     """The property behind a sharded parameter's name: in a sharded module's forward the gathered weight, else
-    (state dicts, initialization, the optimizer's view) the sharded DTensor parameter, as FSDP2's."""
-    param = module._parameters[name]
+    (state dicts, initialization, the optimizer's view) the sharded DTensor parameter, as FSDP2's.
+
+    The gather starts from the parameter's local tensor (`spec.leaf`, the autograd leaf) and not from the DTensor
+    Parameter: the compiled graph then takes plain tensors and returns plain gradients, which the leaf's hook hands
+    to the Parameter (_grad_to_param). With the DTensor as the graph's input, AOTAutograd rebuilt every gradient as
+    a DTensor and Dynamo checked every parameter's DTensor spec in Python on every call (issue 56: 4-6 ms of host
+    time per step at 100 parameters)."""
     spec: _ShardSpec = module._ce_overlap_specs[name]
     state = spec.state
     if not state.active:
-        return param
+        return module._parameters[name]
     if state.gather_once:
         full = state.gathered.get(spec.index)
         if full is not None:
             return full
-    if param is not spec.param:
-        raise CeOverlapError(f"ce_overlap.fully_shard: parameter {name!r} of {user_class(type(module)).__name__} was "
-                             "replaced after it was sharded (tensor parallelism applied after fully_shard?): apply "
-                             "parallelize_module first, then fully_shard, as with FSDP2")
+    if not torch.compiler.is_compiling():  # eager: the Parameter still the sharded one, its leaf current
+        if module._parameters.get(name) is not spec.param:
+            raise _replaced(module, name)
+        _attach_leaf(spec)
     # Under tensor parallelism the gather works on plain local tensors (the selective-checkpoint region in and out)
     # and hands the module its TP DTensor, as parallelize_module left it.
-    shard = param if spec.tp is None else param.to_local()
-    if spec.reshard_after_forward:
+    shard = spec.leaf
+    if spec.config.reshard_after_forward:
         full = checkpoint(_replicate, shard, spec, use_reentrant=False, context_fn=_regather_context)
     else:
         full = _replicate(shard, spec)
@@ -298,6 +348,25 @@ class ShardedModule:
     _ce_overlap_state: _ForwardState
     _ce_overlap_input_dtype: torch.dtype | None = None
     _ce_overlap_output_dtype: torch.dtype | None = None
+
+    def register_parameter(self, name: str, param) -> None:
+        spec = self.__dict__.get("_ce_overlap_specs", {}).get(name)
+        if spec is not None and param is not spec.param:
+            raise _replaced(self, name)
+        super().register_parameter(name, param)
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        for spec in self.__dict__.get("_ce_overlap_specs", {}).values():
+            _attach_leaf(spec)
+        return out
+
+    def requires_grad_(self, requires_grad: bool = True):
+        out = super().requires_grad_(requires_grad)
+        for sub in self.modules():
+            for spec in sub.__dict__.get("_ce_overlap_specs", {}).values():
+                _attach_leaf(spec)
+        return out
 
     def forward(self, *args, **kwargs):
         state, dtype = self._ce_overlap_state, self._ce_overlap_input_dtype
@@ -562,6 +631,7 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
         raise CeOverlapError(f"ce_overlap.fully_shard: mp_policy must be a MixedPrecisionPolicy, got "
                              f"{type(mp_policy).__name__}")
     param_dtype, output_dtype = mp_policy.param_dtype, mp_policy.output_dtype
+    fused_optim.install()
     reduce_dtype = mp_policy.reduce_dtype or param_dtype
 
     specs = {id(p): spec for sub in module.modules() for name, p in sub._parameters.items()
@@ -576,6 +646,8 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
         _check_hsdp(hsdp_mesh)
         _GROUP_ROLES[hsdp_mesh["replicate"].get_group().group_name] = "replicate"
     state = _ForwardState()
+    config = _GatherConfig(param_dtype, reduce_dtype, reshard_after_forward, _local_gather, mesh,
+                           replicate=hsdp_mesh["replicate"] if hsdp_mesh is not None else None)
     # The parameters sharded by earlier calls on submodules (the blocks) join this call's gather-once window.
     for spec in specs.values():
         spec.state = state
@@ -606,10 +678,12 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
         dt = DTensor.from_local(local, spmd_mesh, placements, run_check=False, shape=param.shape,
                                 stride=param.stride())
         shard = nn.Parameter(dt, requires_grad=param.requires_grad)
-        specs[id(shard)] = _ShardSpec(rows, shard_rows(rows, mesh.size()), param_dtype, reduce_dtype,
-                                      reshard_after_forward, _local_gather, state, index=next(_indices), mesh=mesh,
-                                      param=shard, tp=tp,
-                                      replicate=hsdp_mesh["replicate"] if hsdp_mesh is not None else None)
+        gathered_shape, gathered_stride = (tp.local_shape, tp.local_stride) if tp is not None else \
+            (param.shape, _contiguous_stride(param.shape))
+        spec = _ShardSpec(rows, shard_rows(rows, mesh.size()), config, state, index=next(_indices),
+                          shape=gathered_shape, stride=gathered_stride, param=shard, tp=tp)
+        _attach_leaf(spec)
+        specs[id(shard)] = spec
         sharded[id(param)] = shard
     for sub, name, param in todo:
         shard = sharded[id(param)]
@@ -623,6 +697,9 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
         new = tuple(sorted(name for name in own if not isinstance(getattr(type(sub), name, None), property)))
         if own:
             sub._ce_overlap_specs = {**getattr(sub, "_ce_overlap_specs", {}), **own}
+        for name, spec in own.items():
+            if not any(m is sub and n == name for m, n in spec.owners):
+                spec.owners.append((sub, name))
         _swap_class(sub, new)
         _importable(user_class(type(sub)))
         sub._ce_overlap_state = state
