@@ -15,8 +15,8 @@ GPU kernel time per class over a few steps run after 1.5 s of the same (bench/_k
 Prints one table (model, measured / predicted ms, error, host ms) and, with --measured, each model's kernel classes
 (predicted vs measured). The JSON's rows: {"model", "predicted_ms", "measured_ms", ...}.
 
-Host time (issue 56): `--setups fully_shard,plain` measures each model also unsharded (fp32 weights under bf16
-autocast, compiled whole), and `--host-profile` adds the host's time to issue one step on an idle device, the step
+Host time (issue 56): `--setups fully_shard,plain,fsdp2` measures each model also unsharded (fp32 weights under bf16
+autocast, compiled whole) and under FSDP2 as torchtitan runs it (each block compiled, then sharded, bf16 parameters), and `--host-profile` adds the host's time to issue one step on an idle device, the step
 with a sync after, and cProfile's functions over 10 steps (HOST_MODELS holds that issue's host-bound shapes).
 """
 from __future__ import annotations
@@ -100,7 +100,7 @@ HOST_MODELS = {
                                           ("seq_len", 1024), ("batch", 4))),
 }
 ALL_MODELS = {**MODELS, **HOST_MODELS}
-SETUPS = ("fully_shard", "plain")
+SETUPS = ("fully_shard", "plain", "fsdp2")
 
 
 def _tiny(spec: ModelSpec) -> ModelSpec:
@@ -145,12 +145,18 @@ def build(name: str, device: str, tiny: bool = False):
     return model, make_batch
 
 
-def blocks(model):
-    """The model's transformer blocks: the children of its largest ModuleList / ModuleDict."""
+def _block_container(model):
+    """The model's largest ModuleList / ModuleDict (its transformer blocks), or None."""
     import torch.nn as nn
 
     lists = [m for m in model.modules() if isinstance(m, (nn.ModuleList, nn.ModuleDict))]
-    return list(max(lists, key=len).children()) if lists else []
+    return max(lists, key=len) if lists else None
+
+
+def blocks(model):
+    """The model's transformer blocks: the children of its largest ModuleList / ModuleDict."""
+    container = _block_container(model)
+    return list(container.children()) if container is not None else []
 
 
 def _init_weights(model) -> None:
@@ -200,6 +206,19 @@ def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: 
             ce_overlap.fully_shard(block, dist.group.WORLD, mp_policy=mp)
         ce_overlap.fully_shard(model, dist.group.WORLD, mp_policy=mp)
         step_fn = torch.compile(model, options=ce_overlap.inductor_options(ce="off"))
+    elif setup == "fsdp2":  # FSDP2 as torchtitan runs it: each block compiled, then sharded; the root eager
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = DeviceMesh.from_group(dist.group.WORLD, device)
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+        container = _block_container(model)
+        for key, block in list(container.named_children()):
+            container.register_module(key, torch.compile(block))
+        for block in container.children():
+            fully_shard(block, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        step_fn = model
     else:  # plain: the unsharded model, fp32 weights under bf16 autocast, compiled whole
         step_fn = torch.compile(model)
         autocast = lambda: torch.autocast(device, dtype=torch.bfloat16)  # noqa: E731
@@ -265,19 +284,26 @@ def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: 
 
 def _host_profile(run_step, inputs, sync, steps: int = 10, top: int = 40) -> dict:
     """Where the host's time to issue one step goes: the Python time to enqueue a step that starts on an idle
-    device (a sync before it, none inside: `enqueue_ms`), the same step with a sync after (`synced_ms`), and
-    cProfile over `steps` such steps: the `top` functions by own time and by cumulative time (ms per step)."""
+    device (a sync before it, none inside: `enqueue_ms`, and the thread's CPU time in it: `enqueue_cpu_ms`), the same
+    step with a sync after (`synced_ms`), the time to enqueue a step behind one the device still runs
+    (`enqueue_busy_ms`: two steps in flight, under the launch queue's depth), and cProfile over `steps` such steps:
+    the `top` functions by own time and by cumulative time (ms per step)."""
     import cProfile
     import pstats
 
-    enqueue, synced = [], []
-    for _ in range(steps):
+    enqueue, enqueue_cpu, synced, busy = [], [], [], []
+    for _ in range(2 * steps):
         sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         run_step(inputs)
         enqueue.append(1e3 * (time.perf_counter() - t0))
+        enqueue_cpu.append(1e3 * (time.thread_time() - c0))
         sync()
         synced.append(1e3 * (time.perf_counter() - t0))
+        run_step(inputs)  # the device busy with this one while the next is issued
+        t0 = time.perf_counter()
+        run_step(inputs)
+        busy.append(1e3 * (time.perf_counter() - t0))
     prof = cProfile.Profile()
     for _ in range(steps):
         sync()
@@ -294,6 +320,8 @@ def _host_profile(run_step, inputs, sync, steps: int = 10, top: int = 40) -> dic
                  round(1e3 * v[3] / steps, 3)} for f, v in ranked]
 
     return {"enqueue_ms": round(statistics.median(enqueue), 3), "synced_ms": round(statistics.median(synced), 3),
+            "enqueue_cpu_ms": round(statistics.median(enqueue_cpu), 3),
+            "enqueue_busy_ms": round(statistics.median(busy), 3),
             "by_own_time": rows(2), "by_cumulative_time": rows(3)}
 
 
@@ -323,7 +351,8 @@ def measure(runs: list[tuple[str, str]], args) -> list[dict]:
         host = row.get("host") or {}
         print(f"# {name} ({setup}): " + (
             f"{row['measured_ms']:.2f} ms per step, host {row['host_ms']:.2f} ms, compile {row['compile_s']} s"
-            + (f", enqueue {host['enqueue_ms']:.2f} ms, synced {host['synced_ms']:.2f} ms" if host else "")
+            + (f", enqueue {host['enqueue_ms']:.2f} ms (cpu {host['enqueue_cpu_ms']:.2f}, behind a step "
+               f"{host['enqueue_busy_ms']:.2f}), synced {host['synced_ms']:.2f} ms" if host else "")
             if row.get("ok") else row["error"]), flush=True)
         rows.append(row)
         if args.out:

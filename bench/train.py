@@ -736,7 +736,7 @@ def main(argv=None) -> int:
         finish_process_group()
         return 0 if all(r.ok for r in results) else 1
     log0("")
-    log0(f"{'mode':<26}{'step ms':>9}{'p90 ms':>8}{'tok/s/GPU':>11}{'TFLOP/s':>9}{'MFU %':>7}{'vs base':>9}"
+    log0(f"{'mode':<26}{'step ms':>9}{'p90 ms':>8}{'host ms':>8}{'tok/s/GPU':>11}{'TFLOP/s':>9}{'MFU %':>7}{'vs base':>9}"
          f"{'gap recov.':>11}{'peak GiB':>9}{'alloc GiB':>10}{'loss':>9}{'compile s':>10}")
     for r in results:
         if not r.ok:
@@ -749,10 +749,12 @@ def main(argv=None) -> int:
         gap = "-"
         if base and bound and bound.tps > base.tps:
             gap = f"{100 * (r.tps - base.tps) / (bound.tps - base.tps):.0f}%"
-        log0(f"{r.mode:<26}{r.median_ms:9.1f}{percentile(r.step_ms, 90):8.1f}{r.tps:11,.0f}{r.tflops:9.1f}"
+        host = f"{statistics.median(r.host_ms):8.1f}" if r.host_ms else f"{'-':>8}"
+        log0(f"{r.mode:<26}{r.median_ms:9.1f}{percentile(r.step_ms, 90):8.1f}{host}{r.tps:11,.0f}{r.tflops:9.1f}"
              f"{r.mfu:7.1f}{vs:>9}{gap:>11}{r.peak_mem_gib:9.1f}{r.peak_alloc_gib:10.1f}{r.losses[-1]:9.4f}"
              f"{r.compile_s:10.1f}")
-    log0("# vs base / gap recov.: the FSDP2 modes against fsdp2 and fsdp2-no-comm, the others against compile and "
+    log0("# host ms: rank 0's median time to issue a timed step (the GPU may still run the one before); "
+         "vs base / gap recov.: the FSDP2 modes against fsdp2 and fsdp2-no-comm, the others against compile and "
          "no-comm; peak / alloc GiB: torch's peak reserved / allocated plus the CE pools (GiB: "
          + ", ".join(f"{r.mode} {r.ce_pool_gib:.2f}" for r in results if r.ok and r.ce_pool_gib) + ")")
     log_kernel_table(results)

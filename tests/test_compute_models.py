@@ -92,6 +92,24 @@ def test_compute_models_measures_and_predicts_at_small_sizes(tmp_path):
     assert (tmp_path / "irs" / "moe-2048-tiny.ir.json").exists()  # the capture kept for the next profile
 
 
+def test_the_host_setups_run_side_by_side_with_their_host_profile(tmp_path):
+    """Issue 56's harness on a CPU: the GPT-2 host model (small) under fully_shard, plain compile and FSDP2 with
+    per-block compile, each in its own process, with the host profile (enqueue, its CPU time, the step behind
+    another, cProfile's functions); the three setups' losses agree."""
+    out = tmp_path / "host.json"
+    proc = _run("--device", "cpu", "--tiny", "--models", "gpt2-1536-host", "--setups", "fully_shard,plain,fsdp2",
+                "--host-profile", "--steps", "2", "--warmup", "2", "--kernel-profile", "0", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["setup"] for r in rows] == ["fully_shard", "plain", "fsdp2"] and all(r["ok"] for r in rows)
+    for r in rows:
+        host = r["host"]
+        assert min(host["enqueue_ms"], host["enqueue_cpu_ms"], host["enqueue_busy_ms"], host["synced_ms"]) > 0
+        assert any("run_step" in f["function"] for f in host["by_cumulative_time"])
+    first = [r["losses"][0] for r in rows]
+    assert max(first) - min(first) < 1e-3 * abs(first[0])  # one model, one batch: the same first loss
+
+
 def test_compute_models_refuses_an_unknown_model():
     proc = _run("--models", "gpt5")
     assert proc.returncode == 2 and "--models: unknown ['gpt5']" in proc.stderr
