@@ -409,10 +409,10 @@ def main() -> int:
         for what, run_args in runs:
             _run(what, run_args, dist.get_world_size())
             dist.barrier()
+        if FAILED:  # while the group exists: log0 asks for the rank
+            log0(f"{len(FAILED)} check(s) failed: {', '.join(FAILED)}")
     finally:
         dist.destroy_process_group()
-    if FAILED:
-        log0(f"{len(FAILED)} check(s) failed: {', '.join(FAILED)}")
     return 1 if FAILED else 0
 
 
