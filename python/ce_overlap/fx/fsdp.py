@@ -222,8 +222,10 @@ class _ShardSpec:
     config: _GatherConfig
     state: _ForwardState
     index: int                     # the key of its gathered value in the gather-once window
-    shape: torch.Size              # the data-parallel DTensor's global shape and stride (the TP shard's under TP)
-    stride: tuple[int, ...]
+    # The data-parallel DTensor's global shape and stride (the TP shard's under TP); None where the rows divide evenly
+    # (DTensor.from_local infers them then, and torch.compile guards one None instead of every dimension).
+    shape: torch.Size | None
+    stride: tuple[int, ...] | None
     param: nn.Parameter = field(repr=False, compare=False)  # the sharded Parameter itself
     tp: _TensorParallel | None = None  # set when tensor parallelism sharded the parameter first
     # False under an activation-checkpoint wrapper: torch.compile traces the wrapped block as a higher-order op,
@@ -302,8 +304,9 @@ def _gather(module: nn.Module, name: str) -> torch.Tensor:
     state = spec.state
     if not state.active:
         return module._parameters[name]
+    index = spec.index
     if state.gather_once:
-        full = state.gathered.get(spec.index)
+        full = state.gathered.get(index)
         if full is not None:
             return full
     if not torch.compiler.is_compiling():  # eager: the Parameter still the sharded one, its leaf current
@@ -321,7 +324,7 @@ def _gather(module: nn.Module, name: str) -> torch.Tensor:
         full = DTensor.from_local(full, spec.tp.mesh, spec.tp.placements, run_check=False, shape=spec.tp.shape,
                                   stride=spec.tp.stride)
     if spec.keep:
-        state.gathered[spec.index] = full
+        state.gathered[index] = full
     return full
 
 
@@ -680,6 +683,8 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
         shard = nn.Parameter(dt, requires_grad=param.requires_grad)
         gathered_shape, gathered_stride = (tp.local_shape, tp.local_stride) if tp is not None else \
             (param.shape, _contiguous_stride(param.shape))
+        if gathered_shape[0] % mesh.size() == 0 and tuple(gathered_stride) == _contiguous_stride(gathered_shape):
+            gathered_shape = gathered_stride = None  # even rows: from_local infers both (and Dynamo guards one None)
         spec = _ShardSpec(rows, shard_rows(rows, mesh.size()), config, state, index=next(_indices),
                           shape=gathered_shape, stride=gathered_stride, param=shard, tp=tp)
         _attach_leaf(spec)
