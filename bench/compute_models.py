@@ -200,8 +200,8 @@ def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: 
     model, make_batch = build(name, device, tiny)
     _init_weights(model)
     autocast = contextlib.nullcontext
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)  # the sharded setups' (plain: autocast below)
     if setup == "fully_shard":
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
         for block in blocks(model):
             ce_overlap.fully_shard(block, dist.group.WORLD, mp_policy=mp)
         ce_overlap.fully_shard(model, dist.group.WORLD, mp_policy=mp)
@@ -211,7 +211,6 @@ def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: 
         from torch.distributed.fsdp import fully_shard
 
         mesh = DeviceMesh.from_group(dist.group.WORLD, device)
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
         container = _block_container(model)
         for key, block in list(container.named_children()):
             container.register_module(key, torch.compile(block))

@@ -116,7 +116,6 @@ def _vocab_parallel_lookup(module: nn.Embedding, tokens: torch.Tensor) -> torch.
     tokens of every rank gathered, this rank's rows looked up (the others' zero), the partial embeddings
     reduce-scattered back to the tokens' ranks. The gradient reaches the shard averaged over ranks (scaled by 1 /
     world), as the gathered weight's Partial("avg") reduce-scatter averages it."""
-    param = module._parameters["weight"]
     spec: _ShardSpec = module._ce_overlap_specs["weight"]
     mesh = spec.config.mesh
     n, rank = mesh.size(), mesh.get_local_rank()
@@ -682,7 +681,7 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
                                 stride=param.stride())
         shard = nn.Parameter(dt, requires_grad=param.requires_grad)
         gathered_shape, gathered_stride = (tp.local_shape, tp.local_stride) if tp is not None else \
-            (param.shape, _contiguous_stride(param.shape))
+            (param.shape, tuple(param.stride()))
         if gathered_shape[0] % mesh.size() == 0 and tuple(gathered_stride) == _contiguous_stride(gathered_shape):
             gathered_shape = gathered_stride = None  # even rows: from_local infers both (and Dynamo guards one None)
         spec = _ShardSpec(rows, shard_rows(rows, mesh.size()), config, state, index=next(_indices),
