@@ -215,7 +215,7 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
       }
     }
 
-    ordered_json gj = object_with_capacity(15);
+    ordered_json gj = object_with_capacity(16);
     gj["name"] = g.name;
     gj["nodes"] = n;
     gj["compute_us"] = compute_us;
@@ -228,8 +228,12 @@ ordered_json analyze(const Document& doc, const CostModel& model) {
     gj["peak_memory_bytes"] = mem.peak_bytes;
     gj["input_bytes"] = mem.input_bytes;
     gj["collectives"] = collectives;
-    gj["kernels"] = std::count(starts.begin(), starts.end(), 1);
+    const int64_t kernels = std::count(starts.begin(), starts.end(), 1);
+    const int64_t inputs = std::count_if(g.nodes.begin(), g.nodes.end(),
+                                         [](const Node& node) { return node.op == "placeholder"; });
+    gj["kernels"] = kernels;
     gj["kernel_gap_us"] = gap_us;
+    gj["inputs"] = inputs;
     ordered_json by_class = object_with_capacity(3);
     by_class["matmul"] = matmul_us;
     by_class["attention"] = attention_us;

@@ -393,7 +393,7 @@ json topology_to_json(const TopologySpec& t) {
 
 Profile profile_from_json(const json& j) {
   ObjectReader root(j, "", {"schema", "name", "description", "gpu", "topology", "efficiency", "nccl", "ce",
-                            "contention", "curves", "shapes"});
+                            "contention", "curves", "shapes", "host"});
   const json& schema = root.field("schema", "\"ce_overlap.profile/2\"");
   if (!schema.is_string() || schema.get_ref<const std::string&>() != kProfileSchema) {
     std::string msg = "schema: expected \"" + std::string(kProfileSchema) + "\", got " + describe(schema);
@@ -489,6 +489,16 @@ Profile profile_from_json(const json& j) {
 
   if (root.has("curves")) p.curves = read_curves(root);
   if (root.has("shapes")) p.shapes = shapes_from_json(root.field("shapes", "an object"), "shapes");
+  if (root.has("host")) {
+    ObjectReader h = root.object("host", {"launch_us", "graph_input_us", "collective_us", "step_us", "source"});
+    HostSpec host;
+    host.launch_us = h.non_negative_number("launch_us");
+    host.graph_input_us = h.non_negative_number("graph_input_us");
+    host.collective_us = h.non_negative_number("collective_us");
+    host.step_us = h.non_negative_number("step_us");
+    if (h.has("source")) host.source = h.string("source", false);
+    p.host = std::move(host);
+  }
   return p;
 }
 
@@ -598,6 +608,13 @@ json profile_to_json(const Profile& p) {
     j["curves"] = std::move(curves);
   }
   if (p.shapes) j["shapes"] = shapes_to_json(*p.shapes);
+  if (p.host) {
+    j["host"] = {{"launch_us", p.host->launch_us},
+                 {"graph_input_us", p.host->graph_input_us},
+                 {"collective_us", p.host->collective_us},
+                 {"step_us", p.host->step_us}};
+    if (!p.host->source.empty()) j["host"]["source"] = p.host->source;
+  }
   return j;
 }
 

@@ -193,6 +193,21 @@ struct Curve {
   std::vector<CurvePoint> points;  // bytes strictly increasing, us non-decreasing, at least 2
 };
 
+// The host's time to issue a training step (Python, Dynamo, AOTAutograd, the launches): the step the GPU runs can
+// not be shorter. Per compiled graph: `launch_us` per kernel it runs (the analysis's kernels: Inductor's wrapper,
+// launcher and the driver), `graph_input_us` per input (guards, AOTAutograd's runtime wrappers, autograd's edges),
+// `collective_us` per collective (its op's dispatch and the runtime's or NCCL's enqueue); per step, `step_us`
+// outside the graphs (optimizer.step, zero_grad, the backward's entry). Fitted to host-bound steps
+// (bench/compute_models.py --host-bound; `source` names the run). The loader checks the section; the step model
+// (python/ce_overlap/step_model.py, host_us) prices a step with it, from the analysis's counts per graph.
+struct HostSpec {
+  double launch_us = 0;
+  double graph_input_us = 0;
+  double collective_us = 0;
+  double step_us = 0;
+  std::string source;
+};
+
 struct Profile {
   std::string name;
   std::string description;
@@ -205,6 +220,8 @@ struct Profile {
   std::vector<Curve> curves;
   // Optional ("shapes"): compute priced by shape (shapes.h); absent, the scalar efficiencies above price every kernel.
   std::optional<ComputeShapes> shapes;
+  // Optional ("host"); absent, the host is not priced (a step is its GPU time).
+  std::optional<HostSpec> host;
 };
 
 // Parse and validate; throws IrError naming the field ("gpu.hbm_gbps: expected a positive number, got -1").

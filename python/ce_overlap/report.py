@@ -234,6 +234,8 @@ def format_recommendation(report: dict, plans: list[dict], baseline_plans: list[
         lines.append("    (the overlap scheduler modelled as this order with every bucket on NCCL; over torch.compile "
                      "without it, at least as much)")
         lines.append("  " + r["advice"])
+    if r.get("host_advice"):
+        lines.append("  " + r["host_advice"])
     return "\n".join(lines)
 
 
@@ -265,13 +267,30 @@ def recommendation(report: dict, plans: list[dict], baseline_plans: list[dict], 
     ours, base = plans_step_us(report, plans, profile), plans_step_us(report, baseline_plans, profile)
     r = {"baseline": "Inductor's overlap scheduler", "baseline_step_ms": base["step_us"] / 1e3,
          "ce_overlap_step_ms": ours["step_us"] / 1e3, "baseline_exposed_ms": base["exposed_us"] / 1e3,
-         "ce_overlap_exposed_ms": ours["exposed_us"] / 1e3, "gain_percent": None, "use": None, "advice": None}
+         "ce_overlap_exposed_ms": ours["exposed_us"] / 1e3, "gain_percent": None, "use": None, "advice": None,
+         "host_ms": None if ours["host_us"] is None else ours["host_us"] / 1e3, "gpu_ms": ours["gpu_us"] / 1e3,
+         "host_bound": None}
     if base["step_us"] > 0:
         gain = 100 * (base["step_us"] - ours["step_us"]) / base["step_us"]
         any_ce = any(b["backend"] != "nccl" for p in plans for b in p["buckets"])
         r["gain_percent"] = gain
         r["use"], r["advice"] = advice(gain, r["baseline"], r["baseline_step_ms"], same_plan=not any_ce)
+    if r["host_ms"] is not None:
+        r["host_bound"] = r["host_ms"] > r["gpu_ms"]
+        r["host_advice"] = host_advice(r["host_ms"], r["gpu_ms"])
     return r
+
+
+def host_advice(host_ms: float, gpu_ms: float) -> str:
+    """One line on the host's time to issue a step against the GPU's to run it (step_model.host_step_us, gpu_step_ms):
+    what a host-bound step costs and what shortens it."""
+    if host_ms <= gpu_ms:
+        return (f"host: {host_ms:.2f} ms to issue a step, under the GPU's {gpu_ms:.2f} ms: the GPU bounds the step "
+                f"({100 * (1 - host_ms / gpu_ms):.0f}% headroom)")
+    idle = host_ms - gpu_ms
+    return (f"-> host-bound: the host needs {host_ms:.2f} ms to issue a step the GPU runs in {gpu_ms:.2f} ms, so the "
+            f"GPU waits {idle:.2f} ms per step ({100 * idle / host_ms:.0f}% of it) and no plan shortens that: a larger "
+            f"batch or sequence per step, or fewer, larger parameters (fewer kernels and graph inputs), does")
 
 
 _TP_LABELS = {"fsdp2+tp": "FSDP2 + TP on NCCL", "fsdp2+tp+async-tp": "FSDP2 + TP with torch's async TP",

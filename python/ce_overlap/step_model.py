@@ -170,6 +170,7 @@ def plan_costs(plan: dict, hbm_us_per_byte: float) -> dict:
             copies += 2 * moved * hbm_us_per_byte
     summary["slowdown_us"] = slowdown
     summary["bucket_copy_us"] = copies
+    summary["buckets"] = len(plan.get("buckets", []))
     return summary
 
 
@@ -179,7 +180,37 @@ def optimizer_us(num_params: int, world: int, optimizer_us_per_byte: float) -> f
 
 
 _ANALYZE_KEYS = ("compute_us", "comm_us", "exposed_comm_us", "makespan_us", "kernels", "kernel_gap_us",
-                 "compute_by_class_us", "tp_comm_us", "tp_exposed_comm_us")
+                 "compute_by_class_us", "tp_comm_us", "tp_exposed_comm_us", "inputs", "collectives")
+
+# The modes whose host time the profile's host section prices: one compiled step (the in-graph modes). FSDP2's host
+# (eager hooks around per-block graphs, its optimizer over DTensors) is other work, not modelled: its step is its GPU
+# time here (bench/results/host-time-2026-12-01-b measured it 2.3-2.7x plain compile's, host-bound).
+HOST_MODES = ("ce_overlap", "ce_overlap-nccl", "ce_overlap-on", "compile+inductor-overlap", "compile", "no-comm")
+
+
+def host_step_us(pred: dict, mode: str = "ce_overlap") -> float | None:
+    """The host's time to issue one step of `mode` from step_model's pieces and the profile's host section (kept in
+    the pieces as "host"): per graph launch_us x its kernels + graph_input_us x its inputs + collective_us x the
+    collectives the mode issues (its plan's buckets; compile: the captured ones; no-comm: none), plus step_us. None
+    without a host section, for a mode HOST_MODES does not hold, or where the pieces lack the mode's plan."""
+    host, graphs = pred.get("host"), pred.get("analyze") or {}
+    if not host or not graphs or mode not in HOST_MODES:
+        return None
+    key = MODES[mode][0]
+    total = host["step_us"]
+    for name, g in graphs.items():
+        if key is None:
+            collectives = 0
+        elif key == "captured":
+            collectives = g.get("collectives") or 0
+        else:
+            plan = (pred.get(key) or {}).get(name)
+            if plan is None:
+                return None
+            collectives = plan.get("buckets", 0)
+        total += host["launch_us"] * (g.get("kernels") or 0) + host["graph_input_us"] * (g.get("inputs") or 0) \
+            + host["collective_us"] * collectives
+    return total
 
 
 def _graph_analyses(ir, profile: str) -> dict:
@@ -225,6 +256,7 @@ def step_model(ir, profile: str, world: int | None = None, ce_reduction: str = "
             out["async"][key] = {name: plan_costs(plan(async_ir, name, profile, config), hbm_us_per_byte)
                                  for name in async_ir.graph_names}
     out["optimizer_us"] = optimizer_us(ir.meta.get("num_params", 0), world, optimizer_us_per_byte)
+    out["host"] = spec.get("host")
     out["kernel_gap_us"] = spec["efficiency"].get("kernel_gap_us", 0.0)
     graphs = ir.to_dict()["graphs"]  # the IR serialized once for both
     colls = collectives_by_graph(graphs)
@@ -335,43 +367,69 @@ def local_gather_us(graphs: list[dict], us_per_byte: float, kernel_gap_us: float
 
 def plans_step_us(report: dict, plans: list[dict], profile: str) -> dict:
     """One step under `plans` (ce_overlap.ir.plan results, one per graph of `report`, the analysis of the same IR),
-    in predicted_step_ms's terms (for `ce-overlap analyze --plan`): {"step_us", "exposed_us": the plans' exposed
-    communication, "optimizer_us"}."""
+    in predicted_step_ms's terms (for `ce-overlap analyze --plan`): {"step_us", "gpu_us" and "host_us" (None: the
+    profile prices no host) of which it is the larger, "exposed_us": the plans' exposed communication,
+    "optimizer_us"}."""
     hbm_us_per_byte, optimizer_us_per_byte, _ = bandwidths_us_per_byte(_spec(profile))
     meta = report.get("meta", {})
+    spec = _spec(profile)
     pieces = {"analyze": {g["name"]: g for g in report.get("graphs", [])},
               "plan": {p["graph"]: plan_costs(p, hbm_us_per_byte) for p in plans},
               "optimizer_us": optimizer_us(meta.get("num_params", 0), int(meta.get("world_size", 1)),
-                                           optimizer_us_per_byte)}
+                                           optimizer_us_per_byte), "host": spec.get("host")}
     step_ms = predicted_step_ms(pieces, "ce_overlap")  # ce_overlap's formula over whichever plans these are
+    gpu_ms = gpu_step_ms(pieces, "ce_overlap")
     return {"step_us": 1e3 * step_ms if step_ms is not None else 0.0,
+            "gpu_us": 1e3 * gpu_ms if gpu_ms is not None else 0.0, "host_us": host_step_us(pieces, "ce_overlap"),
             "exposed_us": sum(c.get("exposed_comm_us_after") or 0.0 for c in pieces["plan"].values()),
             "optimizer_us": pieces["optimizer_us"]}
 
 
-def predicted_step_ms(pred: dict, mode: str = "ce_overlap") -> float | None:
-    """One step of `mode` (MODES) from step_model's pieces: per graph compute + the plan's exposed communication +
-    slowdown + bucket copies, plus the optimizer (SCHEDULER_CAPTURED: over the scheduler's capture, its analysis and
-    its kept order); compile: compute + every collective's time + optimizer; no-comm:
-    compute + optimizer + local stand-ins; the FSDP2 modes: compute + their plan's exposed communication + its
-    slowdown x FSDP2's comm_factor, + their copies + their eager loss + optimizer. None where the pieces lack what the mode needs, or for
-    a mode MODES does not model."""
+def _resolve(pred: dict, mode: str) -> tuple[dict | None, str, bool]:
+    """(the pieces, the 1-D mode of MODES whose formula a mode takes over them, whether TP's collectives add to it) for
+    a mode of SCHEDULER_CAPTURED, NODE_MODES or TP_MODES; a MODES mode is its own. None pieces: not given."""
     if mode == SCHEDULER_CAPTURED:  # ce_overlap-nccl's formula over the scheduler's capture and its kept order
         sched = pred.get("scheduler")
-        return predicted_step_ms({**pred, "analyze": sched["analyze"], "plan_nccl": sched["plan"]},
-                                 "ce_overlap-nccl") if sched else None
+        return ({**pred, "analyze": sched["analyze"], "plan_nccl": sched["plan"]} if sched else None,
+                "ce_overlap-nccl", False)
     if mode in NODE_MODES:  # across nodes: a 1-D mode's formula over the flat or the HSDP capture (the caller's)
-        return predicted_step_ms(pred, NODE_MODES[mode][0])
+        return pred, NODE_MODES[mode][0], False
     if mode in TP_MODES:  # a 1-D mode's formula over the captured step or its async-TP capture
         base, capture, _ = TP_MODES[mode]
         over = pred.get("async") if capture == "async" or (capture == "async_if_given" and pred.get("async")) else pred
         if over is None:
+            return None, base, False
+        return ({**pred, **{k: over[k] for k in ("analyze", "plan", "plan_nccl") if k in over}}, base,
+                base == "no-comm")
+    return pred, mode, False
+
+
+def predicted_step_ms(pred: dict, mode: str = "ce_overlap") -> float | None:
+    """One step of `mode` as training runs it, the host issuing steps ahead of the GPU: the larger of the GPU's step
+    (gpu_step_ms) and the host's (host_step_us of the 1-D mode it takes, where the profile prices the host). None
+    where gpu_step_ms is."""
+    gpu = gpu_step_ms(pred, mode)
+    pieces, base, _ = _resolve(pred, mode)
+    host = host_step_us(pieces, base) if gpu is not None and pieces is not None else None
+    return gpu if host is None else max(gpu, host / 1e3)
+
+
+def gpu_step_ms(pred: dict, mode: str = "ce_overlap") -> float | None:
+    """The GPU's time for one step of `mode` (MODES, or a mode _resolve maps to one) from step_model's pieces: per
+    graph compute + the plan's exposed communication + slowdown + bucket copies, plus the optimizer
+    (SCHEDULER_CAPTURED: over the scheduler's capture, its analysis and its kept order); compile: compute + every
+    collective's time + optimizer; no-comm: compute + optimizer + local stand-ins (no-comm+tp: + TP's collectives);
+    the FSDP2 modes: compute + their plan's exposed communication + its slowdown x FSDP2's comm_factor, + their
+    copies + their eager loss + optimizer. None where the pieces lack what the mode needs, or for a mode not
+    modelled."""
+    if mode not in MODES:
+        pieces, base, tp_comm = _resolve(pred, mode)
+        if pieces is None or base == mode:
             return None
-        step = predicted_step_ms({**pred, **{k: over[k] for k in ("analyze", "plan", "plan_nccl") if k in over}},
-                                 base)
-        if step is None or base != "no-comm":
+        step = gpu_step_ms(pieces, base)
+        if step is None or not tp_comm:
             return step
-        return step + sum(g.get("tp_comm_us") or 0.0 for g in (over.get("analyze") or {}).values()) / 1e3
+        return step + sum(g.get("tp_comm_us") or 0.0 for g in (pieces.get("analyze") or {}).values()) / 1e3
     graphs = pred.get("analyze") or {}
     if not graphs or mode not in MODES:
         return None

@@ -193,10 +193,12 @@ TEST(Analyze, TwoBlockDocument) {
   EXPECT_EQ(keys_of(f), (std::vector<std::string>{"name", "nodes", "compute_us", "comm_us", "exposed_comm_us",
                                                   "tp_comm_us", "tp_exposed_comm_us", "makespan_us", "critical_path_us", "peak_memory_bytes",
                                                   "input_bytes", "collectives", "kernels", "kernel_gap_us",
-                                                  "compute_by_class_us"}));
+                                                  "inputs", "compute_by_class_us"}));
   EXPECT_EQ(f["name"], "forward");
   EXPECT_EQ(f["nodes"], 7);
   EXPECT_EQ(f["kernels"], 2);  // the relu and the mm
+  EXPECT_EQ(f["inputs"], 2);   // its placeholders (the step model's host term prices them)
+  EXPECT_EQ(r["graphs"][1]["inputs"], 3);
   EXPECT_EQ(f["kernel_gap_us"].get<double>(), 0.0);  // the test profile has no gap between kernels
   EXPECT_NEAR(f["compute_us"].get<double>(), kReluUs + kMmUs, kEps);
   // The split of compute_us: the mm carries FLOPs, the relu none; no attention here.

@@ -324,6 +324,30 @@ TEST(Profile, OptionalEfficiencies) {
   }
 }
 
+TEST(Profile, HostSection) {
+  // Optional: absent, none (and none written back); present, every term a non-negative number, round-tripped.
+  json j = profile_to_json(round_profile());
+  EXPECT_FALSE(j.contains("host"));
+  EXPECT_FALSE(profile_from_json(j).host.has_value());
+  j["host"] = {{"launch_us", 12.5}, {"graph_input_us", 3.0}, {"collective_us", 40.0}, {"step_us", 900.0},
+               {"source", "bench/results/x"}};
+  Profile p = profile_from_json(j);
+  ASSERT_TRUE(p.host.has_value());
+  EXPECT_EQ(p.host->launch_us, 12.5);
+  EXPECT_EQ(p.host->collective_us, 40.0);
+  EXPECT_EQ(p.host->source, "bench/results/x");
+  EXPECT_EQ(profile_to_json(p)["host"], j["host"]);
+  json bad = j;
+  bad["host"]["launch_us"] = -1.0;
+  EXPECT_TRUE(starts_with(error_of(bad), "host.launch_us: expected a non-negative number")) << error_of(bad);
+  bad = j;
+  bad["host"].erase("step_us");
+  EXPECT_TRUE(contains(error_of(bad), "host.step_us")) << error_of(bad);
+  bad = j;
+  bad["host"]["per_kernel_us"] = 1.0;
+  EXPECT_TRUE(contains(error_of(bad), "per_kernel_us")) << error_of(bad);
+}
+
 TEST(Profile, NcclAndCeSmsChecked) {
   json j = profile_to_json(round_profile());
   j["nccl"]["channels"] = 100;
