@@ -18,6 +18,10 @@ Prints one table (model, measured / predicted ms, error, host ms) and, with --me
 Host time (issue 56): `--setups fully_shard,plain,fsdp2` measures each model also unsharded (fp32 weights under bf16
 autocast, compiled whole) and under FSDP2 as torchtitan runs it (each block compiled, then sharded, bf16 parameters), and `--host-profile` adds the host's time to issue one step on an idle device, the step
 with a sync after, and cProfile's functions over 10 steps (HOST_MODELS holds that issue's host-bound shapes).
+`--host-bound` runs each model at batch 1 and HOST_SEQ tokens, where the host bounds the step; `--paired N` measures
+the setups side by side in one process (measure_paired: the host's speed drifts between processes more than the
+difference measured); `--world N` puts N ranks on GPU 0, every collective on the copy engines (fully_shard only).
+bench/fit_host.py fits the profile's host section to such rows.
 """
 from __future__ import annotations
 
@@ -101,6 +105,8 @@ HOST_MODELS = {
 }
 ALL_MODELS = {**MODELS, **HOST_MODELS}
 SETUPS = ("fully_shard", "plain", "fsdp2")
+# The step model's mode for a measured fully_shard step at world size 1 (no collectives: every mode's plan is empty).
+MODE = "ce_overlap-nccl"
 
 
 def _tiny(spec: ModelSpec) -> ModelSpec:
@@ -110,12 +116,36 @@ def _tiny(spec: ModelSpec) -> ModelSpec:
     return dataclasses.replace(spec, overrides=())
 
 
-def build(name: str, device: str, tiny: bool = False):
+# The host-bound shape (--host-bound): the same model, widths and layers at batch 1 and HOST_SEQ tokens, so its kernels
+# take microseconds and the host bounds the step: the run-ahead step is then the host's time to issue one (a median of
+# many steps, unlike one enqueue on an idle GPU, which varies ~1.5x between processes: host-time-2026-12-01-b).
+HOST_SEQ = 256
+
+
+def _host_bound(spec: ModelSpec) -> ModelSpec:
+    """`spec` at the host-bound shape (batch 1, HOST_SEQ tokens; images: batch 2)."""
+    if spec.zoo:
+        return dataclasses.replace(spec, seq_len=HOST_SEQ, batch=1)
+    keys = {"batch": 2} if spec.inputs == "images" else {"batch": 1, "seq_len": HOST_SEQ}
+    over = dict(spec.overrides)
+    if "n_ctx" in over:
+        over["n_ctx"] = HOST_SEQ
+    over.update(keys)
+    return dataclasses.replace(spec, overrides=tuple(over.items()))
+
+
+def spec_of(name: str, tiny: bool = False, host_bound: bool = False) -> ModelSpec:
+    """ALL_MODELS[name], at the small config of _tiny or the host-bound shape of _host_bound."""
+    spec = ALL_MODELS[name]
+    return _tiny(spec) if tiny else _host_bound(spec) if host_bound else spec
+
+
+def build(name: str, device: str, tiny: bool = False, host_bound: bool = False):
     """(model built under torch.device(`device`), batch maker `batch(step) -> inputs` on that device) of
-    MODELS[name]; `tiny`: at the small config of _tiny."""
+    MODELS[name]; `tiny`, `host_bound`: at spec_of's shapes."""
     import torch
 
-    spec = _tiny(ALL_MODELS[name]) if tiny else ALL_MODELS[name]
+    spec = spec_of(name, tiny, host_bound)
     if spec.zoo:
         from ce_overlap.models.llama import LLAMA_CONFIGS, Llama
 
@@ -176,36 +206,37 @@ def _init_weights(model) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 # Measured (one model per process, on a GPU)
 
-def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: str = "cuda",
-                tiny: bool = False, setup: str = "fully_shard", host_profile: bool = False) -> dict:
-    import _common  # noqa: F401  (the NCCL / symm-mem environment before torch)
-    import gc
-
+def training_step(name: str, setup: str, device: str, tiny: bool = False, host_bound: bool = False, world: int = 1,
+                  own_code: bool = False):
+    """(run_step(inputs) -> loss: one training step of (model, setup), fused AdamW, make_batch) in this process's
+    process group. `own_code`: the model is compiled through a function of its own code object, so that two setups
+    compiled in one process do not share the model class's forward, whose Dynamo cache would then check the other
+    setup's guards first on every call (--paired)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     import ce_overlap
-    from _titan import GC_FREQ, step_loop_gc
 
     on_gpu = device == "cuda"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    if on_gpu:
-        torch.cuda.set_device(0)
-    dist.init_process_group("cuda:nccl,cpu:gloo" if on_gpu else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=0, world_size=1)
     torch.manual_seed(0)
-    model, make_batch = build(name, device, tiny)
+    model, make_batch = build(name, device, tiny, host_bound)
     _init_weights(model)
+
+    def compiled(options=None):
+        if not own_code:
+            return torch.compile(model, options=options)
+        scope = {"model": model}
+        exec(f"def step_{setup}(*inputs):\n    return model(*inputs)\n", scope)  # a code object of its own
+        return torch.compile(scope[f"step_{setup}"], options=options)
+
     autocast = contextlib.nullcontext
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)  # the sharded setups' (plain: autocast below)
     if setup == "fully_shard":
         for block in blocks(model):
             ce_overlap.fully_shard(block, dist.group.WORLD, mp_policy=mp)
         ce_overlap.fully_shard(model, dist.group.WORLD, mp_policy=mp)
-        step_fn = torch.compile(model, options=ce_overlap.inductor_options(ce="off"))
+        step_fn = compiled(ce_overlap.inductor_options(ce="on" if world > 1 and on_gpu else "off"))
     elif setup == "fsdp2":  # FSDP2 as torchtitan runs it: each block compiled, then sharded; the root eager
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
@@ -219,10 +250,9 @@ def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: 
         fully_shard(model, mesh=mesh, mp_policy=mp)
         step_fn = model
     else:  # plain: the unsharded model, fp32 weights under bf16 autocast, compiled whole
-        step_fn = torch.compile(model)
+        step_fn = compiled()
         autocast = lambda: torch.autocast(device, dtype=torch.bfloat16)  # noqa: E731
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=on_gpu)
-    batches = [make_batch(i) for i in range(warmup + steps)]
 
     def run_step(inputs):
         with autocast():
@@ -232,6 +262,50 @@ def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: 
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss
+
+    return run_step, make_batch
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init_group(device: str, world: int = 1, rank: int = 0, port: int = 0) -> None:
+    """This process as rank `rank` of `world` (measure_one says over what)."""
+    import _common  # noqa: F401  (the NCCL / symm-mem environment before torch)
+    import torch
+    import torch.distributed as dist
+
+    import ce_overlap  # noqa: F401  (registers the "ce_overlap" torch.distributed backend)
+
+    on_gpu = device == "cuda"
+    if on_gpu:
+        torch.cuda.set_device(0)
+    backend = ("cuda:nccl,cpu:gloo" if world == 1 else "cpu:gloo,cuda:ce_overlap") if on_gpu else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port or _free_port()}", rank=rank,
+                            world_size=world)
+
+
+def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: str = "cuda",
+                tiny: bool = False, setup: str = "fully_shard", host_profile: bool = False, host_bound: bool = False,
+                world: int = 1, rank: int = 0, port: int = 0) -> dict:
+    """One (model, setup) measured in this process, as rank `rank` of `world` (world > 1: every rank on GPU 0, over
+    gloo for CPU tensors and ce_overlap's torch.distributed backend for CUDA ones, the pass with ce="on": every
+    collective on the copy engines, as NCCL refuses two ranks on one GPU; on a CPU, gloo and the pass on NCCL's
+    place)."""
+    import gc
+
+    import torch
+    import torch.distributed as dist
+
+    from _titan import GC_FREQ, step_loop_gc
+
+    on_gpu = device == "cuda"
+    _init_group(device, world, rank, port)
+    run_step, make_batch = training_step(name, setup, device, tiny, host_bound, world)
+    batches = [make_batch(i) for i in range(warmup + steps)]
 
     def mark():  # a step's end: a CUDA event (the host does not wait), or the host's clock on a CPU
         if on_gpu:
@@ -246,10 +320,12 @@ def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: 
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     ends, host_ms, losses = [], [], []
     t_compile = time.perf_counter()
-    compile_s = 0.0
+    compile_s = cpu0 = 0.0
     with step_loop_gc("torchtitan"):
         sync()
         for i, inputs in enumerate(batches, 1):
+            if i == warmup + 1:
+                cpu0 = time.thread_time()
             t0 = time.perf_counter()
             if i > 1 and i % GC_FREQ == 0:
                 gc.collect(1)
@@ -260,6 +336,7 @@ def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: 
             if i == 1:
                 sync()
                 compile_s = time.perf_counter() - t_compile
+        cpu_ms = 1e3 * (time.thread_time() - cpu0) / steps  # the issuing thread's CPU time per timed step
         sync()
     step_ms = [between(a, b) for a, b in zip(ends[warmup - 1:], ends[warmup:])]
     median = statistics.median(step_ms)
@@ -269,30 +346,111 @@ def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: 
 
         lead = max(1, math.ceil(1500.0 / max(median, 1e-3)))
         kernels = profile_kernels(lambda: run_step(batches[-1]), profile_steps, lead=lead)
-    host = _host_profile(run_step, batches[-1], sync) if host_profile else None
+    host = _host_profile(run_step, batches[-1], sync, barrier=dist.barrier if world > 1 else None) \
+        if host_profile else None
     info = {"gpu": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
             "cuda": torch.version.cuda}
     peak = torch.cuda.max_memory_reserved() / 2**30 if on_gpu else 0.0
     dist.destroy_process_group()
-    return {"model": name, "what": ALL_MODELS[name].what, "setup": setup, "host": host, "ok": True,
-            "measured_ms": round(median, 3),
+    what = ALL_MODELS[name].what + (f" (host-bound shape: batch 1, {HOST_SEQ} tokens)" if host_bound else "")
+    return {"model": name, "what": what, "setup": setup, "host": host, "ok": True,
+            "host_bound": host_bound, "world": world, "rank": rank, "measured_ms": round(median, 3),
             "step_ms": [round(x, 3) for x in step_ms], "host_ms": round(statistics.median(host_ms), 3),
+            "host_cpu_ms": round(cpu_ms, 3),
             "losses": [round(float(x), 4) for x in losses], "compile_s": round(compile_s, 1),
             "peak_mem_gib": round(peak, 2), "kernels": kernels, "info": info}
 
 
-def _host_profile(run_step, inputs, sync, steps: int = 10, top: int = 40) -> dict:
+def measure_paired(name: str, setups: list[str], pairs: int, blocks_: int, block_steps: int, warmup: int,
+                   device: str = "cuda", tiny: bool = False, host_bound: bool = False) -> list[dict]:
+    """The setups of one model side by side in one process (world size 1), each compiled through a function of its
+    own: the host's time to issue a step on an idle device (`enqueue_ms`), sampled `pairs` times with the setups
+    taking turns (the first of each round alternating), and the run-ahead step over `blocks_` blocks of
+    `block_steps` steps per setup, in turns too. Steps of one setup next to the other's in time, so that the host's
+    speed, which drifts between processes and within one by more than the difference measured
+    (host-time-2026-12-01-b), is the same for both; `enqueue_ratio`, `run_ahead_ratio`: the median over the rounds
+    of each setup's time over plain's (or the first setup's). Rows as measure_one's: measured_ms the run-ahead step,
+    host_ms the enqueue."""
+    import gc
+
+    import torch
+
+    on_gpu = device == "cuda"
+    _init_group(device)
+    steps = {s: training_step(name, s, device, tiny, host_bound, own_code=True) for s in setups}
+    batch = next(iter(steps.values()))[1](0)
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    t0 = time.perf_counter()
+    for run_step, _ in steps.values():
+        for _ in range(warmup):
+            run_step(batch)
+    sync()
+    compile_s = time.perf_counter() - t0
+    enqueue = {s: [] for s in setups}
+    run_ahead = {s: [] for s in setups}
+    gc.collect()
+    gc.disable()
+    try:
+        for k in range(pairs):
+            for s in setups if k % 2 == 0 else setups[::-1]:
+                sync()
+                t0 = time.perf_counter()
+                steps[s][0](batch)
+                enqueue[s].append(1e3 * (time.perf_counter() - t0))
+        for k in range(blocks_):
+            for s in setups if k % 2 == 0 else setups[::-1]:
+                sync()
+                t0 = time.perf_counter()
+                ev0 = torch.cuda.Event(enable_timing=True) if on_gpu else None
+                if ev0 is not None:
+                    ev0.record()
+                for _ in range(block_steps):
+                    steps[s][0](batch)
+                if ev0 is not None:
+                    ev1 = torch.cuda.Event(enable_timing=True)
+                    ev1.record()
+                    sync()
+                    run_ahead[s].append(ev0.elapsed_time(ev1) / block_steps)
+                else:
+                    run_ahead[s].append(1e3 * (time.perf_counter() - t0) / block_steps)
+    finally:
+        gc.enable()
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    first = "plain" if "plain" in setups else setups[0]
+    rows = []
+    for s in setups:
+        rows.append({"model": name, "setup": s, "ok": True, "paired": True, "host_bound": host_bound, "world": 1,
+                     "what": ALL_MODELS[name].what + (f" (host-bound shape: batch 1, {HOST_SEQ} tokens)"
+                                                      if host_bound else ""),
+                     "host_ms": round(statistics.median(enqueue[s]), 3),
+                     "measured_ms": round(statistics.median(run_ahead[s]), 3),
+                     "enqueue_samples": [round(x, 3) for x in enqueue[s]],
+                     "run_ahead_blocks": [round(x, 3) for x in run_ahead[s]],
+                     "enqueue_ratio": round(statistics.median(a / b for a, b in zip(enqueue[s], enqueue[first])), 4),
+                     "run_ahead_ratio": round(statistics.median(a / b for a, b in zip(run_ahead[s],
+                                                                                      run_ahead[first])), 4),
+                     "compile_s": round(compile_s, 1), "gpu": torch.cuda.get_device_name() if on_gpu else "cpu",
+                     "torch": torch.__version__})
+    return rows
+
+
+def _host_profile(run_step, inputs, sync, steps: int = 10, top: int = 40, barrier=None) -> dict:
     """Where the host's time to issue one step goes: the Python time to enqueue a step that starts on an idle
     device (a sync before it, none inside: `enqueue_ms`, and the thread's CPU time in it: `enqueue_cpu_ms`), the same
     step with a sync after (`synced_ms`), the time to enqueue a step behind one the device still runs
     (`enqueue_busy_ms`: two steps in flight, under the launch queue's depth), and cProfile over `steps` such steps:
-    the `top` functions by own time and by cumulative time (ms per step)."""
+    the `top` functions by own time and by cumulative time (ms per step). `barrier`: every rank's, after each sync
+    (with several ranks, every step starts on an idle device on all of them)."""
     import cProfile
     import pstats
 
+    barrier = barrier or (lambda: None)
     enqueue, enqueue_cpu, synced, busy = [], [], [], []
     for _ in range(2 * steps):
         sync()
+        barrier()
         t0, c0 = time.perf_counter(), time.thread_time()
         run_step(inputs)
         enqueue.append(1e3 * (time.perf_counter() - t0))
@@ -306,6 +464,7 @@ def _host_profile(run_step, inputs, sync, steps: int = 10, top: int = 40) -> dic
     prof = cProfile.Profile()
     for _ in range(steps):
         sync()
+        barrier()
         prof.enable()
         run_step(inputs)
         prof.disable()
@@ -324,77 +483,168 @@ def _host_profile(run_step, inputs, sync, steps: int = 10, top: int = 40) -> dic
             "by_own_time": rows(2), "by_cumulative_time": rows(3)}
 
 
-def measure(runs: list[tuple[str, str]], args) -> list[dict]:
-    """Each (model, setup) of `runs` in a fresh process (no compiled code, memory or library state carried between
-    them); --out is written after each, so a run cut short keeps the ones it finished."""
-    rows = []
-    for name, setup in runs:
+def _child(name: str, setup: str, args, out: str, rank: int = 0, port: int = 0) -> subprocess.Popen:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--steps", str(args.steps), "--warmup",
+           str(args.warmup), "--kernel-profile", str(args.kernel_profile), "--device",
+           args.device, "--out", out, "--setups", setup, "--world", str(args.world), "--rank", str(rank),
+           "--port", str(port)]
+    cmd += ["--tiny"] if args.tiny else []
+    cmd += ["--host-bound"] if args.host_bound else []
+    cmd += ["--host-profile"] if args.host_profile else []  # every rank: the same steps on all
+    return subprocess.Popen(cmd)
+
+
+def measure_world(name: str, setup: str, args) -> dict:
+    """(model, setup) in fresh processes, one per rank of --world: rank 0's row, and with world > 1 every rank's
+    step, host and CPU ms (`ranks`) and the slowest rank's host and CPU ms as the row's."""
+    outs = []
+    for _ in range(args.world):
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-            out = f.name
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--steps", str(args.steps), "--warmup",
-               str(args.warmup), "--kernel-profile", str(args.kernel_profile), "--device", args.device, "--out", out,
-               "--setups", setup]
-        cmd += ["--tiny"] if args.tiny else []
-        cmd += ["--host-profile"] if args.host_profile else []
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd)
+            outs.append(f.name)
+    port = _free_port()
+    procs = [_child(name, setup, args, out, rank, port) for rank, out in enumerate(outs)]
+    codes = [p.wait() for p in procs]
+    rows = []
+    for rank, out in enumerate(outs):
         try:
             with open(out) as f:
-                row = json.load(f)
+                rows.append(json.load(f))
         except (OSError, ValueError):
-            row = {"model": name, "setup": setup, "ok": False,
-                   "error": f"its process exited {proc.returncode} without a result"}
+            rows.append({"model": name, "setup": setup, "ok": False,
+                         "error": f"rank {rank}'s process exited {codes[rank]} without a result"})
         finally:
             os.remove(out)
-        row["wall_s"] = round(time.perf_counter() - t0, 1)
-        host = row.get("host") or {}
-        print(f"# {name} ({setup}): " + (
-            f"{row['measured_ms']:.2f} ms per step, host {row['host_ms']:.2f} ms, compile {row['compile_s']} s"
-            + (f", enqueue {host['enqueue_ms']:.2f} ms (cpu {host['enqueue_cpu_ms']:.2f}, behind a step "
-               f"{host['enqueue_busy_ms']:.2f}), synced {host['synced_ms']:.2f} ms" if host else "")
-            if row.get("ok") else row["error"]), flush=True)
-        rows.append(row)
+    bad = [r for r in rows if not r.get("ok")]
+    if bad:
+        return bad[0]
+    row = rows[0]
+    if args.world > 1:
+        row["ranks"] = [{**{k: r[k] for k in ("measured_ms", "host_ms", "host_cpu_ms")},
+                         **({"enqueue_ms": r["host"]["enqueue_ms"]} if r.get("host") else {})} for r in rows]
+        row["host_ms"] = max(r["host_ms"] for r in rows)
+        row["host_cpu_ms"] = max(r["host_cpu_ms"] for r in rows)
+    return row
+
+
+def measure_paired_models(names: list[str], setups: list[str], args) -> list[dict]:
+    """measure_paired per model, each in a fresh process; --out written after each."""
+    rows = []
+    for name in names:
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+            out = f.name
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--paired", str(args.paired), "--warmup",
+               str(args.warmup), "--device", args.device, "--out", out, "--setups", ",".join(setups)]
+        cmd += ["--tiny"] if args.tiny else []
+        cmd += ["--host-bound"] if args.host_bound else []
+        code = subprocess.run(cmd).returncode
+        try:
+            with open(out) as f:
+                got = json.load(f)
+        except (OSError, ValueError):
+            got = [{"model": name, "ok": False, "error": f"its process exited {code} without a result"}]
+        finally:
+            os.remove(out)
+        for r in got:
+            print(f"# {name} ({r.get('setup')}, paired): " + (
+                f"enqueue {r['host_ms']:.2f} ms ({r['enqueue_ratio']:.3f}x plain), run-ahead "
+                f"{r['measured_ms']:.2f} ms ({r['run_ahead_ratio']:.3f}x)" if r.get("ok") else r["error"]),
+                flush=True)
+        rows.extend(got)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"schema": SCHEMA, "rows": rows}, f, indent=1)
     return rows
 
 
+def measure(runs: list[tuple[str, str]], args) -> list[dict]:
+    """Each (model, setup) of `runs` in fresh processes (no compiled code, memory or library state carried between
+    them), --repeat times, the rounds one after another (a round is every run once: the setups' processes
+    interleave); --out is written after each, so a run cut short keeps the ones it finished."""
+    rows = []
+    for round_ in range(args.repeat):
+        for name, setup in runs:
+            t0 = time.perf_counter()
+            row = measure_world(name, setup, args)
+            row["round"] = round_
+            row["wall_s"] = round(time.perf_counter() - t0, 1)
+            host = row.get("host") or {}
+            print(f"# {name} ({setup}{f', world {args.world}' if args.world > 1 else ''}): " + (
+                f"{row['measured_ms']:.2f} ms per step, host {row['host_ms']:.2f} ms (cpu {row['host_cpu_ms']:.2f}), "
+                f"compile {row['compile_s']} s"
+                + (f", enqueue {host['enqueue_ms']:.2f} ms (cpu {host['enqueue_cpu_ms']:.2f}, behind a step "
+                   f"{host['enqueue_busy_ms']:.2f}), synced {host['synced_ms']:.2f} ms" if host else "")
+                if row.get("ok") else row["error"]), flush=True)
+            rows.append(row)
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump({"schema": SCHEMA, "rows": rows}, f, indent=1)
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Predicted (no GPU)
 
-def predict_one(name: str, profile: str, tiny: bool = False, ir_dir: str | None = None) -> dict:
-    """The cost model's step of MODELS[name] at world size 1 (captured on fake CUDA tensors), with its pieces
-    (step_model's: the time per kernel class among them). `ir_dir`: the capture is read from DIR/NAME.ir.json where
-    it is there, else written there (a later prediction with another profile need not capture again)."""
+def _measured_fully_shard(path: str) -> dict:
+    """Per model, the measured fully_shard rows at world size 1 of a measured run's JSON, rounds taken together: the
+    median step and host ms over the rounds, the first round's kernel profile."""
+    with open(path) as f:
+        rows = [r for r in json.load(f)["rows"] if r.get("ok") and r.get("setup", "fully_shard") == "fully_shard"
+                and r.get("world", 1) == 1]
+    out: dict = {}
+    for r in rows:
+        out.setdefault(r["model"], []).append(r)
+    return {name: {**rs[0], "measured_ms": statistics.median(r["measured_ms"] for r in rs),
+                   "host_ms": statistics.median(r["host_ms"] for r in rs),
+                   "kernels": next((r["kernels"] for r in rs if r.get("kernels")), None)}
+            for name, rs in out.items()}
+
+
+def predict_one(name: str, profile: str, tiny: bool = False, ir_dir: str | None = None,
+                host_bound: bool = False, world: int = 1) -> dict:
+    """The cost model's step of MODELS[name] at world size `world` (captured on fake CUDA tensors; at world 1 mode
+    MODE, else ce_overlap's plan), with its pieces (step_model's: the time per kernel class among them). `ir_dir`:
+    the capture is read from DIR/NAME.ir.json where it is there, else written there (a later prediction with another
+    profile need not capture again)."""
     import ce_overlap
-    from ce_overlap.step_model import predicted_step_ms, step_model
+    from ce_overlap.step_model import gpu_step_ms, host_step_us, predicted_step_ms, step_model
 
     t0 = time.perf_counter()
-    path = os.path.join(ir_dir, f"{name}{'-tiny' if tiny else ''}.ir.json") if ir_dir else None
+    suffix = ("-tiny" if tiny else "-host" if host_bound else "") + (f"-w{world}" if world > 1 else "")
+    path = os.path.join(ir_dir, f"{name}{suffix}.ir.json") if ir_dir else None
     if path and os.path.exists(path):
         ir = ce_overlap.Ir.load(path)
     else:
-        model, make_batch = build(name, "meta", tiny)
-        ir = ce_overlap.capture(model, make_batch(0), world_size=1, device="cuda")
+        model, make_batch = build(name, "meta", tiny, host_bound)
+        ir = ce_overlap.capture(model, make_batch(0), world_size=world, device="cuda")
         if path:
             os.makedirs(ir_dir, exist_ok=True)
             ir.save(path)
-    pieces = step_model(ir, profile, 1)
-    return {"model": name, "predicted_ms": round(predicted_step_ms(pieces, "ce_overlap-nccl"), 3),
+    pieces = step_model(ir, profile, world)
+    mode = MODE if world == 1 else "ce_overlap"
+    host = host_step_us(pieces, mode)
+    return {"model": name, "predicted_ms": round(predicted_step_ms(pieces, mode), 3),
+            "gpu_ms": round(gpu_step_ms(pieces, mode), 3), "host_ms": None if host is None else round(host / 1e3, 3),
             "capture_device": ir.meta.get("capture_device"), "pieces": pieces,
             "predict_s": round(time.perf_counter() - t0, 1)}
 
 
 def table(rows: list[dict]) -> str:
-    head = f"{'model':<12} {'measured ms':>11} {'predicted ms':>12} {'error':>7} {'host ms':>8}  what"
+    """Measured rows: the step and the host's time to issue it (host ms); predicted rows: the predicted step, the
+    larger of its GPU and host parts (pred gpu / host ms), against the measured step beside it."""
+    head = (f"{'model':<16} {'measured ms':>11} {'predicted ms':>12} {'error':>7} {'host ms':>8} "
+            f"{'pred gpu ms':>11} {'pred host ms':>12}  what")
     lines = [head, "-" * len(head)]
+
+    def cell(x, width):
+        return f"{x:{width}.2f}" if x is not None else " " * (width - 1) + "-"
+
     for r in rows:
         meas, pred = r.get("measured_ms"), r.get("predicted_ms")
         err = f"{100 * (pred / meas - 1):+6.1f}%" if meas and pred else "      -"
-        host = f"{r['host_ms']:8.2f}" if r.get("host_ms") is not None else "       -"
-        name = r["model"] + (f"@{r['setup']}" if r.get("setup", "fully_shard") != "fully_shard" else "")
-        lines.append(f"{name:<12} {meas or 0:11.2f} {pred or 0:12.2f} {err} {host}  {r.get('what', '')}")
+        name = r["model"] + (f"@{r['setup']}" if r.get("setup", "fully_shard") != "fully_shard" else "") \
+            + (f"x{r['world']}" if r.get("world", 1) > 1 else "")
+        lines.append(f"{name:<16} {cell(meas, 11)} {cell(pred, 12)} {err} {cell(r.get('host_ms'), 8)} "
+                     f"{cell(r.get('pred_gpu_ms'), 11)} {cell(r.get('pred_host_ms'), 12)}  {r.get('what', '')}")
     return "\n".join(lines)
 
 
@@ -429,11 +679,27 @@ def main(argv=None) -> int:
                    "ce_overlap.fully_shard, and/or plain (unsharded, fp32 weights under bf16 autocast)")
     p.add_argument("--host-profile", action="store_true", help="also the host's time to issue a step and cProfile's "
                    "functions over 10 steps (issue 56)")
+    p.add_argument("--host-bound", action="store_true", help=f"each model at batch 1 and {HOST_SEQ} tokens: the host "
+                   "bounds the step, whose run-ahead time is then the host's per step (issue 56)")
+    p.add_argument("--world", type=int, default=1, help="ranks, every one on GPU 0 (> 1: fully_shard only, every "
+                   "collective on the copy engines)")
+    p.add_argument("--repeat", type=int, default=1, help="rounds of every (model, setup), one after another")
+    p.add_argument("--paired", type=int, default=0, metavar="PAIRS", help="the setups of each model side by side in "
+                   "one process: PAIRS enqueue samples per setup and PAIRS / 4 run-ahead blocks, the setups in turns "
+                   "(the host's time compared where its speed is the same for both)")
     p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.child and args.paired:
+        rows = measure_paired(args.child, args.setups.split(","), args.paired, max(2, args.paired // 4), 10,
+                              args.warmup, args.device, args.tiny, args.host_bound)
+        with open(args.out, "w") as f:
+            json.dump(rows, f)
+        return 0
     if args.child:
         row = measure_one(args.child, args.steps, args.warmup, args.kernel_profile, args.device, args.tiny,
-                          args.setups, args.host_profile)
+                          args.setups, args.host_profile, args.host_bound, args.world, args.rank, args.port)
         with open(args.out, "w") as f:
             json.dump(row, f)
         return 0
@@ -444,27 +710,35 @@ def main(argv=None) -> int:
     setups = [s for s in args.setups.split(",") if s]
     if not setups or any(s not in SETUPS for s in setups):
         p.error(f"--setups: expected a comma list of {list(SETUPS)}, got {args.setups!r}")
+    if args.world < 1 or args.repeat < 1 or (args.world > 1 and setups != ["fully_shard"]):
+        p.error("--world and --repeat must be >= 1, and --world > 1 measures --setups fully_shard only")
+    if args.world > 1 and args.kernel_profile:
+        p.error("--world > 1 takes --kernel-profile 0 (the profile's steps differ between ranks)")
+    if args.paired and (args.world > 1 or len(setups) < 2 or "fsdp2" in setups):
+        p.error("--paired compares fully_shard and plain at --world 1")
     if args.warmup < 2 or args.steps < 1:
         p.error("--warmup must be >= 2 (the first step compiles) and --steps >= 1")
-    if not args.predict:
+    if args.paired and not args.predict:
+        rows = measure_paired_models(names, setups, args)
+        payload = {"schema": SCHEMA, "rows": rows}
+    elif not args.predict:
         rows = measure([(n, s) for n in names for s in setups], args)
         payload = {"schema": SCHEMA, "rows": rows}
     else:
         from step_prediction import compare_classes
 
-        measured = {}
-        if args.measured:
-            with open(args.measured) as f:
-                measured = {r["model"]: r for r in json.load(f)["rows"]
-                            if r.get("ok") and r.get("setup", "fully_shard") == "fully_shard"}
+        measured = _measured_fully_shard(args.measured) if args.measured else {}
         rows = []
         for name in names:
-            pred = predict_one(name, args.profile, args.tiny, args.ir_dir)
+            pred = predict_one(name, args.profile, args.tiny, args.ir_dir, args.host_bound)
             meas = measured.get(name, {})
-            classes = compare_classes(pred["pieces"], meas.get("kernels")) if meas else []
-            rows.append({"model": name, "what": ALL_MODELS[name].what, "predicted_ms": pred["predicted_ms"],
-                         "measured_ms": meas.get("measured_ms"), "host_ms": meas.get("host_ms"),
-                         "classes": classes, "profile": args.profile})
+            classes = compare_classes(pred["pieces"], meas.get("kernels")) if meas.get("kernels") else []
+            rows.append({"model": name, "what": meas.get("what", ALL_MODELS[name].what),
+                         "predicted_ms": pred["predicted_ms"], "pred_gpu_ms": pred["gpu_ms"],
+                         "pred_host_ms": pred["host_ms"], "measured_ms": meas.get("measured_ms"),
+                         "host_ms": meas.get("host_ms"), "classes": classes, "profile": args.profile,
+                         "counts": {g: {k: a.get(k) for k in ("kernels", "inputs", "collectives")}
+                                    for g, a in pred["pieces"]["analyze"].items()}})
             if classes:
                 print(class_table(name, classes), flush=True)
         payload = {"schema": SCHEMA, "profile": args.profile, "rows": rows}

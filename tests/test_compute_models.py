@@ -110,6 +110,50 @@ def test_the_host_setups_run_side_by_side_with_their_host_profile(tmp_path):
     assert max(first) - min(first) < 1e-3 * abs(first[0])  # one model, one batch: the same first loss
 
 
+def test_host_time_at_two_ranks_and_side_by_side_then_fitted(tmp_path):
+    """Issue 56's other host measurements on a CPU: fully_shard at 2 ranks (two processes, the host profile's steps
+    in step on both ranks, the slowest rank's host ms), the two setups side by side in one process (--paired: both
+    setups' enqueue samples and run-ahead blocks, their ratio to plain's), and bench/fit_host.py over the 2-rank run
+    and a world-1 one: every row's counts and the fitted section."""
+    two = tmp_path / "two.json"
+    proc = _run("--device", "cpu", "--tiny", "--models", "gpt2-1536-host", "--world", "2", "--host-profile",
+                "--steps", "2", "--warmup", "2", "--kernel-profile", "0", "--out", str(two))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = json.loads(two.read_text())["rows"][0]
+    assert row["ok"] and row["world"] == 2 and len(row["ranks"]) == 2
+    assert row["host_ms"] == max(r["host_ms"] for r in row["ranks"]) and row["host"]["enqueue_ms"] > 0
+    paired = tmp_path / "paired.json"
+    proc = _run("--device", "cpu", "--tiny", "--models", "gpt2-1536-host", "--setups", "fully_shard,plain",
+                "--paired", "4", "--warmup", "2", "--out", str(paired))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(paired.read_text())["rows"]
+    assert [r["setup"] for r in rows] == ["fully_shard", "plain"] and all(r["paired"] for r in rows)
+    assert all(len(r["enqueue_samples"]) == 4 and len(r["run_ahead_blocks"]) == 2 for r in rows)
+    assert rows[1]["enqueue_ratio"] == 1.0 and rows[0]["enqueue_ratio"] > 0
+    assert "--world > 1 takes --kernel-profile 0" in _run("--world", "2").stderr
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps({"rows": [{**row, "world": 1, "ranks": []}]}))
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "fit_host.py"), str(two), str(one), "--base",
+                           "h200-sxm", "--ir-dir", str(tmp_path / "irs"), "--tiny"], capture_output=True, text=True,
+                          timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert '"launch_us"' in proc.stdout and proc.stdout.count("gpt2-1536-host") == 2
+
+
+def test_fit_host_is_a_non_negative_least_squares():
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    from fit_host import TERMS, nnls
+
+    rows = [{"step_us": 1, "launch_us": k, "graph_input_us": i, "collective_us": c}
+            for k, i, c in ((100, 50, 0), (300, 80, 0), (200, 200, 0), (250, 90, 40), (120, 60, 10))]
+    truth = {"step_us": 1500.0, "launch_us": 20.0, "graph_input_us": 8.0, "collective_us": 35.0}
+    fit = nnls(rows, [sum(truth[t] * r[t] for t in TERMS) for r in rows])
+    assert fit == pytest.approx(truth)
+    # A term the data would make negative stays 0 and the others take its place.
+    fit = nnls(rows[:3], [1000.0 + 10 * r["launch_us"] - 0.5 * r["graph_input_us"] for r in rows[:3]])
+    assert min(fit.values()) >= 0 and fit["collective_us"] == 0
+
+
 def test_compute_models_refuses_an_unknown_model():
     proc = _run("--models", "gpt5")
     assert proc.returncode == 2 and "--models: unknown ['gpt5']" in proc.stderr
