@@ -230,9 +230,17 @@ class _ShardSpec:
     # False under an activation-checkpoint wrapper: torch.compile traces the wrapped block as a higher-order op,
     # which may read the window but not write to it (a graph break); such a block reads each weight once anyway.
     keep: bool = True
+    # No tensor parallelism, kept in the window, even rows (shape and stride None): the gather reads only `simple`
+    # of these four (a compiled forward guards one attribute per parameter instead of four; _refresh sets it).
+    simple: bool = False
     leaf: torch.Tensor | None = field(default=None, repr=False, compare=False)  # the autograd leaf the gather reads
     hooked: torch.Tensor | None = field(default=None, repr=False, compare=False)  # the leaf with _grad_to_param
     owners: list = field(default_factory=list, repr=False, compare=False)   # (module, name) registering the Parameter
+
+
+def _refresh(spec: _ShardSpec) -> None:
+    """Sets spec.simple from the fields it stands for (after any of them changed)."""
+    spec.simple = spec.tp is None and spec.keep and spec.shape is None and spec.stride is None
 
 
 def _grad_to_param(spec: _ShardSpec, leaf: torch.Tensor) -> None:
@@ -285,7 +293,8 @@ def _replicate(shard: torch.Tensor, spec: _ShardSpec) -> torch.Tensor:
         # HSDP, in FSDP2's order: gathered over "shard"; the gradient reduce-scattered (averaged) over "shard", then
         # this rank's rows all-reduced (averaged) over "replicate": the replicas exchange a shard, not the weight.
         shard = _ReplicaAverage.apply(shard, cfg.replicate.get_group().group_name, cfg.reduce_dtype)
-    shard = DTensor.from_local(shard, mesh, [Shard(0)], run_check=False, shape=spec.shape, stride=spec.stride)
+    shape, stride = (None, None) if spec.simple else (spec.shape, spec.stride)
+    shard = DTensor.from_local(shard, mesh, [Shard(0)], run_check=False, shape=shape, stride=stride)
     return shard.redistribute(placements=[Replicate()], forward_dtype=cfg.param_dtype,
                               backward_dtype=cfg.reduce_dtype).to_local(grad_placements=[Partial("avg")])
 
@@ -300,7 +309,7 @@ def _gather(module: nn.Module, name: str) -> torch.Tensor:
     a DTensor and Dynamo checked every parameter's DTensor spec in Python on every call (issue 56: 4-6 ms of host
     time per step at 100 parameters)."""
     spec: _ShardSpec = module._ce_overlap_specs[name]
-    state = spec.state
+    state = module._ce_overlap_state  # spec.state: one window per root; read per module, not per parameter
     if not state.active:
         return module._parameters[name]
     index = spec.index
@@ -319,6 +328,9 @@ def _gather(module: nn.Module, name: str) -> torch.Tensor:
         full = checkpoint(_replicate, shard, spec, use_reentrant=False, context_fn=_regather_context)
     else:
         full = _replicate(shard, spec)
+    if spec.simple:
+        state.gathered[index] = full
+        return full
     if spec.tp is not None:
         full = DTensor.from_local(full, spec.tp.mesh, spec.tp.placements, run_check=False, shape=spec.tp.shape,
                                   stride=spec.tp.stride)
@@ -686,6 +698,7 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
             gathered_shape = gathered_stride = None  # even rows: from_local infers both (and Dynamo guards one None)
         spec = _ShardSpec(rows, shard_rows(rows, mesh.size()), config, state, index=next(_indices),
                           shape=gathered_shape, stride=gathered_stride, param=shard, tp=tp)
+        _refresh(spec)
         _attach_leaf(spec)
         specs[id(shard)] = spec
         sharded[id(param)] = shard
@@ -694,6 +707,7 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
         sub._parameters[name] = shard
         if id(sub) in under_ac:  # a tied shard registered under a checkpoint wrapper anywhere
             specs[id(shard)].keep = False
+            _refresh(specs[id(shard)])
     # Every module reading a sharded parameter (a tied one: also modules outside this call's earlier blocks)
     # gets the property that gathers it.
     for sub in module.modules():
