@@ -180,12 +180,13 @@ def test_cli_analyze_plan(cli, tiny_ir, tmp_path):
     assert [p["graph"] for p in plans] == ["forward", "backward"]
     # the conclusion comes last: the recommendation, with the plans' sums (tests/test_report.py checks them all)
     tail = proc.stdout.split("\n\nplans written to")[0].split("\n\n")[-1].splitlines()
-    assert tail[0].startswith("recommendation (h200-sxm): ") and tail[-3].startswith("  predicted step ")
+    assert tail[0].startswith("recommendation (h200-sxm): ") and tail[-4].startswith("  predicted step ")
     after = sum(p["summary"]["exposed_comm_us_after"] for p in plans) / 1000
     assert f" ms per step with Inductor's overlap scheduler, {after:.2f} ms with ce_overlap" in "\n".join(tail)
-    assert " ms with Inductor's overlap scheduler -> " in tail[-3]  # the user's baseline, not everything exposed
-    assert tail[-2].startswith("    (the overlap scheduler modelled as")
-    assert tail[-1].startswith("  -> ")  # what to do (report.advice)
+    assert " ms with Inductor's overlap scheduler -> " in tail[-4]  # the user's baseline, not everything exposed
+    assert tail[-3].startswith("    (the overlap scheduler modelled as")
+    assert tail[-2].startswith("  -> ")  # what to do (report.advice)
+    assert tail[-1].startswith("  -> host-bound: ")  # h200-sxm prices the host: this tiny step is the host's
     assert "  input MiB: what each rank puts in" in proc.stdout
     for p in plans:
         ir_mod.check_plan(tiny_ir, p)

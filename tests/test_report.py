@@ -170,3 +170,26 @@ def test_the_recommendation_says_what_to_do_with_the_plan_it_was_given(tiny_ir):
     assert same["use"] == "baseline" and "the same step as" in same["advice"]
     assert "(small: within the cost model's error" in render.advice(1.0, "X", 10.0)[1]
     assert render.advice(5.0, "X", 10.0) == ("ce_overlap", "-> use ce_overlap's pass: 5.0% shorter than X (10.00 ms)")
+
+
+def test_the_host_advice_says_when_the_step_is_host_bound():
+    """The recommendation's host line: under the GPU's step, the headroom; over it, host-bound, the GPU's wait per
+    step and what shortens it (no plan does)."""
+    assert render.host_advice(8.0, 10.0) == ("host: 8.00 ms to issue a step, under the GPU's 10.00 ms: the GPU bounds "
+                                             "the step (20% headroom)")
+    bound = render.host_advice(15.0, 10.0)
+    assert bound.startswith("-> host-bound: the host needs 15.00 ms to issue a step the GPU runs in 10.00 ms, so the "
+                            "GPU waits 5.00 ms per step (33% of it) and no plan shortens that")
+
+
+def test_a_small_model_on_the_h200_profile_is_called_host_bound(tiny_ir):
+    """h200-sxm prices the host (its `host` section, fitted to host-bound steps): the tiny model's step is the host's,
+    the recommendation says so after its advice, and its predicted steps are the host's time, plan or no plan."""
+    report = ce_overlap.analyze(tiny_ir, "h200-sxm")
+    plans = [plan_graph(tiny_ir, g, "h200-sxm", {"ce": "auto"}) for g in tiny_ir.graph_names]
+    baseline = [plan_graph(tiny_ir, g, "h200-sxm", {"ce": "off"}) for g in tiny_ir.graph_names]
+    r = render.recommendation(report, plans, baseline, "h200-sxm")
+    assert r["host_bound"] and r["host_ms"] > r["gpu_ms"] > 0
+    assert r["ce_overlap_step_ms"] == pytest.approx(r["host_ms"])
+    text = render.format_recommendation({**report, "recommendation": r}, plans, baseline, "h200-sxm")
+    assert text.splitlines()[-1] == "  " + r["host_advice"] and "-> host-bound: the host needs" in text
