@@ -114,12 +114,10 @@ def main(argv=None) -> int:
     section = {t: round(fit[t], 3) for t in ("launch_us", "graph_input_us", "collective_us", "step_us")}
     section["source"] = args.source or ("bench/fit_host.py over " + ", ".join(args.measured))
     print(json.dumps({"host": section}, indent=1))
-    if args.out:
-        spec = json.loads(profiles.read_text(args.base))
-        spec["host"] = section
-        with open(args.out, "w") as f:
-            json.dump(spec, f, indent=2)
-            f.write("\n")
+    if args.out:  # through the C++ loader first, written atomically (ce-overlap calibrate's writer)
+        from ce_overlap.calibrate.fit import write_profile
+
+        write_profile(args.out, {**json.loads(profiles.read_text(args.base)), "host": section})
     return 0
 
 
