@@ -134,6 +134,28 @@ def _host_bound(spec: ModelSpec) -> ModelSpec:
     return dataclasses.replace(spec, overrides=tuple(over.items()))
 
 
+def _what(name: str, host_bound: bool) -> str:
+    """A row's description of its model and shape."""
+    return ALL_MODELS[name].what + (f" (host-bound shape: batch 1, {HOST_SEQ} tokens)" if host_bound else "")
+
+
+def _load_result(path: str, failed: dict):
+    """The JSON a child process wrote to `path` (removed after), or `failed` where it wrote none."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return failed
+    finally:
+        os.remove(path)
+
+
+def _write_rows(path: str | None, rows: list[dict]) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump({"schema": SCHEMA, "rows": rows}, f, indent=1)
+
+
 def spec_of(name: str, tiny: bool = False, host_bound: bool = False) -> ModelSpec:
     """ALL_MODELS[name], at the small config of _tiny or the host-bound shape of _host_bound."""
     spec = ALL_MODELS[name]
@@ -352,8 +374,7 @@ def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: 
             "cuda": torch.version.cuda}
     peak = torch.cuda.max_memory_reserved() / 2**30 if on_gpu else 0.0
     dist.destroy_process_group()
-    what = ALL_MODELS[name].what + (f" (host-bound shape: batch 1, {HOST_SEQ} tokens)" if host_bound else "")
-    return {"model": name, "what": what, "setup": setup, "host": host, "ok": True,
+    return {"model": name, "what": _what(name, host_bound), "setup": setup, "host": host, "ok": True,
             "host_bound": host_bound, "world": world, "rank": rank, "measured_ms": round(median, 3),
             "step_ms": [round(x, 3) for x in step_ms], "host_ms": round(statistics.median(host_ms), 3),
             "host_cpu_ms": round(cpu_ms, 3),
@@ -374,6 +395,7 @@ def measure_paired(name: str, setups: list[str], pairs: int, blocks_: int, block
     import gc
 
     import torch
+    import torch.distributed as dist
 
     on_gpu = device == "cuda"
     _init_group(device)
@@ -415,22 +437,19 @@ def measure_paired(name: str, setups: list[str], pairs: int, blocks_: int, block
                     run_ahead[s].append(1e3 * (time.perf_counter() - t0) / block_steps)
     finally:
         gc.enable()
-    import torch.distributed as dist
-
     dist.destroy_process_group()
-    first = "plain" if "plain" in setups else setups[0]
+    base = "plain" if "plain" in setups else setups[0]
     rows = []
     for s in setups:
         rows.append({"model": name, "setup": s, "ok": True, "paired": True, "host_bound": host_bound, "world": 1,
-                     "what": ALL_MODELS[name].what + (f" (host-bound shape: batch 1, {HOST_SEQ} tokens)"
-                                                      if host_bound else ""),
+                     "what": _what(name, host_bound),
                      "host_ms": round(statistics.median(enqueue[s]), 3),
                      "measured_ms": round(statistics.median(run_ahead[s]), 3),
                      "enqueue_samples": [round(x, 3) for x in enqueue[s]],
                      "run_ahead_blocks": [round(x, 3) for x in run_ahead[s]],
-                     "enqueue_ratio": round(statistics.median(a / b for a, b in zip(enqueue[s], enqueue[first])), 4),
+                     "enqueue_ratio": round(statistics.median(a / b for a, b in zip(enqueue[s], enqueue[base])), 4),
                      "run_ahead_ratio": round(statistics.median(a / b for a, b in zip(run_ahead[s],
-                                                                                      run_ahead[first])), 4),
+                                                                                      run_ahead[base])), 4),
                      "compile_s": round(compile_s, 1), "gpu": torch.cuda.get_device_name() if on_gpu else "cpu",
                      "torch": torch.__version__})
     return rows
@@ -504,16 +523,9 @@ def measure_world(name: str, setup: str, args) -> dict:
     port = _free_port()
     procs = [_child(name, setup, args, out, rank, port) for rank, out in enumerate(outs)]
     codes = [p.wait() for p in procs]
-    rows = []
-    for rank, out in enumerate(outs):
-        try:
-            with open(out) as f:
-                rows.append(json.load(f))
-        except (OSError, ValueError):
-            rows.append({"model": name, "setup": setup, "ok": False,
-                         "error": f"rank {rank}'s process exited {codes[rank]} without a result"})
-        finally:
-            os.remove(out)
+    rows = [_load_result(out, {"model": name, "setup": setup, "ok": False,
+                               "error": f"rank {rank}'s process exited {codes[rank]} without a result"})
+            for rank, out in enumerate(outs)]
     bad = [r for r in rows if not r.get("ok")]
     if bad:
         return bad[0]
@@ -537,22 +549,14 @@ def measure_paired_models(names: list[str], setups: list[str], args) -> list[dic
         cmd += ["--tiny"] if args.tiny else []
         cmd += ["--host-bound"] if args.host_bound else []
         code = subprocess.run(cmd).returncode
-        try:
-            with open(out) as f:
-                got = json.load(f)
-        except (OSError, ValueError):
-            got = [{"model": name, "ok": False, "error": f"its process exited {code} without a result"}]
-        finally:
-            os.remove(out)
+        got = _load_result(out, [{"model": name, "ok": False, "error": f"its process exited {code} without a result"}])
         for r in got:
             print(f"# {name} ({r.get('setup')}, paired): " + (
                 f"enqueue {r['host_ms']:.2f} ms ({r['enqueue_ratio']:.3f}x plain), run-ahead "
                 f"{r['measured_ms']:.2f} ms ({r['run_ahead_ratio']:.3f}x)" if r.get("ok") else r["error"]),
                 flush=True)
         rows.extend(got)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"schema": SCHEMA, "rows": rows}, f, indent=1)
+        _write_rows(args.out, rows)
     return rows
 
 
@@ -575,9 +579,7 @@ def measure(runs: list[tuple[str, str]], args) -> list[dict]:
                    f"{host['enqueue_busy_ms']:.2f}), synced {host['synced_ms']:.2f} ms" if host else "")
                 if row.get("ok") else row["error"]), flush=True)
             rows.append(row)
-            if args.out:
-                with open(args.out, "w") as f:
-                    json.dump({"schema": SCHEMA, "rows": rows}, f, indent=1)
+            _write_rows(args.out, rows)
     return rows
 
 

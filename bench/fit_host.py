@@ -20,9 +20,9 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ce_overlap.step_model import HOST_TERMS as TERMS, host_counts  # the terms and their counts: one owner
 
-TERMS = ("step_us", "launch_us", "graph_input_us", "collective_us")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def measured_rows(paths: list[str]) -> list[dict]:
@@ -44,20 +44,6 @@ def measured_rows(paths: list[str]) -> list[dict]:
                     rows.append({"model": r["model"], "world": r.get("world", 1),
                                  "host_bound": bool(r.get("host_bound")), "enqueue_ms": enqueue, "source": path})
     return rows
-
-
-def counts(pieces: dict, mode: str) -> dict:
-    """A step's counts for the host terms (step_model.host_step_us's): kernels, graph inputs and the collectives the
-    mode issues, every graph together."""
-    from ce_overlap.step_model import MODES
-
-    key = MODES[mode][0]
-    out = {"step_us": 1, "launch_us": 0, "graph_input_us": 0, "collective_us": 0}
-    for name, g in pieces["analyze"].items():
-        out["launch_us"] += g.get("kernels") or 0
-        out["graph_input_us"] += g.get("inputs") or 0
-        out["collective_us"] += (pieces.get(key) or {}).get(name, {}).get("buckets", 0) if key else 0
-    return out
 
 
 def nnls(xs: list[dict], ys: list[float]) -> dict:
@@ -101,7 +87,7 @@ def main(argv=None) -> int:
     xs = []
     for r in rows:
         pred = predict_one(r["model"], args.base, args.tiny, args.ir_dir, r["host_bound"], r["world"])
-        xs.append(counts(pred["pieces"], MODE if r["world"] == 1 else "ce_overlap"))
+        xs.append(host_counts(pred["pieces"], MODE if r["world"] == 1 else "ce_overlap"))
         r["pred_gpu_ms"] = pred["gpu_ms"]
     fit = nnls(xs, [1e3 * r["enqueue_ms"] for r in rows])
     print(f"{'model':<16} {'world':>5} {'kernels':>7} {'inputs':>6} {'colls':>5} {'host ms':>8} {'fitted':>7} "

@@ -188,16 +188,19 @@ _ANALYZE_KEYS = ("compute_us", "comm_us", "exposed_comm_us", "makespan_us", "ker
 HOST_MODES = ("ce_overlap", "ce_overlap-nccl", "ce_overlap-on", "compile+inductor-overlap", "compile", "no-comm")
 
 
-def host_step_us(pred: dict, mode: str = "ce_overlap") -> float | None:
-    """The host's time to issue one step of `mode` from step_model's pieces and the profile's host section (kept in
-    the pieces as "host"): per graph launch_us x its kernels + graph_input_us x its inputs + collective_us x the
-    collectives the mode issues (its plan's buckets; compile: the captured ones; no-comm: none), plus step_us. None
-    without a host section, for a mode HOST_MODES does not hold, or where the pieces lack the mode's plan."""
-    host, graphs = pred.get("host"), pred.get("analyze") or {}
-    if not host or not graphs or mode not in HOST_MODES:
+# The host section's terms (a profile's "host", docs/profiles.md), each priced per one of host_counts' counts.
+HOST_TERMS = ("step_us", "launch_us", "graph_input_us", "collective_us")
+
+
+def host_counts(pred: dict, mode: str = "ce_overlap") -> dict | None:
+    """What each of HOST_TERMS is paid for in one step of `mode`, from step_model's pieces: one step; the kernels
+    and the inputs of every graph; the collectives the mode issues (its plan's buckets; compile: the captured ones;
+    no-comm: none). None for a mode HOST_MODES does not hold, or where the pieces lack the mode's plan."""
+    graphs = pred.get("analyze") or {}
+    if not graphs or mode not in HOST_MODES:
         return None
     key = MODES[mode][0]
-    total = host["step_us"]
+    counts = {"step_us": 1, "launch_us": 0, "graph_input_us": 0, "collective_us": 0}
     for name, g in graphs.items():
         if key is None:
             collectives = 0
@@ -208,9 +211,19 @@ def host_step_us(pred: dict, mode: str = "ce_overlap") -> float | None:
             if plan is None:
                 return None
             collectives = plan.get("buckets", 0)
-        total += host["launch_us"] * (g.get("kernels") or 0) + host["graph_input_us"] * (g.get("inputs") or 0) \
-            + host["collective_us"] * collectives
-    return total
+        counts["launch_us"] += g.get("kernels") or 0
+        counts["graph_input_us"] += g.get("inputs") or 0
+        counts["collective_us"] += collectives
+    return counts
+
+
+def host_step_us(pred: dict, mode: str = "ce_overlap") -> float | None:
+    """The host's time to issue one step of `mode`: each term of the profile's host section (kept in the pieces as
+    "host") times its count (host_counts). None without a host section, or where host_counts is None."""
+    host, counts = pred.get("host"), host_counts(pred, mode)
+    if not host or counts is None:
+        return None
+    return sum(host[term] * n for term, n in counts.items())
 
 
 def _graph_analyses(ir, profile: str) -> dict:
@@ -370,9 +383,9 @@ def plans_step_us(report: dict, plans: list[dict], profile: str) -> dict:
     in predicted_step_ms's terms (for `ce-overlap analyze --plan`): {"step_us", "gpu_us" and "host_us" (None: the
     profile prices no host) of which it is the larger, "exposed_us": the plans' exposed communication,
     "optimizer_us"}."""
-    hbm_us_per_byte, optimizer_us_per_byte, _ = bandwidths_us_per_byte(_spec(profile))
-    meta = report.get("meta", {})
     spec = _spec(profile)
+    hbm_us_per_byte, optimizer_us_per_byte, _ = bandwidths_us_per_byte(spec)
+    meta = report.get("meta", {})
     pieces = {"analyze": {g["name"]: g for g in report.get("graphs", [])},
               "plan": {p["graph"]: plan_costs(p, hbm_us_per_byte) for p in plans},
               "optimizer_us": optimizer_us(meta.get("num_params", 0), int(meta.get("world_size", 1)),
