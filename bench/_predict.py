@@ -1,5 +1,5 @@
 """The cost model's side of bench/train.py: its training step captured (as the in-graph modes shard it, as the FSDP2
-modes do, with Inductor's overlap scheduler on) and every mode's step predicted from it (ce_overlap.step_model). No
+modes do, with Inductor's overlap scheduler on) and every mode's step predicted from it (ce_overlap.analyzer.step_model). No
 GPU: the captures run on fake tensors over a fake process group. Also the frame of the prediction-table scripts
 (bench/tp_predictions.py, bench/node_predictions.py): their common options, --from-json, the table and the JSON.
 Not a script."""
@@ -66,10 +66,10 @@ def fsdp2_shards_alike(args) -> bool:
 
 def predict_steps(args, world: int, profile: str, ce_reduction: str = "consumer", ir=None,
                   scheduler_ir=None) -> tuple[dict, dict]:
-    """(ce_overlap.step_model's pieces of the in-graph capture (`ir` where the caller has it), the predicted step in ms
+    """(ce_overlap.analyzer.step_model's pieces of the in-graph capture (`ir` where the caller has it), the predicted step in ms
     of every mode of step_model.MODES): the FSDP2 modes from a capture sharded as they shard (capture_step's fsdp2)
     where that differs; with `scheduler_ir` (capture_step's overlap_scheduler) also step_model.SCHEDULER_CAPTURED."""
-    from ce_overlap.step_model import MODES, SCHEDULER_CAPTURED, TP_MODES, predicted_step_ms, step_model
+    from ce_overlap.analyzer.step_model import MODES, SCHEDULER_CAPTURED, TP_MODES, predicted_step_ms, step_model
 
     if getattr(args, "tp", 1) > 1:  # the TP modes, from the step as captured and with torch's async TP
         ir = ir if ir is not None else capture_step(args, world)

@@ -1,5 +1,5 @@
 """The cost model's compute on models it was not fitted to: each model of MODELS at world size 1, measured on one GPU
-and predicted by the cost model (ce_overlap.step_model), side by side with the kernel time per class on both sides.
+and predicted by the cost model (ce_overlap.analyzer.step_model), side by side with the kernel time per class on both sides.
 
 Measured (on a GPU, each model in a process of its own): the model under `ce_overlap.fully_shard` (each block, then the
 root; bf16 parameters, MixedPrecisionPolicy), compiled whole with ce_overlap's pass (the loss inside), fused AdamW;
@@ -608,7 +608,7 @@ def predict_one(name: str, profile: str, tiny: bool = False, ir_dir: str | None 
     the capture is read from DIR/NAME.ir.json where it is there, else written there (a later prediction with another
     profile need not capture again)."""
     import ce_overlap
-    from ce_overlap.step_model import gpu_step_ms, host_step_us, predicted_step_ms, step_model
+    from ce_overlap.analyzer.step_model import gpu_step_ms, host_step_us, predicted_step_ms, step_model
 
     t0 = time.perf_counter()
     suffix = ("-tiny" if tiny else "-host" if host_bound else "") + (f"-w{world}" if world > 1 else "")

@@ -20,7 +20,7 @@ import json
 import os
 import sys
 
-from ce_overlap.step_model import HOST_TERMS as TERMS, host_counts  # the terms and their counts: one owner
+from ce_overlap.analyzer.step_model import HOST_TERMS as TERMS, host_counts  # the terms and their counts: one owner
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 

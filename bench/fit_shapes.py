@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     from _predict import recorded_step_args
     from ce_overlap import profiles
     from ce_overlap.calibrate.shapes import in_step_factors, shapes_from_grid
-    from ce_overlap.step_model import step_model
+    from ce_overlap.analyzer.step_model import step_model
     from step_prediction import compare_classes
 
     with open(args.grid) as f:

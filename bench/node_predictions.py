@@ -7,7 +7,7 @@ copy engines inside each node, as a markdown table (no GPU).
 
 Per node count M: the zoo model captured over M x gpus-per-node ranks, once as FSDP over every rank and (M >= 2) once
 as HSDP (shards inside each node, replicas across), each collective's group and its nodes in the IR; then
-ce_overlap.step_model's prediction of each mode (ce_overlap.step_model.NODE_MODES: what `ce-overlap analyze MODEL
+ce_overlap.analyzer.step_model's prediction of each mode (ce_overlap.analyzer.step_model.NODE_MODES: what `ce-overlap analyze MODEL
 --world-size N --nodes M [--hsdp]` reports), and the no-communication bound. On one node the FSDP row's ce_overlap
 column is the one-node plan (copy engines where they pay) and the HSDP columns do not apply. What the modes assume:
 the profile's inter-node link (the built-in H200 profile: 8 x 400 Gb/s InfiniBand NICs per node, one per GPU on its
@@ -33,7 +33,7 @@ _COLUMNS = (("FSDP, NCCL", "flat", "fsdp"), ("FSDP, hierarchical", "flat", "fsdp
 
 def predict(model: str, nodes: int, per_node: int, profile: str, seq_len: int | None, batch: int) -> dict:
     """One row: each mode's predicted step (ms) at `nodes` nodes of `per_node` ranks."""
-    from ce_overlap import step_model as sm
+    from ce_overlap.analyzer import step_model as sm
     from ce_overlap.ir import capture_named
 
     started = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Every recorded bench/train.py run predicted again by ce_overlap.step_model: each train.json under a results folder,
+"""Every recorded bench/train.py run predicted again by ce_overlap.analyzer.step_model: each train.json under a results folder,
 one capture per shape (bench/train.py's, on fake tensors; no GPU), each mode's measured step against the built-in
 profile of its GPU as it is and, per --without KEY, with that profile key removed (a dotted path: "shapes",
 "efficiency.fused_memory"), to show what a part of the model changes. Per run whether the predicted order of the

@@ -1,5 +1,5 @@
 """The cost model's predicted training step next to measured ones, without a GPU: captures the step of bench/train.py's
-model on fake tensors (CPU), runs the cost model and ce_overlap's planner (ce_overlap.step_model), and compares
+model on fake tensors (CPU), runs the cost model and ce_overlap's planner (ce_overlap.analyzer.step_model), and compares
 with the medians of a bench/train.py result file and/or numbers given on the command line. Prints a table; --out
 writes JSON. Re-run it after a cost-model change to see what the change does to the prediction of a measured run.
 
@@ -109,7 +109,7 @@ def main() -> int:
 
     import train
     from ce_overlap.profiles import DEFAULT, builtin_for_device, read_text
-    from ce_overlap.step_model import MODES
+    from ce_overlap.analyzer.step_model import MODES
 
     measured: dict[str, float] = {}
     kernels: dict[str, dict] = {}  # mode -> its kernel profile (train.py --kernel-profile)
@@ -177,7 +177,7 @@ def main() -> int:
               f"{(f'{err:+.1f}%' if err is not None else '-'):>8}  {how}")
     unmodelled = sorted(set(measured) - set(MODES))
     if unmodelled:
-        print(f"# measured, not modelled (not in ce_overlap.step_model.MODES): {', '.join(unmodelled)}")
+        print(f"# measured, not modelled (not in ce_overlap.analyzer.step_model.MODES): {', '.join(unmodelled)}")
     by_class = compare_classes(pieces, kernels.get("no-comm"))
     if by_class:
         print(f"\n# where the no-comm step's time goes: the model's compute by class vs the GPU kernel time measured by "

@@ -36,7 +36,7 @@ def run(flavor: str, steps: int, seq_len: int, direct: bool, ce: str) -> tuple[l
     from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
 
     import ce_overlap.fsdp
-    from ce_overlap import fsdp_direct
+    from ce_overlap.fsdp import direct as fsdp_direct
 
     cfg = llama3.llama3_configs[flavor]("flex")
     torch.manual_seed(0)

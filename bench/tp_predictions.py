@@ -6,7 +6,7 @@
 
 Per TP degree T: the zoo model captured over world-size ranks as T-way tensor parallelism inside (torchtitan's plan)
 and world / T-way in-graph FSDP, once as captured and once with torch's micro-pipeline TP (async TP), then
-ce_overlap.step_model's prediction of fsdp2+tp, fsdp2+tp+async-tp, ce_overlap+tp and no-comm+tp, with what tensor
+ce_overlap.analyzer.step_model's prediction of fsdp2+tp, fsdp2+tp+async-tp, ce_overlap+tp and no-comm+tp, with what tensor
 parallelism's collectives cost (their time, exposed as captured) and how many FSDP buckets of ce_overlap's plan share
 NVLink with them. What `ce-overlap analyze MODEL --world-size N --tp T` reports, for several T in one table.
 Steps are per GPU for one batch per data-parallel rank: with more TP ranks a step trains fewer tokens, so rows compare
@@ -26,7 +26,7 @@ _MODES = ("fsdp2+tp", "fsdp2+tp+async-tp", "ce_overlap+tp", "no-comm+tp")
 
 def predict(model: str, world: int, tp: int, profile: str, seq_len: int | None, batch: int) -> dict:
     """One row: the TP modes' predicted steps (ms) and what TP costs, from a capture and its async-TP twin."""
-    from ce_overlap import step_model as sm
+    from ce_overlap.analyzer import step_model as sm
     from ce_overlap.ir import capture_named, plan
     from ce_overlap.models.llama import LLAMA_CONFIGS
 

@@ -2,7 +2,7 @@
 process per rank, so none inherits an earlier one's memory or library state; --same-process to run them in this one).
 
 A Llama-3-style model from the zoo the analyzer captures (python/ce_overlap/models), trained on synthetic
-tokens with in-graph FSDP over all ranks (python/ce_overlap/fx/fsdp.py: bf16 gathers, fp32 master shards,
+tokens with in-graph FSDP over all ranks (python/ce_overlap/in_graph/fully_shard.py: bf16 gathers, fp32 master shards,
 reshard after forward), fused AdamW with the learning rate warmed up linearly over 200 steps (torchtitan's
 llama3-8b schedule; --lr-warmup-steps), torch.compile on the model (the loss is computed inside it). At the end: the
 largest loss difference between compiled modes and whether they agree within one bf16 spacing at every step.
@@ -324,7 +324,7 @@ class ModeResult:
     tflops: float = 0.0
     mfu: float = 0.0
     kernels: dict = dataclasses.field(default_factory=dict)
-    predicted_ms: float | None = None  # the cost model's step for this mode (--predict; ce_overlap.step_model.MODES)
+    predicted_ms: float | None = None  # the cost model's step for this mode (--predict; ce_overlap.analyzer.step_model.MODES)
     # When (host epoch seconds) the timed steps and the kernel profile ran: bench/clocks.py reads the GPUs' clocks and
     # power sampled beside the run (bench/train_device.sh, CE_TRAIN_CLOCKS=1) in these windows.
     windows: dict = dataclasses.field(default_factory=dict)
@@ -771,10 +771,10 @@ def main(argv=None) -> int:
 
         profile = args.profile or builtin_for_device(info["gpu"], default=DEFAULT)
         prediction = predict(args, world, profile)
-        from ce_overlap.step_model import MODES, TP_MODES  # noqa: PLC0415
+        from ce_overlap.analyzer.step_model import MODES, TP_MODES  # noqa: PLC0415
 
         prediction.setdefault("step_ms", {})  # predict_steps' (absent where the prediction failed)
-        log0(f"# the cost model's step (profile {profile}; ce_overlap.step_model) beside the measured one:")
+        log0(f"# the cost model's step (profile {profile}; ce_overlap.analyzer.step_model) beside the measured one:")
         for r in results:
             r.predicted_ms = prediction["step_ms"].get(r.mode)
             if r.ok and r.predicted_ms:

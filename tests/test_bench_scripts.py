@@ -296,7 +296,7 @@ def test_step_model_prices_the_host_and_takes_the_larger_step():
     """With the profile's host section the step is the larger of the GPU's and the host's: per graph launch_us x
     kernels + graph_input_us x inputs + collective_us x the collectives the mode issues (its plan's buckets, the
     captured ones for compile, none for no-comm), plus step_us; FSDP2's modes keep their GPU step (not modelled)."""
-    from ce_overlap import step_model as sm
+    from ce_overlap.analyzer import step_model as sm
 
     plan = {"forward": {"exposed_comm_us_after": 100.0, "buckets": 3}, "backward": {"exposed_comm_us_after": 0.0,
                                                                                    "buckets": 5}}
@@ -322,7 +322,7 @@ def test_step_model_prices_the_host_and_takes_the_larger_step():
 
 
 def test_step_model_pieces_add_up():
-    from ce_overlap import step_model as sm
+    from ce_overlap.analyzer import step_model as sm
 
     plan = {"forward": {"exposed_comm_us_after": 100.0, "slowdown_us": 50.0, "bucket_copy_us": 20.0},
             "backward": {"exposed_comm_us_after": 200.0, "slowdown_us": 70.0, "bucket_copy_us": 30.0}}
@@ -382,7 +382,7 @@ def test_local_gather_bytes_follow_the_no_comm_stand_ins(tiny_ir):
     and writes this rank's rows."""
     import copy
 
-    from ce_overlap.step_model import collectives_by_graph, local_gather_us
+    from ce_overlap.analyzer.step_model import collectives_by_graph, local_gather_us
 
     world, params = 8, tiny_ir.meta["num_params"]
     graphs = tiny_ir.to_dict()["graphs"]
@@ -479,7 +479,7 @@ def test_fsdp2_modes_are_predicted_from_a_capture_sharded_as_fsdp2_shards():
     import argparse
 
     import train
-    from ce_overlap.step_model import predicted_step_ms, step_model
+    from ce_overlap.analyzer.step_model import predicted_step_ms, step_model
 
     args = argparse.Namespace(model="llama3-tiny", layers=2, seq_len=64, batch=1, gqa="expand",
                               vocab_parallel_embeddings=True, in_graph_wrap="torchtitan", fsdp2_wrap="torchtitan")

@@ -162,7 +162,7 @@ def test_writer_fits_what_was_measured(built):
 def test_compute_kernels_fit_attention_optimizer_and_memory(base):
     """Attention efficiencies on executed (causal) FLOPs, the fused AdamW bandwidth, and the memory efficiency as
     the median of the activation-sized kernels (the 1 GiB add only where those are missing)."""
-    from ce_overlap.fx.flops import attention_backward_flops, attention_flops
+    from ce_overlap.inductor.flops import attention_backward_flops, attention_flops
 
     m = synthetic()
     q = (1, 32, 4096, 128)

@@ -263,7 +263,7 @@ def test_skipping_inductors_fake_value_refresh_leaves_the_ir_byte_identical(monk
     """Capture skips Inductor's second FakeTensorProp (fx/capture.py); it must not change anything recorded."""
     import json
 
-    from ce_overlap.fx import capture as capture_mod
+    from ce_overlap.inductor import capture as capture_mod
 
     def ir_text(refresh: bool) -> str:
         monkeypatch.setattr(capture_mod, "_REFRESH_FAKE_VALUES", refresh)
@@ -279,7 +279,7 @@ def test_a_backend_failure_names_the_error_the_backend_raised():
     """torch 2.11 raises BackendCompilerFailed with no chained cause, the backend's error on the line after
     "raised:" (e.g. its overlap scheduler's flop counter on grouped-query flash attention): the message leads with
     it."""
-    from ce_overlap.fx.capture import _failure_message
+    from ce_overlap.inductor.capture import _failure_message
 
     class BackendCompilerFailed(Exception):
         pass

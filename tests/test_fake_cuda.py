@@ -1,4 +1,4 @@
-"""Capture on fake CUDA tensors, no GPU (ce_overlap.fx.fake_cuda, issue 31): a torchtitan-shaped Llama-3 with flex
+"""Capture on fake CUDA tensors, no GPU (ce_overlap.inductor.fake_cuda, issue 31): a torchtitan-shaped Llama-3 with flex
 attention analyzes with the defaults (its CPU capture fails, and the CLI says it captured on fake CUDA); the zoo's
 Llama captured both ways moves the same bytes and FLOPs, with the GPU's attention kernels in the fake-CUDA graphs;
 flex attention's FLOPs count the tiles its block mask computes; nothing stays patched after a capture."""
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import ce_overlap
-from ce_overlap.fx import fake_cuda
-from ce_overlap.fx.flops import attention_backward_flops, attention_flops
+from ce_overlap.inductor import fake_cuda
+from ce_overlap.inductor.flops import attention_backward_flops, attention_flops
 
 from conftest import DATA, load_data_module
 
@@ -90,7 +90,7 @@ def test_flex_attention_nodes_and_their_flops(titan_ir):
 
 
 def test_the_gathered_weights_stay_inside_and_their_gradients_in_their_blocks(titan_ir):
-    """The gather-once window closes inside the compiled forward (fsdp._ForwardState; torch 2.14 once dropped its
+    """The gather-once window closes inside the compiled forward (in_graph.fully_shard._ForwardState; torch 2.14 once dropped its
     close after flex attention): no gathered weight is a forward output, the backward takes only the loss's gradient,
     and each block's weight gradients are its own GEMMs (2 per forward GEMM, its FLOPs twice the forward's), not
     nodes outside the blocks (they were gradient-accumulating addmms with no module)."""

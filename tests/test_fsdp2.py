@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ce_overlap import fsdp
+from ce_overlap.fsdp import integration as fsdp  # the public names and the helpers tested here
 from ce_overlap.errors import CeOverlapError
-from ce_overlap.fx.capture import fake_process_group
+from ce_overlap.inductor.capture import fake_process_group
 
 MIB = 1 << 20
 
@@ -190,7 +190,7 @@ def fsdp_runtime():
 
 
 def test_the_direct_path_covers_fsdp2s_common_case_and_names_what_it_does_not(world8):
-    """ce_overlap.fsdp_direct takes dim-0 sharded groups with one all-gather dtype; a post-forward group
+    """ce_overlap.fsdp.direct takes dim-0 sharded groups with one all-gather dtype; a post-forward group
     (reshard_after_forward=int) or a parameter whose rows the group size does not divide (FSDP2 pads its shards)
     stays on FSDP2's own path, said per group; direct=False keeps every group there."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -232,7 +232,7 @@ def test_a_group_sharded_together_is_listed_once(world8):
 def test_direct_groups_size_their_pool_for_the_slots(world8):
     """On the direct path a process group's pool holds fsdp_direct.SLOTS slots of its largest shard (the all-gather
     outputs are the parameters themselves, outside the pool), plus staging and p2p: far less than three full outputs."""
-    from ce_overlap import fsdp_direct
+    from ce_overlap.fsdp import direct as fsdp_direct
     from ce_overlap.runtime import RuntimeConfig
 
     cfg = RuntimeConfig()
@@ -252,7 +252,7 @@ def test_the_direct_path_wraps_fsdp2_once_and_leaves_other_groups_to_it(world8):
     direct path's reaches FSDP2's own function with every argument as given (torch 2.14 passes one more)."""
     import torch.distributed.fsdp._fully_shard._fsdp_param_group as pgm
 
-    from ce_overlap import fsdp_direct
+    from ce_overlap.fsdp import direct as fsdp_direct
 
     if fsdp_direct.missing():
         pytest.skip(fsdp_direct.missing())

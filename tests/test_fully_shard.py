@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 import ce_overlap
 from ce_overlap.errors import CeOverlapError
-from ce_overlap.fx.capture import fake_process_group
+from ce_overlap.inductor.capture import fake_process_group
 from ce_overlap.models.llama import LLAMA_CONFIGS, Llama
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -191,7 +191,7 @@ def test_hsdp_gets_fsdp2s_layout_and_its_groups_roles_and_nodes_are_recorded(wor
     from torch.distributed.device_mesh import init_device_mesh
 
     from ce_overlap import nodes
-    from ce_overlap.fx.fsdp import group_role
+    from ce_overlap.in_graph.fully_shard import group_role
     from ce_overlap.models.llama import tensor_parallel
 
     monkeypatch.setenv("CE_OVERLAP_RANKS_PER_NODE", "4")
@@ -453,11 +453,11 @@ def test_frozen_moved_and_replaced_parameters_after_sharding(gloo_world1):
 
 
 def test_fused_optimizers_step_dtensors_on_their_local_shards_bit_identically(gloo_world1):
-    """fully_shard routes torch's fused optimizers over DTensors to the local shards (fx/fused_optim.py): the same
+    """fully_shard routes torch's fused optimizers over DTensors to the local shards (in_graph/fused_optim.py): the same
     parameters and states, bit for bit, as DTensor's own dispatch; a Partial gradient still takes DTensor's way."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    from ce_overlap.fx import fused_optim
+    from ce_overlap.in_graph import fused_optim
 
     mesh = DeviceMesh.from_group(gloo_world1, "cpu")
     torch.manual_seed(0)

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ce_overlap.fx.capture import fake_process_group
-from ce_overlap.fx.fsdp import _LocalGather, fully_shard
+from ce_overlap.inductor.capture import fake_process_group
+from ce_overlap.in_graph.fully_shard import _LocalGather, fully_shard
 from ce_overlap.models.llama import LLAMA_CONFIGS, Llama, init_weights
 from ce_overlap.profiles import builtin_for_device, names
 

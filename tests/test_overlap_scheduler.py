@@ -1,4 +1,4 @@
-"""Inductor's overlap scheduler inside a capture (ce_overlap.fx.overlap_scheduler): its control_deps put back as
+"""Inductor's overlap scheduler inside a capture (ce_overlap.inductor.overlap_scheduler): its control_deps put back as
 ordinary nodes, its compute estimates from the cost model, and its order priced as captured (step_model)."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 import torch.fx
 
 import ce_overlap
-from ce_overlap.fx.overlap_scheduler import inline_control_deps, unavailable_reason
-from ce_overlap.fx.to_ir import CaptureError
+from ce_overlap.inductor.overlap_scheduler import inline_control_deps, unavailable_reason
+from ce_overlap.inductor.to_ir import CaptureError
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 
@@ -67,7 +67,7 @@ def test_the_scheduler_captured_and_its_order_priced():
     collective and wait), the meta says so, and step_model prices that order: compute, every collective on NCCL where
     the scheduler put it, each its own bucket (keep_order): at least its compute, at most the all-exposed compile."""
     import train
-    from ce_overlap.step_model import SCHEDULER_CAPTURED
+    from ce_overlap.analyzer.step_model import SCHEDULER_CAPTURED
 
     args = argparse.Namespace(model="llama3-tiny", layers=2, seq_len=64, batch=1, gqa="expand",
                               vocab_parallel_embeddings=False, in_graph_wrap="torchtitan", fsdp2_wrap="torchtitan")
@@ -83,7 +83,7 @@ def test_the_scheduler_captured_and_its_order_priced():
     assert sum(p["buckets"] for p in kept.values()) == len(colls)  # one bucket per collective, nothing merged
     compute_ms = sum(g["compute_us"] for g in pieces["scheduler"]["analyze"].values()) / 1e3
     assert compute_ms < step_ms[SCHEDULER_CAPTURED] <= step_ms["compile"]
-    assert ce_overlap.step_model.predicted_step_ms(pieces, SCHEDULER_CAPTURED) == step_ms[SCHEDULER_CAPTURED]
+    assert ce_overlap.analyzer.step_model.predicted_step_ms(pieces, SCHEDULER_CAPTURED) == step_ms[SCHEDULER_CAPTURED]
 
 
 def test_a_bad_scheduler_profile_is_named_before_the_capture():
@@ -100,8 +100,8 @@ def test_the_schedulers_collective_estimates_are_the_cost_models_nccl_times():
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from ce_overlap import _core, profiles
-    from ce_overlap.fx.capture import fake_process_group
-    from ce_overlap.fx.overlap_scheduler import running
+    from ce_overlap.inductor.capture import fake_process_group
+    from ce_overlap.inductor.overlap_scheduler import running
 
     with fake_process_group(2, 0) as group:
         name = group.group_name

@@ -2,7 +2,7 @@
 exact numerics of the bucket layouts, and torch.compile end to end on CPU.
 
 Graphs come from the real torch.compile pipeline on fake tensors over the `fake` process group
-(ce_overlap.fx.capture); each model is captured once per session and every test works on a copy.
+(ce_overlap.inductor.capture); each model is captured once per session and every test works on a copy.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ import torch.fx
 
 import ce_overlap
 from ce_overlap import PassConfig, logs, models
-from ce_overlap.fx import backend_choice, pass_, rewrite
-from ce_overlap.fx.capture import CaptureOptions, capture_graphs, fake_process_group
+from ce_overlap.inductor import backend_choice, pass_, rewrite
+from ce_overlap.inductor.capture import CaptureOptions, capture_graphs, fake_process_group
 from ce_overlap.models.llama import LLAMA_CONFIGS
 
 from conftest import DATA
@@ -668,19 +668,19 @@ def _captured_gpt2(gather_once: bool = True):
     the tied weight gathered twice in the forward (Inductor merges the two), the second read's wait in the
     checkpointed region of the backward: the backward waits on the forward's collective, a graph input."""
     from ce_overlap import models
-    from ce_overlap.fx import fsdp
+    from ce_overlap.in_graph import fully_shard as in_graph
 
-    class GatherEveryRead(fsdp._ForwardState):  # no gather-once window
+    class GatherEveryRead(in_graph._ForwardState):  # no gather-once window
         gather_once = False
 
     built = models.build_from_file(os.path.join(DATA, "gpt2_tied.py") + ":build")
-    state = fsdp._ForwardState
+    state = in_graph._ForwardState
     try:
         if not gather_once:
-            fsdp._ForwardState = GatherEveryRead
+            in_graph._ForwardState = GatherEveryRead
         graphs, _ = capture_graphs(built.module, built.example_inputs, CaptureOptions(world_size=WORLD))
     finally:
-        fsdp._ForwardState = state
+        in_graph._ForwardState = state
     return dict(graphs)
 
 
@@ -746,7 +746,7 @@ def test_a_wait_on_a_graph_input_stays_put_and_counts_nothing():
     rewrite.check_invariants(bwd.graph)
 
     import ce_overlap._core as core
-    from ce_overlap.fx.to_ir import graph_to_ir
+    from ce_overlap.inductor.to_ir import graph_to_ir
 
     doc = core.IrDocument.from_json(json.dumps({"schema": "ce_overlap.ir/1", "meta": {"world_size": WORLD},
                                                 "blocks": [], "graphs": [graph_to_ir(fwd, "forward"),
@@ -992,7 +992,7 @@ def test_backend_ce_overlap_trains_a_tied_gpt2_without_recompiling(gloo_world1, 
     """Real tensors: the sharded tied GPT-2 compiled with the pass matches the unsharded model in eager, two steps,
     one compile (the gather-once window and the cast are in the graph, not in guards)."""
     from ce_overlap import models
-    from ce_overlap.fx.fsdp import fully_shard
+    from ce_overlap.in_graph.fully_shard import fully_shard
 
     gpt2 = models.build_from_file(os.path.join(DATA, "gpt2_tied.py") + ":build")
     mod = __import__(type(gpt2.module).__module__)
@@ -1090,7 +1090,7 @@ def _ce_opts(**fields):
 
 
 def test_check_numerics_compares_every_ce_bucket_once(gloo_world1, cpu_ce_kernels, caplog):
-    from ce_overlap.fx import check
+    from ce_overlap.inductor import check
 
     check.reset()
     model, ref, tokens = _tiny_fsdp_pair()
@@ -1112,7 +1112,7 @@ def test_check_numerics_compares_every_ce_bucket_once(gloo_world1, cpu_ce_kernel
 
 
 def test_check_numerics_stops_a_wrong_ce_all_gather(gloo_world1, cpu_ce_kernels):
-    from ce_overlap.fx import check
+    from ce_overlap.inductor import check
 
     check.reset()
     lib = torch.library.Library("ce_overlap", "IMPL")

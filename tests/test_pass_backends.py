@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ce_overlap import PassConfig
 from ce_overlap.errors import CeOverlapError
-from ce_overlap.fx import backend_choice
+from ce_overlap.inductor import backend_choice
 
 
 def _bucket(kind: str, group_name: str, backend: str = "nccl", device: str = "cuda"):

@@ -7,7 +7,7 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import ce_overlap
-from ce_overlap.fx import pass_, rewrite
+from ce_overlap.inductor import pass_, rewrite
 from ce_overlap.models.llama import LLAMA_CONFIGS
 
 

@@ -10,7 +10,7 @@ import json
 import torch
 import torch.fx
 
-from ce_overlap.fx.to_ir import graph_to_ir
+from ce_overlap.inductor.to_ir import graph_to_ir
 
 
 # --------------------------------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def build_plan(gm: torch.fx.GraphModule, *, name: str = "forward", **kw) -> dict
 
 
 def make_planner(**kw):
-    """A planner for ce_overlap.fx.pass_.run_pass / CeOverlapPass that uses plan_from_ir."""
+    """A planner for ce_overlap.inductor.pass_.run_pass / CeOverlapPass that uses plan_from_ir."""
     def planner(ir, graph_name, config, profile):
         return plan_from_ir(ir.to_dict()["graphs"][0], **kw)
     planner.__name__ = f"make_planner({kw})"

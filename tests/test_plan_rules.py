@@ -11,9 +11,9 @@ import torch.distributed as dist
 
 import ce_overlap
 from ce_overlap import _core
-from ce_overlap.fx import rewrite
-from ce_overlap.fx.capture import fake_process_group
-from ce_overlap.fx.to_ir import core_document
+from ce_overlap.inductor import rewrite
+from ce_overlap.inductor.capture import fake_process_group
+from ce_overlap.inductor.to_ir import core_document
 
 GROUP_SIZE = 2
 c10d = torch.ops._c10d_functional

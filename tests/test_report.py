@@ -6,7 +6,7 @@ import collections
 import pytest
 
 import ce_overlap
-from ce_overlap import report as render
+from ce_overlap.analyzer import report as render
 from ce_overlap.ir import plan as plan_graph
 
 _SUMMED = ["forward_all_gather_count", "forward_all_gather_bytes", "backward_all_gather_count",
@@ -107,7 +107,7 @@ def test_byte_columns_say_what_they_count(tiny_ir, tiny_report):
 
 
 def test_recommendation_sums_the_plans(tiny_ir, tiny_report):
-    from ce_overlap.step_model import plans_step_us
+    from ce_overlap.analyzer.step_model import plans_step_us
 
     plans = [ce_overlap.ir.plan(tiny_ir, g, "h100-sxm", {"ce": "on", "min_ce_bytes": 0}) for g in tiny_ir.graph_names]
     baseline = [ce_overlap.ir.plan(tiny_ir, g, "h100-sxm", {"ce": "off"}) for g in tiny_ir.graph_names]

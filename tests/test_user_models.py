@@ -14,9 +14,9 @@ import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 import ce_overlap
-from ce_overlap import report as render
-from ce_overlap.fx import fsdp
-from ce_overlap.fx.capture import fake_process_group
+from ce_overlap.analyzer import report as render
+from ce_overlap.in_graph import fully_shard as in_graph
+from ce_overlap.inductor.capture import fake_process_group
 
 from conftest import load_data_module
 
@@ -215,7 +215,7 @@ def test_gather_once_and_the_input_cast_in_eager_training_match_the_unsharded_mo
     model.load_state_dict(ref.state_dict())
     tokens = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len), generator=torch.Generator().manual_seed(1))
     with fake_process_group(1, 0):
-        fsdp.fully_shard(model, dist.group.WORLD, _local_gather=True)
+        in_graph.fully_shard(model, dist.group.WORLD, _local_gather=True)
         loss, _ = model(tokens, tokens)
         loss.backward()
         assert not model._ce_overlap_state.active and model._ce_overlap_state.gathered == {}
@@ -233,7 +233,7 @@ def test_gather_once_and_the_input_cast_in_eager_training_match_the_unsharded_mo
     seen = []
     small.patch_embed.register_forward_pre_hook(lambda m, args: seen.append(args[0].dtype))
     with fake_process_group(1, 0):
-        fsdp.fully_shard(small, dist.group.WORLD, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16),
+        in_graph.fully_shard(small, dist.group.WORLD, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16),
                         _local_gather=True)
         small(images, torch.tensor([1, 2])).backward()
     assert seen == [torch.bfloat16] and images.dtype == torch.float32
@@ -241,7 +241,7 @@ def test_gather_once_and_the_input_cast_in_eager_training_match_the_unsharded_mo
 
 def test_a_compiled_forward_with_flex_attention_closes_its_gather_once_window():
     """torch 2.14's Dynamo dropped the store that closed the gather-once window after flex attention
-    (fsdp._ForwardState): the compiled forward left it open, its gathered weights in it. One rank, real tensors, the
+    (in_graph._ForwardState): the compiled forward left it open, its gathered weights in it. One rank, real tensors, the
     torchtitan-shaped Llama compiled with its forward only (flex attention has no backward on the CPU): after each
     compiled call the window is closed and empty, the loss is the unsharded model's, and a changed weight reaches the
     next call. In a process of its own: Dynamo would trace a device mesh an earlier test made, whose process group
@@ -259,8 +259,8 @@ def compiled_flex_window_check():
     tokens = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len), generator=torch.Generator().manual_seed(1))
     with fake_process_group(1, 0), torch.no_grad():
         for layer in model.model.layers.values():
-            fsdp.fully_shard(layer, dist.group.WORLD, _local_gather=True)
-        fsdp.fully_shard(model, dist.group.WORLD, _local_gather=True)
+            in_graph.fully_shard(layer, dist.group.WORLD, _local_gather=True)
+        in_graph.fully_shard(model, dist.group.WORLD, _local_gather=True)
         compiled = torch.compile(model, backend="eager", fullgraph=True)
         state = model._ce_overlap_state
         for step in range(2):

@@ -22,11 +22,11 @@ _LAZY = {"inductor_options", "CeOverlapPass", "register_backend"}
 
 def __getattr__(name):
     if name in _LAZY:
-        from .fx import pass_
+        from .inductor import pass_
 
         return getattr(pass_, name)
     if name == "fully_shard":
-        from .fx.fsdp import fully_shard
+        from .in_graph.fully_shard import fully_shard
 
         return fully_shard
     raise AttributeError(f"module 'ce_overlap' has no attribute {name!r}")

@@ -181,7 +181,7 @@ def _source_fingerprint() -> str:
     """Hash of the capture code, so a cached capture never outlives the code that made it."""
     root = os.path.dirname(os.path.abspath(__file__))
     h = hashlib.sha256()
-    files = [os.path.join(sub, name) for sub in ("fx", "models")
+    files = [os.path.join(sub, name) for sub in ("inductor", "in_graph", "models")
              for name in sorted(os.listdir(os.path.join(root, sub))) if name.endswith(".py")]
     for name in files + ["extrapolate.py", "ir.py"]:
         with open(os.path.join(root, name), "rb") as f:
@@ -263,7 +263,7 @@ def _capture_shown(args, target: str, async_tp: bool):
         except CeOverlapError as e:
             # A model that compiles on fake CUDA tensors but not on the CPU's is common (flex attention has no CPU
             # backward); the reverse is possible: try the CPU, and report the first error if that fails too.
-            from .fx.capture import COMPILE_FAILED
+            from .inductor.capture import COMPILE_FAILED
             from .ir import capture_device
 
             if args.device is not None or capture_device(None)[0] != "cuda" or \
@@ -305,7 +305,7 @@ def _tensor_parallel_report(args, ir, profile_name: str, plan_config: dict) -> d
     """With tensor parallelism: the predicted step of each of bench/train.py's TP modes (step_model.TP_MODES), the
     async-TP ones from a second capture with torch's micro-pipeline TP (cached as the first; none for an IR file or
     with --no-async-tp)."""
-    from . import step_model as sm
+    from .analyzer import step_model as sm
 
     tp = int(ir.meta.get("tp", 1))
     async_ir = None
@@ -330,7 +330,7 @@ def _tensor_parallel_report(args, ir, profile_name: str, plan_config: dict) -> d
 def _nodes_report(ir, profile_name: str, plan_config: dict) -> dict:
     """Across nodes: the predicted step of each multi-node mode its capture stands for (step_model.NODE_MODES: the
     flat FSDP modes, or with HSDP the HSDP ones) and the no-communication bound."""
-    from . import step_model as sm
+    from .analyzer import step_model as sm
 
     nodes, hsdp = int(ir.meta.get("nodes", 1)), bool(ir.meta.get("hsdp", False))
     world = int(ir.meta.get("world_size", 1))
@@ -352,7 +352,7 @@ def _cmd_capture(args) -> int:
     print(f"wrote {args.output}: {nodes}, {len(ir.blocks)} blocks"
           f" ({'cached capture' if cached else f'captured in {time.perf_counter() - started:.1f} s'}"
           f"{f'; {how}' if how else ''})")
-    from . import report
+    from .analyzer import report
 
     for note in report.format_notes({"meta": ir.meta}):
         print(f"note: {note}")
@@ -370,7 +370,8 @@ def _say_where_the_ir_came_from(args, ir, cached: bool, loaded_s: float) -> None
 
 
 def _cmd_analyze(args) -> int:
-    from . import profiles, report
+    from . import profiles
+    from .analyzer import report
     from .ir import analyze
 
     profile = profiles.load(args.profile)  # a bad profile is rejected before a long capture

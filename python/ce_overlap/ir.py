@@ -63,7 +63,7 @@ def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward,
                      overlap_scheduler=None, tp=1, tensor_parallel=None, async_tp=False, nodes=1, hsdp=False):
     import torch
 
-    from .fx.capture import CaptureOptions
+    from .inductor.capture import CaptureOptions
 
     if not isinstance(world_size, int) or world_size < 1:
         raise CeOverlapError(f"world_size must be an integer >= 1, got {world_size!r}")
@@ -115,7 +115,7 @@ def _capture_options(world_size, rank, fsdp, param_dtype, reshard_after_forward,
 def capture_device(device: str | None) -> tuple[str, str | None]:
     """The device capture's fake tensors live on, and why when it is not the one asked for. None (the default):
     fake CUDA tensors, the graphs a GPU compiles, unless this torch cannot make them here (then the CPU's)."""
-    from .fx import fake_cuda
+    from .inductor import fake_cuda
 
     if device not in (None, "cpu", "cuda"):
         raise CeOverlapError(f"device must be 'cpu' or 'cuda' (fake CUDA tensors, no GPU needed), got {device!r}")
@@ -131,8 +131,8 @@ def capture_device(device: str | None) -> tuple[str, str | None]:
 
 
 def _capture_doc(model, example_inputs, options, meta: dict) -> dict:
-    from .fx.capture import capture_ir
-    from .fx.to_ir import CaptureError
+    from .inductor.capture import capture_ir
+    from .inductor.to_ir import CaptureError
 
     try:
         doc = capture_ir(model, example_inputs, options, meta)
@@ -170,7 +170,7 @@ def capture(model, example_inputs: Sequence[Any], *, world_size: int, rank: int 
     does for ("norm", "output"): their weights are gathered once per step. The loss is
     the forward's output, or the first tensor of a tuple, list or dict it returns, summed unless it is a scalar
     (meta["loss"] says which). `overlap_scheduler`: a profile; the step is compiled with Inductor's overlap scheduler
-    on, its compute estimates from that profile's model, so the graphs hold its order (fx/overlap_scheduler.py).
+    on, its compute estimates from that profile's model, so the graphs hold its order (inductor/overlap_scheduler.py).
     `tp` > 1: tensor parallelism inside, in-graph FSDP across: a ("dp", "tp") mesh of world_size / tp x tp ranks,
     `tensor_parallel(model, tp_mesh)` (the model's plan: torch's parallelize_module) applied first, then the model
     sharded over "dp" (meta["tp"]; each collective's role in the IR says which dimension it serves); `async_tp`: with

@@ -92,7 +92,7 @@ def count(group: dist.ProcessGroup) -> int:
 
 
 def record(group: dist.ProcessGroup) -> int:
-    """Remembers (for the IR, fx/to_ir.py) and returns how many nodes the ranks of `group` are on."""
+    """Remembers (for the IR, inductor/to_ir.py) and returns how many nodes the ranks of `group` are on."""
     n = _GROUP_NODES[group.group_name] = count(group)
     return n
 

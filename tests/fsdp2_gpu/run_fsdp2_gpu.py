@@ -13,7 +13,7 @@ forward, fixed per-rank tokens) in two variants:
              moving the same bytes through host memory over gloo (the reduction: an fp32 sum in rank order,
              then times 1 / n for avg, rounded once)
   ce         ce_overlap.fsdp.use_copy_engines(model, ce="on"): every FSDP group on the direct path where it covers
-             the group (ce_overlap.fsdp_direct: gathered into the parameters, reduce-scattered from the gradients,
+             the group (ce_overlap.fsdp.direct: gathered into the parameters, reduce-scattered from the gradients,
              a widening reduction for fp32 reduce_dtype), else FSDP2's own path with CE in its extension points
   ce-hooks   (--paths) use_copy_engines(model, ce="on", direct=False): FSDP2's own path for every group, the
              all-gather in place in the symmetric pool, the reduce-scatter on copy engines plus the reduction kernel
@@ -57,7 +57,7 @@ from reduce_tolerances import tolerances  # noqa: E402  (beyond 2 ranks the sums
 
 import ce_overlap.fsdp as cefsdp  # noqa: E402
 import ce_overlap.nodes as ce_overlap_nodes  # noqa: E402
-import ce_overlap.fsdp_direct as fsdp_direct  # noqa: E402
+import ce_overlap.fsdp.direct as fsdp_direct  # noqa: E402
 import ce_overlap.runtime as rt  # noqa: E402
 from ce_overlap.models.llama import LLAMA_CONFIGS, Llama, init_weights, tensor_parallel  # noqa: E402
 

@@ -5,7 +5,7 @@
 
 Per model (llama3-tiny, llama3-1b; on request gpt2-tied: tests/data/gpt2_tied.py, whose output projection reuses the
 token embedding, and titan-flex: tests/data/titan_llama.py, torchtitan's shape with flex attention; parameters
-sharded over all ranks by ce_overlap.fx.fsdp, bf16 gathers and bf16 reduce-scatters,
+sharded over all ranks by ce_overlap.in_graph.fully_shard, bf16 gathers and bf16 reduce-scatters,
 fp32 master shards, reshard after forward), the same seeded training run (--steps AdamW steps, fixed
 synthetic tokens per rank and step) is compiled in these variants, one after another:
 
@@ -103,7 +103,7 @@ import ce_overlap  # noqa: E402
 import ce_overlap.nodes as nodes  # noqa: E402
 import ce_overlap.runtime as rt  # noqa: E402
 from ce_overlap import logs  # noqa: E402
-from ce_overlap.fx.fsdp import fully_shard  # noqa: E402
+from ce_overlap.in_graph.fully_shard import fully_shard  # noqa: E402
 from ce_overlap.models.llama import LLAMA_CONFIGS, Llama  # noqa: E402
 
 VARIANTS = {

@@ -427,8 +427,8 @@ def test_p2p_python_api_validates_before_the_runtime(ops):
     """The wrappers reject what they can name without a process group: an op that is neither send nor recv, and
     (with torch.distributed uninitialized) any use of a group."""
     with pytest.raises(RuntimeError, match="neither 'send' nor 'recv'"):
-        rt._p2p_kind("scatter")
-    assert rt._p2p_kind("send") == "send" and rt._p2p_kind(torch.distributed.irecv) == "recv"
+        rt.p2p._p2p_kind("scatter")
+    assert rt.p2p._p2p_kind("send") == "send" and rt.p2p._p2p_kind(torch.distributed.irecv) == "recv"
     import torch.distributed as dist
 
     if not dist.is_initialized():

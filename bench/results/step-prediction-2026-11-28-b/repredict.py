@@ -1,4 +1,4 @@
-"""Every bench/results train.json predicted again by ce_overlap.step_model (one capture per shape), beside the no-comm
+"""Every bench/results train.json predicted again by ce_overlap.analyzer.step_model (one capture per shape), beside the no-comm
 prediction of the stand-ins before 2026-11-28-b (each one a kernel of its own), and whether the predicted order of the
 measured modes is the measured one. From the repository root:
     python bench/results/step-prediction-2026-11-28-b/repredict.py '[EXTRA RUNS as JSON]' > repredict-every-run.txt
@@ -8,7 +8,7 @@ import sys, os, json, glob, argparse, collections
 sys.path.insert(0, 'bench')
 import train
 from ce_overlap.profiles import DEFAULT, builtin_for_device
-from ce_overlap.step_model import MODES, predicted_step_ms, step_model, collectives_by_graph
+from ce_overlap.analyzer.step_model import MODES, predicted_step_ms, step_model, collectives_by_graph
 
 def old_local(graphs, hbm, gap):
     out = {}

@@ -1,4 +1,4 @@
-"""Every bench/results train.json predicted again by ce_overlap.step_model (one capture per shape) with the built-in
+"""Every bench/results train.json predicted again by ce_overlap.analyzer.step_model (one capture per shape) with the built-in
 profile as it is and with efficiency.fused_memory removed (fused kernels at efficiency.memory, the model before
 2026-11-28-c), the FSDP2 modes from a capture sharded as they shard (train.predict_steps), and whether the predicted order of the measured modes is the measured one. From the repository root:
     python bench/results/step-prediction-2026-11-28-c/repredict.py > bench/results/step-prediction-2026-11-28-c/repredict-every-run.txt

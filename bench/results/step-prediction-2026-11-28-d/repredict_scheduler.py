@@ -16,7 +16,7 @@ sys.path.insert(0, 'bench')
 import torch  # noqa: E402
 import train  # noqa: E402
 from ce_overlap.profiles import DEFAULT, builtin_for_device  # noqa: E402
-from ce_overlap.step_model import SCHEDULER_CAPTURED  # noqa: E402
+from ce_overlap.analyzer.step_model import SCHEDULER_CAPTURED  # noqa: E402
 
 SCHED = "compile+inductor-overlap"
 runs = collections.defaultdict(list)

@@ -12,7 +12,7 @@ MIB = 1 << 20
 
 GEMM_SIZES = (2048, 4096, 8192)
 # Causal attention at Llama-3-8B's shape and sequence 4096 (batch, heads, sequence, head dim): the efficiency of
-# the attention kernels on the FLOPs they execute (python/ce_overlap/fx/flops.py counts them the same way).
+# the attention kernels on the FLOPs they execute (python/ce_overlap/inductor/flops.py counts them the same way).
 ATTENTION_SHAPE = (1, 32, 4096, 128)
 # Fused AdamW over fp32 master weights, per parameter: reads param, grad, exp_avg, exp_avg_sq and writes param,
 # exp_avg, exp_avg_sq, 4 bytes each (bench/train.py's step model charges the same).
@@ -124,9 +124,9 @@ def one_line(e: BaseException) -> str:
 
 
 def attention_executed_flops(batch: int, heads: int, seq: int, head_dim: int, causal: bool = True) -> tuple[int, int]:
-    """(forward, backward) FLOPs of self-attention as the analyzer counts them (python/ce_overlap/fx/flops.py:
+    """(forward, backward) FLOPs of self-attention as the analyzer counts them (python/ce_overlap/inductor/flops.py:
     executed work, causal masking discounted)."""
-    from ..fx.flops import attention_backward_flops, attention_flops
+    from ..inductor.flops import attention_backward_flops, attention_flops
 
     q = (batch, heads, seq, head_dim)
     return attention_flops(q, q, q, causal), attention_backward_flops(q, q, q, causal)

@@ -1,6 +1,6 @@
 """A Llama-3-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) with named sizes.
 
-The model is plain torch.nn; in-graph FSDP is applied on top (ce_overlap.fx.fsdp), as users do.
+The model is plain torch.nn; in-graph FSDP is applied on top (ce_overlap.in_graph.fully_shard), as users do.
 """
 from __future__ import annotations
 
