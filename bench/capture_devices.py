@@ -21,7 +21,7 @@ import torch
 
 import ce_overlap
 from ce_overlap import models
-from ce_overlap.ir import capture_named
+from ce_overlap.analyzer.model_capture import capture_named
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MODELS = ["llama3-8b", "llama3-1b", "llama3-tiny"] + [

@@ -16,7 +16,7 @@ import time
 import torch
 
 from ce_overlap import models
-from ce_overlap.ir import capture_named
+from ce_overlap.analyzer.model_capture import capture_named
 
 
 def main() -> int:

@@ -34,7 +34,7 @@ _COLUMNS = (("FSDP, NCCL", "flat", "fsdp"), ("FSDP, hierarchical", "flat", "fsdp
 def predict(model: str, nodes: int, per_node: int, profile: str, seq_len: int | None, batch: int) -> dict:
     """One row: each mode's predicted step (ms) at `nodes` nodes of `per_node` ranks."""
     from ce_overlap.analyzer import step_model as sm
-    from ce_overlap.ir import capture_named
+    from ce_overlap.analyzer.model_capture import capture_named
 
     started = time.perf_counter()
     world = nodes * per_node

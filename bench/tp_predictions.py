@@ -27,7 +27,8 @@ _MODES = ("fsdp2+tp", "fsdp2+tp+async-tp", "ce_overlap+tp", "no-comm+tp")
 def predict(model: str, world: int, tp: int, profile: str, seq_len: int | None, batch: int) -> dict:
     """One row: the TP modes' predicted steps (ms) and what TP costs, from a capture and its async-TP twin."""
     from ce_overlap.analyzer import step_model as sm
-    from ce_overlap.ir import capture_named, plan
+    from ce_overlap.analyzer.model_capture import capture_named
+    from ce_overlap.ir import plan
     from ce_overlap.models.llama import LLAMA_CONFIGS
 
     started = time.perf_counter()

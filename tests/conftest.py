@@ -36,7 +36,7 @@ def _capture_zoo(name: str, world_size: int, reshard: bool = True, seq_len: int 
                  vocab_parallel: bool = False):
     """A zoo model's IR as the CLI captures it: deep models extrapolated from 3 and 4 blocks unless `full`
     (tests/test_extrapolate.py holds the two to be identical)."""
-    from ce_overlap.ir import capture_named
+    from ce_overlap.analyzer.model_capture import capture_named
 
     return capture_named(name, world_size=world_size, reshard_after_forward=reshard, seq_len=seq_len, full=full,
                          vocab_parallel_embeddings=vocab_parallel)

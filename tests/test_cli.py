@@ -292,7 +292,7 @@ def test_async_tp_capture_holds_torchs_fused_ops_and_predicts_its_modes(cli, tmp
     fused all-gather-matmul ones) are in the graphs with their GEMMs' FLOPs; ce_overlap's pass (in the capture, CE
     on) plans and rewrites the FSDP collectives beside them; the async-TP mode is predicted."""
     import ce_overlap
-    from ce_overlap.ir import capture_named
+    from ce_overlap.analyzer.model_capture import capture_named
 
     ir = capture_named("llama3-tiny", world_size=4, tp=2, batch=2, async_tp=True,
                        inductor_config=ce_overlap.inductor_options(ce="on", min_ce_bytes=0))

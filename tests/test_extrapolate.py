@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from ce_overlap import ir as ir_mod
+from ce_overlap.analyzer import model_capture
 from ce_overlap import models
 from ce_overlap.extrapolate import NotExtrapolable, extrapolate
 
@@ -19,11 +19,11 @@ from ce_overlap.extrapolate import NotExtrapolable, extrapolate
 def _doc(depth: int, world_size: int = 8, reshard: bool = True, fsdp: bool = True, name: str = "llama3-tiny") -> dict:
     """A real capture at `depth` blocks, as capture_ir's document (blocks not yet detected)."""
     built = models.build_named(name, n_layers=depth)
-    options = ir_mod._capture_options(world_size, 0, fsdp, "bfloat16", reshard, None)
+    options = model_capture._capture_options(world_size, 0, fsdp, "bfloat16", reshard, None)
     return _CAPTURE_DOC(built.module, built.example_inputs, options, {"model": name})
 
 
-_CAPTURE_DOC = ir_mod._capture_doc  # the real one, also while a test replaces it
+_CAPTURE_DOC = model_capture._capture_doc  # the real one, also while a test replaces it
 
 
 def _graphs(doc: dict) -> list:
@@ -67,15 +67,15 @@ def _cached_capture_doc(seen, model, example_inputs, options, meta):
 
 def test_capture_named_extrapolates_deep_zoo_models_and_detects_their_blocks(monkeypatch):
     seen = []
-    monkeypatch.setattr(ir_mod, "_capture_doc", functools.partial(_cached_capture_doc, seen))
-    ir = ir_mod.capture_named("llama3-tiny", world_size=8)  # 2 blocks: traced
+    monkeypatch.setattr(model_capture, "_capture_doc", functools.partial(_cached_capture_doc, seen))
+    ir = model_capture.capture_named("llama3-tiny", world_size=8)  # 2 blocks: traced
     assert ir.meta["capture"] == "every block traced" and seen == [2]
     deep = dataclasses.replace(models.llama.LLAMA_CONFIGS["llama3-tiny"], n_layers=5)
     monkeypatch.setitem(models.llama.LLAMA_CONFIGS, "llama3-tiny", deep)
     seen.clear()
-    fast = ir_mod.capture_named("llama3-tiny", world_size=8)
+    fast = model_capture.capture_named("llama3-tiny", world_size=8)
     assert seen == [3, 4]
-    full = ir_mod.capture_named("llama3-tiny", world_size=8, full=True)
+    full = model_capture.capture_named("llama3-tiny", world_size=8, full=True)
     assert seen == [3, 4, 5]
     assert fast.meta["capture"] == "blocks traced at depths 3 and 4, extrapolated to 5"
     assert fast.meta["num_params"] == deep.num_params()
@@ -88,11 +88,11 @@ def test_a_refused_extrapolation_falls_back_to_tracing_every_block(monkeypatch):
         raise NotExtrapolable("graph 'forward': test refusal")
 
     seen = []
-    monkeypatch.setattr(ir_mod, "_capture_doc", functools.partial(_cached_capture_doc, seen))
+    monkeypatch.setattr(model_capture, "_capture_doc", functools.partial(_cached_capture_doc, seen))
     cfg = models.llama.LLAMA_CONFIGS["llama3-tiny"]
     monkeypatch.setitem(models.llama.LLAMA_CONFIGS, "llama3-tiny", dataclasses.replace(cfg, n_layers=5))
     monkeypatch.setattr("ce_overlap.extrapolate.extrapolate", refuse)
-    ir = ir_mod.capture_named("llama3-tiny", world_size=8)
+    ir = model_capture.capture_named("llama3-tiny", world_size=8)
     assert ir.meta["capture"] == "every block traced (extrapolation refused: graph 'forward': test refusal)"
     assert len(ir.blocks) == 5
     assert seen == [3, 4, 5]  # the two small captures, then all five blocks
@@ -109,11 +109,11 @@ def _needs_deeper_at_three(x, y, a, depth):
 @pytest.mark.parametrize("depth", [13, 8])
 def test_a_run_without_an_interior_copy_tries_one_block_deeper_while_that_is_cheaper(monkeypatch, depth):
     seen = []
-    monkeypatch.setattr(ir_mod, "_capture_doc", functools.partial(_cached_capture_doc, seen))
+    monkeypatch.setattr(model_capture, "_capture_doc", functools.partial(_cached_capture_doc, seen))
     cfg = models.llama.LLAMA_CONFIGS["llama3-tiny"]
     monkeypatch.setitem(models.llama.LLAMA_CONFIGS, "llama3-tiny", dataclasses.replace(cfg, n_layers=depth))
     monkeypatch.setattr("ce_overlap.extrapolate.extrapolate", _needs_deeper_at_three)
-    ir = ir_mod.capture_named("llama3-tiny", world_size=8)
+    ir = model_capture.capture_named("llama3-tiny", world_size=8)
     if depth == 13:  # 3 + 4 + 5 blocks traced < 13
         assert seen == [3, 4, 5]
         assert ir.meta["capture"] == "blocks traced at depths 4 and 5, extrapolated to 13"
@@ -197,6 +197,6 @@ def test_the_target_depth_must_be_deeper():
 
 def test_extrapolated_documents_load_in_the_core():
     doc = extrapolate(_doc(3), _doc(4), 3, 8)
-    ir = ir_mod._from_doc(doc)
+    ir = model_capture._from_doc(doc)
     assert len(ir.blocks) == 8
     assert json.loads(ir.to_json())["graphs"][0]["nodes"][-1]["op"] == "output"

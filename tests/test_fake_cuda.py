@@ -136,7 +136,7 @@ def test_flex_attention_is_priced_at_its_own_efficiency(titan_ir, tmp_path):
 
 def test_the_zoo_llama_on_fake_cuda_moves_what_the_cpu_capture_moves(capture_zoo):
     cuda = capture_zoo("llama3-tiny", WORLD).to_dict()  # the default
-    from ce_overlap.ir import capture_named
+    from ce_overlap.analyzer.model_capture import capture_named
 
     cpu = capture_named("llama3-tiny", world_size=WORLD, device="cpu").to_dict()
     assert cuda["meta"]["capture_device"] == "cuda" and cpu["meta"]["capture_device"] == "cpu"

@@ -6,27 +6,15 @@ first use; torch finds the backend through the package's `torch_dynamo_backends`
 where the package is not installed). The torch.distributed backend "ce_overlap" (ce_overlap.distributed) is
 registered as soon as torch is imported.
 """
+from ._lazy import __getattr__  # noqa: F401 (fully_shard, inductor_options, ...: loaded on first use)
 from ._torch_hook import register_c10d_backend_when_torch_is_imported
 from .config import PassConfig, get_default_config, set_default_config
 from .errors import CeOverlapError
-from .ir import Ir, analyze, capture
+from .analyzer.model_capture import capture
+from .ir import Ir, analyze
 
 register_c10d_backend_when_torch_is_imported()  # the torch.distributed backend "ce_overlap" (ce_overlap.distributed)
 
 __version__ = "0.1.0"
 __all__ = ["CeOverlapError", "CeOverlapPass", "Ir", "PassConfig", "analyze", "capture", "fully_shard",
            "get_default_config", "inductor_options", "register_backend", "set_default_config", "__version__"]
-
-_LAZY = {"inductor_options", "CeOverlapPass", "register_backend"}
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        from .inductor import pass_
-
-        return getattr(pass_, name)
-    if name == "fully_shard":
-        from .in_graph.fully_shard import fully_shard
-
-        return fully_shard
-    raise AttributeError(f"module 'ce_overlap' has no attribute {name!r}")

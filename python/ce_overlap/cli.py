@@ -223,7 +223,7 @@ def _capture_target(args, target: str, async_tp: bool = False):
     """The IR of a zoo model or a build() target: from the cache, else captured (its stages shown on stderr as they
     pass: ce_overlap.progress) and cached."""
     from . import models, progress
-    from .ir import EXTRAPOLATE_FROM_BLOCKS
+    from .analyzer.model_capture import EXTRAPOLATE_FROM_BLOCKS
 
     if models.is_build_target(target):
         expected = 4  # build, trace and compile the forward, compile the backward, convert
@@ -238,7 +238,8 @@ def _capture_target(args, target: str, async_tp: bool = False):
 
 def _capture_shown(args, target: str, async_tp: bool):
     from . import models, progress
-    from .ir import Ir, capture, capture_named
+    from .analyzer.model_capture import capture, capture_named
+    from .ir import Ir
 
     built = None
     if models.is_build_target(target):
@@ -264,7 +265,7 @@ def _capture_shown(args, target: str, async_tp: bool):
             # A model that compiles on fake CUDA tensors but not on the CPU's is common (flex attention has no CPU
             # backward); the reverse is possible: try the CPU, and report the first error if that fails too.
             from .inductor.capture import COMPILE_FAILED
-            from .ir import capture_device
+            from .analyzer.model_capture import capture_device
 
             if args.device is not None or capture_device(None)[0] != "cuda" or \
                     not str(e).startswith(COMPILE_FAILED):
