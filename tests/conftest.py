@@ -81,12 +81,30 @@ def run_cli_batch(cases: list[list[str]], env_extra: dict | None = None,
             for c, r in zip(cases, results)]
 
 
-@pytest.fixture
-def cli(tmp_path):
-    """Runs the CLI with a private capture cache."""
+@pytest.fixture(scope="session")
+def cli_cache(tmp_path_factory) -> str:
+    """The session's capture cache, one for every xdist worker: a cached capture is keyed by its options, torch and
+    the capture code (ce_overlap/cli.py), and written atomically, so tests that capture the same model share it."""
+    base = tmp_path_factory.getbasetemp()
+    return str((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "cli-cache")
+
+
+def _cli_with_cache(cache: str):
     def run(*args: str, **kw):
-        return run_cli(*args, env_extra={"CE_OVERLAP_CACHE": str(tmp_path / "cache")}, **kw)
+        return run_cli(*args, env_extra={"CE_OVERLAP_CACHE": cache}, **kw)
     return run
+
+
+@pytest.fixture
+def cli(cli_cache):
+    """Runs the CLI with the session's capture cache."""
+    return _cli_with_cache(cli_cache)
+
+
+@pytest.fixture
+def cli_private(tmp_path):
+    """Runs the CLI with a capture cache of the test's own (for tests of the cache itself)."""
+    return _cli_with_cache(str(tmp_path / "cache"))
 
 
 @pytest.fixture

@@ -23,7 +23,8 @@ def _assert_clean_error(proc, *fragments):
         assert f in lines[0], lines[0]
 
 
-def test_analyze_tiny_prints_the_block_table(cli):
+def test_analyze_tiny_prints_the_block_table(cli_private):
+    cli = cli_private
     proc = cli("analyze", "llama3-tiny", "--world-size", "8")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
