@@ -25,12 +25,12 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _args as A  # noqa: E402
-import _common  # noqa: E402,F401  (first to load torch: sets the multicast-off environment before NCCL reads it)
-import _overlap  # noqa: E402
-import _p2p  # noqa: E402
-import _probe  # noqa: E402
-import _sweep  # noqa: E402
+from lib import args as A  # noqa: E402
+from lib import common as _common  # noqa: E402,F401  (first to load torch: sets the multicast-off environment before NCCL reads it)
+from lib import overlap as _overlap  # noqa: E402
+from lib import p2p as _p2p  # noqa: E402
+from lib import probe as _probe  # noqa: E402
+from lib import sweep as _sweep  # noqa: E402
 
 SUBCOMMAND_MODULES = (_sweep, _p2p, _overlap, _probe)
 

@@ -5,7 +5,7 @@ Measured (on a GPU, each model in a process of its own): the model under `ce_ove
 root; bf16 parameters, MixedPrecisionPolicy), compiled whole with ce_overlap's pass (the loss inside), fused AdamW;
 steps timed as bench/train.py times them (CUDA events between step ends, the host never waits inside the loop, Python's
 collector off with a generation-1 collection every 50 steps), the host's time to issue each step beside it, then the
-GPU kernel time per class over a few steps run after 1.5 s of the same (bench/_kernel_profile.py). Predicted (no GPU:
+GPU kernel time per class over a few steps run after 1.5 s of the same (bench/lib/kernel_profile.py). Predicted (no GPU:
 --predict): the same model captured at world size 1 on fake CUDA tensors and priced by the built-in profile.
 
     python bench/compute_models.py --out measured.json                       # on the GPU box
@@ -296,7 +296,7 @@ def _free_port() -> int:
 
 def _init_group(device: str, world: int = 1, rank: int = 0, port: int = 0) -> None:
     """This process as rank `rank` of `world` (measure_one says over what)."""
-    import _common  # noqa: F401  (the NCCL / symm-mem environment before torch)
+    from lib import common as _common  # noqa: F401  (the NCCL / symm-mem environment before torch)
     import torch
     import torch.distributed as dist
 
@@ -322,7 +322,7 @@ def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: 
     import torch
     import torch.distributed as dist
 
-    from _titan import GC_FREQ, step_loop_gc
+    from lib.titan import GC_FREQ, step_loop_gc
 
     on_gpu = device == "cuda"
     _init_group(device, world, rank, port)
@@ -364,7 +364,7 @@ def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: 
     median = statistics.median(step_ms)
     kernels = None
     if profile_steps and on_gpu:
-        from _kernel_profile import profile_kernels
+        from lib.kernel_profile import profile_kernels
 
         lead = max(1, math.ceil(1500.0 / max(median, 1e-3)))
         kernels = profile_kernels(lambda: run_step(batches[-1]), profile_steps, lead=lead)

@@ -66,7 +66,7 @@ def capture(run: Callable[[], None], ops: int, path: str, ahead: bool, settle: C
     """Traces `ops` calls of `run` on this rank into `path` (Chrome trace, gzipped): issued one by one as the host
     goes (ahead=False), or all queued behind a GPU sleep first (ahead=True, as bench/_common.time_host_ahead times
     them). Call on every rank of the group alike."""
-    import _kernel_profile
+    from lib import kernel_profile as _kernel_profile
     import torch
 
     run()

@@ -538,7 +538,7 @@ def main() -> int:
         return rescore(args.rescore, names, args.out or os.path.dirname(os.path.abspath(args.rescore)), args.strict)
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import _common as C  # noqa: E402  (multicast off before torch loads NCCL)
+    from lib import common as C  # noqa: E402  (multicast off before torch loads NCCL)
 
     import torch
     import torch.distributed as dist

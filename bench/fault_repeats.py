@@ -24,7 +24,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "bench"))
-import _args as A  # noqa: E402  (bench's option types and one-line usage errors)
+from lib import args as A  # noqa: E402  (bench's option types and one-line usage errors)
 
 WORKER = os.path.join(REPO, "tests", "runtime", "gpu_worker.py")
 sys.path.insert(0, os.path.join(REPO, "tests", "runtime"))

@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     import train
-    from _predict import recorded_step_args
+    from lib.predict import recorded_step_args
     from ce_overlap import profiles
     from ce_overlap.calibrate.shapes import in_step_factors, shapes_from_grid
     from ce_overlap.analyzer.step_model import step_model

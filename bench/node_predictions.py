@@ -23,7 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-import _predict  # noqa: E402 (bench/, beside this script)
+from lib import predict as _predict  # noqa: E402 (bench/, beside this script)
 
 # Table columns: (label, capture, mode).
 _COLUMNS = (("FSDP, NCCL", "flat", "fsdp"), ("FSDP, hierarchical", "flat", "fsdp-hierarchical"),

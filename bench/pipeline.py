@@ -53,8 +53,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402,F401  (sets NCCL_NVLS_ENABLE=0 / TORCH_SYMM_MEM_DISABLE_MULTICAST=1 before torch)
-from _common import header, log0, write_json  # noqa: E402
+from lib import common as _common  # noqa: E402,F401  (sets NCCL_NVLS_ENABLE=0 / TORCH_SYMM_MEM_DISABLE_MULTICAST=1 before torch)
+from lib.common import header, log0, write_json  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -448,7 +448,7 @@ def gemm_beside(group, args) -> dict:
     each window (NVML); slowest rank."""
     import math
 
-    import _common as C
+    from lib import common as C
 
     gemm = C.gemm(args.gemm)
     numel = int(args.message_mib * (1 << 20)) // 2
@@ -551,7 +551,7 @@ def main(argv=None) -> int:
             label = transport if rate is None else f"{transport}@{rate:g}GB/s"
             try:
                 if DEVICE == "cuda":  # streams and a GEMM beside them: nothing to learn on the CPU
-                    import _ce_variants as V
+                    from lib import ce_variants as V
 
                     if rate is not None:
                         V.tune(group, copy_rate_gbps=rate)

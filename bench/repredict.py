@@ -54,8 +54,8 @@ def without_key(profile: str, key: str, tmp: str) -> str:
 
 def run_key(run: dict) -> tuple:
     """What the capture depends on, in the order runs are listed: (model, world, layers, lookup, wrap, profile, seq,
-    gqa, fsdp2 wrap, tp, batch), then capture_step's arguments themselves (bench/_predict.py recorded_step_args)."""
-    from _predict import recorded_step_args
+    gqa, fsdp2 wrap, tp, batch), then capture_step's arguments themselves (bench/lib/predict.py recorded_step_args)."""
+    from lib.predict import recorded_step_args
     from ce_overlap.profiles import DEFAULT, builtin_for_device
 
     sa = recorded_step_args(run["args"])

@@ -64,7 +64,7 @@ def compare_classes(pieces: dict, kernels: dict | None) -> list[dict]:
 def kernel_kinds(ir, profile: str, trace: str, steps: int) -> list[dict]:
     """The model's kernels of every graph of `ir` against `trace`'s kernels, by kind (_kernel_kinds.table)."""
     import ce_overlap
-    from _kernel_kinds import table
+    from lib.kernel_kinds import table
     from ce_overlap.profiles import read_text
     from timeline import gpu_events
 
@@ -190,7 +190,7 @@ def main() -> int:
     by_rank = {mode: k["by_rank"] for mode, k in kernels.items() if k.get("by_rank")}
     if by_rank:
         # A synchronous step runs at its slowest GPU's pace; the model predicts one GPU.
-        from _kernel_profile import rank_summary
+        from lib.kernel_profile import rank_summary
 
         print("\n# per rank, the kernel profile's busy / GEMM ms per step (SM MHz, W) (train.py --kernel-profile): "
               "the slowest GPU sets the step")
@@ -211,7 +211,7 @@ def main() -> int:
             rate = f"{r['rate']:.2f}" if r["rate"] is not None else "-"
             print(f"{r['kind']:<20}{r['model_ms']:9.2f}{r['model_kernels']:8d}{r['gb']:7.2f}{r['measured_ms']:12.2f}"
                   f"{r['measured_kernels']:8.0f}{rate:>6}")
-        from _kernel_kinds import fused_rate
+        from lib.kernel_kinds import fused_rate
 
         spec = json.loads(read_text(args.profile))
         fused = fused_rate(kinds, spec["gpu"]["hbm_gbps"])

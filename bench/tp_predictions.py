@@ -19,7 +19,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-import _predict  # noqa: E402 (bench/, beside this script)
+from lib import predict as _predict  # noqa: E402 (bench/, beside this script)
 
 _MODES = ("fsdp2+tp", "fsdp2+tp+async-tp", "ce_overlap+tp", "no-comm+tp")
 

@@ -29,7 +29,7 @@ Modes:
                              and Inductor's lowering asserts its RNG input has no other kind of user (torch 2.14 has
                              no such assertion; bench/results/fully-shard-2026-11-27)
   fsdp2                      FSDP2 (fully_shard) instead of in-graph FSDP, every block compiled, NCCL (torchtitan's
-                             default pattern; bench/_fsdp2.py)
+                             default pattern; bench/lib/fsdp2.py)
   fsdp2-ce                   fsdp2 with ce_overlap's copy engines (ce_overlap.fsdp.use_copy_engines, --ce): the
                              direct path (gathered into the parameters, reduce-scattered from the gradients)
   fsdp2-ce-hooks             fsdp2-ce with direct=False: copy engines in FSDP2's extension points only
@@ -37,7 +37,7 @@ Modes:
   fsdp2-no-comm              fsdp2 with its all-gather and reduce-scatter replaced by local copies of the same
                              shapes: the bound for the FSDP2 modes (as no-comm is for the in-graph ones)
   fsdp2+tp, fsdp2+tp+async-tp, fsdp2-ce+tp, ce_overlap+tp, no-comm+tp
-                             with --tp T: tensor parallelism over T ranks inside, FSDP over the rest (bench/_tp.py);
+                             with --tp T: tensor parallelism over T ranks inside, FSDP over the rest (bench/lib/tp.py);
                              their "vs base" and "gap recov." columns compare with fsdp2+tp and no-comm+tp
 
 The FSDP2 modes shard as torchtitan does (--fsdp2-wrap torchtitan: embedding, each block, [norm, output], root);
@@ -72,16 +72,16 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402  (sets NCCL_NVLS_ENABLE=0 / TORCH_SYMM_MEM_DISABLE_MULTICAST=1 before torch)
-from _common import format_exc_line, header, init, log0, write_json  # noqa: E402
-from _titan import GC_FREQ, lr_at, peak_tflops, step_loop_gc  # noqa: E402
+from lib import common as _common  # noqa: E402  (sets NCCL_NVLS_ENABLE=0 / TORCH_SYMM_MEM_DISABLE_MULTICAST=1 before torch)
+from lib.common import format_exc_line, header, init, log0, write_json  # noqa: E402
+from lib.titan import GC_FREQ, lr_at, peak_tflops, step_loop_gc  # noqa: E402
 
-import _tp  # noqa: E402
+from lib import tp as _tp  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from _kernel_profile import export_trace, log_kernel_table, profile_kernels, rank_summary  # noqa: E402
-from _memory import ce_pool_gib, live_at_peak_by_site, live_blocks_by_site, memory_report  # noqa: E402
-from _predict import (IN_GRAPH_WRAP_BEFORE, KEEP_GATHERED, capture_step, fsdp2_shards_alike,  # noqa: E402,F401
+from lib.kernel_profile import export_trace, log_kernel_table, profile_kernels, rank_summary  # noqa: E402
+from lib.memory import ce_pool_gib, live_at_peak_by_site, live_blocks_by_site, memory_report  # noqa: E402
+from lib.predict import (IN_GRAPH_WRAP_BEFORE, KEEP_GATHERED, capture_step, fsdp2_shards_alike,  # noqa: E402,F401
                       loss_logits, model_config, predict_steps)
 
 # "cuda" normally; "cpu" (gloo, --device cpu) only for the smoke test that runs in CI (tests/test_train_bench.py).
@@ -124,7 +124,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         f"{','.join(_tp.MODES)} with --tp > 1)")
     p.add_argument("--tp", type=int, default=1,
                    help="tensor parallelism over this many ranks inside, FSDP over the rest (the TP modes: "
-                        "bench/_tp.py); default 1")
+                        "bench/lib/tp.py); default 1")
     p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (torchtitan's llama3-8b: 3e-4)")
     p.add_argument("--lr-warmup-steps", type=int, default=200,
                    help="linear warm-up of the learning rate over this many steps, as torchtitan's llama3-8b config "
@@ -239,7 +239,7 @@ def build_model(cfg, mode: str, group, ce: str = "auto", wrap: str = "torchtitan
         return _tp.build(cfg, without_ac(mode), group, DEVICE, ce, KEEP_GATHERED[in_graph_wrap], async_tp,
                          ac=mode.endswith(AC))
     if mode.startswith("fsdp2"):
-        import _fsdp2
+        from lib import fsdp2 as _fsdp2
 
         return _fsdp2.build(cfg, without_ac(mode), DEVICE, ce, wrap, ac=mode.endswith(AC))
     torch.manual_seed(0)  # the same full weights on every rank and in every mode
@@ -333,7 +333,7 @@ class ModeResult:
     host_ms: list = dataclasses.field(default_factory=list)
     gc_ms: list = dataclasses.field(default_factory=list)
     step_ms_by_rank: list = dataclasses.field(default_factory=list)
-    async_tp: bool = False  # a TP mode ran torch's async TP (bench/_tp.py)
+    async_tp: bool = False  # a TP mode ran torch's async TP (bench/lib/tp.py)
 
 
 def family_base_and_bound(mode: str) -> tuple[str, str]:

@@ -173,11 +173,11 @@ def test_collectives_defaults_match_the_last_2gpu_run(argv, recorded, capsys, mo
         monkeypatch.delenv(k, raising=False)
     with open(os.path.join(LAST_2GPU_RUN, recorded)) as f:
         run = json.load(f)
-    import _args
+    from lib import args as _args
 
     args = collectives.parse_args(argv + ["--out", run["args"]["out"]])
     # Defaults changed on purpose since that run: overlap's collectives per compute launch, 2 then, sized from the
-    # alone times now (a fixed 2 queued paced copies far past the compute window, bench/_overlap.py).
+    # alone times now (a fixed 2 queued paced copies far past the compute window, bench/lib/overlap.py).
     changed = {"overlap.json": {"per_launch": (2, None)}}.get(recorded, {})
     for k, (then, now) in changed.items():
         assert run["args"][k] == then and getattr(args, k) == now
@@ -193,10 +193,10 @@ def test_collectives_defaults_match_the_last_2gpu_run(argv, recorded, capsys, mo
 def test_collectives_tables_from_recorded_results(capsys):
     """The tables of the sweeps, p2p and the probe, printed from the last 2-GPU run's JSON (no GPU): nccl-tests'
     columns, the variant's numbers in them, the summary's ratio."""
-    import _ce_variants as V
-    import _p2p
-    import _probe
-    import _sweep
+    from lib import ce_variants as V
+    from lib import p2p as _p2p
+    from lib import probe as _probe
+    from lib import sweep as _sweep
 
     with open(os.path.join(LAST_2GPU_RUN, "collectives.json")) as f:
         rows = [r for r in json.load(f)["results"] if r["coll"] == "reduce_scatter"]
@@ -221,7 +221,7 @@ def test_collectives_tables_from_recorded_results(capsys):
 def test_sweep_runs_every_ce_variant_once_per_tuning():
     import argparse
 
-    import _sweep
+    from lib import sweep as _sweep
 
     args = argparse.Namespace(peer_lanes=[1, 0], bcast_segments=[0, 2])
     runs = _sweep.tuned_variants("broadcast", ["nccl", "ce_staged"], args)
@@ -252,7 +252,7 @@ def test_sweep_runs_every_ce_variant_once_per_tuning():
 def test_copy_timeline_summarizes_copies_per_stream(tmp_path, capsys):
     import gzip
 
-    import _sweep
+    from lib import sweep as _sweep
     import copy_timeline
 
     def copy(ts, dur, nbytes, stream):
@@ -282,7 +282,7 @@ def test_copy_timeline_summarizes_copies_per_stream(tmp_path, capsys):
 
 
 def test_size_sweep_is_nccl_tests_style():
-    import _common as C
+    from lib import common as C
 
     assert C.size_sweep("64K", "1M", 4) == [65536, 262144, 1048576]
     assert C.size_sweep("1G", "1G", 4) == [1 << 30]
@@ -417,10 +417,10 @@ def test_local_gather_bytes_follow_the_no_comm_stand_ins(tiny_ir):
 
 
 def test_kernel_kinds_hold_the_models_kernels_against_a_traces_by_kind(tiny_ir):
-    """bench/_kernel_kinds.py (step_prediction.py --trace): each side's kernels sorted into kinds by name, per step,
+    """bench/lib/kernel_kinds.py (step_prediction.py --trace): each side's kernels sorted into kinds by name, per step,
     and the rate a memory-bound kind's measured kernels reached on the bytes the model counts."""
     import ce_overlap
-    from _kernel_kinds import table
+    from lib.kernel_kinds import table
     from ce_overlap.kernel_kinds import model_kind, time_by_kind, trace_kind
 
     assert trace_kind("triton_poi_fused__to_copy_3") == trace_kind("triton_poi_fused__to_copy_repeat_1") == "cast"
@@ -455,7 +455,7 @@ def test_kernel_kinds_hold_the_models_kernels_against_a_traces_by_kind(tiny_ir):
     assert rows["GEMM"]["rate"] is None and rows["GEMM"]["measured_ms"] == 0.0
     assert "copy" not in rows  # copies are the step model's, not a kernel kind
     # The rated kinds together: efficiency.fused_memory on this trace (here the casts alone).
-    from _kernel_kinds import fused_rate
+    from lib.kernel_kinds import fused_rate
 
     fused = fused_rate(list(rows.values()), 4800.0)
     assert fused["gb"] == pytest.approx(gb) and fused["rate"] == pytest.approx(rows["cast"]["rate"])
@@ -533,7 +533,7 @@ def test_gpu_idle_between_kernels():
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         torch.ones(4).add_(1)
     assert T.gpu_activities(prof) == []
-    import _kernel_profile
+    from lib import kernel_profile as _kernel_profile
 
     assert _kernel_profile.idle_between is T.idle_between  # one implementation (train.py's kernel profile)
 
@@ -541,7 +541,7 @@ def test_gpu_idle_between_kernels():
 def test_kernel_classes_and_the_class_comparison():
     """train.py's kernel classes (by name, as torch.profiler reports them) and step_prediction.py's pairing of them
     with the analysis report's compute_by_class_us."""
-    import _kernel_profile
+    from lib import kernel_profile as _kernel_profile
     import step_prediction
 
     for name, cls in (("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "gemm"), ("triton_tem_fused_mm_3", "gemm"),
@@ -623,7 +623,7 @@ sys.exit(fault_repeats.main(["--repeats", "2", "--parallel", "2", "--faults", "t
 
 def test_clock_sampler_without_nvml_changes_nothing():
     """On a machine without a GPU (or NVML) the sampler reports why and gives no numbers; the block still runs."""
-    import _common as C
+    from lib import common as C
 
     s = C.ClockSampler(period_s=0.001)
     ran = []
@@ -640,7 +640,7 @@ def test_fed_timing_keeps_both_queues_short_and_times_every_compute(monkeypatch)
     import contextlib
     import types
 
-    import _common as C
+    from lib import common as C
 
     clock = {"t": 0}
 
@@ -692,7 +692,7 @@ def test_fed_timing_keeps_both_queues_short_and_times_every_compute(monkeypatch)
 def test_clock_sampler_stats_keep_the_window_and_count_the_clock_events():
     """stats(window) keeps only the samples taken while the compute ran (paced copies outlasting it would otherwise
     set the median clock and power), and says in what share of them NVML flagged the power cap or a slowdown."""
-    import _common as C
+    from lib import common as C
 
     s = C.ClockSampler(period_s=0.001)
     # (time, SM MHz, W, reasons): a power-capped GEMM from t=1 to t=2, then the copies alone at full clock
@@ -886,7 +886,7 @@ def test_drivers_refuse_renamed_and_bad_knobs(script, env, message, tmp_path):
 def test_train_kernel_table_shows_gemm_beside_the_collectives(capsys):
     """--kernel-profile's table: per mode the GEMM busy time beside the NCCL kernels and the copy-engine copies, and
     the compute stream's wait; modes without a profile or that failed are left out."""
-    import _kernel_profile
+    from lib import kernel_profile as _kernel_profile
     import train
 
     kernels = {"by_class_ms": {"gemm": 12.5, "attention": 3.25, "collective": 4.0, "copy": 1.5, "copy_kernel": 2.0},
@@ -1155,7 +1155,7 @@ def test_ce_ops_tells_a_stall_from_a_data_wait_by_the_host_launches_between_the_
 
 
 def test_run_env_records_the_cuda_queue_setting_and_every_override_that_is_set():
-    import _common
+    from lib import common as _common
 
     env = _common.run_env({"CE_OVERLAP_LOCAL_COPY": "memcpy", "CE_OVERLAP_PASS_PREFETCH_BLOCKS": "2",
                            "CE_OVERLAP_NOT_A_VARIABLE": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "32", "HOME": "/root"})

@@ -72,7 +72,7 @@ def test_gc_pauses_sum_the_collections_since_zeroed():
     import time
 
     sys.path.insert(0, os.path.join(REPO, "bench"))
-    import _titan
+    from lib import titan as _titan
 
     with _titan.step_loop_gc("torchtitan") as inside:  # off inside, restored after, even when the loop raises
         assert not gc.isenabled()
@@ -95,10 +95,10 @@ def test_gc_pauses_sum_the_collections_since_zeroed():
 
 
 def test_memory_peak_replay_finds_the_live_blocks_at_the_maximum():
-    """bench/_memory.py's replay of the allocator's trace: the peak, its live blocks, and what was allocated before
+    """bench/lib/memory.py's replay of the allocator's trace: the peak, its live blocks, and what was allocated before
     the record (here 100 bytes) from the bytes allocated at the end."""
     sys.path.insert(0, os.path.join(REPO, "bench"))
-    from _memory import replay_peak
+    from lib.memory import replay_peak
 
     a = [{"filename": "a.py", "line": 1}]
     b = [{"filename": "b.py", "line": 2}]
@@ -143,7 +143,7 @@ def test_train_harness_tensor_parallel_modes_on_cpu(tmp_path):
     losses up to bf16 rounding (bf16 gathers, fp32 against bf16 gradient reductions), each GPU counts the tokens of
     its TP group once; async TP is refused off CUDA, naming why; the TP modes and the others do not mix."""
     sys.path.insert(0, os.path.join(REPO, "bench"))
-    import _tp
+    from lib import tp as _tp
     import train
 
     out = tmp_path / "tp.json"

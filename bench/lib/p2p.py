@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import os
 
-import _args as A
-import _common as C  # (sets the multicast-off environment before torch loads NCCL)
+from lib import args as A
+from lib import common as C  # (sets the multicast-off environment before torch loads NCCL)
 
 import torch
 import torch.distributed as dist

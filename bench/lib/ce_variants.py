@@ -10,7 +10,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-import _common as C
+from lib import common as C
 
 AG_VARIANTS = ["nccl", "ce_staged", "ce_symmetric", "ce_symm_inplace", "ce_symm_push", "ce_push_from_input",
                "symm_mem_lc"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from _common import log0  # first: it sets the NCCL / symm-mem environment before torch loads
+from lib.common import log0  # first: it sets the NCCL / symm-mem environment before torch loads
 
 import torch  # noqa: E402
 from ce_overlap.calibrate.timing import sm_clock_and_power  # noqa: E402

@@ -23,9 +23,9 @@ from __future__ import annotations
 import argparse
 import os
 
-import _args as A
-import _common as C  # (sets the multicast-off environment before torch loads NCCL)
-import _ce_variants as V
+from lib import args as A
+from lib import common as C  # (sets the multicast-off environment before torch loads NCCL)
+from lib import ce_variants as V
 import copy_timeline
 
 import torch

@@ -23,9 +23,9 @@ import argparse
 import math
 import os
 
-import _args as A
-import _common as C
-import _ce_variants as V
+from lib import args as A
+from lib import common as C
+from lib import ce_variants as V
 
 import torch
 import torch.distributed as dist

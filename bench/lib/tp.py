@@ -92,7 +92,7 @@ def build(cfg, mode: str, mesh, device: str, ce: str = "auto", in_graph_keep: tu
     if mode not in MODES:
         raise ValueError(f"unknown TP mode {mode!r}; known: {MODES}")
     if mode.startswith("fsdp2"):
-        import _fsdp2
+        from lib import fsdp2 as _fsdp2
 
         return _fsdp2.build(cfg, "fsdp2-ce" if mode == "fsdp2-ce+tp" else "fsdp2", device, ce, ac=ac, mesh=mesh,
                             compile_options={"_micro_pipeline_tp": True} if async_tp else None)

@@ -28,8 +28,8 @@ import argparse
 import math
 import os
 
-import _args as A
-import _common as C
+from lib import args as A
+from lib import common as C
 
 import torch
 import torch.distributed as dist

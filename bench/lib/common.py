@@ -114,7 +114,7 @@ def header(title: str) -> dict:
 
 @dataclass
 class Variant:
-    """One implementation of a collective set up for one size (bench/_ce_variants.py makes them): `run()` enqueues
+    """One implementation of a collective set up for one size (bench/lib/ce_variants.py makes them): `run()` enqueues
     one op on the current stream."""
 
     name: str

@@ -19,7 +19,7 @@ def model_config(args):
 
 
 # --in-graph-wrap torchtitan: the submodules sharded by a call of their own, not resharded after forward (torchtitan's
-# FSDP2 wrap does this for [norm, output], bench/_fsdp2.py): the backward starts with them.
+# FSDP2 wrap does this for [norm, output], bench/lib/fsdp2.py): the backward starts with them.
 KEEP_GATHERED = {"blocks": (), "torchtitan": ("norm", "output")}
 # The in-graph wrap of a result that does not record one (train.py's --in-graph-wrap before it existed).
 IN_GRAPH_WRAP_BEFORE = "blocks"
@@ -32,7 +32,7 @@ def capture_step(args, world: int, fsdp2: bool = False, overlap_scheduler: str |
     with `fsdp2` as the FSDP2 modes do (_fsdp2.build): the embedding table gathered (they have no vocabulary-parallel
     lookup), [norm, output] kept gathered as --fsdp2-wrap says. `overlap_scheduler` (a profile): compiled with
     Inductor's overlap scheduler on (the compile+inductor-overlap mode's graphs); `inductor_config`: more patches.
-    With --tp > 1: tensor parallelism inside (torchtitan's plan), FSDP over the rest (bench/_tp.py), and with
+    With --tp > 1: tensor parallelism inside (torchtitan's plan), FSDP over the rest (bench/lib/tp.py), and with
     `async_tp` torch's micro-pipeline TP."""
     import torch
 
