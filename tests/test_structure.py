@@ -153,3 +153,36 @@ def test_no_source_file_outside_tests_is_over_800_lines():
                                            ({"a": {"b"}, "b": {"c"}, "c": set()}, False)])
 def test_the_circle_finder_finds_circles(edges, circle):
     assert (_cycle(edges) is not None) == circle
+
+
+def test_every_public_name_the_readme_uses_imports_from_where_it_says():
+    """README.md's `ce_overlap.x.y` names resolve: a module, or a name in the deepest module on the path (the ways in
+    keep working across moves of the files behind them, issue 57)."""
+    import importlib
+    import re
+
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        names = sorted(set(re.findall(r"\bce_overlap(?:\.[A-Za-z_]\w*)+", f.read())))
+    assert "ce_overlap.fully_shard" in names and "ce_overlap.fsdp.use_copy_engines" in names, "the walk found them"
+    for name in names:
+        parts = name.split(".")
+        for depth in range(len(parts), 0, -1):  # the deepest importable module on the path
+            try:
+                obj = importlib.import_module(".".join(parts[:depth]))
+                break
+            except ModuleNotFoundError:
+                continue
+        for attr in parts[depth:]:
+            assert hasattr(obj, attr), f"README.md names {name}: {'.'.join(parts[:depth])} has no {attr}"
+            obj = getattr(obj, attr)
+
+
+def test_each_way_in_lives_in_a_module_that_names_it():
+    """ce_overlap.fully_shard is defined in in_graph/fully_shard.py, FSDP2's integration is the package fsdp/, and no
+    two modules of the package are named fsdp.py (issue 57)."""
+    import ce_overlap
+
+    assert ce_overlap.fully_shard.__module__ == "ce_overlap.in_graph.fully_shard"
+    assert ce_overlap.inductor_options.__module__ == "ce_overlap.inductor.pass_"
+    fsdp_files = [m for m, p in _modules().items() if os.path.basename(p) == "fsdp.py"]
+    assert fsdp_files == [], fsdp_files
