@@ -31,7 +31,7 @@ import dataclasses
 import json
 import math
 import os
-import socket
+import shutil
 import statistics
 import subprocess
 import sys
@@ -288,14 +288,15 @@ def training_step(name: str, setup: str, device: str, tiny: bool = False, host_b
     return run_step, make_batch
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _new_store_path() -> str:
+    """A fresh file for the ranks' rendezvous (torch's FileStore): no port to pick, so none that another process can
+    take between its choice and the bind, as a free port handed to the children could under a busy test suite."""
+    return os.path.join(tempfile.mkdtemp(prefix="ce_overlap_bench_"), "store")
 
 
-def _init_group(device: str, world: int = 1, rank: int = 0, port: int = 0) -> None:
-    """This process as rank `rank` of `world` (measure_one says over what)."""
+def _init_group(device: str, world: int = 1, rank: int = 0, store: str = "") -> None:
+    """This process as rank `rank` of `world` (measure_one says over what), meeting the others at `store` (a
+    FileStore path; "" for world 1: a fresh one)."""
     from lib import common as _common  # noqa: F401  (the NCCL / symm-mem environment before torch)
     import torch
     import torch.distributed as dist
@@ -306,13 +307,13 @@ def _init_group(device: str, world: int = 1, rank: int = 0, port: int = 0) -> No
     if on_gpu:
         torch.cuda.set_device(0)
     backend = ("cuda:nccl,cpu:gloo" if world == 1 else "cpu:gloo,cuda:ce_overlap") if on_gpu else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port or _free_port()}", rank=rank,
+    dist.init_process_group(backend, init_method=f"file://{store or _new_store_path()}", rank=rank,
                             world_size=world)
 
 
 def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: str = "cuda",
                 tiny: bool = False, setup: str = "fully_shard", host_profile: bool = False, host_bound: bool = False,
-                world: int = 1, rank: int = 0, port: int = 0) -> dict:
+                world: int = 1, rank: int = 0, store: str = "") -> dict:
     """One (model, setup) measured in this process, as rank `rank` of `world` (world > 1: every rank on GPU 0, over
     gloo for CPU tensors and ce_overlap's torch.distributed backend for CUDA ones, the pass with ce="on": every
     collective on the copy engines, as NCCL refuses two ranks on one GPU; on a CPU, gloo and the pass on NCCL's
@@ -325,7 +326,7 @@ def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: 
     from lib.titan import GC_FREQ, step_loop_gc
 
     on_gpu = device == "cuda"
-    _init_group(device, world, rank, port)
+    _init_group(device, world, rank, store)
     run_step, make_batch = training_step(name, setup, device, tiny, host_bound, world)
     batches = [make_batch(i) for i in range(warmup + steps)]
 
@@ -502,11 +503,11 @@ def _host_profile(run_step, inputs, sync, steps: int = 10, top: int = 40, barrie
             "by_own_time": rows(2), "by_cumulative_time": rows(3)}
 
 
-def _child(name: str, setup: str, args, out: str, rank: int = 0, port: int = 0) -> subprocess.Popen:
+def _child(name: str, setup: str, args, out: str, rank: int = 0, store: str = "") -> subprocess.Popen:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--steps", str(args.steps), "--warmup",
            str(args.warmup), "--kernel-profile", str(args.kernel_profile), "--device",
            args.device, "--out", out, "--setups", setup, "--world", str(args.world), "--rank", str(rank),
-           "--port", str(port)]
+           "--store", store]
     cmd += ["--tiny"] if args.tiny else []
     cmd += ["--host-bound"] if args.host_bound else []
     cmd += ["--host-profile"] if args.host_profile else []  # every rank: the same steps on all
@@ -520,9 +521,10 @@ def measure_world(name: str, setup: str, args) -> dict:
     for _ in range(args.world):
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
             outs.append(f.name)
-    port = _free_port()
-    procs = [_child(name, setup, args, out, rank, port) for rank, out in enumerate(outs)]
+    store = _new_store_path()
+    procs = [_child(name, setup, args, out, rank, store) for rank, out in enumerate(outs)]
     codes = [p.wait() for p in procs]
+    shutil.rmtree(os.path.dirname(store), ignore_errors=True)
     rows = [_load_result(out, {"model": name, "setup": setup, "ok": False,
                                "error": f"rank {rank}'s process exited {codes[rank]} without a result"})
             for rank, out in enumerate(outs)]
@@ -691,7 +693,7 @@ def main(argv=None) -> int:
                    "(the host's time compared where its speed is the same for both)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--store", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child and args.paired:
         rows = measure_paired(args.child, args.setups.split(","), args.paired, max(2, args.paired // 4), 10,
@@ -701,7 +703,7 @@ def main(argv=None) -> int:
         return 0
     if args.child:
         row = measure_one(args.child, args.steps, args.warmup, args.kernel_profile, args.device, args.tiny,
-                          args.setups, args.host_profile, args.host_bound, args.world, args.rank, args.port)
+                          args.setups, args.host_profile, args.host_bound, args.world, args.rank, args.store)
         with open(args.out, "w") as f:
             json.dump(row, f)
         return 0

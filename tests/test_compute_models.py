@@ -120,7 +120,8 @@ def test_host_time_at_two_ranks_and_side_by_side_then_fitted(tmp_path):
                 "--steps", "2", "--warmup", "2", "--kernel-profile", "0", "--out", str(two))
     assert proc.returncode == 0, proc.stderr[-2000:]
     row = json.loads(two.read_text())["rows"][0]
-    assert row["ok"] and row["world"] == 2 and len(row["ranks"]) == 2
+    assert row["ok"], (row.get("error"), proc.stderr[-3000:])
+    assert row["world"] == 2 and len(row["ranks"]) == 2
     assert row["host_ms"] == max(r["host_ms"] for r in row["ranks"]) and row["host"]["enqueue_ms"] > 0
     paired = tmp_path / "paired.json"
     proc = _run("--device", "cpu", "--tiny", "--models", "gpt2-1536-host", "--setups", "fully_shard,plain",
