@@ -199,7 +199,7 @@ struct Curve {
 // `collective_us` per collective (its op's dispatch and the runtime's or NCCL's enqueue); per step, `step_us`
 // outside the graphs (optimizer.step, zero_grad, the backward's entry). Fitted to host-bound steps
 // (bench/compute_models.py --host-bound; `source` names the run). The loader checks the section; the step model
-// (python/ce_overlap/step_model.py, host_us) prices a step with it, from the analysis's counts per graph.
+// (python/ce_overlap/analyzer/step_model.py, host_us) prices a step with it, from the analysis's counts per graph.
 struct HostSpec {
   double launch_us = 0;
   double graph_input_us = 0;

@@ -64,7 +64,7 @@ struct PlanConfig {
   double copy_pace_fill = 0;
   // Price the captured order as it is: every collective a bucket of its own where it was captured, nothing moved
   // (docs/plan.md "Keeping the captured order"). How the cost model prices an order another scheduler made (Inductor's
-  // overlap scheduler: ce_overlap.step_model). Optional in a Plan's config (written when true).
+  // overlap scheduler: ce_overlap.analyzer.step_model). Optional in a Plan's config (written when true).
   bool keep_order = false;
 };
 

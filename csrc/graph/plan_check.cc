@@ -1,6 +1,6 @@
 // check_plan: every rule of docs/plan.md against the IR graph a Plan orders, each failure named by its rule and
 // the node (PlanRuleError). The one checker of the Plan: the planner runs it on every plan it returns, and the FX
-// rewriter (python/ce_overlap/fx/plan_check.py) on every plan it applies, against the IR of its FX graph.
+// rewriter (python/ce_overlap/inductor/plan_check.py) on every plan it applies, against the IR of its FX graph.
 #include <algorithm>
 #include <unordered_map>
 #include <vector>

@@ -736,7 +736,7 @@ TEST(CheckPlan, CatchesEveryBrokenRule) {
   EXPECT_NE(broken([&](Plan& p) { p.buckets[1].block = 99; }).find("buckets[1].block"), std::string::npos);
 }
 
-// The rule and the node of a broken Plan, as the FX rewriter reports them (python/ce_overlap/fx/plan_check.py).
+// The rule and the node of a broken Plan, as the FX rewriter reports them (python/ce_overlap/inductor/plan_check.py).
 struct Broken {
   std::string rule;
   std::optional<std::string> node;
