@@ -296,7 +296,7 @@ def _new_store_path() -> str:
 
 def _init_group(device: str, world: int = 1, rank: int = 0, store: str = "") -> None:
     """This process as rank `rank` of `world` (measure_one says over what), meeting the others at `store` (a
-    FileStore path; "" for world 1: a fresh one)."""
+    FileStore path, _new_store_path's; world 1 needs none: an in-process store)."""
     from lib import common as _common  # noqa: F401  (the NCCL / symm-mem environment before torch)
     import torch
     import torch.distributed as dist
@@ -307,8 +307,10 @@ def _init_group(device: str, world: int = 1, rank: int = 0, store: str = "") -> 
     if on_gpu:
         torch.cuda.set_device(0)
     backend = ("cuda:nccl,cpu:gloo" if world == 1 else "cpu:gloo,cuda:ce_overlap") if on_gpu else "gloo"
-    dist.init_process_group(backend, init_method=f"file://{store or _new_store_path()}", rank=rank,
-                            world_size=world)
+    if world == 1:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    else:
+        dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
 
 
 def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: str = "cuda",

@@ -183,7 +183,7 @@ def _source_fingerprint() -> str:
     h = hashlib.sha256()
     files = [os.path.join(sub, name) for sub in ("inductor", "in_graph", "models")
              for name in sorted(os.listdir(os.path.join(root, sub))) if name.endswith(".py")]
-    for name in files + ["extrapolate.py", "ir.py"]:
+    for name in files + ["analyzer/model_capture.py", "extrapolate.py", "ir.py"]:
         with open(os.path.join(root, name), "rb") as f:
             h.update(name.encode() + f.read())
     return h.hexdigest()[:16]
