@@ -10,12 +10,26 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, "tests", "data")
+SITE = os.path.join(REPO, "tests", "site")
+
+# Every process the tests start compiles as tests/site/sitecustomize.py says (ATen kernels unless a test asks for
+# Inductor's generated ones: the `inductor_codegen` fixture); this process too, however pytest was started.
+os.environ["PYTHONPATH"] = os.pathsep.join([SITE, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
 
 
-# The slowest test files, slowest first (pytest --durations on a 2-core machine, 2026-12-02: 130-300 s each; the rest
-# under 80 s). Collected first, so that with `--dist loadfile` no worker starts one of them while the other is done.
-SLOWEST_FILES = ("test_cli.py", "test_train_bench.py", "test_fully_shard_2d.py", "test_compute_models.py",
-                 "test_extrapolate.py", "test_fully_shard.py", "test_fake_cuda.py", "test_pipeline_bench.py")
+# The slowest test files, slowest first (pytest --durations on a 2-core machine, cold Inductor cache, 2026-12-02,
+# ATen kernels: tests/site/sitecustomize.py): 150-350 s each, the rest under 80 s. Handed out first, so that with
+# `--dist loadfile` no worker starts one of them while the other is done.
+SLOWEST_FILES = ("test_fully_shard_2d.py", "test_train_bench.py", "test_cli.py", "test_compute_models.py",
+                 "test_fully_shard.py", "test_pass.py", "test_extrapolate.py", "test_pipeline_bench.py",
+                 "test_fake_cuda.py")
+
+
+def pytest_configure(config):
+    # pytest-xdist hands out the files with the most tests first unless told not to (--loadscope-reorder, on by
+    # default): keep the order below instead.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):
@@ -40,6 +54,24 @@ def load_module(path: str, name: str | None = None):
 def load_data_module(name: str):
     """tests/data/NAME.py as a module."""
     return load_module(os.path.join(DATA, f"{name}.py"), f"ce_overlap_test_{name}")
+
+
+if getattr(sys.modules.get("sitecustomize"), "__file__", None) != os.path.join(SITE, "sitecustomize.py"):
+    load_module(os.path.join(SITE, "sitecustomize.py"), "ce_overlap_test_site")
+
+
+@pytest.fixture
+def inductor_codegen(monkeypatch):
+    """Inductor's generated C++ kernels, built, for this test's compiles and for the processes it starts (the suite's
+    default lowers every op to ATen: tests/site/sitecustomize.py)."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setenv("CE_OVERLAP_TEST_INDUCTOR", "codegen")
+    if not hasattr(inductor_config, "fallback_by_default"):  # torch before 2.14: kernels are always built
+        yield
+        return
+    with inductor_config.patch(fallback_by_default=False):
+        yield
 
 
 @functools.cache

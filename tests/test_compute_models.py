@@ -67,7 +67,7 @@ def _run(*args, timeout=600):
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
-def test_compute_models_measures_and_predicts_at_small_sizes(tmp_path):
+def test_compute_models_measures_and_predicts_at_small_sizes(tmp_path, inductor_codegen):
     """The harness as the GPU runs it, on a CPU at the test files' small sizes (the MoE): a process of its own, steps
     timed, losses finite; then --predict against that result: the table and a row per kernel class."""
     measured = tmp_path / "measured.json"

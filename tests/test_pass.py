@@ -976,7 +976,7 @@ def _compare_step(model, ref, tokens, compiled):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
 
 
-def test_backend_ce_overlap_compiles_and_runs(gloo_world1, caplog):
+def test_backend_ce_overlap_compiles_and_runs(gloo_world1, caplog, inductor_codegen):
     model, ref, tokens = _tiny_fsdp_pair()
     try:
         ce_overlap.set_default_config(bucket_cap_mb=4096)
@@ -1180,7 +1180,7 @@ def test_bfloat16_rounding_on_the_bits_matches_eager_and_survives_inductor():
         assert bool(same.all()), (fn, data[~same][:5], got[~same][:5], want[~same][:5])
 
 
-def test_own_chunks_read_through_the_pass_through_free_their_source_early():
+def test_own_chunks_read_through_the_pass_through_free_their_source_early(inductor_codegen):
     """Inductor inlines a pointwise tensor whose producer it sees as read-free (an fp32 embedding-gradient
     accumulation cast to bfloat16) into every kernel that reads it: a CE reduce-scatter's consumer then recomputed
     its own chunk from the fp32 source, which stayed allocated until the end of the backward (+1.4 GiB at the

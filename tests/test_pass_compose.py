@@ -44,7 +44,7 @@ def test_a_configured_pass_is_kept_first_and_keyed():
     assert ce_overlap.inductor_options(ce="off")["post_grad_custom_post_pass"].run_before == ()
 
 
-def test_both_passes_run_on_every_graph_of_a_real_compile(gloo_world1):
+def test_both_passes_run_on_every_graph_of_a_real_compile(gloo_world1, inductor_codegen):
     from test_pass_helpers import gathered_in_graph
     from ce_overlap.models.llama import Llama
 
