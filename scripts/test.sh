@@ -11,7 +11,9 @@ build_dir=$(dirname "$(ls -t build/cp*/CTestTestfile.cmake | head -n 1)")
 echo "== ctest ($build_dir)"
 ctest --test-dir "$build_dir" --output-on-failure
 # One pytest worker per core, a test file's tests on one worker (they share its session fixtures' captures): on a
-# 2-core machine the suite takes about 20 minutes this way (2026-12-02, the slowest files collected first: conftest). `-n 0` after the command runs it in one process.
+# 2-core machine with a cold Inductor cache the suite takes about 19 minutes this way (2026-12-02; the slowest files
+# first, the compiles on ATen kernels: tests/conftest.py, tests/site/sitecustomize.py). `-n 0` after the command runs
+# it in one process.
 echo "== pytest"
 "$VENV/bin/python" -m pytest tests -n auto --dist loadfile "$@"
 if [ "${CE_OVERLAP_SKIP_NATIVE_CHECKS:-0}" != 1 ]; then
