@@ -22,16 +22,28 @@ if MODE not in ("aten", "codegen"):
     raise SystemExit(f"CE_OVERLAP_TEST_INDUCTOR={MODE!r}: expected 'aten' (ATen kernels only) or 'codegen'")
 
 
+# What the ATen mode sets on torch._inductor.config, and (CODEGEN, filled when it is set) the values it replaced: the
+# `inductor_codegen` fixture (tests/conftest.py) puts those back for a test that holds the generated kernels.
+ATEN = {
+    "fallback_by_default": True,
+    # With ATen kernels, the peak-memory reorder's choice follows the buffer sizes, which differ between ranks whose
+    # shards are uneven (vocab 1001 over 2 ranks): measured, rank 0 ran the vocabulary-parallel lookup's
+    # reduce-scatter before a weight's all-gather and rank 1 after it, and gloo waited for ever (torch 2.14.1,
+    # tests/fully_shard/worker.py check --compile --variants compiled-vocab). The kernels' graphs did not diverge.
+    "reorder_for_peak_memory": False,
+}
+CODEGEN: dict = {}
+
+
 def _aten(config) -> None:
-    if hasattr(config, "fallback_by_default"):
-        config.fallback_by_default = True
-        # With ATen kernels, the peak-memory reorder's choice follows the buffer sizes, which differ between ranks
-        # whose shards are uneven (vocab 1001 over 2 ranks): measured, rank 0 ran the vocabulary-parallel lookup's
-        # reduce-scatter before a weight's all-gather and rank 1 after it, and gloo waited for ever (torch 2.14.1,
-        # tests/fully_shard/worker.py check --compile --variants compiled-vocab). The kernels' graphs did not diverge.
-        config.reorder_for_peak_memory = False
-        config.compile_threads = 1  # nothing to build: no pool of compile workers (a process started in codegen mode
-        #                             keeps torch's own default)
+    if not hasattr(config, "fallback_by_default"):
+        return
+    CODEGEN.update({name: getattr(config, name) for name in ATEN})
+    for name, value in ATEN.items():
+        setattr(config, name, value)
+    # Nothing to build, so no pool of compile workers; where the kernels are built changes nothing they compute, so
+    # the fixture leaves it (a process started in codegen mode keeps torch's own default).
+    config.compile_threads = 1
 
 
 if MODE == "aten":
