@@ -93,33 +93,22 @@ def tiny_ir():
     return _capture_zoo("llama3-tiny", 8)
 
 
-def run_cli(*args: str, env_extra: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_cli(*args: str, env_extra: dict | None = None, timeout: float = 600,
+            own_process: bool = False) -> subprocess.CompletedProcess:
+    """`ce-overlap ARGS` with its exit code, stdout and stderr: in this process (tests/cli_in_process.py) unless asked
+    for a process of its own or given an environment variable that is not one of ce_overlap's (those, a model's
+    build() reads as it pleases: a fresh process is the one that sees them). `timeout` holds for a process only."""
+    from ce_overlap import environment
+
+    env_extra = env_extra or {}
+    if not own_process and all(environment.known(k) for k in env_extra):
+        from cli_in_process import run
+
+        return run(list(args), env_extra)
     env = dict(os.environ)
-    env.update(env_extra or {})
+    env.update(env_extra)
     return subprocess.run([sys.executable, "-m", "ce_overlap.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
-
-
-def run_cli_batch(cases: list[list[str]], env_extra: dict | None = None,
-                  timeout: float = 600) -> list[subprocess.CompletedProcess]:
-    """Each command line of `cases` as run_cli runs it, all in one process (tests/cli_batch.py): for commands that
-    stop before capturing, where a process each would spend its time importing torch."""
-    import json
-    import tempfile
-
-    env = dict(os.environ)
-    env.update(env_extra or {})
-    with tempfile.TemporaryDirectory() as d:
-        cases_path, out_path = os.path.join(d, "cases.json"), os.path.join(d, "out.json")
-        with open(cases_path, "w") as f:
-            json.dump([list(map(str, c)) for c in cases], f)
-        proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "cli_batch.py"), cases_path, out_path],
-                              capture_output=True, text=True, timeout=timeout, env=env)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-        with open(out_path) as f:
-            results = json.load(f)
-    return [subprocess.CompletedProcess(["ce-overlap", *c], r["returncode"], r["stdout"], r["stderr"])
-            for c, r in zip(cases, results)]
 
 
 @pytest.fixture(scope="session")

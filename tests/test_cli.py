@@ -1,4 +1,5 @@
-"""The `ce-overlap` CLI end to end (subprocesses), including every bad-input path: exit 2, one line."""
+"""The `ce-overlap` CLI end to end (each command in the test's process as in one of its own: conftest.run_cli),
+including every bad-input path: exit 2, one line."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,7 @@ import re
 
 import pytest
 
-from conftest import DATA, run_cli, run_cli_batch
+from conftest import DATA, run_cli
 
 
 # A capture's stages as they pass (ce_overlap.progress, on stderr): status lines before any error.
@@ -232,8 +233,7 @@ def test_bad_inputs_exit_2_with_one_line(cli, tmp_path, tiny_doc):
         (["analyze", "llama3-tiny", "--world-size", "8", "--nodes", "2", "--tp", "8"],
          ["tp=8 must divide the 4 ranks of a node"]),
     ]
-    # One process for all of them (tests/cli_batch.py: each its own exit code, stdout and stderr).
-    results = run_cli_batch([args for args, _ in cases], env_extra={"CE_OVERLAP_CACHE": str(tmp_path / "cache")})
+    results = [run_cli(*args, env_extra={"CE_OVERLAP_CACHE": str(tmp_path / "cache")}) for args, _ in cases]
     for (args, fragments), proc in zip(cases, results):
         _assert_clean_error(proc, *fragments)
 

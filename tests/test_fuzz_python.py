@@ -9,7 +9,7 @@ import json
 import os
 
 import pytest
-from conftest import run_cli_batch
+from conftest import run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -162,9 +162,8 @@ def test_bad_build_targets_exit_2_with_one_line(tmp_path):
     for name, text in BAD_BUILDS.items():
         (tmp_path / name).write_text(text)
     names = sorted(BAD_BUILDS)
-    # One process for all of them (tests/cli_batch.py: each its own exit code, stdout and stderr).
-    results = run_cli_batch([["analyze", f"{tmp_path / name}:build", "--world-size", "2"] for name in names],
-                            env_extra={"CE_OVERLAP_CACHE": str(tmp_path / "cache")})
+    results = [run_cli("analyze", f"{tmp_path / name}:build", "--world-size", "2",
+                       env_extra={"CE_OVERLAP_CACHE": str(tmp_path / "cache")}) for name in names]
     for name, proc in zip(names, results):
         assert proc.returncode == 2, (name, proc.returncode, proc.stderr)
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
