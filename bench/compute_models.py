@@ -350,7 +350,7 @@ def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: 
         sync()
         for i, inputs in enumerate(batches, 1):
             if i == warmup + 1:
-                cpu0 = time.thread_time()
+                cpu0 = time.process_time()
             t0 = time.perf_counter()
             if i > 1 and i % GC_FREQ == 0:
                 gc.collect(1)
@@ -361,7 +361,9 @@ def measure_one(name: str, steps: int, warmup: int, profile_steps: int, device: 
             if i == 1:
                 sync()
                 compile_s = time.perf_counter() - t_compile
-        cpu_ms = 1e3 * (time.thread_time() - cpu0) / steps  # the issuing thread's CPU time per timed step
+        # The process's CPU time per timed step: every thread's, since on CUDA the backward runs on autograd's device
+        # thread while the issuing thread waits (that thread's own time missed it, up to 2026-12-02's section j).
+        cpu_ms = 1e3 * (time.process_time() - cpu0) / steps
         sync()
     step_ms = [between(a, b) for a, b in zip(ends[warmup - 1:], ends[warmup:])]
     median = statistics.median(step_ms)
@@ -460,10 +462,11 @@ def measure_paired(name: str, setups: list[str], pairs: int, blocks_: int, block
 
 def _host_profile(run_step, inputs, sync, steps: int = 10, top: int = 40, barrier=None) -> dict:
     """Where the host's time to issue one step goes: the Python time to enqueue a step that starts on an idle
-    device (a sync before it, none inside: `enqueue_ms`, and the thread's CPU time in it: `enqueue_cpu_ms`), the same
+    device (a sync before it, none inside: `enqueue_ms`, and the process's CPU time in it: `enqueue_cpu_ms`), the same
     step with a sync after (`synced_ms`), the time to enqueue a step behind one the device still runs
     (`enqueue_busy_ms`: two steps in flight, under the launch queue's depth), and cProfile over `steps` such steps:
-    the `top` functions by own time and by cumulative time (ms per step). `barrier`: every rank's, after each sync
+    the `top` functions by own time and by cumulative time (ms per step), then the ops by their host time
+    (`by_op`: _host_ops). `barrier`: every rank's, after each sync
     (with several ranks, every step starts on an idle device on all of them)."""
     import cProfile
     import pstats
@@ -473,10 +476,10 @@ def _host_profile(run_step, inputs, sync, steps: int = 10, top: int = 40, barrie
     for _ in range(2 * steps):
         sync()
         barrier()
-        t0, c0 = time.perf_counter(), time.thread_time()
+        t0, c0 = time.perf_counter(), time.process_time()
         run_step(inputs)
         enqueue.append(1e3 * (time.perf_counter() - t0))
-        enqueue_cpu.append(1e3 * (time.thread_time() - c0))
+        enqueue_cpu.append(1e3 * (time.process_time() - c0))
         sync()
         synced.append(1e3 * (time.perf_counter() - t0))
         run_step(inputs)  # the device busy with this one while the next is issued
@@ -492,6 +495,7 @@ def _host_profile(run_step, inputs, sync, steps: int = 10, top: int = 40, barrie
         prof.disable()
     sync()
     stats = pstats.Stats(prof).stats
+    by_op = _host_ops(run_step, inputs, sync, barrier, steps=min(steps, 3), top=top)
 
     def rows(key: int) -> list[dict]:
         ranked = sorted(stats.items(), key=lambda kv: -kv[1][key])[:top]
@@ -502,7 +506,24 @@ def _host_profile(run_step, inputs, sync, steps: int = 10, top: int = 40, barrie
     return {"enqueue_ms": round(statistics.median(enqueue), 3), "synced_ms": round(statistics.median(synced), 3),
             "enqueue_cpu_ms": round(statistics.median(enqueue_cpu), 3),
             "enqueue_busy_ms": round(statistics.median(busy), 3),
-            "by_own_time": rows(2), "by_cumulative_time": rows(3)}
+            "by_own_time": rows(2), "by_cumulative_time": rows(3), "by_op": by_op}
+
+
+def _host_ops(run_step, inputs, sync, barrier, steps: int, top: int) -> list[dict]:
+    """The dispatched ops of `steps` steps as torch's profiler sees them on the host (its CPU side only): the `top`
+    op names by self CPU time, per step. Names what cProfile cannot tell apart: every op of a namespace (the
+    ce_overlap ops, the aten ops the wrapper calls) is one built-in to it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            sync()
+            barrier()
+            run_step(inputs)
+        sync()
+    ranked = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
+    return [{"op": e.key, "calls": e.count / steps, "self_ms": round(e.self_cpu_time_total / 1e3 / steps, 3),
+             "total_ms": round(e.cpu_time_total / 1e3 / steps, 3)} for e in ranked]
 
 
 def _child(name: str, setup: str, args, out: str, rank: int = 0, store: str = "") -> subprocess.Popen:

@@ -106,6 +106,7 @@ def test_the_host_setups_run_side_by_side_with_their_host_profile(tmp_path):
         host = r["host"]
         assert min(host["enqueue_ms"], host["enqueue_cpu_ms"], host["enqueue_busy_ms"], host["synced_ms"]) > 0
         assert any("run_step" in f["function"] for f in host["by_cumulative_time"])
+        assert any(o["op"].startswith("aten::") and o["calls"] > 0 for o in host["by_op"])
     first = [r["losses"][0] for r in rows]
     assert max(first) - min(first) < 1e-3 * abs(first[0])  # one model, one batch: the same first loss
 

@@ -358,7 +358,8 @@ class Group {
   bool poison();
   // The watchdog's path when the group lock is held by an enqueue (see EnqueueScope).
   void check_stuck_enqueue(Clock::time_point now);
-  void retire_completed_locked();
+  // Frees the events of completed ops: every one, or with `oldest_only` those before the first still running.
+  void retire_completed_locked(bool oldest_only = false);
 
   std::string name_;
   int rank_;
