@@ -16,9 +16,10 @@ from conftest import REPO
 def test_train_harness_runs_eager_no_comm_and_the_pass_on_cpu(tmp_path, isolate):
     """Both ways of running the modes: in the one process (every mode family), and (the default on GPUs) each mode in
     a fresh process per rank joined into its own process group, its result handed back to the parent's table and
-    JSON (one mode of each kind: eager, in-graph, FSDP2; a fresh process pair per mode is the costly part)."""
+    JSON (eager and a compiled in-graph mode: a child runs whatever mode it is given the same way, and a fresh
+    process pair per mode is the costly part; FSDP2's modes are the same-process run's)."""
     out = tmp_path / "train.json"
-    run = ["eager", "ce_overlap-nccl", "fsdp2"] if isolate else \
+    run = ["eager", "ce_overlap-nccl"] if isolate else \
         ["eager", "no-comm", "ce_overlap-nccl", "ce_overlap+ac", "fsdp2", "fsdp2-no-comm", "fsdp2+ac"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            os.path.join(REPO, "bench", "train.py"), "--device", "cpu", "--model", "llama3-tiny", "--seq-len", "32",
@@ -38,9 +39,9 @@ def test_train_harness_runs_eager_no_comm_and_the_pass_on_cpu(tmp_path, isolate)
     assert result["args"]["gc"] == "torchtitan" and result["args"]["loss_reduce"] == ("step" if isolate else "end")
     # Same weights and data: the pass (NCCL only) computes the same first loss as eager, up to fp32 rounding.
     assert abs(modes["eager"]["losses"][0] - modes["ce_overlap-nccl"]["losses"][0]) < 1e-3
-    # FSDP2 (fully_shard, bf16 parameters) from the same full weights: the same first loss up to bf16 rounding.
-    assert abs(modes["eager"]["losses"][0] - modes["fsdp2"]["losses"][0]) < 2e-2
     if not isolate:
+        # FSDP2 (fully_shard, bf16 parameters) from the same full weights: the same first loss up to bf16 rounding.
+        assert abs(modes["eager"]["losses"][0] - modes["fsdp2"]["losses"][0]) < 2e-2
         # Activation checkpointing per block recomputes the same forward: the same losses up to fp32 rounding.
         assert all(abs(a - b) < 1e-3
                    for a, b in zip(modes["ce_overlap-nccl"]["losses"], modes["ce_overlap+ac"]["losses"]))
