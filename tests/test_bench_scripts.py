@@ -21,7 +21,7 @@ sys.path.insert(0, BENCH)
 SCRIPTS = ["collectives.py", "train.py", "step_prediction.py", "plot_train.py", "cost_model_validation.py",
            "capture_speed.py", "capture_devices.py", "plan_speed.py", "fault_repeats.py", "pipeline.py", "repro_nccl_unbatched_p2p.py", "timeline.py",
            "torchtitan_fsdp2.py", "copy_timeline.py", "clocks.py", "ce_ops.py", "tp_predictions.py",
-           "node_predictions.py", "compute_models.py", "fit_shapes.py", "fit_host.py", "repredict.py"]
+           "node_predictions.py", "compute_models.py", "fit_shapes.py", "fit_host.py", "repredict.py", "wrapper_profile.py"]
 SUBCOMMANDS = ["all-gather", "reduce-scatter", "all-to-all", "broadcast", "all", "p2p", "overlap", "probe"]
 
 
@@ -1162,3 +1162,29 @@ def test_run_env_records_the_cuda_queue_setting_and_every_override_that_is_set()
     assert env == {"NCCL_NVLS_ENABLE": None, "TORCH_SYMM_MEM_DISABLE_MULTICAST": None,
                    "CUDA_DEVICE_MAX_CONNECTIONS": "32", "CE_OVERLAP_LOCAL_COPY": "memcpy",
                    "CE_OVERLAP_PASS_PREFETCH_BLOCKS": "2"}
+
+
+def test_wrapper_profile_tallies_the_samples_inside_the_compiled_wrappers(tmp_path, capsys):
+    """bench/wrapper_profile.py on py-spy raw lines as py-spy writes them (`Runner.call` and `call` frames naming the
+    generated module's base name): a compile's samples do not count; the wrapper lines carry their source."""
+    import wrapper_profile
+
+    name = "c" + "a" * 51 + ".py"
+    (tmp_path / "ab").mkdir()
+    (tmp_path / "ab" / name).write_text("def call(args):\n    buf0 = empty_strided_cuda((4,), (1,), torch.bfloat16)\n"
+                                        "    triton_poi_fused__to_copy_0.run(buf0)\n")
+    raw = tmp_path / "w.spy"
+    raw.write_text(
+        f"<module> (x.py:1);run_step (bench/compute_models.py:279);Runner.call ({name}:3);"
+        "CachingAutotuner.run (torch/_inductor/runtime/triton_heuristics.py:1407) 7\n"
+        f"process 12:\"python3\";thread (0x1);backward (torch/_functorch/x.py:9);call ({name}:2) 3\n"
+        "<module> (x.py:1);_compile (torch/_dynamo/convert_frame.py:1902) 90\n"
+        "not a sample line\n")
+    total, inside, tables = wrapper_profile.tally(raw.read_text().splitlines())
+    assert (total, inside) == (100, 10)
+    assert tables["by wrapper line"] == {f"{name}:3": 7, f"{name}:2": 3}
+    assert tables["by callee"]["CachingAutotuner.run (torch/_inductor/runtime/triton_heuristics.py:1407)"] == 7
+    assert tables["by callee"]["(the line itself)"] == 3
+    assert wrapper_profile.main([str(raw), "--sources", str(tmp_path / "*" / "*.py")]) == 0
+    out = capsys.readouterr().out
+    assert "100 samples, 10 inside" in out and "| triton_poi_fused__to_copy_0.run(buf0)" in out
