@@ -11,7 +11,7 @@ build_dir=$(dirname "$(ls -t build/cp*/CTestTestfile.cmake | head -n 1)")
 echo "== ctest ($build_dir)"
 ctest --test-dir "$build_dir" --output-on-failure
 # One pytest worker per core, a test file's tests on one worker (they share its session fixtures' captures): on a
-# 2-core machine with a cold Inductor cache the suite takes about 18 minutes this way (2026-12-02; the slowest files
+# 2-core machine with a cold Inductor cache the suite takes 16-18 minutes this way (2026-12-02; the slowest files
 # first, the compiles on ATen kernels: tests/conftest.py, tests/site/sitecustomize.py). `-n 0` after the command runs
 # it in one process.
 echo "== pytest"
