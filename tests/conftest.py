@@ -93,15 +93,14 @@ def tiny_ir():
     return _capture_zoo("llama3-tiny", 8)
 
 
-def run_cli(*args: str, env_extra: dict | None = None, timeout: float = 600,
-            own_process: bool = False) -> subprocess.CompletedProcess:
-    """`ce-overlap ARGS` with its exit code, stdout and stderr: in this process (tests/cli_in_process.py) unless asked
-    for a process of its own or given an environment variable that is not one of ce_overlap's (those, a model's
-    build() reads as it pleases: a fresh process is the one that sees them). `timeout` holds for a process only."""
+def run_cli(*args: str, env_extra: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`ce-overlap ARGS` with its exit code, stdout and stderr: in this process (tests/cli_in_process.py) unless given
+    an environment variable that is not one of ce_overlap's (those, a model's build() reads as it pleases: a fresh
+    process is the one that sees them). `timeout` holds for a process only."""
     from ce_overlap import environment
 
     env_extra = env_extra or {}
-    if not own_process and all(environment.known(k) for k in env_extra):
+    if all(environment.known(k) for k in env_extra):
         from cli_in_process import run
 
         return run(list(args), env_extra)
