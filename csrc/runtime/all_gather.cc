@@ -250,11 +250,13 @@ PendingOp begin_and_copy_self(Group& g, const AllGatherArgs& a, const std::strin
   if (!plan.in_place) {
     const cudaStream_t self = g.self_stream();
     CE_CUDA_CHECK(cudaStreamWaitEvent(self, g.caller_ready_event(), 0), where);
-    CopyList own;  // every part's own shard, one batch
     for (const AllGatherPart& part : a.parts) {
-      own.add(static_cast<char*>(part.output) + static_cast<size_t>(g.rank()) * part.bytes, part.input, part.bytes);
+      if (part.bytes == 0) continue;
+      char* out = static_cast<char*>(part.output);
+      CE_CUDA_CHECK(local_copy_async(out + static_cast<size_t>(g.rank()) * part.bytes, part.input, part.bytes,
+                                     g.device(), self),
+                    where + ": copying the own shard");
     }
-    CE_CUDA_CHECK(local_copies_async(own, g.device(), self), where + ": copying the own shard");
     CE_CUDA_CHECK(cudaEventRecord(g.self_done_event(), self), where);
   }
   return op;
@@ -286,11 +288,10 @@ void enqueue_pull_locked(Group& g, const AllGatherArgs& a, const std::string& wh
     // 2. Stage (piece by piece when the op has several parts).
     if (plan.variant == Variant::AgStaged) {
       char* staging = pool.local_base() + plan.offset;
-      CopyList stage;
       for_each_piece(a.parts, chunk_offset, chunk, [&](const AllGatherPart& part, size_t from, size_t at, size_t len) {
-        stage.add(staging + at, static_cast<const char*>(part.input) + from, len);
+        CE_CUDA_CHECK(local_copy_async(staging + at, static_cast<const char*>(part.input) + from, len, g.device(), comm),
+                      where + ": staging the input into the symmetric pool");
       });
-      CE_CUDA_CHECK(local_copies_async(stage, g.device(), comm), where + ": staging the input into the symmetric pool");
     }
     // 3. Announce.
     g.post_ready(PeerSignal{e, sig.sig_a, sig.sig_b, kind_round_word(OpKind::AllGather, plan.variant, static_cast<uint32_t>(k)),
@@ -300,12 +301,11 @@ void enqueue_pull_locked(Group& g, const AllGatherArgs& a, const std::string& wh
       // Where peer p's bytes of this round lie in its pool.
       const size_t src = plan.variant == Variant::AgInPlace ? plan.offset + static_cast<size_t>(p) * nbytes
                                                              : plan.offset;
-      CopyList pulls;
+      const std::string what = where + ": pulling the shard of rank " + std::to_string(p);
       for_each_piece(a.parts, chunk_offset, chunk, [&](const AllGatherPart& part, size_t from, size_t at, size_t len) {
-        pulls.add(static_cast<char*>(part.output) + static_cast<size_t>(p) * part.bytes + from,
-                  pool.peer_base(p) + src + at, len);
+        char* out = static_cast<char*>(part.output) + static_cast<size_t>(p) * part.bytes + from;
+        g.pull_copy(out, pool.peer_base(p) + src + at, len, what, s);
       });
-      g.pull_copies(pulls, where + ": pulling the shard of rank " + std::to_string(p), s);
     });
     op.rounds.push_back(RoundInfo{e, sig, static_cast<uint32_t>(k), chunk, plan.offset});
   }

@@ -524,39 +524,6 @@ void Group::pull_copy(char* dst, const char* src, size_t bytes, const std::strin
   for (int j = 0; j < forked; ++j) CE_CUDA_CHECK(cudaStreamWaitEvent(comm_, ev_join_[j], 0), what);
 }
 
-void Group::peer_copies(const CopyList& list, const std::string& what, cudaStream_t stream) {
-  if (!stream) stream = comm_;
-  if (list.size() > 1 && effective_copy_rate_gbps() <= 0) {
-    static std::atomic<bool> refused{false};  // the batch API refused once: a call per copy from then on (said once)
-    if (!refused.load()) {
-      const cudaError_t err = batch_copies(list.dsts.data(), list.srcs.data(), list.sizes.data(), list.size(), device_,
-                                           /*hint=*/false, stream);
-      if (err == cudaSuccess) return;
-      (void)cudaGetLastError();
-      if (!refused.exchange(true)) {
-        std::fprintf(stderr, "ce_overlap: cudaMemcpyBatchAsync refused %zu peer copies (%s: %s); peer copies go one "
-                     "cudaMemcpyAsync each instead\n", list.size(), cudaGetErrorName(err), cudaGetErrorString(err));
-      }
-    }
-  }
-  for (size_t i = 0; i < list.size(); ++i) {
-    peer_copy(static_cast<char*>(list.dsts[i]), static_cast<const char*>(list.srcs[i]), list.sizes[i], what, stream);
-  }
-}
-
-void Group::pull_copies(const CopyList& list, const std::string& what, cudaStream_t stream) {
-  if (!stream) stream = comm_;
-  const bool splits = stream == comm_ && pull_split() > 1 && effective_copy_rate_gbps() <= 0 &&
-                      std::any_of(list.sizes.begin(), list.sizes.end(), [](size_t b) { return b >= 2 * kMinPullPiece; });
-  if (!splits) {
-    peer_copies(list, what, stream);
-    return;
-  }
-  for (size_t i = 0; i < list.size(); ++i) {
-    pull_copy(static_cast<char*>(list.dsts[i]), static_cast<const char*>(list.srcs[i]), list.sizes[i], what, stream);
-  }
-}
-
 std::vector<int> Group::peers() const {
   std::vector<int> out;
   for (int i = 1; i < world_size_; ++i) out.push_back((rank_ + i) % world_size_);

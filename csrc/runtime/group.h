@@ -90,27 +90,6 @@ cudaError_t batch_copies(void* const* dsts, const void* const* srcs, const size_
 // Whether `stream` is the legacy NULL stream (which cudaMemcpyBatchAsync refuses).
 bool is_legacy_stream(cudaStream_t stream);
 
-// Device-to-device copies gathered to go onto one stream together, in order: a multi-part op's copies of one step
-// (its own shards, its staging, its pieces to or from one peer) as one cudaMemcpyBatchAsync, so that a part costs the
-// host an entry, not a driver call (measured: ~6-7 us per cudaMemcpyAsync or one-copy batch, most of an all-gather
-// bucket's host time: bench/results/host-time-2026-12-02, section j). Empty copies are not added.
-struct CopyList {
-  std::vector<void*> dsts;
-  std::vector<const void*> srcs;
-  std::vector<size_t> sizes;
-  void add(void* dst, const void* src, size_t bytes) {
-    if (bytes == 0) return;
-    dsts.push_back(dst);
-    srcs.push_back(src);
-    sizes.push_back(bytes);
-  }
-  size_t size() const { return dsts.size(); }
-  bool empty() const { return dsts.empty(); }
-};
-// Every copy of `list` within this GPU, as local_copy_async makes one (the copy-engine hint), in one batch call; the
-// plain call per copy where the batch API refused (said once) or local_copy is "memcpy". Nothing for an empty list.
-cudaError_t local_copies_async(const CopyList& list, int device, cudaStream_t stream);
-
 // What one round of a collective must match across ranks; its signature goes into PeerSignal.
 struct RoundSignature {
   uint32_t sig_a;
@@ -292,12 +271,6 @@ class Group {
   // `stream` (comm, a lane or a send channel's): one peer copy (a pull or a push), paced when copy_rate_gbps() > 0
   // (in chunks, a pacer launch before each); otherwise one cudaMemcpyAsync.
   void peer_copy(char* dst, const char* src, size_t bytes, const std::string& what, cudaStream_t stream = nullptr);
-  // Several peer copies on `stream`, in order: unpaced, one batch call (hint off: peer copies run on copy engines;
-  // the plain call per copy where the batch API refused, said once); paced, peer_copy each. One copy is peer_copy.
-  void peer_copies(const CopyList& list, const std::string& what, cudaStream_t stream);
-  // pull_copy for several copies: peer_copies, unless the comm stream splits pulls (pull_split() > 1) and one of
-  // them is large enough to be split, then pull_copy each.
-  void pull_copies(const CopyList& list, const std::string& what, cudaStream_t stream);
   // The peer step of a round (after POST ready): for every peer p, WAIT ready[p] >= epoch with signature `sig`, then
   // copies(p, stream) (the round's copies from or to p, enqueued on `stream`), then POST done to p (copy the done
   // outbox, this round's epoch, into done[rank] of p). Peers go in (rank + i) % n order, i = 1..n-1, within a lane.

@@ -65,52 +65,28 @@ void set_local_copy_hint(bool hint) { g_local_copy_hint.store(hint); }
 
 bool is_legacy_stream(cudaStream_t stream) { return stream == nullptr || stream == cudaStreamLegacy; }
 
-namespace {
-
-// The batch API with the copy-engine hint for `count` copies, while it has not refused (the first refusal is printed
-// and kept for local_copy_mode()); false: the caller makes plain copies.
-bool hinted_batch(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t count, int device,
-                  cudaStream_t stream) {
-  if (!local_copy_wants_hint() || is_legacy_stream(stream)) return false;
-  {
-    std::lock_guard<std::mutex> lk(g_local_copy_mu);
-    if (!g_local_copy_fallback.empty()) return false;
-  }
-  const cudaError_t err = batch_copies(dsts, srcs, sizes, count, device, /*hint=*/true, stream);
-  std::lock_guard<std::mutex> lk(g_local_copy_mu);
-  if (err == cudaSuccess) {
-    g_local_copy_batch_used = true;
-    return true;
-  }
-  (void)cudaGetLastError();
-  if (g_local_copy_fallback.empty()) {
-    g_local_copy_fallback = std::string("batch API refused: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
-    std::fprintf(stderr, "ce_overlap: cudaMemcpyBatchAsync failed (%s: %s); local copies fall back to cudaMemcpyAsync\n",
-                 cudaGetErrorName(err), cudaGetErrorString(err));
-  }
-  return false;
-}
-
-}  // namespace
-
 cudaError_t local_copy_async(void* dst, const void* src, size_t bytes, int device, cudaStream_t stream) {
-  void* dsts[1] = {dst};
-  const void* srcs[1] = {src};
-  size_t sizes[1] = {bytes};
-  if (hinted_batch(dsts, srcs, sizes, 1, device, stream)) return cudaSuccess;
+  bool use_batch = local_copy_wants_hint() && !is_legacy_stream(stream);
+  if (use_batch) {
+    std::lock_guard<std::mutex> lk(g_local_copy_mu);
+    use_batch = g_local_copy_fallback.empty();
+  }
+  if (use_batch) {
+    const cudaError_t err = batch_copy(dst, src, bytes, device, /*hint=*/true, stream);
+    if (err == cudaSuccess) {
+      std::lock_guard<std::mutex> lk(g_local_copy_mu);
+      g_local_copy_batch_used = true;
+      return err;
+    }
+    (void)cudaGetLastError();
+    std::lock_guard<std::mutex> lk(g_local_copy_mu);
+    if (g_local_copy_fallback.empty()) {
+      g_local_copy_fallback = std::string("batch API refused: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+      std::fprintf(stderr, "ce_overlap: cudaMemcpyBatchAsync failed (%s: %s); local copies fall back to cudaMemcpyAsync\n",
+                   cudaGetErrorName(err), cudaGetErrorString(err));
+    }
+  }
   return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
-}
-
-cudaError_t local_copies_async(const CopyList& list, int device, cudaStream_t stream) {
-  if (list.empty()) return cudaSuccess;
-  if (hinted_batch(list.dsts.data(), list.srcs.data(), list.sizes.data(), list.size(), device, stream)) {
-    return cudaSuccess;
-  }
-  for (size_t i = 0; i < list.size(); ++i) {
-    const cudaError_t err = cudaMemcpyAsync(list.dsts[i], list.srcs[i], list.sizes[i], cudaMemcpyDeviceToDevice, stream);
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
 }
 
 cudaError_t local_copy_with(const std::string& mode, void* dst, const void* src, size_t bytes, int device,

@@ -147,11 +147,11 @@ void enqueue_locked(Group& g, const ReduceScatterArgs& a, const std::string& whe
   };
   // Unreduced: the bytes [o, o + b) of every peer's slot into its output row (row j = slot j: peers in rank order).
   auto copy_out = [&](size_t o, size_t b, const char* slots, size_t slot_stride) {
-    CopyList rows;
     for (int j = 0; j + 1 < n; ++j) {
-      rows.add(out + static_cast<size_t>(j) * C + o, slots + static_cast<size_t>(j) * slot_stride, b);
+      CE_CUDA_CHECK(local_copy_async(out + static_cast<size_t>(j) * C + o, slots + static_cast<size_t>(j) * slot_stride,
+                                     b, g.device(), red),
+                    where + ": copying out the chunk of rank " + std::to_string(j < rank ? j : j + 1));
     }
-    CE_CUDA_CHECK(local_copies_async(rows, g.device(), red), where + ": copying out the peers' chunks");
   };
 
   // 0. Join the caller's stream.
@@ -184,11 +184,11 @@ void enqueue_locked(Group& g, const ReduceScatterArgs& a, const std::string& whe
     //    peer lanes.
     g.peer_round(where, e, sig, [&](int p, cudaStream_t s) {
       char* dst = pool.peer_base(p) + recv + static_cast<size_t>(slot_of(rank, p)) * l.slot_bytes;
-      CopyList pushes;
       for_each_piece(a.parts, o, b, [&](const ReduceScatterPart& part, size_t from, size_t at, size_t len) {
-        pushes.add(dst + at, static_cast<const char*>(part.input) + static_cast<size_t>(p) * part.bytes + from, len);
+        const char* src = static_cast<const char*>(part.input) + static_cast<size_t>(p) * part.bytes + from;
+        const std::string what = where + ": pushing chunk " + std::to_string(p) + " to rank " + std::to_string(p);
+        g.peer_copy(dst + at, src, len, what, s);
       });
-      g.peer_copies(pushes, where + ": pushing chunk " + std::to_string(p) + " to rank " + std::to_string(p), s);
     });
     // 5. Every peer's chunk of this round is in our bank.
     g.wait_peers_done(e);
