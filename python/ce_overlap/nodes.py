@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -53,9 +54,9 @@ def ranks_per_node() -> int | None:
     return value
 
 
-def nodes_of(group: dist.ProcessGroup) -> list[str]:
-    """The node of each rank of `group`, in group-rank order. Hostnames are exchanged once per set of ranks (an
-    all_gather_object over the group, on every rank of it); a fake process group (capture) is one host."""
+def nodes_of(group: dist.ProcessGroup, timeout_s: float | None = None) -> list[str]:
+    """The node of each rank of `group`, in group-rank order. Hostnames are exchanged once per set of ranks (through
+    the job's store: `_hosts`); a fake process group (capture) is one host."""
     ranks = tuple(dist.get_process_group_ranks(group))
     per_node = ranks_per_node()
     if per_node is not None:
@@ -63,10 +64,33 @@ def nodes_of(group: dist.ProcessGroup) -> list[str]:
     if dist.get_backend(group) == "fake":
         return [socket.gethostname()] * len(ranks)
     if ranks not in _HOSTS:
-        hosts: list[str | None] = [None] * len(ranks)
-        dist.all_gather_object(hosts, socket.gethostname(), group=group)
-        _HOSTS[ranks] = tuple(str(h) for h in hosts)
+        _HOSTS[ranks] = _hosts(ranks, timeout_s)
     return list(_HOSTS[ranks])
+
+
+_HOST_KEY = "ce_overlap/host/"
+
+
+def _hosts(ranks: tuple[int, ...], timeout_s: float | None) -> tuple[str, ...]:
+    """The hostnames of these global ranks: each rank publishes its own under one key of the job's store and reads
+    the others' within `timeout_s` (the store's own timeout by default). Not a collective over the group: a rank that
+    died or never asks is named after the timeout (a gloo collective raised "Connection closed by peer" naming no
+    rank, measured on one H200, 2026-12-03; NCCL's would wait for its own timeout)."""
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"{_HOST_KEY}{dist.get_rank()}", socket.gethostname())
+    keys = [f"{_HOST_KEY}{r}" for r in ranks]
+    try:
+        if timeout_s is None:
+            store.wait(keys)
+        else:
+            store.wait(keys, timedelta(seconds=timeout_s))
+    except Exception as e:  # noqa: BLE001 (store timeouts have backend-specific types)
+        missing = [r for r, k in zip(ranks, keys) if not store.check([k])]
+        waited = f"{timeout_s} s" if timeout_s is not None else "the store's timeout"
+        raise RuntimeError(f"ce_overlap: finding the nodes of ranks {list(ranks)} timed out after {waited}: ranks "
+                           f"{missing} never published their host (is every rank of the group alive and in the same "
+                           f"call?). Store error: {e}") from None
+    return tuple(store.get(k).decode() for k in keys)
 
 
 def describe(group: dist.ProcessGroup) -> str:
@@ -86,9 +110,9 @@ def this_node() -> str:
     return socket.gethostname()
 
 
-def count(group: dist.ProcessGroup) -> int:
-    """How many nodes the ranks of `group` are on."""
-    return len(set(nodes_of(group)))
+def count(group: dist.ProcessGroup, timeout_s: float | None = None) -> int:
+    """How many nodes the ranks of `group` are on (`timeout_s`: nodes_of's)."""
+    return len(set(nodes_of(group, timeout_s)))
 
 
 def record(group: dist.ProcessGroup) -> int:
@@ -114,10 +138,11 @@ def recorded(group_name: str) -> int | None:
     return _GROUP_NODES.get(str(group_name))
 
 
-def require_one_node(group: dist.ProcessGroup, what: str) -> None:
+def require_one_node(group: dist.ProcessGroup, what: str, timeout_s: float | None = None) -> None:
     """Raises CeOverlapError naming the ranks and their nodes when `group` spans nodes: `what` ("copy-engine
-    collectives") needs one NVLink domain."""
-    if count(group) > 1:
+    collectives") needs one NVLink domain. RuntimeError naming the ranks that never answered after `timeout_s`
+    (nodes_of's)."""
+    if count(group, timeout_s) > 1:
         raise CeOverlapError(f"{what} on group '{group.group_name}' need one node (one NVLink domain), but it spans "
                              f"nodes: {describe(group)}; keep this group on NCCL (HSDP: copy engines on the 'shard' "
                              "dimension inside each node)")

@@ -35,3 +35,19 @@ def test_a_group_on_one_node_or_with_uneven_nodes_is_refused_by_name():
         layout(["a", "a", "b"])
     with pytest.raises(CeOverlapError, match=r"consecutive in the group, but a holds group ranks \[0, 2\]"):
         layout(["a", "b", "a", "b"])
+
+
+def test_the_nodes_of_ranks_come_through_the_store_and_a_rank_that_never_answers_is_named(gloo_world1, monkeypatch):
+    """ce_overlap.nodes finds hostnames through the job's store, not a collective: a rank that never publishes its host
+    (dead, or in another call) is named after the timeout instead of breaking the group's transport."""
+    import socket
+
+    import torch.distributed as dist
+    from ce_overlap import nodes
+
+    monkeypatch.delenv("CE_OVERLAP_RANKS_PER_NODE", raising=False)
+    with pytest.raises(RuntimeError, match=r"timed out after 0.5 s: ranks \[1\] never published their host"):
+        nodes._hosts((0, 1), timeout_s=0.5)
+    dist.distributed_c10d._get_default_store().set("ce_overlap/host/1", "another-host")
+    assert nodes._hosts((0, 1), timeout_s=0.5) == (socket.gethostname(), "another-host")
+    assert nodes.nodes_of(gloo_world1) == [socket.gethostname()] and nodes.count(gloo_world1) == 1

@@ -65,8 +65,9 @@ def rendezvous(group=None, config: RuntimeConfig | None = None) -> str:
         return name
     from ..nodes import require_one_node
 
-    # Every rank of the group gets the same answer (their nodes): all raise, none waits for the others.
-    require_one_node(group, "ce_overlap.runtime: copy-engine collectives")
+    # Every rank of the group gets the same answer (their nodes): all raise, none waits for the others; a rank that
+    # never arrives is named after the rendezvous's timeout.
+    require_one_node(group, "ce_overlap.runtime: copy-engine collectives", config.timeout_s)
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError(f"ce_overlap.rendezvous of group '{name}' must happen outside CUDA graph capture")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
