@@ -15,14 +15,23 @@ SITE = os.path.join(REPO, "tests", "site")
 # Every process the tests start compiles as tests/site/sitecustomize.py says (ATen kernels unless a test asks for
 # Inductor's generated ones: the `inductor_codegen` fixture); this process too, however pytest was started.
 os.environ["PYTHONPATH"] = os.pathsep.join([SITE, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+# ... and, on a machine without a GPU, is forked from a process that imported torch already (tests/site/zygote.py;
+# CE_TEST_ZYGOTES=0 turns it off): the zygotes of this session serve from one folder, which the process that made it
+# (pytest, or its xdist controller) removes at the end. A GPU machine starts every process as usual (its suites time
+# the runtime's faults and deaths, where a process of its own is what they are about).
+if os.environ.get("CE_TEST_ZYGOTES") == "0":
+    del os.environ["CE_TEST_ZYGOTES"]
+elif not os.environ.get("CE_TEST_ZYGOTES") and not os.path.exists("/dev/nvidiactl"):
+    import tempfile
+
+    os.environ["CE_TEST_ZYGOTES"] = _ZYGOTES = tempfile.mkdtemp(prefix="ce_zygotes_")
 
 
-# The slowest test files, slowest first (pytest --durations on a 2-core machine, cold Inductor cache, 2026-12-02,
-# ATen kernels: tests/site/sitecustomize.py): 150-350 s each, the rest under 80 s. Handed out first, so that with
-# `--dist loadfile` no worker starts one of them while the other is done.
-SLOWEST_FILES = ("test_fully_shard_2d.py", "test_train_bench.py", "test_cli.py", "test_compute_models.py",
-                 "test_fully_shard.py", "test_pass.py", "test_extrapolate.py", "test_pipeline_bench.py",
-                 "test_fake_cuda.py")
+# The slowest test files, slowest first (pytest --durations on a 2-core machine, cold Inductor cache, 2026-12-03,
+# ATen kernels and forked process starts: tests/site/): 95-300 s each, the rest under 50 s. Handed out first, so that
+# with `--dist loadfile` no worker starts one of them while the other is done.
+SLOWEST_FILES = ("test_compute_models.py", "test_fully_shard_2d.py", "test_train_bench.py", "test_pass.py",
+                 "test_extrapolate.py", "test_cli.py", "test_fully_shard.py", "test_capture.py", "test_fake_cuda.py")
 
 
 def pytest_configure(config):
@@ -30,6 +39,15 @@ def pytest_configure(config):
     # default): keep the order below instead.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+
+
+def pytest_unconfigure(config):
+    if globals().get("_ZYGOTES"):
+        _site_zygote().stop_all(_ZYGOTES)
+
+
+def _site_zygote():
+    return load_module(os.path.join(SITE, "zygote.py"), "ce_overlap_test_zygote")
 
 
 def pytest_collection_modifyitems(config, items):
