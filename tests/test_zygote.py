@@ -57,7 +57,7 @@ def test_a_script_run_through_a_zygote_behaves_as_its_own_process(tmp_path, zygo
     assert "in hello" in proc.stdout and "to stderr" in proc.stderr
     # Forked from the zygote (torch already imported), run as __main__ with the script's folder first on the path.
     assert f"torch preloaded True main __main__ path0 {tmp_path}" in proc.stdout, proc.stdout
-    assert list(folder.glob("*.sock")), "no zygote served it"
+    assert list(folder.glob("*.pid")), "no zygote served it"
 
     proc = subprocess.run([sys.executable, str(script), "raise"], capture_output=True, text=True, env=env,
                           timeout=60)

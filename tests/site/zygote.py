@@ -13,8 +13,10 @@ child is a real process with the real torch: its own process group ranks, compil
 
 One zygote per environment (its variables less the per-launch ones torchrun sets, LAUNCH_VARIABLES): torch and
 Inductor read some variables at import, so a zygote only serves processes whose environment it was started with. The
-first proxy of an environment starts its zygote (under a lock) and waits for it to listen; a zygote exits after
-IDLE_S without a request, or when conftest's session ends (`stop_all`). Without CE_TEST_ZYGOTES nothing changes.
+first proxy of an environment starts its zygote (under a lock in the folder) and waits for it to listen (on an
+abstract socket); a zygote exits after IDLE_S without a request, or once the folder is gone (conftest's `stop_all` at
+the end of the session). Without CE_TEST_ZYGOTES nothing changes; a zygote that cannot start leaves each process to
+run its command itself.
 """
 from __future__ import annotations
 
@@ -83,10 +85,11 @@ def proxy() -> None:
     if not _only_stdio():
         return  # descriptors beyond stdin/stdout/stderr (a worker's pipes): they would not reach the child
     env = dict(os.environ)
-    path = os.path.join(folder, _key(env) + ".sock")
-    conn = _connect(path)
+    base = os.path.join(folder, _key(env))  # its lock, log and pid files
+    address = _address(base)
+    conn = _connect(address)
     if conn is None:
-        conn = _start_zygote(folder, path, env)
+        conn = _start_zygote(base, address, env)
     if conn is None:
         return  # no zygote: this process runs the command itself
     request = json.dumps({"kind": kind, "target": target, "argv": argv, "unbuffered": unbuffered,
@@ -114,32 +117,38 @@ def _only_stdio() -> bool:
     return not others
 
 
-def _connect(path: str) -> socket.socket | None:
+def _address(base: str) -> str:
+    """The zygote's socket, in Linux's abstract namespace: no file (a socket's path has at most 107 bytes, and pytest's
+    tmp_path folders are longer), gone with its process."""
+    return "\0ce_overlap_zygote_" + hashlib.sha256(os.path.abspath(base).encode()).hexdigest()[:32]
+
+
+def _connect(address: str) -> socket.socket | None:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.connect(path)
+        conn.connect(address)
         return conn
     except OSError:
         conn.close()
         return None
 
 
-def _start_zygote(folder: str, path: str, env: dict[str, str]) -> socket.socket | None:
-    os.makedirs(folder, exist_ok=True)
-    with open(path + ".lock", "w") as lock:
+def _start_zygote(base: str, address: str, env: dict[str, str]) -> socket.socket | None:
+    os.makedirs(os.path.dirname(base), exist_ok=True)
+    with open(base + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one proxy starts it; the others wait here, then connect
-        conn = _connect(path)
+        conn = _connect(address)
         if conn is not None:
             return conn
-        log = open(path + ".log", "ab")
+        log = open(base + ".log", "ab")
         import subprocess
 
-        zygote = subprocess.Popen([sys.executable, os.path.abspath(__file__), path],
+        zygote = subprocess.Popen([sys.executable, os.path.abspath(__file__), base],
                                   env={**env, SERVE_VARIABLE: "1"}, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                   start_new_session=True, close_fds=True)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline and zygote.poll() is None:
-            conn = _connect(path)
+            conn = _connect(address)
             if conn is not None:
                 return conn
             time.sleep(0.05)
@@ -190,19 +199,18 @@ def stop_all(folder: str) -> None:
 # The zygote
 
 
-def serve(path: str) -> None:
+def serve(base: str) -> None:
     for name in PRELOAD:
         try:
             __import__(name)
         except ImportError as e:  # another torch: its children import what it lacks themselves
             print(f"zygote: not preloaded: {name}: {e}", flush=True)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    tmp = f"{path}.{os.getpid()}"
-    listener.bind(tmp)
-    listener.listen(64)
-    with open(path + ".pid", "w") as f:
+    with open(base + ".pid", "w") as f:
         f.write(str(os.getpid()))
-    os.rename(tmp, path)  # proxies connect only once the imports are done
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(_address(base))  # proxies connect only once the imports are done
+    listener.listen(64)
+    folder = os.path.dirname(base)
     children: dict[int, socket.socket] = {}  # child pid -> its proxy's connection
     idle_since = time.monotonic()
     while True:
@@ -216,7 +224,7 @@ def serve(path: str) -> None:
                     pass
         if children:
             idle_since = time.monotonic()
-        elif time.monotonic() - idle_since > IDLE_S or not os.path.exists(path):
+        elif time.monotonic() - idle_since > IDLE_S or not os.path.isdir(folder):
             return
         readable, _, _ = select.select([listener, *children.values()], [], [], 0.05)
         for sock in readable:
