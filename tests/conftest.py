@@ -19,6 +19,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join([SITE, *filter(None, os.environ.get("
 # CE_TEST_ZYGOTES=0 turns it off): the zygotes of this session serve from one folder, which the process that made it
 # (pytest, or its xdist controller) removes at the end. A GPU machine starts every process as usual (its suites time
 # the runtime's faults and deaths, where a process of its own is what they are about).
+_ZYGOTES: str | None = None  # the folder this process made (and removes at the end)
 if os.environ.get("CE_TEST_ZYGOTES") == "0":
     del os.environ["CE_TEST_ZYGOTES"]
 elif not os.environ.get("CE_TEST_ZYGOTES") and not os.path.exists("/dev/nvidiactl"):
@@ -42,7 +43,7 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    if globals().get("_ZYGOTES"):
+    if _ZYGOTES:
         _site_zygote().stop_all(_ZYGOTES)
 
 

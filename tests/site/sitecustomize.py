@@ -76,10 +76,9 @@ if MODE == "aten":
 
 # A process that runs a script or a module is forked from a zygote that has torch imported already (~4 s of CPU a
 # process saved: tests/site/zygote.py), when tests/conftest.py set CE_TEST_ZYGOTES.
-# Not when tests/conftest.py loads this file into pytest itself (for CODEGEN).
+# Not when tests/conftest.py loads this file into pytest itself (for CODEGEN). As sitecustomize, this file's folder is
+# on sys.path.
 if os.environ.get("CE_TEST_ZYGOTES") and __name__ == "sitecustomize":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import zygote
 
-    del sys.path[0]
     zygote.proxy()

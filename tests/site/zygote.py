@@ -1,7 +1,7 @@
 """Python processes of the test suite forked from a process that has torch imported already (a zygote), instead of
 each importing it anew: measured on the 2-core machine, importing torch, Dynamo, Inductor, DCP, DTensor and
 ce_overlap costs a process ~4 s of CPU (a 4-rank compiled tensor-parallel launch spent 34% of its main threads' CPU
-importing, 2026-12-03), and the suite starts a few hundred such processes (ranks, torchrun's agents, bench scripts).
+importing, 2026-12-03), and every rank, torchrun agent and bench script the suite starts paid it.
 
 How: tests/conftest.py sets CE_TEST_ZYGOTES to a folder; every Python process the tests start runs
 tests/site/sitecustomize.py, which calls `proxy()`. For a plain `python [-u] script.py ...` or `python [-u] -m module
@@ -39,7 +39,7 @@ START_TIMEOUT_S = 120.0
 # What torchrun (and pytest-xdist) set per process: not part of a zygote's key, the child gets the proxy's values.
 LAUNCH_VARIABLES = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                     "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "CE_TEST_LOG_STARTS", "PWD", "OLDPWD", "_"}
+                    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PWD", "OLDPWD", "_"}
 LAUNCH_PREFIXES = ("TORCHELASTIC_", "PYTEST_")
 # What a zygote imports before it serves: what the suite's processes import first (torch.distributed.run itself is
 # left out: runpy warns when it runs a module that is imported already).
@@ -304,8 +304,7 @@ def _become(request: dict) -> None:
     import runpy
     import tempfile
 
-    for s in (signal.SIGINT,):
-        signal.signal(s, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
         signal.signal(s, signal.SIG_DFL)
     os.chdir(request["cwd"])
@@ -324,13 +323,9 @@ def _become(request: dict) -> None:
         setattr(sys, f"__{name}__", stream)
     random.seed()  # a fresh process's own random state, not the zygote's
     tempfile._name_sequence = None
-    argv = request["argv"]
-    sys.argv = list(argv)
-    base = [p for p in sys.path[1:]]
-    if request["kind"] == "path":
-        sys.path[:] = [os.path.dirname(os.path.abspath(request["target"])), *base]
-    else:
-        sys.path[:] = [os.getcwd(), *base]
+    sys.argv = list(request["argv"])
+    first = os.path.dirname(os.path.abspath(request["target"])) if request["kind"] == "path" else os.getcwd()
+    sys.path[:] = [first, *sys.path[1:]]  # as python sets sys.path[0] for a script, or for -m
     code = 0
     try:
         if request["kind"] == "path":
