@@ -25,6 +25,7 @@ import logging
 import threading
 
 from .runtime.config import RuntimeConfig
+from .store import wait_for_ranks
 
 BACKEND_NAME = "ce_overlap"
 INNER_CHOICES = ("auto", "nccl", "gloo")
@@ -64,7 +65,11 @@ def _device_ids(store, rank: int, size: int, device: int, timeout) -> list[str]:
     mine = str(getattr(props, "uuid", "")) or f"{props.pci_domain_id}:{props.pci_bus_id}:{props.pci_device_id}"
     store.set(f"device/{rank}", mine)
     keys = [f"device/{r}" for r in range(size)]
-    store.wait(keys, timeout)
+    missing, error = wait_for_ranks(store, keys, range(size), timeout.total_seconds())
+    if missing:
+        raise RuntimeError(f"ce_overlap backend: creating a group of {size} (rank {rank}) timed out after {timeout}: "
+                           f"group ranks {missing} never published their GPU (did every rank of the group create it?). "
+                           f"Store error: {error}")
     return [store.get(k).decode() for k in keys]
 
 

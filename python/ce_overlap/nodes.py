@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from datetime import timedelta
 
 import torch.distributed as dist
 
 from . import environment
 from .errors import CeOverlapError
+from .store import wait_for_ranks
 
 _HOSTS: dict[tuple[int, ...], tuple[str, ...]] = {}  # global ranks of a group -> their hosts (fixed for the job)
 _GROUP_NODES: dict[str, int] = {}  # process group name -> the nodes its ranks are on (groups `record` was given)
@@ -79,17 +79,12 @@ def _hosts(ranks: tuple[int, ...], timeout_s: float | None) -> tuple[str, ...]:
     store = dist.distributed_c10d._get_default_store()
     store.set(f"{_HOST_KEY}{dist.get_rank()}", socket.gethostname())
     keys = [f"{_HOST_KEY}{r}" for r in ranks]
-    try:
-        if timeout_s is None:
-            store.wait(keys)
-        else:
-            store.wait(keys, timedelta(seconds=timeout_s))
-    except Exception as e:  # noqa: BLE001 (store timeouts have backend-specific types)
-        missing = [r for r, k in zip(ranks, keys) if not store.check([k])]
+    missing, error = wait_for_ranks(store, keys, ranks, timeout_s)
+    if missing:
         waited = f"{timeout_s} s" if timeout_s is not None else "the store's timeout"
         raise RuntimeError(f"ce_overlap: finding the nodes of ranks {list(ranks)} timed out after {waited}: ranks "
                            f"{missing} never published their host (is every rank of the group alive and in the same "
-                           f"call?). Store error: {e}") from None
+                           f"call?). Store error: {error}")
     return tuple(store.get(k).decode() for k in keys)
 
 

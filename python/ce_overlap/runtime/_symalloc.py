@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Callable, Iterable, Sequence
+
+from ..store import wait_for_ranks
 
 Range = tuple[int, int]  # (offset, size), size > 0
 
@@ -148,15 +149,13 @@ class StoreExchange:
         keys = [f"{prefix}{r}" for r in range(world)]
         self.store.set(keys[rank], mine.to_json())
         t0 = time.monotonic()
-        try:
-            self.store.wait(keys, timedelta(seconds=self.timeout_s))
-        except Exception as e:  # noqa: BLE001 (store timeouts have backend-specific types)
-            missing = [r for r in range(world) if not self.store.check([keys[r]])]
+        missing, error = wait_for_ranks(self.store, keys, range(world), self.timeout_s)
+        if missing:
             raise SymmetricAllocError(
                 f"ce_overlap.empty_symmetric on group '{group}' (allocation #{seq}, rank {rank} of {world}): ranks "
                 f"{missing} did not reach this allocation within {self.timeout_s} s (waited "
                 f"{time.monotonic() - t0:.1f} s). empty_symmetric is collective: every rank must allocate the same "
-                f"symmetric tensors in the same order. Store error: {e}") from None
+                f"symmetric tensors in the same order. Store error: {error}")
         requests = [Request.from_json(self.store.get(k)) for k in keys]
         # A rank publishes step s+1 only after it read every key of step s: once all keys of this step exist,
         # nobody needs our key of the previous step any more. (The last step's keys stay: one per rank.)

@@ -2,10 +2,9 @@
 config, waiting for and describing its ops."""
 from __future__ import annotations
 
-from datetime import timedelta
-
 import torch
 
+from ..store import wait_for_ranks
 from .config import RuntimeConfig
 from .library import load_library
 
@@ -99,14 +98,12 @@ def open_pool(name: str, rank: int, world: int, device: int, store, prefix: str,
     blob = torch.ops.ce_overlap._pool_create(name, rank, world, device, *config.pool_create_args(), node)
     try:
         store.set(keys[rank], blob.numpy().tobytes())
-        try:
-            store.wait(keys, timedelta(seconds=config.timeout_s))
-        except Exception as e:  # noqa: BLE001 (store timeouts have backend-specific types)
-            missing = [r for r in range(world) if not store.check([keys[r]])]
+        missing, error = wait_for_ranks(store, keys, range(world), config.timeout_s)
+        if missing:
             raise RuntimeError(
                 f"ce_overlap.rendezvous of group '{name}' (rank {rank} of {world}) timed out after {config.timeout_s} "
                 f"s: ranks {missing} never published their pool handle (did every rank of the group call "
-                f"ce_overlap.runtime.rendezvous or its first CE collective?). Store error: {e}") from None
+                f"ce_overlap.runtime.rendezvous or its first CE collective?). Store error: {error}")
         raw = b"".join(store.get(k) for k in keys)
         handles = torch.frombuffer(bytearray(raw), dtype=torch.uint8).reshape(world, -1)
         torch.ops.ce_overlap._pool_open(name, handles)
