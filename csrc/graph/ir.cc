@@ -320,6 +320,10 @@ bool is_attention_op(const std::string& op) {
 
 bool is_flex_attention_op(const std::string& op) { return op.find("flex_attention") != std::string::npos; }
 
+bool is_layout_op(const std::string& op) {
+  return op.rfind("aten.constant_pad_nd.", 0) == 0 || op.rfind("aten.cat.", 0) == 0 || op.rfind("aten.clone.", 0) == 0;
+}
+
 int64_t dtype_itemsize(const std::string& dtype) {
   for (const auto& entry : kDtypes) {
     if (dtype == entry.name) return entry.itemsize_bytes;

@@ -50,6 +50,9 @@ bool is_attention_op(const std::string& op);
 // Flex attention's higher-order ops ("higher_order.flex_attention", "higher_order.flex_attention_backward"): Inductor
 // lowers them to Triton templates of its own, slower than the SDPA backends' kernels.
 bool is_flex_attention_op(const std::string& op);
+// A layout op that pads or re-chunks a tensor ("aten.constant_pad_nd.default", "aten.cat.default",
+// "aten.clone.default"): where shards are uneven, a short rank's graph has some the others lack.
+bool is_layout_op(const std::string& op);
 
 struct TensorInfo {
   std::vector<int64_t> shape;

@@ -211,6 +211,12 @@ struct Scheduler {
   const Units& u;
   BlockSpans spans;
   std::vector<char> sunk;         // per node: sinks to its first user
+  // Per node: the latest anchor it is, or depends on through other nodes (-1: none). Anchors are the nodes every rank's
+  // graph has in one order: all but views and layout ops (is_layout_op: pads, concatenations, clones), which differ
+  // where shards are uneven. A key placed by one of those ordered one group's collectives differently on two ranks
+  // (a 2x2 TP mesh with activation checkpointing and an uneven vocabulary: a data-parallel reduce-scatter read a
+  // padded concatenation on one rank only, captured after the next GEMM; inductor/agreement.py checks what remains).
+  std::vector<int> anchor;
 
   Scheduler(const Graph& graph, const std::vector<Bucket>& bs, const Units& units)
       : g(graph), buckets(bs), u(units), spans(block_spans(graph)) {
@@ -221,6 +227,15 @@ struct Scheduler {
       for (int w : buckets[b].waits) {
         if (w >= 0) sunk[w] = 1;
       }
+    }
+    anchor.assign(n, -1);
+    for (int v = 0; v < n; ++v) {  // ids are a topological order (validated IR): inputs are settled first
+      const Node& node = g.nodes[v];
+      if (node.kind != NodeKind::View && !is_layout_op(node.op)) {
+        anchor[v] = v;
+        continue;
+      }
+      for (int input : node.inputs) anchor[v] = std::max(anchor[v], anchor[input]);
     }
     // Ids are a topological order (validated IR), so inputs are settled first.
     for (int v = 0; v < n; ++v) {
@@ -268,12 +283,12 @@ struct Scheduler {
         primary = std::max(prefetch_target(bucket, spans, prefetch[b]), previous_all_gather);
         previous_all_gather = primary;
       } else {
-        // As soon as its inputs are ready: right after the last of them in the captured order.
-        int last_input = -1;
+        // As soon as its inputs are ready: right after the last anchor they depend on in the captured order.
+        int last_anchor = -1;
         for (int m : bucket.members) {
-          for (int input : g.nodes[m].inputs) last_input = std::max(last_input, input);
+          for (int input : g.nodes[m].inputs) last_anchor = std::max(last_anchor, anchor[input]);
         }
-        primary = last_input >= 0 ? last_input + 0.5 : first;
+        primary = last_anchor >= 0 ? last_anchor + 0.5 : first;
       }
       key[u.collective_unit[b]] = {primary, first};
     }

@@ -108,6 +108,12 @@ class PassConfig:
     tolerance for the reduction order); a mismatch raises NumericsMismatch before the result is used. Later
     calls skip the check. Costs one extra collective and a host sync per CE bucket, once."""
 
+    agree_timeout_s: float = 600.0
+    """How long a rank waits at compile time for the other ranks of its graph's groups to publish their plans
+    (inductor/agreement.py: every rank of a group must issue its collectives alike, so the ranks compare plans before
+    rewriting, and plan again with the captured order kept where two disagree). A rank that never publishes is named
+    after this many seconds."""
+
     keep_inductor_overlap: bool = False
     """False (default): inductor_options() turns off Inductor's own passes that would undo or fight the
     plan (FX collective bucketing, overlap scheduling, compute/comm reordering, simple overlap, peak-
@@ -129,6 +135,8 @@ class PassConfig:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool):
                 bad(field, "an integer", value)
+        if not _is_number(self.agree_timeout_s) or not math.isfinite(self.agree_timeout_s) or self.agree_timeout_s <= 0:
+            bad("agree_timeout_s", "a positive number of seconds", self.agree_timeout_s)
         if not _is_number(self.copy_pace_fill) or not math.isfinite(self.copy_pace_fill):
             bad("copy_pace_fill", "a number in 0..1", self.copy_pace_fill)
         for field, what in (("bucket_patterns", "regular expressions"), ("ce_collectives", "collective type names")):
@@ -209,7 +217,7 @@ def _parse_env(var: str, field: str, text: str) -> Any:
         if low in ("0", "false", "no", "off"):
             return False
         raise CeOverlapError(f"{var} (PassConfig.{field}): expected 0/1/true/false, got {text!r}")
-    if field in ("bucket_cap_mb", "memory_budget_mb", "copy_pace_fill"):
+    if field in ("bucket_cap_mb", "memory_budget_mb", "copy_pace_fill", "agree_timeout_s"):
         try:
             return float(text)
         except ValueError:

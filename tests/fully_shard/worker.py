@@ -224,6 +224,10 @@ def run_check(args, mesh) -> None:
         variants["compiled"] = ("compiled", True, False, False, False)
         variants["compiled-ac"] = ("compiled, activation checkpointing per block", True, True, False, False)
         variants["compiled-pass"] = ("compiled with ce_overlap's pass", "pass", False, False, False)
+        # Both at once: the recomputed blocks' collectives, and (uneven vocabulary shards) graphs that differ by rank,
+        # which the pass must still order alike on every rank of each group (inductor/agreement.py).
+        variants["compiled-ac-pass"] = ("compiled with ce_overlap's pass, activation checkpointing per block", "pass",
+                                        True, False, False)
         if tp:
             variants["compiled-lp"] = ("compiled, loss parallel", True, False, False, True)
         elif not hsdp:
@@ -248,8 +252,11 @@ def run_check(args, mesh) -> None:
                   getattr(model.tok_embeddings, "_ce_overlap_vocab_parallel", False))
         reference = copy.deepcopy(ref)
         torch._dynamo.reset()  # each variant compiles its own model from scratch
+        passes = None
         if compiled == "pass":  # buckets and reorders the collectives (the copy engines need GPUs: NCCL/gloo kept)
-            run = torch.compile(model, fullgraph=True, options=ce_overlap.inductor_options())
+            options = ce_overlap.inductor_options()
+            passes = options["post_grad_custom_post_pass"]
+            run = torch.compile(model, fullgraph=True, options=options)
         else:
             run = torch.compile(model, fullgraph=True) if compiled else model
         opt, ref_opt = optimizer(model), optimizer(reference)
@@ -272,6 +279,12 @@ def run_check(args, mesh) -> None:
               f"loss rel err {worst_loss:.1e}, first gradients {grad_err:.1e}, param rel err {err:.1e}")
         check(f"{label}: clip_grad_norm_ returns the global norm (the unsharded model's)",
               worst_norm < 1e-5, f"rel err {worst_norm:.1e}")
+        if passes is not None:
+            planned = {r.graph: r.refused or "rewritten" for r in passes.reports if r.collectives or r.refused}
+            # (Graphs Inductor loaded from its cache were planned by an earlier process: none reported here.)
+            check(f"{label}: the pass rewrote the forward and the backward, the ranks agreeing on every group's order",
+                  set(planned.values()) <= {"rewritten"} and set(planned) in ({"forward", "backward"}, set()),
+                  str(planned) if planned else "loaded from Inductor's cache")
 
     model = shard(copy.deepcopy(ref), "ce", mesh, bf16=False)
     bad_cases = [(lambda: ce_overlap.fully_shard(model, mesh=dp_mesh(mesh)), "a module sharded twice"),

@@ -21,7 +21,7 @@ import torch.fx
 from ..config import PassConfig, get_default_config
 from ..errors import CeOverlapError
 from ..logs import log, log_once
-from . import rewrite
+from . import agreement, rewrite
 from .backend_choice import backend_chooser
 from .capture_state import capturing
 from .lowering import register_ce_lowerings
@@ -151,6 +151,15 @@ def dump_plan(config: PassConfig, name: str, ir_text: str, plan: dict | None) ->
 
 
 
+def _symbolic_sizes(graph: torch.fx.Graph) -> str | None:
+    for node in graph.nodes:
+        if rewrite.is_functional_collective(node):
+            vals = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
+            if any(isinstance(v, torch.Tensor) and not all(isinstance(d, int) for d in v.shape) for v in vals):
+                return f"collective {node.name} has symbolic (dynamic) sizes, which the IR cannot express"
+    return None
+
+
 def run_pass(graph: torch.fx.Graph, config: PassConfig | None = None, *, planner: Planner | None = None,
              graph_name: str | None = None) -> PassReport | None:
     """Runs the pass on one post-grad graph in place. Returns its report (None when disabled)."""
@@ -174,26 +183,32 @@ def run_pass(graph: torch.fx.Graph, config: PassConfig | None = None, *, planner
                             buckets=[], summary={}, plan_ms=0.0, rewrite_ms=0.0, dumped=[], changed=False)
         log.info("ce_overlap: %s graph (%d nodes): no collectives, unchanged", name, nodes_before)
         return report
-    for node in graph.nodes:
-        if rewrite.is_functional_collective(node):
-            vals = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
-            if any(isinstance(v, torch.Tensor) and not all(isinstance(d, int) for d in v.shape) for v in vals):
-                return refuse(f"collective {node.name} has symbolic (dynamic) sizes, which the IR cannot express")
-    try:
-        ir = ir_document(graph, name)
-    except (CaptureError, CeOverlapError) as e:
-        return refuse(f"cannot express the graph as IR ({e})")
-    ir_text = ir.to_json()
-    profile = resolve_profile(config.profile)
-    try:
-        plan = (planner or core_planner)(ir, name, config, profile)
-    except CeOverlapError as e:
-        return refuse(f"planning failed ({e})", ir_text)
+    ir_text = plan = checked = None
+    why = _symbolic_sizes(graph)
+    if why is None:
+        try:
+            ir = ir_document(graph, name)
+        except (CaptureError, CeOverlapError) as e:
+            why = f"cannot express the graph as IR ({e})"
+    if why is None:
+        ir_text = ir.to_json()
+        try:
+            plan = (planner or core_planner)(ir, name, config, resolve_profile(config.profile))
+        except CeOverlapError as e:
+            why = f"planning failed ({e})"
     plan_ms = (time.perf_counter() - started) * 1e3
-    try:
-        checked = rewrite.check_plan(graph, plan, ir=ir)  # the IR the plan was made from
-    except rewrite.PlanRuleError as e:
-        return refuse(f"refused the plan: {e}", ir_text, plan)
+    if why is None:
+        try:
+            checked = rewrite.check_plan(graph, plan, ir=ir)  # the IR the plan was made from
+        except rewrite.PlanRuleError as e:
+            why = f"refused the plan: {e}"
+    # Every rank of each group must rewrite alike: the ranks compare what they would issue (inductor/agreement.py).
+    disagreement = agreement.agree(graph, name, plan if why is None else None, config.agree_timeout_s)
+    if why is None and disagreement is not None:
+        why = (f"{disagreement}; the graph is left as captured on every rank its groups connect (the same collectives "
+               "in the same order everywhere)")
+    if why is not None:
+        return refuse(why, ir_text, plan)
     t0 = time.perf_counter()
     results = rewrite.apply_plan(graph, checked, backend_chooser(config, name),
                                  check_where=name if config.check_numerics and not capturing() else None,

@@ -127,13 +127,12 @@ class CeOverlapPass(CustomGraphPass):
         except CeOverlapError:
             h.update(b"profile-unreadable")
         h.update(runtime_fingerprint().encode())
-        # The rewritten graph can depend on this process's rank (a reduce-scatter summed in the consumer reads this
-        # rank's own chunk), while the graph Inductor's FX cache keys on is the same on every rank: without the
-        # rank in the key, ranks sharing a cache directory would load each other's graphs. Configs that cannot
-        # produce such a graph keep one key for all ranks (a shared cache stays shared).
-        c = self.config
-        if c.ce != "off" and c.ce_reduction == "consumer" and "reduce_scatter" in c.ce_collectives:
-            h.update(f"rank={process_rank()}".encode())
+        # The rank is in the key: the pass agrees with the other ranks of a graph's groups before it rewrites
+        # (inductor/agreement.py), so a rank must not load a graph another rank compiled while it waits for that
+        # rank's plan (ranks whose graphs are alike would race for one cache entry, and the loser never publish);
+        # and the rewritten graph can depend on the rank (a reduce-scatter summed in the consumer reads this rank's
+        # own chunk) where the graph Inductor keys on does not. A rerun finds every rank's own entry.
+        h.update(f"rank={process_rank()}".encode())
         h.update(torch.__version__.encode())
         if self.planner is not None:
             h.update(repr(self.planner).encode())
