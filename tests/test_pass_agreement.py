@@ -94,11 +94,11 @@ def test_a_rank_that_never_publishes_is_named_after_the_timeout():
     assert "timed out after 0.5 s on rank 0: ranks [1] never published theirs" in str(got[0]), got[0]
 
 
-def _launch(what, cache):
+def _launch(what, tmp):
     # An Inductor cache of its own: a graph loaded from a cache is not planned, so there would be nothing to agree on.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor")}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           os.path.join(ROOT, "tests", "pass_agreement", "worker.py"), what],
+                           os.path.join(ROOT, "tests", "pass_agreement", "worker.py"), what, "--out", str(tmp)],
                           capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
 
 
@@ -107,8 +107,9 @@ def test_ranks_that_plan_a_graph_differently_all_leave_it_as_captured_and_train(
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     for rank in (0, 1):
-        line = next(x for x in proc.stdout.splitlines() if x.startswith(f"rank {rank}: refused"))
-        assert line.count("ranks 0 and 1 planned group") == 2 and "'forward'" in line and "'backward'" in line, line
+        refused = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert set(refused) == {"forward", "backward"}, refused
+        assert all(why.startswith("ranks 0 and 1 planned group '") for why in refused.values()), refused
 
 
 def test_a_rank_that_never_plans_stops_the_others_compile_naming_it(tmp_path):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
+import os
 
 import torch
 import torch.distributed as dist
@@ -48,6 +50,7 @@ def sharded(model, mesh):
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("what", choices=["differ", "silent"])
+    p.add_argument("--out", help="a folder: each rank writes rank<r>.json, its graphs' refusals")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -73,7 +76,9 @@ def main() -> int:
         for p_ in model.parameters():
             p_.grad = None
     refused = {r.graph: r.refused for r in (passes.reports if passes else []) if r.collectives or r.refused}
-    print(f"rank {rank}: refused {refused}", flush=True)
+    if args.out:  # a file per rank: two ranks' prints can interleave within a line
+        with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+            json.dump(refused, f)
     dist.destroy_process_group()
     return 0
 
