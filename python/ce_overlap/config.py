@@ -111,8 +111,8 @@ class PassConfig:
     agree_timeout_s: float = 600.0
     """How long a rank waits at compile time for the other ranks of its graph's groups to publish their plans
     (inductor/agreement.py: every rank of a group must issue its collectives alike, so the ranks compare plans before
-    rewriting, and plan again with the captured order kept where two disagree). A rank that never publishes is named
-    after this many seconds."""
+    rewriting, and leave the graph as captured where two disagree). A rank that never publishes is named after this
+    many seconds."""
 
     keep_inductor_overlap: bool = False
     """False (default): inductor_options() turns off Inductor's own passes that would undo or fight the

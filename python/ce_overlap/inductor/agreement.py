@@ -12,9 +12,8 @@ captured graph, which is the same on every rank, with the bucket and backend of 
 it then reads the plans of every rank its groups reach, and of every rank theirs reach, until it has the whole set of
 ranks that this graph's groups connect (the component: a 2-D mesh connects all ranks, the stages of a pipeline stay
 apart). Every rank of the component reads the same entries and so reaches the same verdict: where two ranks of one
-group disagree, every rank of the component plans the graph again with the captured order kept and every collective
-on its own on NCCL (the planner's keep_order, ce off), which is the same on every rank because the captured graph's
-collectives are.
+group disagree (or one left the graph as captured: its planning failed), every rank of the component leaves the
+graph as captured, which is the same on every rank because the captured graph's collectives are.
 
 The exchange costs each rank one store write and one read per rank of its component per graph compiled, at compile
 time only. A rank that never publishes (it died, or it loaded this graph from Inductor's cache while another
@@ -26,13 +25,11 @@ from typing import Callable, Sequence
 
 import torch.distributed as dist
 import torch.fx
-from torch.fx.operator_schemas import normalize_function
 
 from ..errors import CeOverlapError
 from ..store import wait_for_ranks
-from . import rewrite
 from .capture_state import capturing
-from .collectives import group_of as process_group
+from .collectives import collectives_in, group_of as process_group
 
 _KEY = "ce_overlap/plan/"
 _SEQ: dict[tuple[str, int], int] = {}  # (graph name, rank) -> how many times it agreed on a graph of that name
@@ -59,7 +56,10 @@ def group_plans(plan: dict, captured: Sequence[str], group_of: dict[str, str]) -
 
 def _describe(ra: int, a, rb: int, b) -> str:
     if not isinstance(a, list) or not isinstance(b, list):  # a rank that leaves the graph as captured
-        return f"rank {ra}: {a if isinstance(a, str) else 'planned'}, rank {rb}: {b if isinstance(b, str) else 'planned'}"
+        def what(p) -> str:
+            return p if isinstance(p, str) else "planned"
+
+        return f"rank {ra}: {what(a)}, rank {rb}: {what(b)}"
     for i, (x, y) in enumerate(zip(a, b)):
         if x[:2] != y[:2]:
             return (f"its bucket #{i} in issue order is {x[2]} (members {x[0]}, {x[1]}) on rank {ra} and {y[2]} "
@@ -115,17 +115,6 @@ def exchange(graph: str, mine: dict[str, list], ranks_of: Callable[[str], list[i
     return entries
 
 
-def collective_groups(graph: torch.fx.Graph) -> dict[str, str]:
-    """Every functional collective of `graph`, in graph order: its name -> the name of its group."""
-    out = {}
-    for node in graph.nodes:
-        if rewrite.is_functional_collective(node):
-            normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
-            kwargs = normalized.kwargs if normalized is not None else dict(node.kwargs)
-            out[node.name] = str(kwargs.get("group_name"))
-    return out
-
-
 def agree(graph: torch.fx.Graph, name: str, plan: dict | None, timeout_s: float) -> str | None:
     """Before the pass rewrites `graph` by `plan` (None: this rank leaves it as captured), the ranks its groups
     connect compare what they would issue; None when all agree (or there is nobody to agree with: no process group,
@@ -133,7 +122,7 @@ def agree(graph: torch.fx.Graph, name: str, plan: dict | None, timeout_s: float)
     if capturing() or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1 \
             or dist.get_backend() == "fake":  # a fake process group: one process stands for every rank
         return None
-    group_of = collective_groups(graph)
+    group_of = {name: c.group for name, c in collectives_in(graph).items()}  # in graph order
     if plan is None:
         mine = {g: "left as captured" for g in set(group_of.values())}
     else:
