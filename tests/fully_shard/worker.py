@@ -34,6 +34,7 @@ import shlex
 import sys
 
 import torch
+import torch._inductor.config
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
@@ -263,7 +264,7 @@ def run_check(args, mesh) -> None:
         worst_loss, worst_norm, grad_err = 0.0, 0.0, 0.0
         # The pass must run here to be checked: a graph Inductor loads from its cache (a warm cache, or one rank's
         # graph cached and another's not) was planned by an earlier process and reports nothing.
-        no_cache = torch.compiler.config.patch(force_disable_caches=True) if passes is not None \
+        no_cache = torch._inductor.config.patch(force_disable_caches=True) if passes is not None \
             else contextlib.nullcontext()
         for s in range(1, 4):
             grads, ref_grads = ({}, {}) if s == 1 else (None, None)
