@@ -6,9 +6,10 @@ options=ce_overlap.inductor_options())`. Every parameter becomes an `nn.Paramete
 so `state_dict()`, optimizers, `torch.distributed.checkpoint` and `clip_grad_norm_` see what FSDP2 gives them,
 and checkpoints move between the two, across world sizes. Inside a sharded module's forward, reading the
 parameter as a module attribute (a class property, as torchtitan's SimpleFSDP does) gathers it; outside, the
-attribute is the sharded DTensor parameter, as FSDP2's. The gather is `redistribute` to Replicate, cast to
-`param_dtype` on the way (DTensor pads uneven shards), the gradient declared Partial("avg") so its backward is a
-reduce-scatter in `reduce_dtype` that averages, as FSDP2's. Under torch.compile the all-gathers land in the
+attribute is the sharded DTensor parameter, as FSDP2's. The gather is an all-gather of the local shard cast to
+`param_dtype` (an uneven shard padded to the chunk, as DTensor pads it), its backward a reduce-scatter in
+`reduce_dtype` that averages, as FSDP2's (under tensor parallelism or HSDP, DTensor's `redistribute` does it). Under
+torch.compile the all-gathers land in the
 forward graph and the reduce-scatters in the backward graph, where ce_overlap's pass buckets, places and
 reorders them. With reshard_after_forward the gathered weights are recomputed (re-gathered) in the backward
 instead of saved, as FSDP does by default.
@@ -91,6 +92,42 @@ class _LocalGather(torch.autograd.Function):
         return grad.narrow(0, ctx.rank * ctx.rows, ctx.rows).contiguous(), None, None
 
 
+_C10D = torch.ops._c10d_functional  # the ops DTensor's redistribute issues (funcol's wrappers are deprecated in 2.14)
+
+
+class _Gather(torch.autograd.Function):
+    """The gathered weight from this rank's Shard(0) rows over a 1-D group, as DTensor's `redistribute` to Replicate
+    (forward_dtype=param_dtype, backward_dtype=reduce_dtype, grad_placements=[Partial("avg")]) computes it: the shard
+    cast, padded to the chunk, all-gathered, the pad cut; the gradient cast, padded, reduce-scattered with "avg", this
+    rank's rows kept. Not through DTensor: a DeviceMesh the compiled region touches becomes an input of the graph,
+    whose FX graph cache key changes in every process (torch 2.14), so the forward never hit Inductor's cache on a warm
+    start (measured: every process's forward a miss, the backward a hit)."""
+
+    @staticmethod
+    def forward(ctx, shard: torch.Tensor, group_name: str, world: int, chunk: int, rows: int,
+                param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None) -> torch.Tensor:
+        ctx.group_name, ctx.world, ctx.chunk, ctx.local, ctx.reduce_dtype = group_name, world, chunk, shard.shape[0], \
+            reduce_dtype
+        x = shard if param_dtype is None else shard.to(param_dtype)
+        if world == 1:  # nothing to gather (DTensor issues no collective either); the backward only casts
+            return x.view_as(x)
+        full = _C10D.wait_tensor(_C10D.all_gather_into_tensor(_pad_rows(x, chunk), world, group_name))
+        return full if full.shape[0] == rows else full.narrow(0, 0, rows)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        out = grad if ctx.reduce_dtype is None else grad.to(ctx.reduce_dtype)
+        if ctx.world > 1:
+            out = _C10D.wait_tensor(_C10D.reduce_scatter_tensor(_pad_rows(out, ctx.world * ctx.chunk), "avg",
+                                                                ctx.world, ctx.group_name))
+        return (out if out.shape[0] == ctx.local else out.narrow(0, 0, ctx.local)), None, None, None, None, None, None
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """`x` with zero rows appended up to `rows` (as DTensor pads an uneven shard), contiguous for the collective."""
+    return (F.pad(x, [0, 0] * (x.dim() - 1) + [0, rows - x.shape[0]]) if x.shape[0] < rows else x).contiguous()
+
+
 class _ScaleGrad(torch.autograd.Function):
     """Identity forward; the gradient times `scale` (the vocabulary-parallel lookup's average over ranks)."""
 
@@ -128,18 +165,18 @@ def _vocab_parallel_lookup(module: nn.Embedding, tokens: torch.Tensor) -> torch.
     reduce-scattered back to the tokens' ranks. The gradient reaches the shard averaged over ranks (scaled by 1 /
     world), as the gathered weight's Partial("avg") reduce-scatter averages it."""
     spec: _ShardSpec = module._ce_overlap_specs["weight"]
-    mesh = spec.config.mesh
-    n, rank = mesh.size(), mesh.get_local_rank()
+    cfg = spec.config
+    n, rank = cfg.world, cfg.rank
     w = spec.leaf
     if spec.config.param_dtype is not None:
         w = w.to(spec.config.param_dtype)
     w = _ScaleGrad.apply(w, 1.0 / n)
-    everyone = funcol.all_gather_tensor(tokens.reshape(-1), 0, mesh)  # rank order: rank r's tokens at r * T
+    everyone = funcol.all_gather_tensor(tokens.reshape(-1), 0, cfg.group_name)  # rank order: rank r's tokens at r * T
     local = everyone - rank * spec.chunk
     mine = (local >= 0) & (local < w.shape[0])
     rows = F.embedding(torch.where(mine, local, torch.zeros_like(local)), w)
     rows = rows * mine.unsqueeze(-1).to(rows.dtype)
-    out = funcol.reduce_scatter_tensor_autograd(rows, "sum", 0, mesh)
+    out = funcol.reduce_scatter_tensor_autograd(rows, "sum", 0, cfg.group_name)
     return out.view(*tokens.shape, w.shape[-1])
 
 
@@ -222,6 +259,10 @@ class _GatherConfig:
     mesh: DeviceMesh               # the data-parallel mesh the shards are gathered over
     # HSDP: the "replicate" mesh; the parameters are (Replicate(), Shard(0)) on the (replicate, shard) mesh
     replicate: DeviceMesh | None = None
+    group_name: str = ""           # the mesh's group, size and this rank in it: the forward reads these (see _Gather)
+    world: int = 1
+    rank: int = 0
+    replicate_group: str = ""      # HSDP: the "replicate" mesh's group
 
 
 @dataclass
@@ -291,21 +332,24 @@ def _replaced(module: nn.Module, name: str) -> CeOverlapError:
 
 def _replicate(shard: torch.Tensor, spec: _ShardSpec) -> torch.Tensor:
     """The gathered weight (a plain tensor) from this rank's shard (`shard`: the Parameter's local tensor; under tensor
-    parallelism this rank's rows of its TP rank's shard), through a Shard(0) DTensor over the data-parallel mesh."""
+    parallelism this rank's rows of its TP rank's shard): _Gather over the data-parallel group, or under tensor
+    parallelism through a Shard(0) DTensor over the data-parallel mesh (the TP mesh is the graph's input anyway)."""
     cfg = spec.config
-    mesh = cfg.mesh
     if cfg.local:
         x = shard if cfg.param_dtype is None else shard.to(cfg.param_dtype)
         if x.shape[0] < spec.chunk:
             x = torch.cat([x, x.new_zeros((spec.chunk - x.shape[0], *x.shape[1:]))])
-        full = _LocalGather.apply(x, mesh.size(), mesh.get_local_rank())
+        full = _LocalGather.apply(x, cfg.world, cfg.rank)
         return full if full.shape[0] == spec.rows else full[: spec.rows]
     if cfg.replicate is not None:
         # HSDP, in FSDP2's order: gathered over "shard"; the gradient reduce-scattered (averaged) over "shard", then
         # this rank's rows all-reduced (averaged) over "replicate": the replicas exchange a shard, not the weight.
-        shard = _ReplicaAverage.apply(shard, cfg.replicate.get_group().group_name, cfg.reduce_dtype)
+        shard = _ReplicaAverage.apply(shard, cfg.replicate_group, cfg.reduce_dtype)
+    if spec.tp is None:
+        return _Gather.apply(shard, cfg.group_name, cfg.world, spec.chunk, spec.rows, cfg.param_dtype,
+                             cfg.reduce_dtype)
     shape, stride = (None, None) if spec.simple else (spec.shape, spec.stride)
-    shard = DTensor.from_local(shard, mesh, [Shard(0)], run_check=False, shape=shape, stride=stride)
+    shard = DTensor.from_local(shard, cfg.mesh, [Shard(0)], run_check=False, shape=shape, stride=stride)
     return shard.redistribute(placements=[Replicate()], forward_dtype=cfg.param_dtype,
                               backward_dtype=cfg.reduce_dtype).to_local(grad_placements=[Partial("avg")])
 
@@ -672,7 +716,10 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
         _GROUP_ROLES[hsdp_mesh["replicate"].get_group().group_name] = "replicate"
     state = _ForwardState()
     config = _GatherConfig(param_dtype, reduce_dtype, reshard_after_forward, _local_gather, mesh,
-                           replicate=hsdp_mesh["replicate"] if hsdp_mesh is not None else None)
+                           replicate=hsdp_mesh["replicate"] if hsdp_mesh is not None else None,
+                           group_name=mesh.get_group().group_name, world=mesh.size(), rank=mesh.get_local_rank(),
+                           replicate_group=hsdp_mesh["replicate"].get_group().group_name if hsdp_mesh is not None
+                           else "")
     # The parameters sharded by earlier calls on submodules (the blocks) join this call's gather-once window.
     for spec in specs.values():
         spec.state = state
