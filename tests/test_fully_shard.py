@@ -302,7 +302,9 @@ class _Net(nn.Module):
 def test_the_compiled_step_takes_plain_tensors_and_gradients_land_on_the_dtensor_parameters(gloo_world1):
     """Host time (issue 56): the compiled graph's inputs are the shards' local tensors, not DTensors (AOTAutograd
     would rebuild every gradient as a DTensor, Dynamo check every spec in Python); each gradient still reaches its
-    DTensor Parameter with the Parameter's own spec, accumulates over backward passes, and equals the eager one."""
+    DTensor Parameter with the Parameter's own spec, accumulates over backward passes, and equals the eager one. No
+    DeviceMesh among the inputs either: with one there, torch 2.14's FX cache key of the forward changed in every
+    process (bench/results/gather-no-mesh-2026-12-04-h200)."""
     inputs = []
 
     def backend(gm, example_inputs):
@@ -320,6 +322,7 @@ def test_the_compiled_step_takes_plain_tensors_and_gradients_land_on_the_dtensor
         step(x).backward()
         eager(x).backward()
     assert inputs and not any(isinstance(t, DTensor) for t in inputs)
+    assert not any("DeviceMesh" in type(t).__name__ for t in inputs), [type(t).__name__ for t in inputs]
     for (name, p), q in zip(compiled.named_parameters(), eager.parameters()):
         assert isinstance(p.grad, DTensor) and p.grad._spec == p._spec, name
         assert torch.equal(p.grad.to_local(), q.grad.to_local()), name
