@@ -11,10 +11,10 @@ build_dir=$(dirname "$(ls -t build/cp*/CTestTestfile.cmake | head -n 1)")
 echo "== ctest ($build_dir)"
 ctest --test-dir "$build_dir" --output-on-failure
 # One pytest worker per core, a test file's tests on one worker (they share its session fixtures' captures): on a
-# 2-core machine with a cold Inductor cache the suite took 10.2-13.4 minutes this way (2026-12-03; the slowest files
-# first, the compiles on ATen kernels, every rank, torchrun and bench script forked from a process with torch imported:
-# tests/conftest.py, tests/site/). `-n 0` after the command runs it in one process; CE_TEST_ZYGOTES=0 starts every
-# process as usual.
+# 2-core machine with a cold Inductor cache the suite took 10.2-16.3 minutes this way (2026-12-03 and -04; the
+# slowest files first, the compiles on ATen kernels, every rank, torchrun and bench script forked from a process with
+# torch imported: tests/conftest.py, tests/site/). `-n 0` after the command runs it in one process;
+# CE_TEST_ZYGOTES=0 starts every process as usual.
 echo "== pytest"
 "$VENV/bin/python" -m pytest tests -n auto --dist loadfile "$@"
 if [ "${CE_OVERLAP_SKIP_NATIVE_CHECKS:-0}" != 1 ]; then
