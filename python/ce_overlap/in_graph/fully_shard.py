@@ -8,11 +8,10 @@ and checkpoints move between the two, across world sizes. Inside a sharded modul
 parameter as a module attribute (a class property, as torchtitan's SimpleFSDP does) gathers it; outside, the
 attribute is the sharded DTensor parameter, as FSDP2's. The gather is an all-gather of the local shard cast to
 `param_dtype` (an uneven shard padded to the chunk, as DTensor pads it), its backward a reduce-scatter in
-`reduce_dtype` that averages, as FSDP2's (under tensor parallelism or HSDP, DTensor's `redistribute` does it). Under
-torch.compile the all-gathers land in the
-forward graph and the reduce-scatters in the backward graph, where ce_overlap's pass buckets, places and
-reorders them. With reshard_after_forward the gathered weights are recomputed (re-gathered) in the backward
-instead of saved, as FSDP does by default.
+`reduce_dtype` that averages, as FSDP2's (under tensor parallelism DTensor's `redistribute` does it). Under
+torch.compile the all-gathers land in the forward graph and the reduce-scatters in the backward graph, where
+ce_overlap's pass buckets, places and reorders them. With reshard_after_forward the gathered weights are recomputed
+(re-gathered) in the backward instead of saved, as FSDP does by default.
 
 As in FSDP2, while a sharded module's forward runs each parameter is gathered once, however often the forward
 reads it: a tied weight (GPT-2's output projection `F.linear(x, self.wte.weight)`, or one Parameter registered
