@@ -192,7 +192,7 @@ def _vocab_parallel_ok(sub: nn.Module, spec: _ShardSpec, registrations: int, n: 
         return "its weight is tied (another module reads it whole)"
     if spec.tp is not None:
         return "tensor parallelism already shards its table"
-    if spec.config.replicate is not None:
+    if spec.config.replicate_group is not None:
         return "HSDP would all-reduce its gradient across replicas too"
     if sub.padding_idx is not None or sub.max_norm is not None or sub.scale_grad_by_freq or sub.sparse:
         return "it uses padding_idx, max_norm, scale_grad_by_freq or sparse"
@@ -256,12 +256,11 @@ class _GatherConfig:
     reshard_after_forward: bool
     local: bool                    # the no-communication stand-in (bench/train.py's bound), not a sharded model
     mesh: DeviceMesh               # the data-parallel mesh the shards are gathered over
-    # HSDP: the "replicate" mesh; the parameters are (Replicate(), Shard(0)) on the (replicate, shard) mesh
-    replicate: DeviceMesh | None = None
-    group_name: str = ""           # the mesh's group, size and this rank in it: the forward reads these (see _Gather)
-    world: int = 1
-    rank: int = 0
-    replicate_group: str = ""      # HSDP: the "replicate" mesh's group
+    group_name: str                # the mesh's group, size and this rank in it: the forward reads these (see _Gather)
+    world: int
+    rank: int
+    # HSDP: the "replicate" mesh's group (the parameters are (Replicate(), Shard(0)) on the (replicate, shard) mesh)
+    replicate_group: str | None = None
 
 
 @dataclass
@@ -336,11 +335,9 @@ def _replicate(shard: torch.Tensor, spec: _ShardSpec) -> torch.Tensor:
     cfg = spec.config
     if cfg.local:
         x = shard if cfg.param_dtype is None else shard.to(cfg.param_dtype)
-        if x.shape[0] < spec.chunk:
-            x = torch.cat([x, x.new_zeros((spec.chunk - x.shape[0], *x.shape[1:]))])
-        full = _LocalGather.apply(x, cfg.world, cfg.rank)
+        full = _LocalGather.apply(_pad_rows(x, spec.chunk), cfg.world, cfg.rank)
         return full if full.shape[0] == spec.rows else full[: spec.rows]
-    if cfg.replicate is not None:
+    if cfg.replicate_group is not None:
         # HSDP, in FSDP2's order: gathered over "shard"; the gradient reduce-scattered (averaged) over "shard", then
         # this rank's rows all-reduced (averaged) over "replicate": the replicas exchange a shard, not the weight.
         shard = _ReplicaAverage.apply(shard, cfg.replicate_group, cfg.reduce_dtype)
@@ -710,15 +707,14 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
     _GROUP_ROLES[mesh.get_group().group_name] = "dp"
     if nodes.record(mesh.get_group()) > 1 and hsdp_mesh is None:  # the IR's "nodes": priced across nodes
         _split_for_hierarchical(mesh.get_group())
+    replicate_group = None
     if hsdp_mesh is not None:
         _check_hsdp(hsdp_mesh)
-        _GROUP_ROLES[hsdp_mesh["replicate"].get_group().group_name] = "replicate"
+        replicate_group = hsdp_mesh["replicate"].get_group().group_name
+        _GROUP_ROLES[replicate_group] = "replicate"
     state = _ForwardState()
     config = _GatherConfig(param_dtype, reduce_dtype, reshard_after_forward, _local_gather, mesh,
-                           replicate=hsdp_mesh["replicate"] if hsdp_mesh is not None else None,
-                           group_name=mesh.get_group().group_name, world=mesh.size(), rank=mesh.get_local_rank(),
-                           replicate_group=hsdp_mesh["replicate"].get_group().group_name if hsdp_mesh is not None
-                           else "")
+                           mesh.get_group().group_name, mesh.size(), mesh.get_local_rank(), replicate_group)
     # The parameters sharded by earlier calls on submodules (the blocks) join this call's gather-once window.
     for spec in specs.values():
         spec.state = state
