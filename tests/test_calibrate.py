@@ -740,3 +740,20 @@ def test_flex_attention_efficiency_is_kept_and_said(base):
         assert prof["efficiency"].get(key) == base["efficiency"].get(key)
     if "flex_attention" in base["efficiency"]:
         assert any("efficiency.flex_attention" in n for n in notes)
+
+
+def test_kernel_times_are_split_per_call_at_the_head_starts():
+    """The grid's kernel timing (calibrate/timing.py kernel_us_per_call): a trace of two functions run twice each, each
+    behind a head start (torch.cuda._sleep's kernel), split into per-call sums; copies and memsets are not the op's
+    kernels; a trace that does not split evenly is refused, not misread."""
+    from ce_overlap.calibrate.timing import SLEEP_KERNEL, NotAvailable, kernel_us_per_call
+
+    sleep = f"at::cuda::(anonymous namespace)::{SLEEP_KERNEL}(long)"
+    trace = [(0, 500.0, sleep), (501, 3.0, "gemm"), (505, 4.0, "gemm"),            # function 0: one kernel a call
+             (600, 500.0, sleep), (1101, 1.0, "fused_a"), (1102, 2.0, "fused_b"),   # function 1: two a call
+             (1104.5, 0.5, "Memset (Device)"), (1105, 1.5, "fused_a"), (1107, 2.5, "fused_b")]
+    assert kernel_us_per_call(list(reversed(trace)), 2, 2) == [[3.0, 4.0], [3.0, 4.0]]
+    with pytest.raises(NotAvailable, match="function 1 ran 3 kernels in 2 calls"):
+        kernel_us_per_call(trace[:-1], 2, 2)
+    with pytest.raises(NotAvailable, match="1 head starts in the trace for 2 functions"):
+        kernel_us_per_call(trace[:3], 2, 2)

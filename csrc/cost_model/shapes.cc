@@ -14,7 +14,8 @@ namespace {
 using nlohmann::json;
 using namespace json_reader;
 
-constexpr const char* kMemoryKeys[kMemoryKinds] = {"pointwise", "reduction", "gelu_tanh", "gelu_erf", "loss"};
+constexpr const char* kMemoryKeys[kMemoryKinds] = {"pointwise", "reduction",    "gelu_tanh",
+                                                   "gelu_erf",  "loss_forward", "loss_backward"};
 
 // A strictly ascending array of positive numbers (a table's axis).
 std::vector<double> read_axis(const ObjectReader& r, const char* key) {
@@ -106,11 +107,15 @@ double ShapeTable::at(const std::vector<double>& x) const {
 const char* to_string(MemoryKind kind) { return kMemoryKeys[static_cast<int>(kind)]; }
 
 MemoryKind memory_kind(const std::vector<const std::string*>& ops) {
-  // The loss's forward (Inductor's online softmax statistics, the log of the sum) or its backward (the softmax
-  // recomputed with exp, minus a one-hot target built from iota / eq).
+  // The loss's backward (the softmax recomputed with exp, minus a one-hot target built from iota / eq; or the
+  // backward ops undecomposed), then its forward (Inductor's online softmax statistics, the log of the sum).
+  if (has(ops, "_log_softmax_backward") || has(ops, "nll_loss_backward") ||
+      (has(ops, "aten.exp.") && (has(ops, "iota") || has(ops, "aten.eq.")))) {
+    return MemoryKind::LossBackward;
+  }
   if (has(ops, "prepare_softmax_online") || has(ops, "_log_softmax") || has(ops, "nll_loss") ||
-      has(ops, "aten.log.") || (has(ops, "aten.exp.") && (has(ops, "iota") || has(ops, "aten.eq.")))) {
-    return MemoryKind::Loss;
+      has(ops, "aten.log.")) {
+    return MemoryKind::LossForward;
   }
   if (has(ops, "aten.erf.")) return MemoryKind::GeluErf;
   if (has(ops, "aten.tanh.")) return MemoryKind::GeluTanh;
@@ -132,8 +137,8 @@ std::optional<double> ComputeShapes::attention_efficiency(double batch, double h
 
 double ComputeShapes::memory_efficiency(MemoryKind kind, double bytes) const {
   const int i = static_cast<int>(kind);
-  const int fallback = kind == MemoryKind::Loss ? static_cast<int>(MemoryKind::Reduction)
-                                                : static_cast<int>(MemoryKind::Pointwise);
+  const bool loss = kind == MemoryKind::LossForward || kind == MemoryKind::LossBackward;
+  const int fallback = static_cast<int>(loss ? MemoryKind::Reduction : MemoryKind::Pointwise);
   const ShapeTable& t = memory[i] ? *memory[i] : *memory[fallback];
   return t.at({bytes});
 }
@@ -154,7 +159,13 @@ ComputeShapes shapes_from_json(const json& j, const std::string& path) {
   read_attention(att, "causal", s.attention_forward[0], s.attention_backward[0]);
   read_attention(att, "non_causal", s.attention_forward[1], s.attention_backward[1]);
 
-  ObjectReader mem = root.object("memory", {"bytes", "pointwise", "reduction", "gelu_tanh", "gelu_erf", "loss"});
+  if (root.has("memory") && root.field("memory", "an object").is_object() &&
+      root.field("memory", "an object").contains("loss")) {
+    throw IrError(root.child("memory") + ".loss: the loss's forward and backward are priced apart since 2026-12-04 "
+                  "(loss_forward, loss_backward): measure the grid again (ce-overlap calibrate --compute-grid)");
+  }
+  ObjectReader mem = root.object("memory", {"bytes", "pointwise", "reduction", "gelu_tanh", "gelu_erf", "loss_forward",
+                                            "loss_backward"});
   const std::vector<double> bytes = read_axis(mem, "bytes");
   for (int i = 0; i < kMemoryKinds; ++i) {
     const bool required = i == static_cast<int>(MemoryKind::Pointwise) || i == static_cast<int>(MemoryKind::Reduction);

@@ -25,12 +25,15 @@ struct ShapeTable {
 };
 
 // The kinds of fused memory-bound kernels the grid measures apart (their rates differ by up to 3x at one size).
-enum class MemoryKind { Pointwise, Reduction, GeluTanh, GeluErf, Loss };
-inline constexpr int kMemoryKinds = 5;
+// The loss's forward and backward are kinds of their own: over the same logits the forward (the softmax statistics,
+// a reduction over each row) runs at half the backward's rate per byte (bench/results/compute-grid-2026-12-04).
+enum class MemoryKind { Pointwise, Reduction, GeluTanh, GeluErf, LossForward, LossBackward };
+inline constexpr int kMemoryKinds = 6;
 const char* to_string(MemoryKind kind);  // the profile's key: "pointwise", "reduction", "gelu_tanh", ...
-// The kind of a fused kernel of these ops (IR op names): the loss (log-softmax / NLL, or the softmax recomputed with
-// a one-hot target), an erf or tanh GELU, a reduction (sum, mean, variance, max, ...), else pointwise; first match in
-// that order.
+// The kind of a fused kernel of these ops (IR op names): the loss's backward (its softmax recomputed with exp beside
+// a one-hot target built from iota / eq, or log-softmax's / NLL's backward ops), the loss's forward (the online
+// softmax statistics, log-softmax, NLL, the log of the sum), an erf or tanh GELU, a reduction (sum, mean, variance,
+// max, ...), else pointwise; first match in that order.
 MemoryKind memory_kind(const std::vector<const std::string*>& ops);
 
 struct ComputeShapes {
@@ -40,8 +43,9 @@ struct ComputeShapes {
   // burst efficiency of peak on the executed FLOPs (causal: half the square). Absent ones: the scalar efficiencies.
   std::array<std::optional<ShapeTable>, 2> attention_forward, attention_backward;
   double attention_tokens = 8192;
-  // Per memory kind, axis bytes (HBM traffic per kernel); burst efficiency of the HBM peak. Pointwise and reduction
-  // are required; a kind that is absent takes pointwise's (GELUs) or reduction's (the loss).
+  // Per memory kind, axis bytes (HBM traffic per kernel); efficiency of the HBM peak in bursts, by the kernels' own
+  // durations. Pointwise and reduction are required; a kind that is absent takes pointwise's (GELUs) or reduction's
+  // (the loss's forward and backward).
   std::array<std::optional<ShapeTable>, kMemoryKinds> memory;
   // Inside a training step over the bursts (the board at its power limit, caches shared): per class.
   double in_step_gemm = 1;

@@ -33,7 +33,7 @@ json shapes_json() {
           {"gemm", {{"dims", {1000, 4000}}, {"efficiency", gemm}}},
           {"attention", {{"tokens", 8192}, {"causal", att(0.4, 0.3)}, {"non_causal", att(0.6, 0.5)}}},
           {"memory", {{"bytes", {1e6, 1e8}}, {"pointwise", {0.1, 0.9}}, {"reduction", {0.05, 0.45}},
-                      {"loss", {0.05, 0.05}}}},
+                      {"loss_forward", {0.05, 0.05}}}},
           {"in_step", {{"gemm", 0.5}, {"attention", 0.5}, {"memory", 0.5}}}};
 }
 
@@ -83,8 +83,11 @@ TEST(ShapeTable, MemoryKindsFromOps) {
   EXPECT_EQ(kind({"aten.mul.Tensor", "aten.sum.dim_IntList"}), MemoryKind::Reduction);
   EXPECT_EQ(kind({"aten.tanh.default", "aten.sum.dim_IntList"}), MemoryKind::GeluTanh);
   EXPECT_EQ(kind({"aten.erf.default"}), MemoryKind::GeluErf);
-  EXPECT_EQ(kind({"prims.prepare_softmax_online.default", "aten.sub.Tensor"}), MemoryKind::Loss);
-  EXPECT_EQ(kind({"aten.exp.default", "prims.iota.default", "aten.eq.Tensor"}), MemoryKind::Loss);
+  EXPECT_EQ(kind({"prims.prepare_softmax_online.default", "aten.sub.Tensor"}), MemoryKind::LossForward);
+  EXPECT_EQ(kind({"aten.log.default", "aten.sum.dim_IntList", "aten.gather.default"}), MemoryKind::LossForward);
+  EXPECT_EQ(kind({"aten.exp.default", "prims.iota.default", "aten.eq.Tensor"}), MemoryKind::LossBackward);
+  EXPECT_EQ(kind({"aten._log_softmax_backward_data.default", "aten.nll_loss_backward.default"}),
+            MemoryKind::LossBackward);
   EXPECT_EQ(kind({"aten.exp.default", "aten.mul.Tensor"}), MemoryKind::Pointwise);  // an exp alone is no loss
   EXPECT_STREQ(to_string(MemoryKind::GeluErf), "gelu_erf");
 }
@@ -93,7 +96,8 @@ TEST(ShapeTable, AbsentKindsFallBack) {
   const ComputeShapes s = shapes_from_json(shapes_json(), "shapes");
   EXPECT_DOUBLE_EQ(s.memory_efficiency(MemoryKind::GeluTanh, 1e8), 0.9);   // no gelu_tanh table: pointwise
   EXPECT_DOUBLE_EQ(s.memory_efficiency(MemoryKind::Reduction, 1e8), 0.45);
-  EXPECT_DOUBLE_EQ(s.memory_efficiency(MemoryKind::Loss, 1e8), 0.05);
+  EXPECT_DOUBLE_EQ(s.memory_efficiency(MemoryKind::LossForward, 1e8), 0.05);
+  EXPECT_DOUBLE_EQ(s.memory_efficiency(MemoryKind::LossBackward, 1e8), 0.45);  // no loss_backward table: reduction
   json no_noncausal = shapes_json();
   no_noncausal["attention"].erase("non_causal");
   const ComputeShapes t = shapes_from_json(no_noncausal, "shapes");
@@ -132,8 +136,12 @@ TEST(ShapeTable, BadSectionsNameTheField) {
   c["memory"].erase("pointwise");
   EXPECT_EQ(error(c), "shapes.memory.pointwise: missing (expected an array of efficiencies)");
   json d = shapes_json();
-  d["memory"]["loss"] = {0.05, 1.5};
-  EXPECT_EQ(error(d), "shapes.memory.loss[1]: expected an efficiency in (0, 1], got 1.5");
+  d["memory"]["loss_backward"] = {0.05, 1.5};
+  EXPECT_EQ(error(d), "shapes.memory.loss_backward[1]: expected an efficiency in (0, 1], got 1.5");
+  json old = shapes_json();  // a grid measured before the loss's two kernels were priced apart
+  old["memory"]["loss"] = {0.05, 0.05};
+  EXPECT_EQ(error(old), "shapes.memory.loss: the loss's forward and backward are priced apart since 2026-12-04 "
+                        "(loss_forward, loss_backward): measure the grid again (ce-overlap calibrate --compute-grid)");
   json e = shapes_json();
   e["in_step"]["gemm"] = 0;
   EXPECT_EQ(error(e), "shapes.in_step.gemm: expected a factor in (0, 2], got 0");

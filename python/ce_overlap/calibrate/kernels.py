@@ -8,7 +8,8 @@ import statistics
 from .common import (ADAMW_BYTES_PER_PARAM, ATTENTION_SHAPE, COMPUTE_KINDS, GRID_ATTENTION, GRID_GEMM_DIMS,
                      GRID_MEMORY_MIB, GRID_TINY_KERNELS, MEMBOUND_BYTES_PER_OPERAND, MIB, OPTIMIZER_PARAMS,
                      TRANSFORMER_GEMMS)
-from .timing import NotAvailable, gpu_head_start, measure_beside, median_us, time_each_us, torch_module
+from .timing import (NotAvailable, gpu_head_start, kernel_median_us, kernel_medians_us, measure_beside, median_us,
+                     time_each_us, torch_module)
 
 
 def make_compute(kind: str):
@@ -40,9 +41,11 @@ def measure_memory_kernels(iters: int, warmup: int) -> list[dict]:
             for name, mib, nbytes, us in _memory_kernel_times(MEMORY_KERNEL_MIB, 4096, iters, warmup)]
 
 
-def _memory_kernel_times(mibs, columns: int, iters: int, warmup: int) -> list[tuple[str, int, int, float]]:
+def _memory_kernel_times(mibs, columns: int, iters: int, warmup: int,
+                         timer=median_us) -> list[tuple[str, int, int, float]]:
     """(name, MiB per operand, HBM bytes, median us) of an add, SwiGLU's silu(a) * b and an RMSNorm-like row reduction
-    over bf16 operands of each size in `mibs`, rows of `columns` elements."""
+    over bf16 operands of each size in `mibs`, rows of `columns` elements. `timer`: median_us (events) or
+    kernel_median_us (the kernels' own durations)."""
     torch = torch_module()
     # dynamic=False: the same code at a second size would otherwise recompile as a dynamic-shape kernel,
     # which is not what a training step's static shapes run.
@@ -58,17 +61,20 @@ def _memory_kernel_times(mibs, columns: int, iters: int, warmup: int) -> list[tu
         for name, fn, nbytes in (("add", lambda: torch.add(a, b, out=c), 3 * numel * 2),
                                  ("silu_mul", lambda: silu_mul(a, b), 3 * numel * 2),
                                  ("rmsnorm", lambda: rms(a), 2 * numel * 2)):
-            out.append((name, mib, nbytes, median_us(fn, iters, warmup)))
+            out.append((name, mib, nbytes, timer(fn, iters, warmup)))
         del a, b, c
         torch.cuda.empty_cache()
     return out
 
 
 def _fused_kind_times(mibs, iters: int, warmup: int) -> list[tuple[str, int, int, float]]:
-    """(name, MiB per operand, HBM bytes, median us) of the fused kernels a training step runs beyond an add, SwiGLU and
-    an RMSNorm (_memory_kernel_times), as Inductor compiles them, over bf16 operands of each size in `mibs`: GELU with
-    tanh and with erf (transcendental pointwise), LayerNorm (two statistics per row), a bias gradient's sum over rows
-    (a column reduction), and the cross-entropy loss's forward and backward over vocabulary-wide rows."""
+    """(name, MiB per operand, HBM bytes, median kernel us) of the fused kernels a training step runs beyond an add,
+    SwiGLU and an RMSNorm (_memory_kernel_times), as Inductor compiles them, over bf16 operands of each size in `mibs`:
+    GELU with tanh and with erf (transcendental pointwise), LayerNorm (two statistics per row), a bias gradient's sum
+    over rows (a column reduction), and the cross-entropy loss over vocabulary-wide rows as a compiled training step
+    runs it: the forward's kernels (the softmax statistics: one read of the logits) and the backward's (the logits read
+    and their gradient written), each kernel timed by its own duration, the two apart: per byte the forward runs at
+    about half the backward's rate (bench/results/compute-grid-2026-12-04)."""
     torch = torch_module()
     import torch.nn.functional as F
 
@@ -76,25 +82,29 @@ def _fused_kind_times(mibs, iters: int, warmup: int) -> list[tuple[str, int, int
     gelu_erf = torch.compile(lambda x: F.gelu(x), dynamic=False)
     layernorm = torch.compile(lambda x: F.layer_norm(x.float(), x.shape[-1:]).to(x.dtype), dynamic=False)
     column_sum = torch.compile(lambda x: x.float().sum(0).to(x.dtype), dynamic=False)
-    ce_forward = torch.compile(lambda x, y: F.cross_entropy(x.float(), y), dynamic=False)
-    # The loss's backward as Inductor generates it: softmax minus the one-hot target, scaled, cast back.
-    ce_backward = torch.compile(lambda x, y, g: ((torch.softmax(x.float(), -1) - F.one_hot(y, x.shape[-1])) * g
-                                                 / x.shape[0]).to(x.dtype), dynamic=False)
+    loss = torch.compile(lambda x, y: F.cross_entropy(x.float(), y), dynamic=False)
     out = []
     for mib in mibs:
         numel = (mib << 20) // 2
         a = torch.randn(numel // 1024, 1024, dtype=torch.bfloat16, device="cuda")
-        logits = a.view(-1, 32768) if numel >= 32768 else a.view(1, -1)  # vocabulary-wide rows
-        labels = torch.randint(0, logits.shape[-1], (logits.shape[0],), device="cuda")
-        g = torch.ones((), device="cuda")
         rows = [("gelu_tanh", lambda: gelu_tanh(a), 2 * numel * 2),
                 ("gelu_erf", lambda: gelu_erf(a), 2 * numel * 2),
                 ("layernorm", lambda: layernorm(a), 2 * numel * 2),
-                ("column_sum", lambda: column_sum(a), numel * 2),
-                # forward reads the logits; backward reads them and writes their gradient: 3 bytes-per-logit passes
-                ("cross_entropy", lambda: (ce_forward(logits, labels), ce_backward(logits, labels, g)), 3 * numel * 2)]
+                ("column_sum", lambda: column_sum(a), numel * 2)]
         for name, fn, nbytes in rows:
-            out.append((name, mib, nbytes, median_us(fn, iters, warmup)))
+            out.append((name, mib, nbytes, kernel_median_us(fn, iters, warmup)))
+        logits = a.view(-1, 32768).detach().requires_grad_() if numel >= 32768 else \
+            a.view(1, -1).detach().requires_grad_()  # vocabulary-wide rows
+        labels = torch.randint(0, logits.shape[-1], (logits.shape[0],), device="cuda")
+        forward = kernel_median_us(lambda: loss(logits, labels), iters, warmup)  # the training graph's forward
+
+        def forward_backward():
+            loss(logits, labels).backward()
+            logits.grad = None
+
+        both = kernel_median_us(forward_backward, iters, warmup)
+        out.append(("loss_forward", mib, numel * 2, forward))
+        out.append(("loss_backward", mib, 2 * numel * 2, max(both - forward, 1e-3)))
         del a, logits, labels
         torch.cuda.empty_cache()
     return out
@@ -115,10 +125,12 @@ def measure_optimizer(iters: int, warmup: int, numel: int = OPTIMIZER_PARAMS) ->
     return {"params": 64 * n, "bytes": ADAMW_BYTES_PER_PARAM * 64 * n, "us": us}
 
 
-def measure_attention(iters: int, warmup: int, shape: tuple = ATTENTION_SHAPE, causal: bool = True) -> dict:
+def measure_attention(iters: int, warmup: int, shape: tuple = ATTENTION_SHAPE, causal: bool = True,
+                      timer=median_us) -> dict:
     """bf16 scaled-dot-product attention as the models call it (causal for language models): forward alone, and
     forward + backward (the backward is the difference), medians in us. `shape`: (batch, heads, seq, head_dim), or with
-    a fifth entry that says whether it is causal (common.GRID_ATTENTION's)."""
+    a fifth entry that says whether it is causal (common.GRID_ATTENTION's). `timer`: median_us (events) or
+    kernel_median_us."""
     torch = torch_module()
     import torch.nn.functional as F
 
@@ -135,8 +147,8 @@ def measure_attention(iters: int, warmup: int, shape: tuple = ATTENTION_SHAPE, c
         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         torch.autograd.grad(out, (q, k, v), grad)
 
-    fwd = median_us(forward, iters, warmup)
-    both = median_us(forward_backward, iters, warmup)
+    fwd = timer(forward, iters, warmup)
+    both = timer(forward_backward, iters, warmup)
     return {"batch": b, "heads": h, "seq": s, "head_dim": d, "causal": causal, "forward_us": fwd,
             "backward_us": max(both - fwd, 1e-3)}
 
@@ -229,22 +241,22 @@ def measure_compute_grid(iters: int, warmup: int, log=None) -> dict:
                 out = pool[2][:m * n].view(m, n)
                 a_t = pool[0][:k * m].view(k, m)          # dy.T @ x: the weight gradient's layout (k = tokens)
                 b_nt = pool[1][:k * n].view(k, n)
-                for layout, fn in (("nt", lambda: torch.mm(x, w.t(), out=out)),
-                                   ("nn", lambda: torch.mm(x, b_nt, out=out)),
-                                   ("tn", lambda: torch.mm(a_t.t(), b_nt, out=out))):
-                    grid["gemms"].append({"m": m, "n": n, "k": k, "layout": layout,
-                                          "us": median_us(fn, iters, warmup)})
+                layouts = {"nt": lambda: torch.mm(x, w.t(), out=out), "nn": lambda: torch.mm(x, b_nt, out=out),
+                           "tn": lambda: torch.mm(a_t.t(), b_nt, out=out)}
+                for layout, us in zip(layouts, kernel_medians_us(list(layouts.values()), iters, warmup)):
+                    grid["gemms"].append({"m": m, "n": n, "k": k, "layout": layout, "us": us})
     del pool
     torch.cuda.empty_cache()
     if log:
         log(f"compute grid: {len(grid['gemms'])} GEMMs")
     for shape in GRID_ATTENTION:
-        grid["attention"].append(measure_attention(iters, warmup, shape))
+        grid["attention"].append(measure_attention(iters, warmup, shape, timer=kernel_median_us))
     torch.cuda.empty_cache()
     if log:
         log(f"compute grid: {len(grid['attention'])} attention shapes")
     grid["memory"] = [{"name": name, "mib": mib, "bytes": nbytes, "us": us}
-                      for name, mib, nbytes, us in _memory_kernel_times(GRID_MEMORY_MIB, 1024, iters, warmup)
+                      for name, mib, nbytes, us in _memory_kernel_times(GRID_MEMORY_MIB, 1024, iters, warmup,
+                                                                        timer=kernel_median_us)
                       + _fused_kind_times(GRID_MEMORY_MIB, iters, warmup)]
     if log:
         log(f"compute grid: {len(grid['memory'])} memory-bound kernels")

@@ -16,7 +16,8 @@ MEMORY_KINDS = {
     "reduction": ("rmsnorm", "layernorm", "column_sum"),
     "gelu_tanh": ("gelu_tanh",),
     "gelu_erf": ("gelu_erf",),
-    "loss": ("cross_entropy",),
+    "loss_forward": ("loss_forward",),
+    "loss_backward": ("loss_backward",),
 }
 # The kinds a profile must have (the others fall back to these: shapes.h).
 REQUIRED_MEMORY = ("pointwise", "reduction")

@@ -115,6 +115,63 @@ def median_us(fn, iters: int, warmup: int, settle=None) -> float:
     return max_over_ranks(statistics.median(time_each_us(fn, iters, warmup, settle)))
 
 
+def kernel_medians_us(fns: list[Callable[[], None]], iters: int, warmup: int) -> list[float]:
+    """Per function of `fns`, the median over `iters` calls of the summed durations of the GPU kernels a call ran
+    (torch.profiler's CUDA activity; copies and memsets left out), us, max over ranks: what a training step's kernel
+    profile times per kernel. CUDA events around an op also time the ~2.6 us between the events and the kernel (H200,
+    bench/results/compute-grid-2026-12-04), which the cost model charges once per kernel as
+    efficiency.kernel_gap_us; a grid timed by events counts it twice. Each function is warmed up first, then all are
+    recorded in one profile, each behind a head start (its sleep kernel marks where its calls begin); every call of a
+    function must run the same number of kernels (they are attributed to calls in order)."""
+    torch = torch_module()
+    from torch.profiler import ProfilerActivity, profile
+
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    gpu_head_start(1.0)  # its first call on a device calibrates with sleeps of its own: not inside the profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for fn in fns:
+            gpu_head_start(HEAD_START_US_PER_OP * iters + 500.0)  # the host enqueues ahead: no call waits
+            for _ in range(iters):
+                fn()
+        torch.cuda.synchronize()
+    events = [(e.time_range.start, e.device_time, e.name) for e in prof.events()
+              if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [max_over_ranks(statistics.median(calls)) for calls in kernel_us_per_call(events, len(fns), iters)]
+
+
+# torch.cuda._sleep's kernel (ATen's Sleep.cu): in a trace, the head start before each function's calls.
+SLEEP_KERNEL = "spin_kernel"
+
+
+def kernel_us_per_call(events: list[tuple[float, float, str]], functions: int, iters: int) -> list[list[float]]:
+    """Per function, per call, its kernels' summed durations: `events` are a trace's GPU activities (start, duration
+    us, name) of `functions` functions run `iters` times each, each run behind a head start (SLEEP_KERNEL); copies and
+    memsets are left out. Raises NotAvailable where the trace does not split that way."""
+    runs: list[list[float]] = []
+    for _, us, name in sorted(events):
+        if SLEEP_KERNEL in name:
+            runs.append([])
+        elif runs and "Memcpy" not in name and "Memset" not in name:
+            runs[-1].append(us)
+    if len(runs) != functions:
+        raise NotAvailable(f"kernel timing: {len(runs)} head starts in the trace for {functions} functions")
+    out = []
+    for i, kernels in enumerate(runs):
+        if not kernels or len(kernels) % iters:
+            raise NotAvailable(f"kernel timing: function {i} ran {len(kernels)} kernels in {iters} calls (not the "
+                               "same number per call)")
+        per = len(kernels) // iters
+        out.append([sum(kernels[c * per:(c + 1) * per]) for c in range(iters)])
+    return out
+
+
+def kernel_median_us(fn: Callable[[], None], iters: int, warmup: int) -> float:
+    """kernel_medians_us of one function."""
+    return kernel_medians_us([fn], iters, warmup)[0]
+
 
 def measure_beside(compute_fn, coll_fn, settle, compute_alone_us: float, coll_alone_us: float,
                    iters: int) -> tuple[float, float]:
