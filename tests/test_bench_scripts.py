@@ -294,13 +294,15 @@ def test_size_sweep_is_nccl_tests_style():
 
 def test_step_model_prices_the_host_and_takes_the_larger_step():
     """With the profile's host section the step is the larger of the GPU's and the host's: per graph launch_us x
-    kernels + graph_input_us x inputs + collective_us x the collectives the mode issues (its plan's buckets, the
-    captured ones for compile, none for no-comm), plus step_us; FSDP2's modes keep their GPU step (not modelled)."""
+    kernels + graph_input_us x inputs + collective_us x the copy-engine buckets the mode issues, an NCCL collective
+    (a plan's NCCL buckets, the captured ones for compile) one launch more, none for no-comm, plus step_us; FSDP2's
+    modes keep their GPU step (not modelled)."""
     from ce_overlap.analyzer import step_model as sm
 
-    plan = {"forward": {"exposed_comm_us_after": 100.0, "buckets": 3}, "backward": {"exposed_comm_us_after": 0.0,
-                                                                                   "buckets": 5}}
-    pieces = {"optimizer_us": 1000.0, "plan": plan, "plan_nccl": plan,
+    plan = {"forward": {"exposed_comm_us_after": 100.0, "buckets": 3, "ce_buckets": 2},
+            "backward": {"exposed_comm_us_after": 0.0, "buckets": 5, "ce_buckets": 4}}
+    nccl = {name: {**p, "ce_buckets": 0} for name, p in plan.items()}
+    pieces = {"optimizer_us": 1000.0, "plan": plan, "plan_nccl": nccl,
               "analyze": {"forward": {"compute_us": 3000.0, "comm_us": 500.0, "kernels": 100, "inputs": 40,
                                       "collectives": 20},
                           "backward": {"compute_us": 6000.0, "comm_us": 500.0, "kernels": 200, "inputs": 60,
@@ -309,12 +311,13 @@ def test_step_model_prices_the_host_and_takes_the_larger_step():
     assert gpu == pytest.approx(10.1) and sm.host_step_us(pieces) is None  # no host section: the GPU's step
     assert sm.predicted_step_ms(pieces) == gpu
     pieces["host"] = {"launch_us": 20.0, "graph_input_us": 10.0, "collective_us": 50.0, "step_us": 2000.0}
-    assert sm.host_step_us(pieces) == pytest.approx(2000 + 20 * 300 + 10 * 100 + 50 * 8)
-    assert sm.host_step_us(pieces, "compile") == pytest.approx(2000 + 20 * 300 + 10 * 100 + 50 * 50)
+    assert sm.host_step_us(pieces) == pytest.approx(2000 + 20 * (300 + 2) + 10 * 100 + 50 * 6)
+    assert sm.host_step_us(pieces, "ce_overlap-nccl") == pytest.approx(2000 + 20 * (300 + 8) + 10 * 100)
+    assert sm.host_step_us(pieces, "compile") == pytest.approx(2000 + 20 * (300 + 50) + 10 * 100)
     assert sm.host_step_us(pieces, "no-comm") == pytest.approx(2000 + 20 * 300 + 10 * 100)
-    assert sm.predicted_step_ms(pieces) == gpu  # 9.4 ms of host under 10.1 of GPU
-    pieces["host"]["launch_us"] = 40.0  # 15.4 ms of host: host-bound
-    assert sm.predicted_step_ms(pieces) == pytest.approx(15.4) and sm.gpu_step_ms(pieces) == gpu
+    assert sm.predicted_step_ms(pieces) == gpu  # 9.3 ms of host under 10.1 of GPU
+    pieces["host"]["launch_us"] = 40.0  # 15.38 ms of host: host-bound
+    assert sm.predicted_step_ms(pieces) == pytest.approx(15.38) and sm.gpu_step_ms(pieces) == gpu
     assert sm.host_step_us(pieces, "fsdp2") is None  # FSDP2's host is other work
     assert sm.predicted_step_ms({**pieces, "plan": {}}) is None
     # A mode over another's formula takes that mode's host: across nodes, the flat FSDP over ce_overlap-nccl's.

@@ -171,6 +171,7 @@ def plan_costs(plan: dict, hbm_us_per_byte: float) -> dict:
     summary["slowdown_us"] = slowdown
     summary["bucket_copy_us"] = copies
     summary["buckets"] = len(plan.get("buckets", []))
+    summary["ce_buckets"] = sum(b["backend"] in ("ce", "hier") for b in plan.get("buckets", []))
     return summary
 
 
@@ -194,26 +195,29 @@ HOST_TERMS = ("step_us", "launch_us", "graph_input_us", "collective_us")
 
 def host_counts(pred: dict, mode: str = "ce_overlap") -> dict | None:
     """What each of HOST_TERMS is paid for in one step of `mode`, from step_model's pieces: one step; the kernels
-    and the inputs of every graph; the collectives the mode issues (its plan's buckets; compile: the captured ones;
-    no-comm: none). None for a mode HOST_MODES does not hold, or where the pieces lack the mode's plan."""
+    and the inputs of every graph; the copy-engine buckets of the mode's plan (collective_us, fitted to those:
+    bench/results/host-time-2026-12-02). An NCCL collective (compile's captured ones, a plan's NCCL buckets) is one
+    more launch: Inductor's wrapper enqueues a kernel of NCCL's, and the recorded NCCL steps were GPU-bound where
+    the copy-engine buckets' term made them host-bound (bench/results/compute-grid-2026-12-04). None for a mode
+    HOST_MODES does not hold, or where the pieces lack the mode's plan."""
     graphs = pred.get("analyze") or {}
     if not graphs or mode not in HOST_MODES:
         return None
     key = MODES[mode][0]
     counts = {"step_us": 1, "launch_us": 0, "graph_input_us": 0, "collective_us": 0}
     for name, g in graphs.items():
-        if key is None:
-            collectives = 0
-        elif key == "captured":
-            collectives = g.get("collectives") or 0
-        else:
+        ce = nccl = 0
+        if key == "captured":
+            nccl = g.get("collectives") or 0
+        elif key is not None:
             plan = (pred.get(key) or {}).get(name)
             if plan is None:
                 return None
-            collectives = plan.get("buckets", 0)
-        counts["launch_us"] += g.get("kernels") or 0
+            ce = plan.get("ce_buckets", 0)
+            nccl = plan.get("buckets", 0) - ce
+        counts["launch_us"] += (g.get("kernels") or 0) + nccl
         counts["graph_input_us"] += g.get("inputs") or 0
-        counts["collective_us"] += collectives
+        counts["collective_us"] += ce
     return counts
 
 
