@@ -92,6 +92,9 @@ class _LocalGather(torch.autograd.Function):
 
 
 _C10D = torch.ops._c10d_functional  # the ops DTensor's redistribute issues (funcol's wrappers are deprecated in 2.14)
+# funcol's *_tensor names warn in 2.14 (FutureWarning, eager only), their *_single successors are not in every torch:
+_all_gather = getattr(funcol, "all_gather_single", funcol.all_gather_tensor)
+_reduce_scatter = getattr(funcol, "reduce_scatter_single_autograd", funcol.reduce_scatter_tensor_autograd)
 
 
 class _Gather(torch.autograd.Function):
@@ -170,12 +173,12 @@ def _vocab_parallel_lookup(module: nn.Embedding, tokens: torch.Tensor) -> torch.
     if spec.config.param_dtype is not None:
         w = w.to(spec.config.param_dtype)
     w = _ScaleGrad.apply(w, 1.0 / n)
-    everyone = funcol.all_gather_tensor(tokens.reshape(-1), 0, cfg.group_name)  # rank order: rank r's tokens at r * T
+    everyone = _all_gather(tokens.reshape(-1), 0, cfg.group_name)  # rank order: rank r's tokens at r * T
     local = everyone - rank * spec.chunk
     mine = (local >= 0) & (local < w.shape[0])
     rows = F.embedding(torch.where(mine, local, torch.zeros_like(local)), w)
     rows = rows * mine.unsqueeze(-1).to(rows.dtype)
-    out = funcol.reduce_scatter_tensor_autograd(rows, "sum", 0, cfg.group_name)
+    out = _reduce_scatter(rows, "sum", 0, cfg.group_name)
     return out.view(*tokens.shape, w.shape[-1])
 
 
