@@ -226,7 +226,8 @@ def measure_peer_copy(nbytes: int = 256 * MIB, iters: int = 5) -> dict:
 def measure_compute_grid(iters: int, warmup: int, log=None) -> dict:
     """The compute grid (common.GRID_*): {"gemms": [{m, n, k, layout, us}], "attention": [{batch, heads, seq, head_dim,
     causal, forward_us, backward_us}], "memory": [{name, mib, bytes, us}], "tiny_kernel_us": float}. One GPU, no
-    collectives; bf16 throughout. `log`: called with a line per part done."""
+    collectives; bf16 throughout; every op timed by its kernels' own durations (kernel_medians_us), as a training
+    step's kernel profile times them. `log`: called with a line per part done."""
     torch = torch_module()
     grid: dict = {"gemms": [], "attention": [], "memory": []}
     dims = GRID_GEMM_DIMS
