@@ -159,8 +159,8 @@ ComputeShapes shapes_from_json(const json& j, const std::string& path) {
   read_attention(att, "causal", s.attention_forward[0], s.attention_backward[0]);
   read_attention(att, "non_causal", s.attention_forward[1], s.attention_backward[1]);
 
-  if (root.has("memory") && root.field("memory", "an object").is_object() &&
-      root.field("memory", "an object").contains("loss")) {
+  if (const json* m = root.has("memory") ? &root.field("memory", "an object") : nullptr;
+      m != nullptr && m->is_object() && m->contains("loss")) {
     throw IrError(root.child("memory") + ".loss: the loss's forward and backward are priced apart since 2026-12-04 "
                   "(loss_forward, loss_backward): measure the grid again (ce-overlap calibrate --compute-grid)");
   }

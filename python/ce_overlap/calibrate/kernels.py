@@ -93,8 +93,7 @@ def _fused_kind_times(mibs, iters: int, warmup: int) -> list[tuple[str, int, int
                 ("column_sum", lambda: column_sum(a), numel * 2)]
         for name, fn, nbytes in rows:
             out.append((name, mib, nbytes, kernel_median_us(fn, iters, warmup)))
-        logits = a.view(-1, 32768).detach().requires_grad_() if numel >= 32768 else \
-            a.view(1, -1).detach().requires_grad_()  # vocabulary-wide rows
+        logits = (a.view(-1, 32768) if numel >= 32768 else a.view(1, -1)).detach().requires_grad_()  # vocab-wide rows
         labels = torch.randint(0, logits.shape[-1], (logits.shape[0],), device="cuda")
         forward = kernel_median_us(lambda: loss(logits, labels), iters, warmup)  # the training graph's forward
 
