@@ -15,6 +15,13 @@ SITE = os.path.join(REPO, "tests", "site")
 # Every process the tests start compiles as tests/site/sitecustomize.py says (ATen kernels unless a test asks for
 # Inductor's generated ones: the `inductor_codegen` fixture); this process too, however pytest was started.
 os.environ["PYTHONPATH"] = os.pathsep.join([SITE, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+# One intra-op thread per process: the suite runs a worker per core, and each worker starts ranks, torchrun agents and
+# bench scripts beside the other worker's; with torch's default (a thread per core) their OpenMP threads outnumber the
+# cores and spin-wait on each other. Measured on the 2-core machine, cold Inductor cache, 2026-12-04: the suite's
+# tests summed 1597 s with the default, bench/compute_models.py's tests 415 s of it (103 s when run alone).
+os.environ["OMP_NUM_THREADS"] = "1"
+if "torch" in sys.modules:  # pytest imported it before this file (a plugin): its pool may be made already
+    sys.modules["torch"].set_num_threads(1)
 # ... and, on a machine without a GPU, is forked from a process that imported torch already (tests/site/zygote.py;
 # CE_TEST_ZYGOTES=0 turns it off): the zygotes of this session serve from one folder, which the process that made it
 # (pytest, or its xdist controller) removes at the end. A GPU machine starts every process as usual (its suites time

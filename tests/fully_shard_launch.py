@@ -11,7 +11,7 @@ WORKER = os.path.join(ROOT, "tests", "fully_shard", "worker.py")
 
 
 def torchrun(n: int, *args: str, timeout: float = 600, env: dict | None = None) -> str:
-    env = {**os.environ, "CE_TEST_DEVICE": "cpu", "OMP_NUM_THREADS": "1", **(env or {})}
+    env = {**os.environ, "CE_TEST_DEVICE": "cpu", **(env or {})}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
                            WORKER, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     out = proc.stdout + proc.stderr

@@ -95,7 +95,7 @@ def test_pipelining_over_fsdp2_matches_the_unsharded_model():
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "CE_TEST_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "CE_TEST_DEVICE": "cpu"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
                            os.path.join(root, "tests", "pipeline_fsdp", "worker.py"), "--pp", "2"],
                           capture_output=True, text=True, timeout=300, env=env, cwd=root)
@@ -116,12 +116,11 @@ def test_pipeline_bench_runs_on_cpu(dp, tmp_path):
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "pipeline.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
                            os.path.join(root, "bench", "pipeline.py"), "--device", "cpu", "--model", "llama3-tiny",
                            "--layers", "8", "--seq-len", "64", "--microbatches", "4", "--steps", "2", "--warmup", "1",
                            "--dp", str(dp), "--schedules", "1f1b,interleaved-1f1b,zero-bubble", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=root)
+                          capture_output=True, text=True, timeout=300, cwd=root)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     rows = {r["schedule"]: r for r in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"1f1b", "interleaved-1f1b", "zero-bubble"}

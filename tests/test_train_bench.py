@@ -25,7 +25,7 @@ def test_train_harness_runs_eager_no_comm_and_the_pass_on_cpu(tmp_path, isolate)
            os.path.join(REPO, "bench", "train.py"), "--device", "cpu", "--model", "llama3-tiny", "--seq-len", "32",
            "--steps", "2", "--warmup", "1", "--modes", ",".join(run), "--out", str(out)]
     cmd += ["--isolate", "--loss-reduce", "step"] if isolate else []  # both ways of averaging the losses
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     modes = {r["mode"]: r for r in result["results"]}
@@ -125,8 +125,7 @@ def test_train_harness_in_graph_torchtitan_wrap_with_the_vocabulary_parallel_loo
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                os.path.join(REPO, "bench", "train.py"), "--device", "cpu", "--model", "llama3-tiny", "--seq-len", "32",
                "--steps", "2", "--warmup", "1", "--out", str(out), *extra]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         result = json.loads(out.read_text())
         return result, {r["mode"]: r["losses"] for r in result["results"] if r["ok"]}
@@ -152,7 +151,7 @@ def test_train_harness_tensor_parallel_modes_on_cpu(tmp_path):
            os.path.join(REPO, "bench", "train.py"), "--device", "cpu", "--model", "llama3-tiny", "--seq-len", "32",
            "--steps", "1", "--warmup", "1", "--tp", "2", "--modes", "fsdp2+tp,ce_overlap+tp", "--same-process",
            "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     modes = {r["mode"]: r for r in result["results"]}
