@@ -30,6 +30,7 @@ any collective must match.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import hashlib
@@ -38,7 +39,6 @@ import itertools
 import logging
 import sys
 import types
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -53,6 +53,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from .. import nodes
 from . import fused_optim
+from .plans import GatherConfig, GatherPlan, ShardSpec, TensorParallel, intern_plan
 from ..errors import CeOverlapError
 from ..logs import log_once
 
@@ -166,15 +167,16 @@ def _vocab_parallel_lookup(module: nn.Embedding, tokens: torch.Tensor) -> torch.
     tokens of every rank gathered, this rank's rows looked up (the others' zero), the partial embeddings
     reduce-scattered back to the tokens' ranks. The gradient reaches the shard averaged over ranks (scaled by 1 /
     world), as the gathered weight's Partial("avg") reduce-scatter averages it."""
-    spec: _ShardSpec = module._ce_overlap_specs["weight"]
-    cfg = spec.config
+    spec: ShardSpec = module._ce_overlap_specs["weight"]
+    plan = spec.plan
+    cfg = plan.config
     n, rank = cfg.world, cfg.rank
     w = spec.leaf
-    if spec.config.param_dtype is not None:
-        w = w.to(spec.config.param_dtype)
+    if cfg.param_dtype is not None:
+        w = w.to(cfg.param_dtype)
     w = _ScaleGrad.apply(w, 1.0 / n)
     everyone = _all_gather(tokens.reshape(-1), 0, cfg.group_name)  # rank order: rank r's tokens at r * T
-    local = everyone - rank * spec.chunk
+    local = everyone - rank * plan.chunk
     mine = (local >= 0) & (local < w.shape[0])
     rows = F.embedding(torch.where(mine, local, torch.zeros_like(local)), w)
     rows = rows * mine.unsqueeze(-1).to(rows.dtype)
@@ -182,25 +184,25 @@ def _vocab_parallel_lookup(module: nn.Embedding, tokens: torch.Tensor) -> torch.
     return out.view(*tokens.shape, w.shape[-1])
 
 
-def _vocab_parallel_ok(sub: nn.Module, spec: _ShardSpec, registrations: int, n: int) -> str | None:
+def _vocab_parallel_ok(sub: nn.Module, plan: GatherPlan, registrations: int, n: int) -> str | None:
     """Why `sub` cannot look up on its row shard (None: it can)."""
     if n == 1:
         return "a world of one rank has no table to gather"
-    if spec.config.reduce_dtype != spec.config.param_dtype:
+    if plan.config.reduce_dtype != plan.config.param_dtype:
         # The table's gradient is summed over ranks inside the lookup's backward, in the gathered weight's dtype.
-        return f"its gradient reduces in {spec.config.reduce_dtype}, not in the gathered {spec.config.param_dtype}"
+        return f"its gradient reduces in {plan.config.reduce_dtype}, not in the gathered {plan.config.param_dtype}"
     if user_class(type(sub)).forward is not nn.Embedding.forward:
         return "its forward is not nn.Embedding's"
     if registrations > 1:
         return "its weight is tied (another module reads it whole)"
-    if spec.tp is not None:
+    if plan.tp is not None:
         return "tensor parallelism already shards its table"
-    if spec.config.replicate_group is not None:
+    if plan.config.replicate_group is not None:
         return "HSDP would all-reduce its gradient across replicas too"
     if sub.padding_idx is not None or sub.max_norm is not None or sub.scale_grad_by_freq or sub.sparse:
         return "it uses padding_idx, max_norm, scale_grad_by_freq or sparse"
-    if spec.rows - (n - 1) * spec.chunk <= 0:
-        return f"{spec.rows} rows leave a rank of {n} without rows"
+    if plan.rows - (n - 1) * plan.chunk <= 0:
+        return f"{plan.rows} rows leave a rank of {n} without rows"
     return None
 
 
@@ -238,65 +240,7 @@ class _ForwardState:
         self._window["gathered"] = {}
 
 
-@dataclass(frozen=True)
-class _TensorParallel:
-    """A parameter that tensor parallelism made a DTensor before fully_shard: what its gather hands the module back (the
-    DTensor on the TP mesh that parallelize_module made), the data-parallel gather working on this TP rank's shard."""
-    mesh: DeviceMesh               # the TP mesh (1-D)
-    placements: tuple              # its placements on that mesh
-    shape: torch.Size              # the parameter's global shape and stride
-    stride: tuple[int, ...]
-    local_shape: torch.Size        # this TP rank's shard: what the data-parallel all-gather returns
-    local_stride: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class _GatherConfig:
-    """What one fully_shard call's parameters share: one object, so that torch.compile guards its fields once per call
-    and not once per parameter (Dynamo checks a second path to an object it already guards by identity)."""
-    param_dtype: torch.dtype | None
-    reduce_dtype: torch.dtype | None
-    reshard_after_forward: bool
-    local: bool                    # the no-communication stand-in (bench/train.py's bound), not a sharded model
-    mesh: DeviceMesh               # the data-parallel mesh the shards are gathered over
-    group_name: str                # the mesh's group, size and this rank in it: the forward reads these (see _Gather)
-    world: int
-    rank: int
-    # HSDP: the "replicate" mesh's group (the parameters are (Replicate(), Shard(0)) on the (replicate, shard) mesh)
-    replicate_group: str | None = None
-
-
-@dataclass
-class _ShardSpec:
-    """How one sharded parameter is gathered (one per Parameter, however many modules register it)."""
-    rows: int                      # the unsharded dim 0 (of this TP rank's shard, under tensor parallelism)
-    chunk: int                     # rows per rank, the last ranks' shards shorter (torch's chunk layout)
-    config: _GatherConfig
-    state: _ForwardState
-    index: int                     # the key of its gathered value in the gather-once window
-    # The data-parallel DTensor's global shape and stride (the TP shard's under TP); None where the rows divide evenly
-    # (DTensor.from_local infers them then, and torch.compile guards one None instead of every dimension).
-    shape: torch.Size | None
-    stride: tuple[int, ...] | None
-    param: nn.Parameter = field(repr=False, compare=False)  # the sharded Parameter itself
-    tp: _TensorParallel | None = None  # set when tensor parallelism sharded the parameter first
-    # False under an activation-checkpoint wrapper: torch.compile traces the wrapped block as a higher-order op,
-    # which may read the window but not write to it (a graph break); such a block reads each weight once anyway.
-    keep: bool = True
-    # No tensor parallelism, kept in the window, even rows (shape and stride None): the gather reads only `simple`
-    # of these four (a compiled forward guards one attribute per parameter instead of four; _refresh sets it).
-    simple: bool = False
-    leaf: torch.Tensor | None = field(default=None, repr=False, compare=False)  # the autograd leaf the gather reads
-    hooked: torch.Tensor | None = field(default=None, repr=False, compare=False)  # the leaf with _grad_to_param
-    owners: list = field(default_factory=list, repr=False, compare=False)   # (module, name) registering the Parameter
-
-
-def _refresh(spec: _ShardSpec) -> None:
-    """Sets spec.simple from the fields it stands for (after any of them changed)."""
-    spec.simple = spec.tp is None and spec.keep and spec.shape is None and spec.stride is None
-
-
-def _grad_to_param(spec: _ShardSpec, leaf: torch.Tensor) -> None:
+def _grad_to_param(spec: ShardSpec, leaf: torch.Tensor) -> None:
     """The leaf's gradient, just accumulated, handed to the sharded Parameter as a DTensor of the Parameter's own spec
     (summed into a gradient already there, as autograd accumulates). A frozen Parameter's is dropped."""
     grad, leaf.grad = leaf.grad, None
@@ -312,12 +256,15 @@ def _grad_to_param(spec: _ShardSpec, leaf: torch.Tensor) -> None:
         param.grad._local_tensor.add_(grad)
 
 
-def _attach_leaf(spec: _ShardSpec) -> None:
+def _attach_leaf(spec: ShardSpec) -> None:
     """Makes the sharded Parameter's local tensor the autograd leaf that the gather reads (again after nn.Module._apply
     swapped the Parameter's contents: .to(), .to_empty(), .double()), with the Parameter's requires_grad."""
-    leaf, wanted = spec.param._local_tensor, spec.param.requires_grad
-    spec.leaf = leaf
-    if leaf.requires_grad != wanted:
+    local, wanted = spec.param._local_tensor, spec.param.requires_grad
+    leaf = spec.leaf
+    if leaf is None or spec.local is not local:
+        leaf = nn.Parameter(local, requires_grad=wanted)
+        spec.leaf, spec.local = leaf, local
+    elif leaf.requires_grad != wanted:
         leaf.requires_grad_(wanted)
     if wanted and spec.hooked is not leaf:  # a hook needs a tensor that requires grad
         leaf.register_post_accumulate_grad_hook(functools.partial(_grad_to_param, spec))
@@ -331,23 +278,23 @@ def _replaced(module: nn.Module, name: str) -> CeOverlapError:
                           "FSDP2, and load state dicts in place (torch.distributed.checkpoint, or assign=False)")
 
 
-def _replicate(shard: torch.Tensor, spec: _ShardSpec) -> torch.Tensor:
+def _replicate(shard: torch.Tensor, plan: GatherPlan) -> torch.Tensor:
     """The gathered weight (a plain tensor) from this rank's shard (`shard`: the Parameter's local tensor; under tensor
     parallelism this rank's rows of its TP rank's shard): _Gather over the data-parallel group, or under tensor
     parallelism through a Shard(0) DTensor over the data-parallel mesh (the TP mesh is the graph's input anyway)."""
-    cfg = spec.config
+    cfg = plan.config
     if cfg.local:
         x = shard if cfg.param_dtype is None else shard.to(cfg.param_dtype)
-        full = _LocalGather.apply(_pad_rows(x, spec.chunk), cfg.world, cfg.rank)
-        return full if full.shape[0] == spec.rows else full[: spec.rows]
+        full = _LocalGather.apply(_pad_rows(x, plan.chunk), cfg.world, cfg.rank)
+        return full if full.shape[0] == plan.rows else full[: plan.rows]
     if cfg.replicate_group is not None:
         # HSDP, in FSDP2's order: gathered over "shard"; the gradient reduce-scattered (averaged) over "shard", then
         # this rank's rows all-reduced (averaged) over "replicate": the replicas exchange a shard, not the weight.
         shard = _ReplicaAverage.apply(shard, cfg.replicate_group, cfg.reduce_dtype)
-    if spec.tp is None:
-        return _Gather.apply(shard, cfg.group_name, cfg.world, spec.chunk, spec.rows, cfg.param_dtype,
+    if plan.tp is None:
+        return _Gather.apply(shard, cfg.group_name, cfg.world, plan.chunk, plan.rows, cfg.param_dtype,
                              cfg.reduce_dtype)
-    shape, stride = (None, None) if spec.simple else (spec.shape, spec.stride)
+    shape, stride = (None, None) if plan.simple else (plan.shape, plan.stride)
     shard = DTensor.from_local(shard, cfg.mesh, [Shard(0)], run_check=False, shape=shape, stride=stride)
     return shard.redistribute(placements=[Replicate()], forward_dtype=cfg.param_dtype,
                               backward_dtype=cfg.reduce_dtype).to_local(grad_placements=[Partial("avg")])
@@ -362,7 +309,7 @@ def _gather(module: nn.Module, name: str) -> torch.Tensor:
     to the Parameter (_grad_to_param). With the DTensor as the graph's input, AOTAutograd rebuilt every gradient as
     a DTensor and Dynamo checked every parameter's DTensor spec in Python on every call (issue 56: 4-6 ms of host
     time per step at 100 parameters)."""
-    spec: _ShardSpec = module._ce_overlap_specs[name]
+    spec: ShardSpec = module._ce_overlap_specs[name]
     state = module._ce_overlap_state  # spec.state: one window per root; read per module, not per parameter
     if not state.active:
         return module._parameters[name]
@@ -377,18 +324,18 @@ def _gather(module: nn.Module, name: str) -> torch.Tensor:
         _attach_leaf(spec)
     # Under tensor parallelism the gather works on plain local tensors (the selective-checkpoint region in and out)
     # and hands the module its TP DTensor, as parallelize_module left it.
-    shard = spec.leaf
-    if spec.config.reshard_after_forward:
-        full = checkpoint(_replicate, shard, spec, use_reentrant=False, context_fn=_regather_context)
+    shard, plan = spec.leaf, spec.plan
+    if plan.config.reshard_after_forward:
+        full = checkpoint(_replicate, shard, plan, use_reentrant=False, context_fn=_regather_context)
     else:
-        full = _replicate(shard, spec)
-    if spec.simple:
+        full = _replicate(shard, plan)
+    if plan.simple:
         state.gathered[index] = full
         return full
-    if spec.tp is not None:
-        full = DTensor.from_local(full, spec.tp.mesh, spec.tp.placements, run_check=False, shape=spec.tp.shape,
-                                  stride=spec.tp.stride)
-    if spec.keep:
+    if plan.tp is not None:
+        full = DTensor.from_local(full, plan.tp.mesh, plan.tp.placements, run_check=False, shape=plan.tp.shape,
+                                  stride=plan.tp.stride)
+    if plan.keep:
         state.gathered[index] = full
     return full
 
@@ -416,6 +363,7 @@ class ShardedModule:
     _ce_overlap_state: _ForwardState
     _ce_overlap_input_dtype: torch.dtype | None = None
     _ce_overlap_output_dtype: torch.dtype | None = None
+    _ce_overlap_vocab_parallel = False  # a class default, not getattr's: a guard on a missing attribute raises
 
     def register_parameter(self, name: str, param) -> None:
         spec = self.__dict__.get("_ce_overlap_specs", {}).get(name)
@@ -441,7 +389,7 @@ class ShardedModule:
         if dtype is not None:
             args, kwargs = _cast_floats(args, dtype), _cast_floats(kwargs, dtype)
         forward = super().forward
-        if getattr(self, "_ce_overlap_vocab_parallel", False):
+        if self._ce_overlap_vocab_parallel:
             forward = functools.partial(_vocab_parallel_lookup, self)
         if state.active:
             out = forward(*args, **kwargs)
@@ -531,7 +479,7 @@ def _mesh_of(mesh, params: list[nn.Parameter]) -> tuple[DeviceMesh, DeviceMesh |
     return mesh, None
 
 
-def _tensor_parallel(param: DTensor, dp_mesh: DeviceMesh, where: str) -> tuple[_TensorParallel, DeviceMesh, tuple]:
+def _tensor_parallel(param: DTensor, dp_mesh: DeviceMesh, where: str) -> tuple[TensorParallel, DeviceMesh, tuple]:
     """For a parameter tensor parallelism made a DTensor: how it is gathered, and the 2-D mesh and placements of its
     shard, FSDP2's (data-parallel first: Shard(0), or _StridedShard(0) where TP shards dim 0 too), so that state
     dicts and DCP checkpoints are those of FSDP2 + TP."""
@@ -565,7 +513,7 @@ def _tensor_parallel(param: DTensor, dp_mesh: DeviceMesh, where: str) -> tuple[_
                              f"{tp_mesh.mesh_dim_names} and sharded over {dp_mesh.mesh_dim_names}, which are not two "
                              f"dimensions of one device mesh ({e}); slice both from one init_device_mesh") from None
     local = param.to_local()
-    tp = _TensorParallel(mesh=tp_mesh, placements=tuple(param.placements), shape=param.shape, stride=param.stride(),
+    tp = TensorParallel(mesh=tp_mesh, placements=tuple(param.placements), shape=param.shape, stride=param.stride(),
                          local_shape=local.shape, local_stride=_contiguous_stride(local.shape))
     split = tp_mesh.size() if isinstance(placement, Shard) and placement.dim == 0 else 1
     dp_placement = _StridedShard(0, split_factor=split) if split > 1 else Shard(0)
@@ -716,12 +664,8 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
         replicate_group = hsdp_mesh["replicate"].get_group().group_name
         _GROUP_ROLES[replicate_group] = "replicate"
     state = _ForwardState()
-    config = _GatherConfig(param_dtype, reduce_dtype, reshard_after_forward, _local_gather, mesh,
+    config = GatherConfig(param_dtype, reduce_dtype, reshard_after_forward, _local_gather, mesh,
                            mesh.get_group().group_name, mesh.size(), mesh.get_local_rank(), replicate_group)
-    # The parameters sharded by earlier calls on submodules (the blocks) join this call's gather-once window.
-    for spec in specs.values():
-        spec.state = state
-
     under_ac = _under_activation_checkpointing(module)
     sharded: dict[int, nn.Parameter] = {}   # id of an original Parameter -> its shard (tied Parameters: one shard)
     for sub, name, param in todo:
@@ -752,9 +696,8 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
             (param.shape, tuple(param.stride()))
         if gathered_shape[0] % mesh.size() == 0 and tuple(gathered_stride) == _contiguous_stride(gathered_shape):
             gathered_shape = gathered_stride = None  # even rows: from_local infers both (and Dynamo guards one None)
-        spec = _ShardSpec(rows, shard_rows(rows, mesh.size()), config, state, index=next(_indices),
-                          shape=gathered_shape, stride=gathered_stride, param=shard, tp=tp)
-        _refresh(spec)
+        plan = GatherPlan(rows, shard_rows(rows, mesh.size()), config, gathered_shape, gathered_stride, tp)
+        spec = ShardSpec(intern_plan(plan), index=next(_indices), param=shard)
         _attach_leaf(spec)
         specs[id(shard)] = spec
         sharded[id(param)] = shard
@@ -762,8 +705,7 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
         shard = sharded[id(param)]
         sub._parameters[name] = shard
         if id(sub) in under_ac:  # a tied shard registered under a checkpoint wrapper anywhere
-            specs[id(shard)].keep = False
-            _refresh(specs[id(shard)])
+            specs[id(shard)].plan = intern_plan(dataclasses.replace(specs[id(shard)].plan, keep=False))
     # Every module reading a sharded parameter (a tied one: also modules outside this call's earlier blocks)
     # gets the property that gathers it.
     for sub in module.modules():
@@ -787,7 +729,7 @@ def fully_shard(module: nn.Module, mesh: DeviceMesh | dist.ProcessGroup | None =
             if not isinstance(sub, nn.Embedding) or name != "weight":
                 continue
             shard = sharded[id(param)]
-            why = _vocab_parallel_ok(sub, specs[id(shard)], registrations[id(shard)], mesh.size())
+            why = _vocab_parallel_ok(sub, specs[id(shard)].plan, registrations[id(shard)], mesh.size())
             if why is None:
                 sub._ce_overlap_vocab_parallel = True
             else:
